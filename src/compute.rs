@@ -1,0 +1,271 @@
+//! What a user implements: the master's and the workers' computations, and the contexts
+//! they see.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::BoxError;
+use crate::protocol::{Iteration, Rank};
+
+/// A type that can travel as a master or worker result: the user's own serde type.
+///
+/// In-process nothing is serialized; the serde bounds are there so that the same job runs
+/// unchanged across processes.
+pub trait Payload: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static> Payload for T {}
+
+/// What the master's compute returns: its result of the iteration, and whether to go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<M> {
+    /// Broadcast the result and start the next iteration (unless the iteration count is
+    /// reached).
+    Continue(M),
+    /// Broadcast the result as the final one and end the job after this iteration.
+    Halt(M),
+}
+
+impl<M> Step<M> {
+    /// The master result, and whether the master halts.
+    pub fn into_parts(self) -> (M, bool) {
+        match self {
+            Step::Continue(m) => (m, false),
+            Step::Halt(m) => (m, true),
+        }
+    }
+}
+
+/// A worker's computation: an init step that loads its shard, and one compute per
+/// iteration.
+///
+/// One instance runs per worker, made by the factory given to
+/// [`Job::builder`](crate::Job::builder). It is only ever called from one thread at a time,
+/// but not always the same thread: it must be `Send`.
+pub trait WorkerComputable: Send + 'static {
+    /// The master's result type, broadcast to the workers.
+    type MasterResult: Payload;
+    /// This worker's result type, sent to the master each iteration.
+    type WorkerResult: Payload;
+
+    /// Runs once, before the first iteration: load the shard here. The context tells the
+    /// rank and the number of workers. The default does nothing.
+    fn init(
+        &mut self,
+        ctx: &mut WorkerContext<Self::MasterResult, Self::WorkerResult>,
+    ) -> Result<(), BoxError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Computes iteration [`ctx.iteration()`](WorkerContext::iteration) with the master
+    /// result of the iteration before ([`ctx.last_master_result()`](WorkerContext::last_master_result),
+    /// `None` in iteration 1).
+    ///
+    /// An `Err` or a panic fails the job at once, naming this worker's rank and the
+    /// iteration.
+    fn compute(
+        &mut self,
+        ctx: &mut WorkerContext<Self::MasterResult, Self::WorkerResult>,
+    ) -> Result<Self::WorkerResult, BoxError>;
+}
+
+/// The master's computation: one fold of the workers' results per iteration.
+pub trait MasterComputable: Send + 'static {
+    /// The master's result type, broadcast to the workers.
+    type MasterResult: Payload;
+    /// The workers' result type.
+    type WorkerResult: Payload;
+
+    /// Folds the workers' results of [`ctx.iteration()`](MasterContext::iteration),
+    /// given in rank order by [`ctx.worker_results()`](MasterContext::worker_results),
+    /// into the master result, and says whether to continue or halt.
+    ///
+    /// An `Err` or a panic fails the job at once.
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<Self::MasterResult, Self::WorkerResult>,
+    ) -> Result<Step<Self::MasterResult>, BoxError>;
+}
+
+/// What a worker's code sees: who it is, which iteration, and the last master result.
+pub struct WorkerContext<M, W> {
+    pub(crate) rank: Rank,
+    pub(crate) workers: usize,
+    pub(crate) job_id: Arc<str>,
+    pub(crate) iteration: Iteration,
+    pub(crate) iterations: Iteration,
+    pub(crate) last: Option<Arc<M>>,
+    pub(crate) result: Option<W>,
+    pub(crate) halt_vote: bool,
+}
+
+impl<M, W> WorkerContext<M, W> {
+    pub(crate) fn new(rank: Rank, workers: usize, job_id: Arc<str>, iterations: Iteration) -> Self {
+        WorkerContext {
+            rank,
+            workers,
+            job_id,
+            iteration: 0,
+            iterations,
+            last: None,
+            result: None,
+            halt_vote: false,
+        }
+    }
+
+    /// This worker's rank, `0..workers()`.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// The number of workers in the job.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The job's id.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// The current iteration, from 1; 0 during start-up (`pre_application` and `init`).
+    pub fn iteration(&self) -> Iteration {
+        self.iteration
+    }
+
+    /// The most iterations the job runs.
+    pub fn iterations(&self) -> Iteration {
+        self.iterations
+    }
+
+    /// Whether this is the first iteration.
+    pub fn is_first_iteration(&self) -> bool {
+        self.iteration == 1
+    }
+
+    /// The master result of the previous iteration; `None` in iteration 1. In
+    /// `post_application` after a completed job, the final master result.
+    pub fn last_master_result(&self) -> Option<&M> {
+        self.last.as_deref()
+    }
+
+    /// This iteration's worker result, once compute returned it (in `post_iteration`).
+    pub fn worker_result(&self) -> Option<&W> {
+        self.result.as_ref()
+    }
+
+    /// Votes to halt the job after this iteration. The vote counts only when
+    /// `worker_halt` is on and every worker votes in the same iteration.
+    pub fn vote_halt(&mut self) {
+        self.halt_vote = true;
+    }
+
+    /// Whether this worker voted to halt in this iteration.
+    pub fn voted_halt(&self) -> bool {
+        self.halt_vote
+    }
+}
+
+impl<M, W> fmt::Debug for WorkerContext<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerContext")
+            .field("rank", &self.rank)
+            .field("workers", &self.workers)
+            .field("job_id", &self.job_id)
+            .field("iteration", &self.iteration)
+            .field("iterations", &self.iterations)
+            .field("has_last_master_result", &self.last.is_some())
+            .finish()
+    }
+}
+
+/// What the master's code sees: the iteration, every worker's result in rank order, and
+/// the master result of the iteration before.
+pub struct MasterContext<M, W> {
+    pub(crate) workers: usize,
+    pub(crate) job_id: Arc<str>,
+    pub(crate) iteration: Iteration,
+    pub(crate) iterations: Iteration,
+    pub(crate) results: Vec<W>,
+    pub(crate) halt_votes: usize,
+    pub(crate) last: Option<Arc<M>>,
+    pub(crate) current: Option<Arc<M>>,
+}
+
+impl<M, W> MasterContext<M, W> {
+    pub(crate) fn new(workers: usize, job_id: Arc<str>, iterations: Iteration) -> Self {
+        MasterContext {
+            workers,
+            job_id,
+            iteration: 0,
+            iterations,
+            results: Vec::new(),
+            halt_votes: 0,
+            last: None,
+            current: None,
+        }
+    }
+
+    /// The number of workers in the job.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The job's id.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// The current iteration, from 1; 0 during start-up.
+    pub fn iteration(&self) -> Iteration {
+        self.iteration
+    }
+
+    /// The most iterations the job runs.
+    pub fn iterations(&self) -> Iteration {
+        self.iterations
+    }
+
+    /// Whether this is the first iteration.
+    pub fn is_first_iteration(&self) -> bool {
+        self.iteration == 1
+    }
+
+    /// Every worker's result of this iteration, in rank order: index `r` is rank `r`'s.
+    /// Empty outside an iteration.
+    pub fn worker_results(&self) -> &[W] {
+        &self.results
+    }
+
+    /// How many workers voted to halt in this iteration.
+    pub fn halt_votes(&self) -> usize {
+        self.halt_votes
+    }
+
+    /// The master result of the previous iteration; `None` in iteration 1.
+    pub fn last_master_result(&self) -> Option<&M> {
+        self.last.as_deref()
+    }
+
+    /// The master result this iteration computed: set after compute returns, so readable
+    /// in `post_iteration`; in `post_application`, the final master result if any.
+    pub fn master_result(&self) -> Option<&M> {
+        self.current.as_deref()
+    }
+}
+
+impl<M, W> fmt::Debug for MasterContext<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MasterContext")
+            .field("workers", &self.workers)
+            .field("job_id", &self.job_id)
+            .field("iteration", &self.iteration)
+            .field("iterations", &self.iterations)
+            .field("results", &self.results.len())
+            .field("halt_votes", &self.halt_votes)
+            .finish()
+    }
+}

@@ -1,0 +1,164 @@
+//! Job settings: plain data with defaults and a `validate` step.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+use crate::protocol::Iteration;
+
+/// Where user compute runs.
+///
+/// An actix arbiter is one thread and one event loop: the master, the barrier and every
+/// in-process worker share one, so coordination never crosses a thread. User code that
+/// computes for long on that thread would stall all of them; code that is short is cheaper
+/// to run there than to hand to another thread (a wake-up of another thread costs tens of
+/// microseconds on small machines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Placement {
+    /// Measure each side's iteration (hooks and compute): start-up, shutdown and the first
+    /// iteration run on the compute pool; from then on an iteration whose previous run
+    /// took less than [`JobConfig::inline_threshold`] runs inline on the coordination
+    /// thread, a longer one on the pool. The default.
+    #[default]
+    Auto,
+    /// Always run user code inline on the coordination thread: lowest latency for trivial
+    /// compute, but a slow compute stalls the whole job, timeouts included.
+    Inline,
+    /// Always run user code on the compute pool, which has one thread per core.
+    Pool,
+}
+
+/// The settings of a job. Every setting has a default; [`JobConfig::validate`] checks
+/// them all and names the first invalid one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct JobConfig {
+    /// A name for the job, used in logs, spans and (over a network) to keep jobs apart.
+    /// Default `"superstep"`.
+    pub job_id: String,
+    /// The number of workers. Default 1.
+    pub workers: usize,
+    /// The most iterations to run; the master may halt earlier. Default 50 (Guagua's
+    /// `guagua.iteration.count` as its client sets it).
+    pub iterations: Iteration,
+    /// Halt the job when every worker votes to halt in an iteration (after the master has
+    /// computed that iteration), as Guagua's `guagua.worker.halt.enable`. Default off: only
+    /// the master halts.
+    pub worker_halt: bool,
+    /// How long start-up may take: every worker's `pre_application` and `init` (which loads
+    /// its shard) until it registers, and the master's `pre_application`. Default 10 min.
+    pub startup_timeout: Duration,
+    /// How long one iteration may wait: for every worker's result from the moment the
+    /// iteration is broadcast, and for the master's compute. Default 10 min.
+    pub iteration_timeout: Duration,
+    /// How long the end of the job may take: every worker's `post_application`. Default 1 min.
+    pub shutdown_timeout: Duration,
+    /// Where user compute runs. Default [`Placement::Auto`].
+    pub placement: Placement,
+    /// With [`Placement::Auto`], an iteration that took less than this runs inline the next
+    /// time. Default 50 µs.
+    pub inline_threshold: Duration,
+    /// Threads of the compute pool; `None` (the default) means one per available core.
+    pub compute_threads: Option<usize>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            job_id: "superstep".to_string(),
+            workers: 1,
+            iterations: 50,
+            worker_halt: false,
+            startup_timeout: Duration::from_secs(600),
+            iteration_timeout: Duration::from_secs(600),
+            shutdown_timeout: Duration::from_secs(60),
+            placement: Placement::Auto,
+            inline_threshold: Duration::from_micros(50),
+            compute_threads: None,
+        }
+    }
+}
+
+impl JobConfig {
+    /// Checks every setting; the error names the first invalid one, its value and what it
+    /// must be.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.job_id.is_empty() {
+            return Err(ConfigError::new(
+                "job_id",
+                &self.job_id,
+                "must not be empty",
+            ));
+        }
+        if self.workers == 0 {
+            return Err(ConfigError::new(
+                "workers",
+                self.workers,
+                "must be at least 1",
+            ));
+        }
+        if self.iterations == 0 {
+            return Err(ConfigError::new(
+                "iterations",
+                self.iterations,
+                "must be at least 1",
+            ));
+        }
+        for (name, value) in [
+            ("startup_timeout", self.startup_timeout),
+            ("iteration_timeout", self.iteration_timeout),
+            ("shutdown_timeout", self.shutdown_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(name, value, "must be longer than zero"));
+            }
+        }
+        if self.compute_threads == Some(0) {
+            return Err(ConfigError::new(
+                "compute_threads",
+                self.compute_threads,
+                "must be at least 1 when set",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The number of compute threads this configuration asks for.
+    pub fn compute_threads(&self) -> usize {
+        self.compute_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_configuration_is_valid() {
+        JobConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn an_invalid_setting_is_named_with_its_value() {
+        let config = JobConfig {
+            workers: 0,
+            ..JobConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.setting, "workers");
+        assert_eq!(
+            err.to_string(),
+            "invalid setting `workers` = 0: must be at least 1"
+        );
+        let config = JobConfig {
+            iteration_timeout: Duration::ZERO,
+            ..JobConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().setting, "iteration_timeout");
+    }
+}

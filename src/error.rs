@@ -1,0 +1,310 @@
+//! Errors a job can end with, shared by every layer.
+//!
+//! [`JobError`] is what [`Job::run`](crate::Job::run) returns. Every variant carries the
+//! identifiers a person needs to find the fault: the worker rank (or the master), the
+//! iteration, the phase of the application, and the cause; a timeout names whom it was
+//! waiting for. It is `Clone` and serializable so that the first failure can be sent to
+//! every other actor, in-process or over a network.
+//!
+//! User code returns [`BoxError`]: computables and interceptors are the edge where foreign
+//! error types enter, so they are boxed there and nowhere else. The boxed error is kept as
+//! the [`source`](std::error::Error::source) of the [`Cause`] for in-process jobs.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{Iteration, Rank};
+
+/// The error type user code returns from computables and interceptors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The part of the application lifecycle in which user code ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// An interceptor's `pre_application`.
+    PreApplication,
+    /// A worker's [`init`](crate::WorkerComputable::init), which loads its shard.
+    Init,
+    /// An interceptor's `pre_iteration`.
+    PreIteration,
+    /// The computable's `compute`.
+    Compute,
+    /// An interceptor's `post_iteration`.
+    PostIteration,
+    /// An interceptor's `post_application`.
+    PostApplication,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::PreApplication => "pre_application",
+            Phase::Init => "init",
+            Phase::PreIteration => "pre_iteration",
+            Phase::Compute => "compute",
+            Phase::PostIteration => "post_iteration",
+            Phase::PostApplication => "post_application",
+        })
+    }
+}
+
+/// Whether user code returned an error or panicked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CauseKind {
+    /// The code returned `Err`.
+    Error,
+    /// The code panicked; the panic was caught and did not unwind into the runtime.
+    Panic,
+}
+
+/// Why user code failed: its error message or panic message.
+///
+/// In-process, the original error is kept and returned by
+/// [`source`](std::error::Error::source); over a network only the kind and the message
+/// travel.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Cause {
+    kind: CauseKind,
+    message: String,
+    #[serde(skip)]
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl Cause {
+    /// A cause from an error returned by user code.
+    pub fn from_error(error: BoxError) -> Self {
+        Cause {
+            kind: CauseKind::Error,
+            message: error.to_string(),
+            source: Some(Arc::from(error)),
+        }
+    }
+
+    /// A cause from a caught panic's payload.
+    pub fn from_panic(payload: Box<dyn Any + Send>) -> Self {
+        let message = if let Some(s) = payload.downcast_ref::<&'static str>() {
+            (*s).to_string()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "a panic with a non-string payload".to_string()
+        };
+        Cause {
+            kind: CauseKind::Panic,
+            message,
+            source: None,
+        }
+    }
+
+    /// A cause with only a message, as it arrives from a remote peer.
+    pub fn message_only(kind: CauseKind, message: impl Into<String>) -> Self {
+        Cause {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Whether the code returned an error or panicked.
+    pub fn kind(&self) -> CauseKind {
+        self.kind
+    }
+
+    /// The error's or the panic's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether this cause is a caught panic.
+    pub fn is_panic(&self) -> bool {
+        self.kind == CauseKind::Panic
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            CauseKind::Error => f.write_str(&self.message),
+            CauseKind::Panic => write!(f, "panicked: {}", self.message),
+        }
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cause")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+/// Two causes are equal when their kind and message are: the original error is not
+/// compared (it may not be comparable, and does not cross a network).
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for Cause {}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// What a timed-out wait was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Waiting {
+    /// Start-up: every worker runs `pre_application` and `init`, then registers.
+    Registration,
+    /// The results of this iteration (from the workers) or its master compute.
+    Iteration(Iteration),
+    /// The end of the job: every side runs `post_application` and reports done.
+    Shutdown,
+}
+
+impl fmt::Display for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Waiting::Registration => f.write_str("registration"),
+            Waiting::Iteration(i) => write!(f, "iteration {i}"),
+            Waiting::Shutdown => f.write_str("shutdown"),
+        }
+    }
+}
+
+/// An invalid job setting: which one, what it was, and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("invalid setting `{setting}` = {value}: {requirement}")]
+pub struct ConfigError {
+    /// The setting's name, as the builder method that sets it.
+    pub setting: String,
+    /// The value it was given.
+    pub value: String,
+    /// What it must be.
+    pub requirement: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(setting: &str, value: impl fmt::Debug, requirement: &str) -> Self {
+        ConfigError {
+            setting: setting.to_string(),
+            value: format!("{value:?}"),
+            requirement: requirement.to_string(),
+        }
+    }
+}
+
+/// Why a job failed.
+///
+/// The first failure of a job is the one returned; it is also sent to every other actor,
+/// which stops. Iteration `0` means before the first iteration (start-up: `pre_application`
+/// and `init`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum JobError {
+    /// A worker's computable or interceptor returned an error or panicked.
+    ///
+    /// Remedy: fix the worker code; the cause says what it returned or why it panicked.
+    #[error("worker {rank} failed in {phase} at iteration {iteration}: {cause}")]
+    Worker {
+        /// The worker's rank.
+        rank: Rank,
+        /// The iteration it was in (0 = start-up).
+        iteration: Iteration,
+        /// The part of the lifecycle that failed.
+        phase: Phase,
+        /// The error or panic.
+        #[source]
+        cause: Cause,
+    },
+    /// The master's computable or interceptor returned an error or panicked.
+    ///
+    /// Remedy: fix the master code; the cause says what it returned or why it panicked.
+    #[error("master failed in {phase} at iteration {iteration}: {cause}")]
+    Master {
+        /// The iteration it was in (0 = start-up).
+        iteration: Iteration,
+        /// The part of the lifecycle that failed.
+        phase: Phase,
+        /// The error or panic.
+        #[source]
+        cause: Cause,
+    },
+    /// Some workers did not report within the timeout of that wait.
+    ///
+    /// Remedy: raise the timeout for that wait (`startup_timeout`, `iteration_timeout` or
+    /// `shutdown_timeout`) if the work is legitimately slow; otherwise find out why the
+    /// named ranks stall.
+    #[error("timed out after {waited:?} in {during} waiting for worker(s) {missing:?}")]
+    WorkersTimedOut {
+        /// What was being waited for.
+        during: Waiting,
+        /// The ranks that had not reported when the timeout passed.
+        missing: Vec<Rank>,
+        /// How long the wait lasted.
+        waited: Duration,
+    },
+    /// The master did not finish its part within the timeout of that wait.
+    ///
+    /// Remedy: raise `iteration_timeout` if the master's compute is legitimately slow.
+    #[error("timed out after {waited:?} in {during} waiting for the master")]
+    MasterTimedOut {
+        /// What was being waited for.
+        during: Waiting,
+        /// How long the wait lasted.
+        waited: Duration,
+    },
+    /// A job setting is invalid; the job did not start.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A message could not be delivered.
+    #[error("transport failed: {message}")]
+    Transport {
+        /// What went wrong, naming the peer.
+        message: String,
+    },
+    /// The runtime itself stopped without an outcome (a bug in superstep, not user code).
+    #[error("the job's runtime stopped without an outcome: {message}")]
+    Runtime {
+        /// What was observed.
+        message: String,
+    },
+}
+
+impl JobError {
+    /// The worker rank this error is about, if it is about one worker.
+    pub fn rank(&self) -> Option<Rank> {
+        match self {
+            JobError::Worker { rank, .. } => Some(*rank),
+            _ => None,
+        }
+    }
+
+    /// The iteration this error happened in, where it names one.
+    pub fn iteration(&self) -> Option<Iteration> {
+        match self {
+            JobError::Worker { iteration, .. } | JobError::Master { iteration, .. } => {
+                Some(*iteration)
+            }
+            JobError::WorkersTimedOut {
+                during: Waiting::Iteration(i),
+                ..
+            }
+            | JobError::MasterTimedOut {
+                during: Waiting::Iteration(i),
+                ..
+            } => Some(*i),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Job events, to drive progress bars, metrics and logs.
+//!
+//! Subscribe with [`JobBuilder::on_event`](crate::JobBuilder::on_event). The callback runs
+//! on the job's coordination thread, in order: keep it cheap (update a progress bar, bump a
+//! counter), or hand events to another thread with [`channel`].
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::JobError;
+use crate::protocol::{HaltedBy, Iteration, Rank};
+use crate::report::IterationReport;
+
+/// Something that happened in a job.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum JobEvent {
+    /// The job started.
+    Started {
+        /// The job's id.
+        job_id: String,
+        /// The number of workers.
+        workers: usize,
+        /// The most iterations it runs.
+        iterations: Iteration,
+    },
+    /// Every worker registered (ran `pre_application` and `init`).
+    Registered {
+        /// Time since the job started.
+        elapsed: Duration,
+    },
+    /// An iteration was broadcast to the workers.
+    IterationStarted {
+        /// The iteration.
+        iteration: Iteration,
+    },
+    /// The master computed an iteration.
+    IterationCompleted(IterationReport),
+    /// The job halted before its iteration count.
+    Halted {
+        /// The last iteration.
+        iteration: Iteration,
+        /// Who halted it.
+        by: HaltedBy,
+    },
+    /// A worker ran its `post_application` and stopped.
+    WorkerDone {
+        /// The worker's rank.
+        rank: Rank,
+    },
+    /// The job completed.
+    Completed {
+        /// How many iterations ran.
+        iterations: Iteration,
+        /// Whether it halted before its iteration count.
+        halted: bool,
+        /// The whole job.
+        elapsed: Duration,
+    },
+    /// The job failed; this is its first failure.
+    Failed {
+        /// Why.
+        error: JobError,
+    },
+}
+
+pub(crate) type Callback = Arc<dyn Fn(&JobEvent) + Send + Sync + 'static>;
+
+/// The subscribers of one job.
+#[derive(Clone, Default)]
+pub(crate) struct Events {
+    subscribers: Vec<Callback>,
+}
+
+impl Events {
+    pub(crate) fn subscribe(&mut self, callback: Callback) {
+        self.subscribers.push(callback);
+    }
+
+    /// Emits the event made by `make`, which is not called when nobody listens.
+    pub(crate) fn emit(&self, make: impl FnOnce() -> JobEvent) {
+        if self.subscribers.is_empty() {
+            return;
+        }
+        let event = make();
+        for s in &self.subscribers {
+            s(&event);
+        }
+    }
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Events({} subscribers)", self.subscribers.len())
+    }
+}
+
+/// A subscriber that sends every event into a channel, and the channel's receiving end.
+///
+/// ```
+/// let (subscriber, events) = superstep::events::channel();
+/// subscriber(&superstep::JobEvent::WorkerDone { rank: 3 });
+/// assert!(matches!(events.try_recv(), Ok(superstep::JobEvent::WorkerDone { rank: 3 })));
+/// ```
+pub fn channel() -> (
+    impl Fn(&JobEvent) + Send + Sync + 'static,
+    mpsc::Receiver<JobEvent>,
+) {
+    let (tx, rx) = mpsc::channel();
+    let subscriber = move |event: &JobEvent| {
+        // The receiver may be gone; events are then not wanted.
+        let _ = tx.send(event.clone());
+    };
+    (subscriber, rx)
+}

@@ -1,0 +1,227 @@
+//! What a user touches: build a job, choose its transport, run it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::compute::{MasterComputable, Payload, WorkerComputable};
+use crate::config::{JobConfig, Placement};
+use crate::error::{ConfigError, JobError};
+use crate::events::{Events, JobEvent};
+use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::protocol::{Iteration, Rank};
+use crate::report::JobOutcome;
+use crate::runtime::{
+    self, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory, WorkerHookFactory,
+};
+use crate::transport::{MemoryTransport, Transport};
+
+/// A job ready to run: a master, a factory of workers, settings, interceptors, event
+/// subscribers and a transport. Made by [`Job::builder`].
+///
+/// `M` is the master's result type and `W` the workers'.
+pub struct Job<M, W> {
+    plan: Plan<M, W>,
+}
+
+impl<M: Payload, W: Payload> Job<M, W> {
+    /// Starts building a job from its master and a factory that makes the worker of each
+    /// rank (called once per rank, before the job starts; load data in
+    /// [`init`](WorkerComputable::init), not here, so that start-up is timed and
+    /// parallel).
+    pub fn builder<MC, WC, F>(master: MC, workers: F) -> JobBuilder<M, W>
+    where
+        MC: MasterComputable<MasterResult = M, WorkerResult = W>,
+        WC: WorkerComputable<MasterResult = M, WorkerResult = W>,
+        F: Fn(Rank) -> WC + Send + Sync + 'static,
+    {
+        let master: DynMaster<M, W> = Box::new(master);
+        let workers: WorkerFactory<M, W> =
+            Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) });
+        JobBuilder {
+            config: JobConfig::default(),
+            master,
+            workers,
+            master_hooks: Vec::new(),
+            worker_hooks: Vec::new(),
+            events: Events::default(),
+            transport: None,
+        }
+    }
+
+    /// The job's settings.
+    pub fn config(&self) -> &JobConfig {
+        &self.plan.config
+    }
+
+    /// Runs the job to its end and returns its outcome, or its first failure.
+    ///
+    /// Blocks the calling thread. The job runs on threads of its own (one for
+    /// coordination, a compute pool), all ended before this returns; it may be called
+    /// from inside an async runtime, though [`run_async`](Job::run_async) does not block
+    /// one of its threads.
+    pub fn run(self) -> Result<JobOutcome<M>, JobError> {
+        runtime::execute(self.plan)
+    }
+
+    /// Runs the job to its end without blocking the calling async task.
+    ///
+    /// Cancel safety: dropping the future does not stop the job; it runs to its end on
+    /// its own threads and its outcome is discarded.
+    pub async fn run_async(self) -> Result<JobOutcome<M>, JobError> {
+        runtime::execute_async(self.plan).await
+    }
+}
+
+impl<M, W> fmt::Debug for Job<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Job")
+            .field("config", &self.plan.config)
+            .field("master_interceptors", &self.plan.master_hooks.len())
+            .field("worker_interceptors", &self.plan.worker_hooks.len())
+            .field("events", &self.plan.events)
+            .finish()
+    }
+}
+
+/// Builds a [`Job`]. Every setting has a default (see [`JobConfig`]); [`build`](Self::build)
+/// checks them.
+pub struct JobBuilder<M, W> {
+    config: JobConfig,
+    master: DynMaster<M, W>,
+    workers: WorkerFactory<M, W>,
+    master_hooks: MasterHooks<M, W>,
+    worker_hooks: Vec<WorkerHookFactory<M, W>>,
+    events: Events,
+    transport: Option<Box<dyn Transport<M, W>>>,
+}
+
+impl<M: Payload, W: Payload> JobBuilder<M, W> {
+    /// The number of workers. Default 1.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.config.workers = workers;
+        self
+    }
+
+    /// The most iterations to run. Default 50.
+    pub fn iterations(mut self, iterations: Iteration) -> Self {
+        self.config.iterations = iterations;
+        self
+    }
+
+    /// Halt when every worker votes to halt in one iteration. Default off.
+    pub fn worker_halt(mut self, enabled: bool) -> Self {
+        self.config.worker_halt = enabled;
+        self
+    }
+
+    /// The job's id, for logs and spans. Default `"superstep"`.
+    pub fn job_id(mut self, job_id: impl Into<String>) -> Self {
+        self.config.job_id = job_id.into();
+        self
+    }
+
+    /// How long start-up (every `pre_application` and `init`) may take.
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.config.startup_timeout = timeout;
+        self
+    }
+
+    /// How long one iteration may wait for the workers' results, and for the master's
+    /// compute.
+    pub fn iteration_timeout(mut self, timeout: Duration) -> Self {
+        self.config.iteration_timeout = timeout;
+        self
+    }
+
+    /// How long the end of the job (every `post_application`) may take.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Where user code runs. Default [`Placement::Auto`].
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.config.placement = placement;
+        self
+    }
+
+    /// The number of compute threads. Default: one per available core.
+    pub fn compute_threads(mut self, threads: usize) -> Self {
+        self.config.compute_threads = Some(threads);
+        self
+    }
+
+    /// Replaces every setting at once.
+    pub fn config(mut self, config: JobConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Adds an interceptor to the master. Several nest like a call stack, in the order
+    /// added (see [`interceptor`](crate::interceptor)).
+    pub fn master_interceptor(mut self, interceptor: impl MasterInterceptor<M, W>) -> Self {
+        self.master_hooks.push(Box::new(interceptor));
+        self
+    }
+
+    /// Adds an interceptor to every worker: `make` is called once per rank to make that
+    /// worker's instance.
+    pub fn worker_interceptor<I, F>(mut self, make: F) -> Self
+    where
+        I: WorkerInterceptor<M, W>,
+        F: Fn(Rank) -> I + Send + Sync + 'static,
+    {
+        self.worker_hooks.push(Arc::new(move |rank| {
+            Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>
+        }));
+        self
+    }
+
+    /// Calls `subscriber` with every [`JobEvent`], in order, on the job's coordination
+    /// thread: keep it cheap, or use [`events::channel`](crate::events::channel).
+    pub fn on_event(mut self, subscriber: impl Fn(&JobEvent) + Send + Sync + 'static) -> Self {
+        self.events.subscribe(Arc::new(subscriber));
+        self
+    }
+
+    /// The transport that connects master and workers. Default: [`MemoryTransport`].
+    pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
+        self.transport = Some(Box::new(transport));
+        self
+    }
+
+    /// Checks the settings and makes the job.
+    pub fn build(self) -> Result<Job<M, W>, ConfigError> {
+        self.config.validate()?;
+        Ok(Job {
+            plan: Plan {
+                config: self.config,
+                master: self.master,
+                master_hooks: self.master_hooks,
+                workers: self.workers,
+                worker_hooks: self.worker_hooks,
+                events: self.events,
+                transport: self
+                    .transport
+                    .unwrap_or_else(|| Box::new(MemoryTransport::new())),
+            },
+        })
+    }
+
+    /// Builds and runs the job: [`build`](Self::build) then [`Job::run`].
+    pub fn run(self) -> Result<JobOutcome<M>, JobError> {
+        self.build()?.run()
+    }
+}
+
+impl<M, W> fmt::Debug for JobBuilder<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobBuilder")
+            .field("config", &self.config)
+            .field("master_interceptors", &self.master_hooks.len())
+            .field("worker_interceptors", &self.worker_hooks.len())
+            .field("events", &self.events)
+            .finish()
+    }
+}

@@ -1,0 +1,145 @@
+//! # superstep
+//!
+//! Iterative master/workers jobs as actors. Every worker computes on its own shard, a
+//! barrier waits for all of them, the master folds their results — in rank order — into
+//! one master result, and that result is broadcast to start the next iteration, until the
+//! master halts or the iteration count is reached.
+//!
+//! ## A whole job
+//!
+//! Each worker sums its shard plus the last total; the master sums the workers' results.
+//!
+//! ```
+//! use superstep::prelude::*;
+//!
+//! struct SumWorker {
+//!     shard: Vec<u64>,
+//! }
+//!
+//! impl WorkerComputable for SumWorker {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!
+//!     fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+//!         Ok(self.shard.iter().sum())
+//!     }
+//! }
+//!
+//! struct SumMaster;
+//!
+//! impl MasterComputable for SumMaster {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!
+//!     fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+//!         let total = ctx.last_master_result().copied().unwrap_or(0)
+//!             + ctx.worker_results().iter().sum::<u64>();
+//!         Ok(Step::Continue(total))
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), superstep::JobError> {
+//! let outcome = Job::builder(SumMaster, |rank| SumWorker {
+//!     shard: (0..10).map(|i| (rank * 10 + i) as u64).collect(),
+//! })
+//! .workers(4)
+//! .iterations(3)
+//! .run()?;
+//!
+//! assert_eq!(*outcome.result, 3 * (0..40).sum::<u64>());
+//! assert_eq!(outcome.iterations, 3);
+//! assert_eq!(outcome.report.iterations.len(), 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Halting, failures and timeouts
+//!
+//! The master ends the job early by returning [`Step::Halt`]. An `Err` or a panic in any
+//! compute or interceptor fails the whole job at once with a [`JobError`] that names the
+//! worker rank (or the master), the iteration, the phase and the cause; every other actor
+//! is told and stops, and `post_application` still runs everywhere. Every wait has a
+//! timeout ([`JobConfig`]) whose error names whom it waited for.
+//!
+//! ```
+//! use superstep::prelude::*;
+//!
+//! struct Flaky;
+//! impl WorkerComputable for Flaky {
+//!     type MasterResult = ();
+//!     type WorkerResult = ();
+//!     fn compute(&mut self, ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+//!         if ctx.rank() == 2 && ctx.iteration() == 3 {
+//!             return Err("disk full".into());
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//! struct Idle;
+//! impl MasterComputable for Idle {
+//!     type MasterResult = ();
+//!     type WorkerResult = ();
+//!     fn compute(&mut self, _: &mut MasterContext<(), ()>) -> Result<Step<()>, BoxError> {
+//!         Ok(Step::Continue(()))
+//!     }
+//! }
+//!
+//! let err = Job::builder(Idle, |_| Flaky).workers(4).iterations(10).run().unwrap_err();
+//! assert_eq!(err.to_string(), "worker 2 failed in compute at iteration 3: disk full");
+//! assert_eq!((err.rank(), err.iteration()), (Some(2), Some(3)));
+//! ```
+//!
+//! ## Watching a job
+//!
+//! [`JobBuilder::on_event`] receives [`JobEvent`]s (iterations started and completed with
+//! their durations, workers done, halted, failed) for progress bars and logs; each
+//! iteration is also a `tracing` span named `iteration`. [`IterationTimer`] is an
+//! interceptor that records compute times per iteration and side.
+//!
+//! ## Errors from user code
+//!
+//! Computables and interceptors return [`BoxError`]: that is the edge where foreign error
+//! types enter, so it is the one place errors are boxed. The boxed error is kept as the
+//! source of the [`Cause`] in a [`JobError`].
+//!
+//! ## Layers
+//!
+//! `job` (this API) → `runtime` (actix actors) → [`protocol`] (sans-IO state machines) →
+//! [`transport`] (in-memory by default) — with [`events`] on the side. See
+//! `ARCHITECTURE.md` for the message flow and the semantics users can rely on.
+
+#![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
+#![forbid(unsafe_code)]
+
+mod compute;
+mod config;
+mod error;
+pub mod events;
+pub mod interceptor;
+mod job;
+pub mod protocol;
+mod report;
+mod runtime;
+pub mod transport;
+
+pub use compute::{
+    MasterComputable, MasterContext, Payload, Step, WorkerComputable, WorkerContext,
+};
+pub use config::{JobConfig, Placement};
+pub use error::{BoxError, Cause, CauseKind, ConfigError, JobError, Phase, Waiting};
+pub use events::JobEvent;
+pub use interceptor::{
+    Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
+};
+pub use job::{Job, JobBuilder};
+pub use protocol::{HaltedBy, Iteration, Rank};
+pub use report::{IterationReport, JobOutcome, JobReport};
+
+/// The names most jobs use.
+pub mod prelude {
+    pub use crate::{
+        BoxError, Ending, Job, JobError, JobEvent, MasterComputable, MasterContext,
+        MasterInterceptor, Step, WorkerComputable, WorkerContext, WorkerInterceptor,
+    };
+}

@@ -1,0 +1,392 @@
+//! The barrier's state machine: registration, rounds, the end of the job, and timeouts.
+
+use std::time::{Duration, Instant};
+
+use super::{Attempt, Drops, Envelope, Iteration, Rank, Report, Round, ToMaster};
+use crate::error::{JobError, Waiting};
+
+/// What a [`Gate`] needs to know.
+#[derive(Debug, Clone)]
+pub struct GateConfig {
+    /// The number of workers.
+    pub workers: usize,
+    /// The current attempt; messages of another attempt are stale.
+    pub attempt: Attempt,
+    /// How long registration may take, counted from [`Gate::new`].
+    pub startup_timeout: Duration,
+    /// How long a round may wait for its results, counted from [`Gate::open`].
+    pub iteration_timeout: Duration,
+    /// How long the end may wait for every worker's `Done`, counted from [`Gate::drain`].
+    pub shutdown_timeout: Duration,
+}
+
+/// What the gate tells its driver.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GateOutput<W> {
+    /// Every worker registered: the first iteration can start.
+    AllRegistered,
+    /// Every worker delivered its result of `iteration`; the reports are in rank order.
+    RoundComplete {
+        /// The iteration that completed.
+        iteration: Iteration,
+        /// One report per rank, in rank order.
+        reports: Vec<Report<W>>,
+    },
+    /// The job must fail: a worker reported a failure, or a wait timed out.
+    Failed(JobError),
+    /// The end of the job: every worker reported done, or the shutdown timeout passed.
+    Drained {
+        /// The ranks that had not reported done when the shutdown timeout passed; empty
+        /// when all did.
+        missing: Vec<Rank>,
+        /// How long the drain waited.
+        waited: Duration,
+        /// Every arrival the gate dropped during the job.
+        drops: Drops,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Registering,
+    /// Between rounds: the master computes, or the job failed and awaits `drain`.
+    Idle,
+    Gathering,
+    Draining,
+    Finished,
+}
+
+/// The barrier's state machine.
+///
+/// Call order: [`new`](Gate::new) starts registration; feed every message from a worker to
+/// [`on_message`](Gate::on_message) and act on what it returns; after
+/// [`GateOutput::AllRegistered`] and after each [`GateOutput::RoundComplete`] the driver
+/// either [`open`](Gate::open)s the next iteration or [`drain`](Gate::drain)s; on
+/// [`GateOutput::Failed`] it drains. Call [`handle_timeout`](Gate::handle_timeout) when the
+/// instant from [`poll_timeout`](Gate::poll_timeout) has passed (calling it early is
+/// harmless). [`GateOutput::Drained`] is the last output.
+#[derive(Debug)]
+pub struct Gate<W> {
+    config: GateConfig,
+    stage: Stage,
+    since: Instant,
+    registered: Vec<bool>,
+    registered_count: usize,
+    round: Round<Report<W>>,
+    done: Vec<bool>,
+    done_count: usize,
+    other_drops: Drops,
+}
+
+impl<W> Gate<W> {
+    /// A gate that starts waiting for registrations at `now`.
+    pub fn new(config: GateConfig, now: Instant) -> Self {
+        let n = config.workers;
+        Gate {
+            stage: Stage::Registering,
+            since: now,
+            registered: vec![false; n],
+            registered_count: 0,
+            round: Round::new(n),
+            done: vec![false; n],
+            done_count: 0,
+            other_drops: Drops::default(),
+            config,
+        }
+    }
+
+    /// Feeds one message from a worker.
+    pub fn on_message(
+        &mut self,
+        now: Instant,
+        env: Envelope<ToMaster<W>>,
+    ) -> Option<GateOutput<W>> {
+        let from = env.from;
+        if from >= self.config.workers {
+            self.other_drops.unknown_rank += 1;
+            return None;
+        }
+        match env.msg {
+            ToMaster::Registered { attempt } => {
+                if attempt != self.config.attempt || self.stage != Stage::Registering {
+                    self.other_drops.stale += 1;
+                    return None;
+                }
+                if self.registered[from] {
+                    self.other_drops.duplicate += 1;
+                    return None;
+                }
+                self.registered[from] = true;
+                self.registered_count += 1;
+                if self.registered_count == self.config.workers {
+                    self.stage = Stage::Idle;
+                    return Some(GateOutput::AllRegistered);
+                }
+                None
+            }
+            ToMaster::Result(report) => {
+                let (attempt, iteration) = (report.attempt, report.iteration);
+                match self.round.offer(from, attempt, iteration, report) {
+                    super::Offer::Completed => {
+                        self.stage = Stage::Idle;
+                        let reports = self.round.close().into_iter().map(|(_, r)| r).collect();
+                        Some(GateOutput::RoundComplete { iteration, reports })
+                    }
+                    _ => None,
+                }
+            }
+            ToMaster::Failed { attempt, error } => {
+                if attempt != self.config.attempt {
+                    self.other_drops.stale += 1;
+                    return None;
+                }
+                Some(GateOutput::Failed(error))
+            }
+            ToMaster::Done { attempt } => {
+                if attempt != self.config.attempt {
+                    self.other_drops.stale += 1;
+                    return None;
+                }
+                if self.done[from] {
+                    self.other_drops.duplicate += 1;
+                    return None;
+                }
+                self.done[from] = true;
+                self.done_count += 1;
+                self.drained_if_all_done(now)
+            }
+        }
+    }
+
+    /// Opens `iteration`: results for it are accepted from now on, and the iteration
+    /// timeout starts.
+    pub fn open(&mut self, now: Instant, iteration: Iteration) {
+        self.round.open(self.config.attempt, iteration);
+        self.stage = Stage::Gathering;
+        self.since = now;
+    }
+
+    /// Ends the job: no more results are accepted, and the gate waits for every worker's
+    /// `Done` until the shutdown timeout. Returns [`GateOutput::Drained`] at once if every
+    /// worker is done already.
+    pub fn drain(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        if matches!(self.stage, Stage::Draining | Stage::Finished) {
+            return None;
+        }
+        if self.round.is_open() {
+            self.round.close();
+        }
+        self.stage = Stage::Draining;
+        self.since = now;
+        self.drained_if_all_done(now)
+    }
+
+    fn drained_if_all_done(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        if self.stage == Stage::Draining && self.done_count == self.config.workers {
+            self.stage = Stage::Finished;
+            return Some(GateOutput::Drained {
+                missing: Vec::new(),
+                waited: now.saturating_duration_since(self.since),
+                drops: self.drops(),
+            });
+        }
+        None
+    }
+
+    /// When the current wait times out, if the gate is waiting for workers.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let timeout = match self.stage {
+            Stage::Registering => self.config.startup_timeout,
+            Stage::Gathering => self.config.iteration_timeout,
+            Stage::Draining => self.config.shutdown_timeout,
+            Stage::Idle | Stage::Finished => return None,
+        };
+        Some(self.since + timeout)
+    }
+
+    /// Fails the current wait if its timeout has passed at `now`, naming the missing ranks.
+    pub fn handle_timeout(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        let deadline = self.poll_timeout()?;
+        if now < deadline {
+            return None;
+        }
+        let waited = now.saturating_duration_since(self.since);
+        match self.stage {
+            Stage::Registering => {
+                self.stage = Stage::Idle;
+                Some(GateOutput::Failed(JobError::WorkersTimedOut {
+                    during: Waiting::Registration,
+                    missing: missing(&self.registered),
+                    waited,
+                }))
+            }
+            Stage::Gathering => {
+                self.stage = Stage::Idle;
+                let missing = self.round.missing();
+                self.round.close();
+                Some(GateOutput::Failed(JobError::WorkersTimedOut {
+                    during: Waiting::Iteration(self.round.iteration()),
+                    missing,
+                    waited,
+                }))
+            }
+            Stage::Draining => {
+                self.stage = Stage::Finished;
+                Some(GateOutput::Drained {
+                    missing: missing(&self.done),
+                    waited,
+                    drops: self.drops(),
+                })
+            }
+            Stage::Idle | Stage::Finished => None,
+        }
+    }
+
+    /// Every arrival dropped so far.
+    pub fn drops(&self) -> Drops {
+        let r = self.round.drops();
+        let o = self.other_drops;
+        Drops {
+            stale: r.stale + o.stale,
+            duplicate: r.duplicate + o.duplicate,
+            unknown_rank: r.unknown_rank + o.unknown_rank,
+        }
+    }
+}
+
+fn missing(flags: &[bool]) -> Vec<Rank> {
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, &f)| !f)
+        .map(|(r, _)| r)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(workers: usize) -> GateConfig {
+        GateConfig {
+            workers,
+            attempt: 0,
+            startup_timeout: Duration::from_secs(10),
+            iteration_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn env<W>(from: Rank, msg: ToMaster<W>) -> Envelope<ToMaster<W>> {
+        Envelope { from, msg }
+    }
+
+    fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
+        ToMaster::Result(Report {
+            attempt: 0,
+            iteration,
+            result,
+            halt_vote: false,
+            elapsed: Duration::ZERO,
+        })
+    }
+
+    #[test]
+    fn registration_then_a_round_then_a_drain() {
+        let t0 = Instant::now();
+        let mut gate = Gate::new(config(2), t0);
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+            None
+        );
+        assert_eq!(
+            gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 })),
+            Some(GateOutput::AllRegistered)
+        );
+        gate.open(t0, 1);
+        assert_eq!(gate.on_message(t0, env(1, report(1, 11))), None);
+        let out = gate.on_message(t0, env(0, report(1, 10))).unwrap();
+        match out {
+            GateOutput::RoundComplete { iteration, reports } => {
+                assert_eq!(iteration, 1);
+                let results: Vec<_> = reports.iter().map(|r| r.result).collect();
+                assert_eq!(results, vec![10, 11]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(gate.drain(t0), None);
+        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        assert!(matches!(
+            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
+            Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+        ));
+    }
+
+    #[test]
+    fn a_registration_timeout_names_the_ranks_that_did_not_register() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(config(3), t0);
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
+        assert_eq!(gate.handle_timeout(t0 + Duration::from_secs(9)), None);
+        match gate.handle_timeout(t0 + Duration::from_secs(10)) {
+            Some(GateOutput::Failed(JobError::WorkersTimedOut {
+                during, missing, ..
+            })) => {
+                assert_eq!(during, Waiting::Registration);
+                assert_eq!(missing, vec![0, 2]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(gate.poll_timeout(), None, "a timeout fires once");
+    }
+
+    #[test]
+    fn an_iteration_timeout_names_the_ranks_whose_results_are_missing() {
+        let t0 = Instant::now();
+        let mut gate = Gate::new(config(3), t0);
+        for r in 0..3 {
+            gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+        }
+        let t1 = t0 + Duration::from_secs(3);
+        gate.open(t1, 4);
+        gate.on_message(t1, env(2, report(4, 0)));
+        assert_eq!(gate.poll_timeout(), Some(t1 + Duration::from_secs(5)));
+        match gate.handle_timeout(t1 + Duration::from_secs(6)) {
+            Some(GateOutput::Failed(err @ JobError::WorkersTimedOut { .. })) => {
+                assert_eq!(err.iteration(), Some(4));
+                assert!(err.to_string().contains("[0, 1]"), "{err}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_drain_timeout_names_the_ranks_not_done() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(config(2), t0);
+        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        gate.drain(t0);
+        match gate.handle_timeout(t0 + Duration::from_secs(1)) {
+            Some(GateOutput::Drained { missing, .. }) => assert_eq!(missing, vec![1]),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failure_is_reported_at_once_and_stale_messages_are_counted() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(config(2), t0);
+        let error = JobError::Runtime {
+            message: "x".into(),
+        };
+        assert!(matches!(
+            gate.on_message(t0, env(1, ToMaster::Failed { attempt: 0, error })),
+            Some(GateOutput::Failed(_))
+        ));
+        gate.on_message(t0, env(0, ToMaster::Registered { attempt: 7 }));
+        gate.on_message(t0, env(5, ToMaster::Registered { attempt: 0 }));
+        gate.on_message(t0, env(0, report(1, 1)));
+        let drops = gate.drops();
+        assert_eq!((drops.stale, drops.unknown_rank), (2, 1));
+    }
+}

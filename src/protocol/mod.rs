@@ -1,0 +1,161 @@
+//! The sans-IO core: message types and pure state machines.
+//!
+//! Nothing here spawns, sleeps, reads a clock or does I/O: time comes in as an argument
+//! (`now: Instant`), and every state machine returns what should happen next instead of
+//! doing it. The actors in [`runtime`](crate::runtime) are thin drivers around these types,
+//! and the same types can be driven by a test or a simulator.
+//!
+//! - [`Round`]: one iteration's results — at most one per rank, stale and duplicate
+//!   arrivals dropped and counted, handed over in rank order.
+//! - [`Gate`]: the barrier's state machine — registration, one [`Round`] per iteration,
+//!   the workers' end-of-job reports, failures and timeouts that name who is missing.
+//! - [`Schedule`]: the master's loop — which iteration is next, iteration count, halt.
+//! - [`WorkerState`]: a worker's view — which master messages to act on.
+
+mod gate;
+mod round;
+mod schedule;
+mod worker;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::JobError;
+
+pub use gate::{Gate, GateConfig, GateOutput};
+pub use round::{Drops, Offer, Round};
+pub use schedule::{HaltedBy, Next, Schedule};
+pub use worker::{WorkerCommand, WorkerState};
+
+/// A worker's rank: `0..workers`.
+pub type Rank = usize;
+/// An iteration number. The first iteration is 1; 0 stands for start-up.
+pub type Iteration = u64;
+/// An attempt of the job; messages of another attempt are stale. The first attempt is 0.
+pub type Attempt = u32;
+
+/// A message with the rank of the worker it came from, as the transport stamps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope<T> {
+    /// The rank of the sending worker.
+    pub from: Rank,
+    /// The message.
+    pub msg: T,
+}
+
+/// One worker's result of one iteration, with what the barrier needs to gate it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report<W> {
+    /// The attempt it was computed in.
+    pub attempt: Attempt,
+    /// The iteration it belongs to.
+    pub iteration: Iteration,
+    /// The user's result.
+    pub result: W,
+    /// Whether the worker voted to halt (see `JobConfig::worker_halt`).
+    pub halt_vote: bool,
+    /// How long the worker's iteration (hooks and compute) took.
+    pub elapsed: Duration,
+}
+
+/// Messages from a worker to the master's node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToMaster<W> {
+    /// Start-up is done (`pre_application` and `init`); the worker is ready to iterate.
+    Registered {
+        /// The attempt the worker runs in.
+        attempt: Attempt,
+    },
+    /// The worker's result of one iteration.
+    Result(Report<W>),
+    /// The worker's code failed; the job must fail at once.
+    Failed {
+        /// The attempt the worker runs in.
+        attempt: Attempt,
+        /// What failed, where and why.
+        error: JobError,
+    },
+    /// The worker ran its `post_application` and stopped.
+    Done {
+        /// The attempt the worker ran in.
+        attempt: Attempt,
+    },
+}
+
+/// Messages from the master's node to a worker.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub enum ToWorker<M> {
+    /// Compute iteration `iteration` with the master result of the iteration before.
+    Iterate {
+        /// The attempt of the job.
+        attempt: Attempt,
+        /// The iteration to compute.
+        iteration: Iteration,
+        /// The master result of `iteration - 1`; `None` in iteration 1. Shared, not copied
+        /// per worker, in-process.
+        last: Option<Arc<M>>,
+    },
+    /// The job completed: run `post_application` and stop.
+    Finish {
+        /// The attempt of the job.
+        attempt: Attempt,
+        /// How many iterations ran.
+        iterations: Iteration,
+        /// Whether the job halted before its iteration count.
+        halted: bool,
+        /// The final master result.
+        last: Arc<M>,
+    },
+    /// The job failed: run `post_application` with the cause and stop.
+    Abort {
+        /// The attempt of the job.
+        attempt: Attempt,
+        /// The job's first failure.
+        error: JobError,
+    },
+}
+
+// Not derived: a derive would ask for `M: Clone`, but only the `Arc` is cloned.
+impl<M> Clone for ToWorker<M> {
+    fn clone(&self) -> Self {
+        match self {
+            ToWorker::Iterate {
+                attempt,
+                iteration,
+                last,
+            } => ToWorker::Iterate {
+                attempt: *attempt,
+                iteration: *iteration,
+                last: last.clone(),
+            },
+            ToWorker::Finish {
+                attempt,
+                iterations,
+                halted,
+                last,
+            } => ToWorker::Finish {
+                attempt: *attempt,
+                iterations: *iterations,
+                halted: *halted,
+                last: last.clone(),
+            },
+            ToWorker::Abort { attempt, error } => ToWorker::Abort {
+                attempt: *attempt,
+                error: error.clone(),
+            },
+        }
+    }
+}
+
+impl<M> fmt::Display for ToWorker<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToWorker::Iterate { iteration, .. } => write!(f, "iterate {iteration}"),
+            ToWorker::Finish { iterations, .. } => write!(f, "finish after {iterations}"),
+            ToWorker::Abort { error, .. } => write!(f, "abort: {error}"),
+        }
+    }
+}

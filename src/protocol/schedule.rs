@@ -1,0 +1,113 @@
+//! The master's loop: which iteration is next, and when the job ends.
+
+use serde::{Deserialize, Serialize};
+
+use super::Iteration;
+
+/// Who halted the job before its iteration count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HaltedBy {
+    /// The master's compute returned `Step::Halt`.
+    Master,
+    /// Every worker voted to halt, and `worker_halt` is on.
+    Workers,
+}
+
+/// What the master does after computing an iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Broadcast the master result and start this iteration.
+    Iterate(Iteration),
+    /// The job is complete.
+    Finish {
+        /// How many iterations ran.
+        iterations: Iteration,
+        /// Who halted it, if it ended before its iteration count.
+        halted: Option<HaltedBy>,
+    },
+}
+
+/// The master's iteration loop.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    iterations: Iteration,
+    worker_halt: bool,
+    workers: usize,
+}
+
+impl Schedule {
+    /// A loop of at most `iterations` iterations over `workers` workers; `worker_halt`
+    /// makes a unanimous worker vote halt the job.
+    pub fn new(iterations: Iteration, workers: usize, worker_halt: bool) -> Self {
+        Schedule {
+            iterations,
+            worker_halt,
+            workers,
+        }
+    }
+
+    /// The first iteration.
+    pub fn first(&self) -> Iteration {
+        1
+    }
+
+    /// Decides what follows `iteration`, given the master's own halt and the number of
+    /// workers that voted to halt in it.
+    pub fn decide(&self, iteration: Iteration, master_halt: bool, halt_votes: usize) -> Next {
+        let halted = if master_halt {
+            Some(HaltedBy::Master)
+        } else if self.worker_halt && self.workers > 0 && halt_votes == self.workers {
+            Some(HaltedBy::Workers)
+        } else {
+            None
+        };
+        if halted.is_some() || iteration >= self.iterations {
+            Next::Finish {
+                iterations: iteration,
+                halted,
+            }
+        } else {
+            Next::Iterate(iteration + 1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_iteration_count_ends_the_loop() {
+        let s = Schedule::new(3, 2, false);
+        assert_eq!(s.decide(1, false, 0), Next::Iterate(2));
+        assert_eq!(
+            s.decide(3, false, 0),
+            Next::Finish {
+                iterations: 3,
+                halted: None
+            }
+        );
+    }
+
+    #[test]
+    fn the_master_halts_and_workers_halt_only_when_enabled_and_unanimous() {
+        let off = Schedule::new(10, 2, false);
+        assert_eq!(
+            off.decide(2, true, 0),
+            Next::Finish {
+                iterations: 2,
+                halted: Some(HaltedBy::Master)
+            }
+        );
+        assert_eq!(off.decide(2, false, 2), Next::Iterate(3));
+        let on = Schedule::new(10, 2, true);
+        assert_eq!(on.decide(2, false, 1), Next::Iterate(3));
+        assert_eq!(
+            on.decide(2, false, 2),
+            Next::Finish {
+                iterations: 2,
+                halted: Some(HaltedBy::Workers)
+            }
+        );
+    }
+}

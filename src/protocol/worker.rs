@@ -1,0 +1,126 @@
+//! A worker's view of the master's messages.
+
+use super::{Attempt, Iteration, ToWorker};
+
+/// Which of the master's messages a worker acts on.
+///
+/// A worker computes each iteration once, in order, and stops once: an `Iterate` that is
+/// not the next iteration of its attempt, or anything after it began to stop, is dropped
+/// and counted.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    attempt: Attempt,
+    iteration: Iteration,
+    stopping: bool,
+    dropped: u64,
+}
+
+/// What a worker should do with a message from the master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerCommand {
+    /// Compute this iteration.
+    Compute(Iteration),
+    /// Run `post_application` and stop.
+    Stop,
+    /// Drop the message: stale, duplicate, or after the worker began to stop.
+    Drop,
+}
+
+impl WorkerState {
+    /// A worker of `attempt` that has computed nothing yet.
+    pub fn new(attempt: Attempt) -> Self {
+        WorkerState {
+            attempt,
+            iteration: 0,
+            stopping: false,
+            dropped: 0,
+        }
+    }
+
+    /// Decides what to do with `msg`.
+    pub fn on_message<M>(&mut self, msg: &ToWorker<M>) -> WorkerCommand {
+        let command = match *msg {
+            _ if self.stopping => WorkerCommand::Drop,
+            ToWorker::Iterate {
+                attempt, iteration, ..
+            } => {
+                if attempt == self.attempt && iteration == self.iteration + 1 {
+                    self.iteration = iteration;
+                    WorkerCommand::Compute(iteration)
+                } else {
+                    WorkerCommand::Drop
+                }
+            }
+            ToWorker::Finish { attempt, .. } | ToWorker::Abort { attempt, .. } => {
+                if attempt == self.attempt {
+                    self.stopping = true;
+                    WorkerCommand::Stop
+                } else {
+                    WorkerCommand::Drop
+                }
+            }
+        };
+        if command == WorkerCommand::Drop {
+            self.dropped += 1;
+        }
+        command
+    }
+
+    /// Marks the worker as stopping on its own (its code failed).
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether the worker began to stop.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// The last iteration the worker was told to compute.
+    pub fn iteration(&self) -> Iteration {
+        self.iteration
+    }
+
+    /// How many messages were dropped.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iterate(attempt: Attempt, iteration: Iteration) -> ToWorker<()> {
+        ToWorker::Iterate {
+            attempt,
+            iteration,
+            last: None,
+        }
+    }
+
+    #[test]
+    fn iterations_are_computed_once_and_in_order() {
+        let mut w = WorkerState::new(0);
+        assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Compute(1));
+        assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Drop);
+        assert_eq!(w.on_message(&iterate(0, 3)), WorkerCommand::Drop);
+        assert_eq!(w.on_message(&iterate(1, 2)), WorkerCommand::Drop);
+        assert_eq!(w.on_message(&iterate(0, 2)), WorkerCommand::Compute(2));
+        assert_eq!(w.dropped(), 3);
+    }
+
+    #[test]
+    fn a_worker_stops_once() {
+        let mut w = WorkerState::new(0);
+        let abort = ToWorker::<()>::Abort {
+            attempt: 0,
+            error: crate::JobError::Runtime {
+                message: "x".into(),
+            },
+        };
+        assert_eq!(w.on_message(&abort), WorkerCommand::Stop);
+        assert_eq!(w.on_message(&abort), WorkerCommand::Drop);
+        assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Drop);
+    }
+}

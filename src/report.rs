@@ -1,0 +1,54 @@
+//! What a job returns: the typed outcome and a report of how it went.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::protocol::{Drops, HaltedBy, Iteration, Rank};
+
+/// How one iteration went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationReport {
+    /// The iteration.
+    pub iteration: Iteration,
+    /// From the broadcast that started it to the master's result of it.
+    pub elapsed: Duration,
+    /// The master's part: its interceptors and compute.
+    pub master_elapsed: Duration,
+    /// The slowest worker (its rank and its hooks and compute time).
+    pub slowest: Option<(Rank, Duration)>,
+}
+
+/// How a job went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobReport {
+    /// From the start of the job until every worker registered.
+    pub startup: Duration,
+    /// Every iteration that completed, in order.
+    pub iterations: Vec<IterationReport>,
+    /// The whole job, start-up and shutdown included.
+    pub elapsed: Duration,
+    /// Who halted the job, if it ended before its iteration count.
+    pub halted_by: Option<HaltedBy>,
+    /// Messages the barrier dropped (stale, duplicate, from an unknown rank).
+    pub drops: Drops,
+}
+
+impl JobReport {
+    /// The sum of the iterations' durations.
+    pub fn iterating(&self) -> Duration {
+        self.iterations.iter().map(|i| i.elapsed).sum()
+    }
+}
+
+/// What a completed job returns.
+#[derive(Debug, Clone)]
+pub struct JobOutcome<M> {
+    /// The final master result.
+    pub result: Arc<M>,
+    /// How many iterations ran.
+    pub iterations: Iteration,
+    /// Whether the job halted before its iteration count.
+    pub halted: bool,
+    /// Timings and counters.
+    pub report: JobReport,
+}

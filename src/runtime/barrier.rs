@@ -1,0 +1,163 @@
+//! The barrier actor: the master's node's hub. Every message from a worker arrives here and
+//! goes through the [`Gate`]; every message to the workers leaves from here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient};
+
+use crate::compute::Payload;
+use crate::error::JobError;
+use crate::events::{Events, JobEvent};
+use crate::protocol::{Attempt, Envelope, Gate, GateOutput, Iteration, ToMaster, ToWorker};
+use crate::transport::MasterLink;
+
+/// What the gate said, for the master.
+pub(crate) struct FromGate<W>(pub(crate) GateOutput<W>);
+
+impl<W: 'static> Message for FromGate<W> {
+    type Result = ();
+}
+
+/// Open an iteration and broadcast it.
+pub(crate) struct Open<M> {
+    pub(crate) iteration: Iteration,
+    pub(crate) last: Option<Arc<M>>,
+}
+
+/// The job completed: tell every worker and wait for them to be done.
+pub(crate) struct FinishJob<M> {
+    pub(crate) iterations: Iteration,
+    pub(crate) halted: bool,
+    pub(crate) last: Arc<M>,
+}
+
+/// The job failed: tell every worker and wait for them to be done.
+pub(crate) struct AbortJob {
+    pub(crate) error: JobError,
+}
+
+impl<M: 'static> Message for Open<M> {
+    type Result = ();
+}
+impl<M: 'static> Message for FinishJob<M> {
+    type Result = ();
+}
+impl Message for AbortJob {
+    type Result = ();
+}
+impl<W: 'static> Message for Envelope<ToMaster<W>> {
+    type Result = ();
+}
+
+pub(crate) struct BarrierActor<M: Payload, W: Payload> {
+    gate: Gate<W>,
+    link: Box<dyn MasterLink<M>>,
+    master: Recipient<FromGate<W>>,
+    attempt: Attempt,
+    events: Events,
+    tick: Duration,
+}
+
+impl<M: Payload, W: Payload> BarrierActor<M, W> {
+    pub(crate) fn new(
+        gate: Gate<W>,
+        link: Box<dyn MasterLink<M>>,
+        master: Recipient<FromGate<W>>,
+        attempt: Attempt,
+        events: Events,
+        tick: Duration,
+    ) -> Self {
+        BarrierActor {
+            gate,
+            link,
+            master,
+            attempt,
+            events,
+            tick,
+        }
+    }
+
+    fn forward(&self, output: Option<GateOutput<W>>) {
+        if let Some(output) = output {
+            self.master.do_send(FromGate(output));
+        }
+    }
+
+    fn broadcast(&mut self, msg: ToWorker<M>) {
+        if let Err(e) = self.link.broadcast(msg) {
+            self.forward(Some(GateOutput::Failed(e.into())));
+        }
+    }
+}
+
+impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Timeouts are checked on a coarse tick rather than one timer per wait: arming and
+        // cancelling a timer each round would cost more than the round itself.
+        ctx.run_interval(self.tick, |act, _| {
+            let output = act.gate.handle_timeout(Instant::now());
+            act.forward(output);
+        });
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Envelope<ToMaster<W>>> for BarrierActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, env: Envelope<ToMaster<W>>, _: &mut Context<Self>) {
+        let done = match env.msg {
+            ToMaster::Done { attempt } if attempt == self.attempt => Some(env.from),
+            _ => None,
+        };
+        let output = self.gate.on_message(Instant::now(), env);
+        if let Some(rank) = done {
+            self.events.emit(|| JobEvent::WorkerDone { rank });
+        }
+        self.forward(output);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Open<M>, _: &mut Context<Self>) {
+        // Open before broadcasting, so no result can arrive before its round.
+        self.gate.open(Instant::now(), msg.iteration);
+        self.broadcast(ToWorker::Iterate {
+            attempt: self.attempt,
+            iteration: msg.iteration,
+            last: msg.last,
+        });
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: FinishJob<M>, _: &mut Context<Self>) {
+        self.broadcast(ToWorker::Finish {
+            attempt: self.attempt,
+            iterations: msg.iterations,
+            halted: msg.halted,
+            last: msg.last,
+        });
+        let output = self.gate.drain(Instant::now());
+        self.forward(output);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: AbortJob, _: &mut Context<Self>) {
+        self.broadcast(ToWorker::Abort {
+            attempt: self.attempt,
+            error: msg.error,
+        });
+        let output = self.gate.drain(Instant::now());
+        self.forward(output);
+    }
+}

@@ -1,0 +1,559 @@
+//! The master actor: runs the master's computable and interceptors, and drives the
+//! iteration loop ([`Schedule`]) from what the barrier reports.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
+use tokio::sync::oneshot;
+
+use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open};
+use super::pool::{guarded, ComputePool, Placer};
+use super::{DynMaster, MasterHooks, OwnedEnding};
+use crate::compute::MasterContext;
+use crate::compute::Payload;
+use crate::config::JobConfig;
+use crate::error::{Cause, JobError, Phase, Waiting};
+use crate::events::{Events, JobEvent};
+use crate::protocol::{GateOutput, Iteration, Next, Rank, Schedule};
+use crate::report::{IterationReport, JobOutcome, JobReport};
+
+/// The master's user code and context: moved to the pool and back as one value.
+pub(crate) struct MasterTask<M, W> {
+    computable: DynMaster<M, W>,
+    interceptors: MasterHooks<M, W>,
+    ctx: MasterContext<M, W>,
+    entered: usize,
+}
+
+enum Work<M, W> {
+    Start,
+    Iterate(Round<W>),
+    Stop(OwnedEnding<M>),
+}
+
+/// One iteration's input to the master, and what the report needs of it.
+struct Round<W> {
+    iteration: Iteration,
+    results: Vec<W>,
+    halt_votes: usize,
+    slowest: Option<(Rank, Duration)>,
+    span: tracing::Span,
+}
+
+enum Worked<M> {
+    Started(Result<(), JobError>),
+    Iterated {
+        iteration: Iteration,
+        halt_votes: usize,
+        slowest: Option<(Rank, Duration)>,
+        elapsed: Duration,
+        result: Result<(Arc<M>, bool), JobError>,
+    },
+    Stopped(Result<(), JobError>),
+}
+
+impl<M: Payload, W: Payload> MasterTask<M, W> {
+    pub(crate) fn new(
+        computable: DynMaster<M, W>,
+        interceptors: MasterHooks<M, W>,
+        ctx: MasterContext<M, W>,
+    ) -> Self {
+        MasterTask {
+            computable,
+            interceptors,
+            ctx,
+            entered: 0,
+        }
+    }
+
+    fn fail(iteration: Iteration, phase: Phase, cause: Cause) -> JobError {
+        JobError::Master {
+            iteration,
+            phase,
+            cause,
+        }
+    }
+
+    fn run(&mut self, work: Work<M, W>) -> Worked<M> {
+        match work {
+            Work::Start => Worked::Started(self.start()),
+            Work::Iterate(round) => {
+                let started = Instant::now();
+                let (iteration, halt_votes, slowest) =
+                    (round.iteration, round.halt_votes, round.slowest);
+                let result = self.iterate(round);
+                Worked::Iterated {
+                    iteration,
+                    halt_votes,
+                    slowest,
+                    elapsed: started.elapsed(),
+                    result,
+                }
+            }
+            Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
+        }
+    }
+
+    fn start(&mut self) -> Result<(), JobError> {
+        let ctx = &self.ctx;
+        for (i, hook) in self.interceptors.iter_mut().enumerate() {
+            self.entered = i + 1;
+            guarded(|| hook.pre_application(ctx))
+                .map_err(|c| Self::fail(0, Phase::PreApplication, c))?;
+        }
+        Ok(())
+    }
+
+    fn iterate(&mut self, round: Round<W>) -> Result<(Arc<M>, bool), JobError> {
+        let _span = round.span.entered();
+        let iteration = round.iteration;
+        self.ctx.iteration = iteration;
+        self.ctx.results = round.results;
+        self.ctx.halt_votes = round.halt_votes;
+        self.ctx.current = None;
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut() {
+            guarded(|| hook.pre_iteration(ctx))
+                .map_err(|c| Self::fail(iteration, Phase::PreIteration, c))?;
+        }
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        let (result, halt) = guarded(|| computable.compute(ctx))
+            .map_err(|c| Self::fail(iteration, Phase::Compute, c))?
+            .into_parts();
+        let result = Arc::new(result);
+        self.ctx.current = Some(Arc::clone(&result));
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut().rev() {
+            guarded(|| hook.post_iteration(ctx))
+                .map_err(|c| Self::fail(iteration, Phase::PostIteration, c))?;
+        }
+        // The workers' results are no longer needed: free them before the next round.
+        self.ctx.results = Vec::new();
+        self.ctx.last = Some(Arc::clone(&result));
+        Ok((result, halt))
+    }
+
+    fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
+        let ending = ending.as_ending();
+        let ctx = &self.ctx;
+        let mut first = None;
+        for hook in self.interceptors[..self.entered].iter_mut().rev() {
+            if let Err(c) = guarded(|| hook.post_application(ctx, ending)) {
+                first.get_or_insert(Self::fail(ctx.iteration, Phase::PostApplication, c));
+            }
+        }
+        self.entered = 0;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A deadline on the master's own work while it is on the pool.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    since: Instant,
+    during: Waiting,
+}
+
+/// Drives the job: starts iterations, runs the master's code on each complete round,
+/// decides what follows, and ends the job with its outcome.
+pub(crate) struct MasterActor<M: Payload, W: Payload> {
+    config: Arc<JobConfig>,
+    task: Option<Box<MasterTask<M, W>>>,
+    barrier: Addr<BarrierActor<M, W>>,
+    pool: Arc<ComputePool>,
+    placer: Placer,
+    schedule: Schedule,
+    events: Events,
+    outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
+    report: JobReport,
+    started: Instant,
+    iteration_started: Instant,
+    span: Option<tracing::Span>,
+    last: Option<Arc<M>>,
+    master_ready: bool,
+    workers_ready: bool,
+    /// Set once the job completes or fails; the first failure wins.
+    ending: Option<OwnedEnding<M>>,
+    /// Every worker is done (or the shutdown timeout passed).
+    drained: bool,
+    stopping: bool,
+    deadline: Option<Deadline>,
+    /// The master's work outlived its deadline and may never come back.
+    stuck: bool,
+}
+
+impl<M: Payload, W: Payload> MasterActor<M, W> {
+    pub(crate) fn new(
+        config: Arc<JobConfig>,
+        task: MasterTask<M, W>,
+        barrier: Addr<BarrierActor<M, W>>,
+        pool: Arc<ComputePool>,
+        events: Events,
+        outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
+    ) -> Self {
+        let now = Instant::now();
+        MasterActor {
+            placer: Placer::new(config.placement, config.inline_threshold),
+            schedule: Schedule::new(config.iterations, config.workers, config.worker_halt),
+            config,
+            task: Some(Box::new(task)),
+            barrier,
+            pool,
+            events,
+            outcome: Some(outcome),
+            report: JobReport::default(),
+            started: now,
+            iteration_started: now,
+            span: None,
+            last: None,
+            master_ready: false,
+            workers_ready: false,
+            ending: None,
+            drained: false,
+            stopping: false,
+            deadline: None,
+            stuck: false,
+        }
+    }
+
+    fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M, W>) {
+        let Some(mut task) = self.task.take() else {
+            tracing::error!("master work dispatched while the master is busy");
+            return;
+        };
+        let (inline, during, timeout) = match &work {
+            Work::Start => (
+                self.placer.inline_lifecycle(),
+                Waiting::Registration,
+                self.config.startup_timeout,
+            ),
+            Work::Iterate(round) => (
+                self.placer.inline_iteration(),
+                Waiting::Iteration(round.iteration),
+                self.config.iteration_timeout,
+            ),
+            Work::Stop(_) => (
+                self.placer.inline_lifecycle(),
+                Waiting::Shutdown,
+                self.config.shutdown_timeout,
+            ),
+        };
+        if inline {
+            let worked = task.run(work);
+            self.task = Some(task);
+            self.on_worked(ctx, worked);
+        } else {
+            let now = Instant::now();
+            self.deadline = Some(Deadline {
+                at: now + timeout,
+                since: now,
+                during,
+            });
+            let addr = ctx.address();
+            self.pool.spawn(move || {
+                let worked = task.run(work);
+                addr.do_send(WorkDone { task, worked });
+            });
+        }
+    }
+
+    fn on_worked(&mut self, ctx: &mut Context<Self>, worked: Worked<M>) {
+        match worked {
+            Worked::Started(Ok(())) => {
+                self.master_ready = true;
+                self.maybe_begin();
+            }
+            Worked::Started(Err(e)) => self.fail(e),
+            Worked::Iterated { result: Err(e), .. } => self.fail(e),
+            Worked::Iterated {
+                iteration,
+                halt_votes,
+                slowest,
+                elapsed,
+                result: Ok((result, halt)),
+            } => {
+                if self.ending.is_none() {
+                    self.placer.observe(elapsed);
+                    self.iterated(iteration, halt_votes, slowest, elapsed, result, halt);
+                }
+            }
+            Worked::Stopped(result) => {
+                if let Err(e) = result {
+                    self.fail(e);
+                }
+                self.complete(ctx);
+                return;
+            }
+        }
+        self.maybe_stop(ctx);
+    }
+
+    fn maybe_begin(&mut self) {
+        if self.master_ready && self.workers_ready && self.ending.is_none() {
+            self.begin(self.schedule.first());
+        }
+    }
+
+    fn begin(&mut self, iteration: Iteration) {
+        self.iteration_started = Instant::now();
+        let span = tracing::info_span!("iteration", job = %self.config.job_id, iteration);
+        span.in_scope(|| tracing::debug!("iteration started"));
+        self.span = Some(span);
+        self.events
+            .emit(|| JobEvent::IterationStarted { iteration });
+        self.barrier.do_send(Open {
+            iteration,
+            last: self.last.clone(),
+        });
+    }
+
+    fn iterated(
+        &mut self,
+        iteration: Iteration,
+        halt_votes: usize,
+        slowest: Option<(Rank, Duration)>,
+        master_elapsed: Duration,
+        result: Arc<M>,
+        halt: bool,
+    ) {
+        let report = IterationReport {
+            iteration,
+            elapsed: self.iteration_started.elapsed(),
+            master_elapsed,
+            slowest,
+        };
+        if let Some(span) = self.span.take() {
+            span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
+        }
+        self.events
+            .emit(|| JobEvent::IterationCompleted(report.clone()));
+        self.report.iterations.push(report);
+        self.last = Some(Arc::clone(&result));
+        match self.schedule.decide(iteration, halt, halt_votes) {
+            Next::Iterate(next) => self.begin(next),
+            Next::Finish { iterations, halted } => {
+                self.report.halted_by = halted;
+                if let Some(by) = halted {
+                    tracing::info!(iteration, ?by, "job halted");
+                    self.events.emit(|| JobEvent::Halted { iteration, by });
+                }
+                self.ending = Some(OwnedEnding::Completed {
+                    iterations,
+                    halted: halted.is_some(),
+                    last: Arc::clone(&result),
+                });
+                self.barrier.do_send(FinishJob {
+                    iterations,
+                    halted: halted.is_some(),
+                    last: result,
+                });
+            }
+        }
+    }
+
+    /// Fails the job: the first failure is kept and sent to every worker at once; later
+    /// ones are logged.
+    fn fail(&mut self, error: JobError) {
+        match &self.ending {
+            None => {
+                tracing::error!(%error, "job failed");
+                self.events.emit(|| JobEvent::Failed {
+                    error: error.clone(),
+                });
+                self.ending = Some(OwnedEnding::Failed(error.clone()));
+                self.barrier.do_send(AbortJob { error });
+            }
+            Some(OwnedEnding::Completed { .. }) => {
+                // Every worker is stopping already; the job fails in its shutdown.
+                tracing::error!(%error, "job failed during shutdown");
+                self.events.emit(|| JobEvent::Failed {
+                    error: error.clone(),
+                });
+                self.ending = Some(OwnedEnding::Failed(error));
+            }
+            Some(OwnedEnding::Failed(first)) => {
+                tracing::debug!(%error, %first, "a further failure after the job failed");
+            }
+        }
+    }
+
+    fn maybe_stop(&mut self, ctx: &mut Context<Self>) {
+        if !self.drained || self.stopping {
+            return;
+        }
+        if self.task.is_some() {
+            self.stopping = true;
+            let ending = self.ending.clone().unwrap_or_else(|| {
+                OwnedEnding::Failed(JobError::Runtime {
+                    message: "the job drained without an ending".into(),
+                })
+            });
+            self.dispatch(ctx, Work::Stop(ending));
+        } else if self.stuck {
+            tracing::warn!("the master's code is still running; its post_application is skipped");
+            self.complete(ctx);
+        }
+    }
+
+    fn on_tick(&mut self, ctx: &mut Context<Self>) {
+        let Some(deadline) = self.deadline else {
+            return;
+        };
+        let now = Instant::now();
+        if now < deadline.at {
+            return;
+        }
+        self.deadline = None;
+        self.stuck = true;
+        self.fail(JobError::MasterTimedOut {
+            during: deadline.during,
+            waited: now.saturating_duration_since(deadline.since),
+        });
+        if deadline.during == Waiting::Shutdown {
+            self.complete(ctx);
+        } else {
+            self.maybe_stop(ctx);
+        }
+    }
+
+    fn complete(&mut self, ctx: &mut Context<Self>) {
+        let Some(outcome) = self.outcome.take() else {
+            return;
+        };
+        self.report.elapsed = self.started.elapsed();
+        let result = match self.ending.take() {
+            Some(OwnedEnding::Completed {
+                iterations,
+                halted,
+                last,
+            }) => {
+                let elapsed = self.report.elapsed;
+                tracing::info!(iterations, halted, ?elapsed, "job completed");
+                self.events.emit(|| JobEvent::Completed {
+                    iterations,
+                    halted,
+                    elapsed,
+                });
+                Ok(JobOutcome {
+                    result: last,
+                    iterations,
+                    halted,
+                    report: std::mem::take(&mut self.report),
+                })
+            }
+            Some(OwnedEnding::Failed(error)) => Err(error),
+            None => Err(JobError::Runtime {
+                message: "the job ended without an outcome".into(),
+            }),
+        };
+        // The receiver is gone only if the caller stopped waiting; nothing to tell then.
+        let _ = outcome.send(result);
+        ctx.stop();
+    }
+
+    fn on_gate(&mut self, ctx: &mut Context<Self>, output: GateOutput<W>) {
+        match output {
+            GateOutput::AllRegistered => {
+                self.workers_ready = true;
+                self.report.startup = self.started.elapsed();
+                let elapsed = self.report.startup;
+                tracing::debug!(?elapsed, "every worker registered");
+                self.events.emit(|| JobEvent::Registered { elapsed });
+                self.maybe_begin();
+            }
+            GateOutput::RoundComplete { iteration, reports } => {
+                if self.ending.is_some() {
+                    return;
+                }
+                let halt_votes = reports.iter().filter(|r| r.halt_vote).count();
+                let slowest = reports
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, r)| r.elapsed)
+                    .map(|(rank, r)| (rank, r.elapsed));
+                let results = reports.into_iter().map(|r| r.result).collect();
+                let span = self.span.clone().unwrap_or_else(tracing::Span::none);
+                self.dispatch(
+                    ctx,
+                    Work::Iterate(Round {
+                        iteration,
+                        results,
+                        halt_votes,
+                        slowest,
+                        span,
+                    }),
+                );
+            }
+            GateOutput::Failed(error) => self.fail(error),
+            GateOutput::Drained {
+                missing,
+                waited,
+                drops,
+            } => {
+                self.report.drops = drops;
+                if !missing.is_empty() {
+                    let error = JobError::WorkersTimedOut {
+                        during: Waiting::Shutdown,
+                        missing,
+                        waited,
+                    };
+                    if matches!(self.ending, Some(OwnedEnding::Completed { .. })) {
+                        self.fail(error);
+                    } else {
+                        tracing::warn!(%error, "workers did not stop in time");
+                    }
+                }
+                self.drained = true;
+                self.maybe_stop(ctx);
+            }
+        }
+    }
+}
+
+impl<M: Payload, W: Payload> Actor for MasterActor<M, W> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let config = &self.config;
+        self.events.emit(|| JobEvent::Started {
+            job_id: config.job_id.clone(),
+            workers: config.workers,
+            iterations: config.iterations,
+        });
+        ctx.run_interval(super::tick(config), |act, ctx| act.on_tick(ctx));
+        self.dispatch(ctx, Work::Start);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<FromGate<W>> for MasterActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: FromGate<W>, ctx: &mut Context<Self>) {
+        self.on_gate(ctx, msg.0);
+    }
+}
+
+struct WorkDone<M, W> {
+    task: Box<MasterTask<M, W>>,
+    worked: Worked<M>,
+}
+
+impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for MasterActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, done: WorkDone<M, W>, ctx: &mut Context<Self>) {
+        self.deadline = None;
+        if self.stuck {
+            // It came back after all: the job already failed on its deadline.
+            self.stuck = false;
+        }
+        self.task = Some(done.task);
+        self.on_worked(ctx, done.worked);
+    }
+}

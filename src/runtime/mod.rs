@@ -1,0 +1,243 @@
+//! The actors that run a job: thin drivers around the [`protocol`](crate::protocol) state
+//! machines.
+//!
+//! - `MasterActor` runs the master's code and the iteration loop ([`Schedule`](crate::protocol::Schedule)).
+//! - `BarrierActor` is the master's node's hub: every worker message goes through its
+//!   [`Gate`](crate::protocol::Gate), every message to workers leaves from it.
+//! - `WorkerActor` runs one worker's code ([`WorkerState`](crate::protocol::WorkerState)).
+//!
+//! All actors of a job share one actix arbiter — one thread, one event loop — on a thread
+//! of the job's own, so coordination never crosses a thread. User code runs where the
+//! `Placer` says: inline on that thread when it is short, or on the compute pool (one
+//! thread per core), which hands the result back as a message. The job's thread, its
+//! actors and its pool end with the job.
+
+mod barrier;
+mod master;
+mod pool;
+mod worker;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{AsyncContext, Context};
+use tokio::sync::oneshot;
+
+use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
+use crate::config::JobConfig;
+use crate::error::{Cause, JobError, Phase};
+use crate::events::Events;
+use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
+use crate::protocol::{Gate, GateConfig, Iteration, Rank};
+use crate::report::JobOutcome;
+use crate::transport::{LinkSpec, Transport};
+
+use barrier::BarrierActor;
+use master::{MasterActor, MasterTask};
+use pool::{guarded, ComputePool, Placer};
+use worker::{WorkerActor, WorkerTask};
+
+pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
+pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, WorkerResult = W>>;
+pub(crate) type WorkerHooks<M, W> = Vec<Box<dyn WorkerInterceptor<M, W>>>;
+pub(crate) type MasterHooks<M, W> = Vec<Box<dyn MasterInterceptor<M, W>>>;
+pub(crate) type WorkerFactory<M, W> = Arc<dyn Fn(Rank) -> DynWorker<M, W> + Send + Sync>;
+pub(crate) type WorkerHookFactory<M, W> =
+    Arc<dyn Fn(Rank) -> Box<dyn WorkerInterceptor<M, W>> + Send + Sync>;
+
+/// How the job ended, owned, as it travels between actors.
+pub(crate) enum OwnedEnding<M> {
+    Completed {
+        iterations: Iteration,
+        halted: bool,
+        last: Arc<M>,
+    },
+    Failed(JobError),
+}
+
+impl<M> OwnedEnding<M> {
+    pub(crate) fn as_ending(&self) -> Ending<'_> {
+        match self {
+            OwnedEnding::Completed {
+                iterations, halted, ..
+            } => Ending::Completed {
+                iterations: *iterations,
+                halted: *halted,
+            },
+            OwnedEnding::Failed(e) => Ending::Failed(e),
+        }
+    }
+}
+
+impl<M> Clone for OwnedEnding<M> {
+    fn clone(&self) -> Self {
+        match self {
+            OwnedEnding::Completed {
+                iterations,
+                halted,
+                last,
+            } => OwnedEnding::Completed {
+                iterations: *iterations,
+                halted: *halted,
+                last: Arc::clone(last),
+            },
+            OwnedEnding::Failed(e) => OwnedEnding::Failed(e.clone()),
+        }
+    }
+}
+
+/// Everything a job is made of, ready to run.
+pub(crate) struct Plan<M, W> {
+    pub(crate) config: JobConfig,
+    pub(crate) master: DynMaster<M, W>,
+    pub(crate) master_hooks: MasterHooks<M, W>,
+    pub(crate) workers: WorkerFactory<M, W>,
+    pub(crate) worker_hooks: Vec<WorkerHookFactory<M, W>>,
+    pub(crate) events: Events,
+    pub(crate) transport: Box<dyn Transport<M, W>>,
+}
+
+/// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
+/// 100 ms.
+pub(crate) fn tick(config: &JobConfig) -> Duration {
+    let shortest = config
+        .startup_timeout
+        .min(config.iteration_timeout)
+        .min(config.shutdown_timeout);
+    (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
+}
+
+/// Runs a job to its end on a thread of its own, and returns its outcome. Blocks the
+/// calling thread (which may be inside an async runtime: the job has its own).
+pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
+    plan.config.validate()?;
+    let name = format!("superstep-{}", plan.config.job_id);
+    let thread = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || actix::System::new().block_on(launch(plan)))
+        .map_err(|e| JobError::Runtime {
+            message: format!("could not start the job's thread: {e}"),
+        })?;
+    // The system, its actors and the compute pool are dropped when the thread ends.
+    thread.join().unwrap_or_else(|panic| {
+        Err(JobError::Runtime {
+            message: format!("the job's thread panicked: {}", Cause::from_panic(panic)),
+        })
+    })
+}
+
+/// Like [`execute`], but waits without blocking an async caller.
+pub(crate) async fn execute_async<M: Payload, W: Payload>(
+    plan: Plan<M, W>,
+) -> Result<JobOutcome<M>, JobError> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("superstep-{}-run", plan.config.job_id))
+        .spawn(move || {
+            let _ = tx.send(execute(plan));
+        })
+        .map_err(|e| JobError::Runtime {
+            message: format!("could not start the job's thread: {e}"),
+        })?;
+    rx.await.unwrap_or_else(|_| {
+        Err(JobError::Runtime {
+            message: "the job's thread ended without an outcome".into(),
+        })
+    })
+}
+
+async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
+    let Plan {
+        config,
+        master,
+        master_hooks,
+        workers,
+        worker_hooks,
+        events,
+        mut transport,
+    } = plan;
+    let config = Arc::new(config);
+    let attempt = 0;
+    let job_id: Arc<str> = Arc::from(config.job_id.as_str());
+    let topology = transport.prepare(&LinkSpec {
+        job_id: config.job_id.clone(),
+        workers: config.workers,
+    })?;
+    if !topology.master {
+        return Err(JobError::Transport {
+            message:
+                "this transport hosts no master in this process; run() needs the master's node here"
+                    .into(),
+        });
+    }
+    let pool = Arc::new(ComputePool::new(config.compute_threads(), &config.job_id)?);
+    let (outcome_tx, outcome_rx) = oneshot::channel();
+
+    // The master and the barrier each need the other's address: make both contexts first.
+    let master_ctx = Context::<MasterActor<M, W>>::new();
+    let barrier_ctx = Context::<BarrierActor<M, W>>::new();
+    let master_addr = master_ctx.address();
+    let barrier_addr = barrier_ctx.address();
+    let inbox = barrier_addr.clone();
+    let link = transport.bind_master(Box::new(move |env| inbox.do_send(env)))?;
+    let gate = Gate::new(
+        GateConfig {
+            workers: config.workers,
+            attempt,
+            startup_timeout: config.startup_timeout,
+            iteration_timeout: config.iteration_timeout,
+            shutdown_timeout: config.shutdown_timeout,
+        },
+        Instant::now(),
+    );
+    barrier_ctx.run(BarrierActor::new(
+        gate,
+        link,
+        master_addr.recipient(),
+        attempt,
+        events.clone(),
+        tick(&config),
+    ));
+    let master_task = MasterTask::new(
+        master,
+        master_hooks,
+        MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
+    );
+    master_ctx.run(MasterActor::new(
+        Arc::clone(&config),
+        master_task,
+        barrier_addr,
+        Arc::clone(&pool),
+        events,
+        outcome_tx,
+    ));
+
+    for rank in topology.workers {
+        let worker_ctx = Context::<WorkerActor<M, W>>::new();
+        let addr = worker_ctx.address();
+        let link = transport.connect_worker(rank, Box::new(move |msg| addr.do_send(msg)))?;
+        let (computable, hooks) = guarded(|| {
+            let hooks: WorkerHooks<M, W> = worker_hooks.iter().map(|make| make(rank)).collect();
+            Ok((workers(rank), hooks))
+        })
+        .map_err(|cause| JobError::Worker {
+            rank,
+            iteration: 0,
+            phase: Phase::Init,
+            cause,
+        })?;
+        let ctx = WorkerContext::new(rank, config.workers, Arc::clone(&job_id), config.iterations);
+        worker_ctx.run(WorkerActor::new(
+            WorkerTask::new(computable, hooks, ctx, attempt),
+            link,
+            Arc::clone(&pool),
+            Placer::new(config.placement, config.inline_threshold),
+        ));
+    }
+    drop(pool);
+    outcome_rx.await.unwrap_or_else(|_| {
+        Err(JobError::Runtime {
+            message: "the master stopped without an outcome".into(),
+        })
+    })
+}

@@ -1,0 +1,116 @@
+//! Where user code runs: inline on the coordination thread, or on the compute pool.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use crate::config::Placement;
+use crate::error::{BoxError, Cause, JobError};
+
+/// The compute pool: one thread per core (by default), shared by the master and every
+/// worker of one job, dropped with the job. Work is queued first in, first out.
+pub(crate) struct ComputePool {
+    pool: rayon::ThreadPool,
+}
+
+impl ComputePool {
+    pub(crate) fn new(threads: usize, job_id: &str) -> Result<Self, JobError> {
+        let name = format!("superstep-{job_id}");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("{name}-compute-{i}"))
+            .build()
+            .map_err(|e| JobError::Runtime {
+                message: format!("could not start {threads} compute threads: {e}"),
+            })?;
+        Ok(ComputePool { pool })
+    }
+
+    /// Runs `work` on a pool thread. It must report back by itself (a message to its actor).
+    pub(crate) fn spawn(&self, work: impl FnOnce() + Send + 'static) {
+        self.pool.spawn(work);
+    }
+}
+
+/// Decides, per unit of user work, whether it runs inline or on the pool.
+#[derive(Debug)]
+pub(crate) struct Placer {
+    placement: Placement,
+    threshold: Duration,
+    last: Option<Duration>,
+}
+
+impl Placer {
+    pub(crate) fn new(placement: Placement, threshold: Duration) -> Self {
+        Placer {
+            placement,
+            threshold,
+            last: None,
+        }
+    }
+
+    /// Whether the next iteration runs inline.
+    pub(crate) fn inline_iteration(&self) -> bool {
+        match self.placement {
+            Placement::Inline => true,
+            Placement::Pool => false,
+            Placement::Auto => self.last.is_some_and(|d| d < self.threshold),
+        }
+    }
+
+    /// Whether start-up and shutdown run inline (they are one-off and often slow: loading a
+    /// shard, writing output).
+    pub(crate) fn inline_lifecycle(&self) -> bool {
+        self.placement == Placement::Inline
+    }
+
+    /// Records how long the last iteration took.
+    pub(crate) fn observe(&mut self, elapsed: Duration) {
+        self.last = Some(elapsed);
+    }
+}
+
+/// Runs user code, turning an `Err` or a panic into a [`Cause`]. The panic does not unwind
+/// into the runtime: the actor that called it carries on and fails the job cleanly.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, BoxError>) -> Result<T, Cause> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Cause::from_error(e)),
+        Err(payload) => Err(Cause::from_panic(payload)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_placement_moves_short_iterations_inline_and_long_ones_to_the_pool() {
+        let mut p = Placer::new(Placement::Auto, Duration::from_micros(50));
+        assert!(!p.inline_iteration(), "unmeasured work goes to the pool");
+        p.observe(Duration::from_micros(3));
+        assert!(p.inline_iteration());
+        p.observe(Duration::from_millis(3));
+        assert!(!p.inline_iteration());
+        assert!(!p.inline_lifecycle());
+        assert!(Placer::new(Placement::Inline, Duration::ZERO).inline_lifecycle());
+    }
+
+    #[test]
+    fn errors_and_panics_become_causes() {
+        let err = guarded::<()>(|| Err("bad shard".into())).unwrap_err();
+        assert_eq!(err.to_string(), "bad shard");
+        assert!(err.source_error().is_some());
+        let panic = guarded::<()>(|| panic!("index {} out of range", 9)).unwrap_err();
+        assert!(panic.is_panic());
+        assert_eq!(panic.to_string(), "panicked: index 9 out of range");
+    }
+
+    trait SourceError {
+        fn source_error(&self) -> Option<&(dyn std::error::Error + 'static)>;
+    }
+    impl SourceError for Cause {
+        fn source_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            std::error::Error::source(self)
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The worker actor: runs one worker's computable and interceptors, one unit at a time.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
+
+use super::pool::{guarded, ComputePool, Placer};
+use super::{DynWorker, OwnedEnding, WorkerHooks};
+use crate::compute::Payload;
+use crate::compute::WorkerContext;
+use crate::error::{Cause, JobError, Phase};
+use crate::protocol::{
+    Attempt, Iteration, Rank, Report, ToMaster, ToWorker, WorkerCommand, WorkerState,
+};
+use crate::transport::WorkerLink;
+
+/// A worker's user code and context: moved to the pool and back as one value, so it is
+/// only ever touched by one thread at a time.
+pub(crate) struct WorkerTask<M, W> {
+    computable: DynWorker<M, W>,
+    interceptors: WorkerHooks<M, W>,
+    ctx: WorkerContext<M, W>,
+    attempt: Attempt,
+    /// How many interceptors' `pre_application` ran: their `post_application` runs.
+    entered: usize,
+}
+
+/// One unit of user work.
+enum Work<M> {
+    Start,
+    Iterate(Iteration, Option<Arc<M>>),
+    Stop(OwnedEnding<M>),
+}
+
+/// What a unit of user work ended with.
+enum Worked<W> {
+    Started(Result<(), JobError>),
+    Iterated(Result<Report<W>, JobError>),
+    Stopped(Result<(), JobError>),
+}
+
+impl<M: Payload, W: Payload> WorkerTask<M, W> {
+    pub(crate) fn new(
+        computable: DynWorker<M, W>,
+        interceptors: WorkerHooks<M, W>,
+        ctx: WorkerContext<M, W>,
+        attempt: Attempt,
+    ) -> Self {
+        WorkerTask {
+            computable,
+            interceptors,
+            ctx,
+            attempt,
+            entered: 0,
+        }
+    }
+
+    fn fail(&self, phase: Phase, cause: Cause) -> JobError {
+        JobError::Worker {
+            rank: self.ctx.rank,
+            iteration: self.ctx.iteration,
+            phase,
+            cause,
+        }
+    }
+
+    fn run(&mut self, work: Work<M>) -> Worked<W> {
+        match work {
+            Work::Start => Worked::Started(self.start()),
+            Work::Iterate(iteration, last) => Worked::Iterated(self.iterate(iteration, last)),
+            Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
+        }
+    }
+
+    fn start(&mut self) -> Result<(), JobError> {
+        let ctx = &self.ctx;
+        for (i, hook) in self.interceptors.iter_mut().enumerate() {
+            self.entered = i + 1;
+            guarded(|| hook.pre_application(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration: 0,
+                phase: Phase::PreApplication,
+                cause: c,
+            })?;
+        }
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        guarded(|| computable.init(ctx)).map_err(|c| self.fail(Phase::Init, c))
+    }
+
+    fn iterate(
+        &mut self,
+        iteration: Iteration,
+        last: Option<Arc<M>>,
+    ) -> Result<Report<W>, JobError> {
+        let _span = tracing::debug_span!("worker", rank = self.ctx.rank, iteration).entered();
+        let started = Instant::now();
+        self.ctx.iteration = iteration;
+        if last.is_some() {
+            self.ctx.last = last;
+        }
+        self.ctx.result = None;
+        self.ctx.halt_vote = false;
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut() {
+            guarded(|| hook.pre_iteration(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration,
+                phase: Phase::PreIteration,
+                cause: c,
+            })?;
+        }
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        let result =
+            guarded(|| computable.compute(ctx)).map_err(|c| self.fail(Phase::Compute, c))?;
+        self.ctx.result = Some(result);
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut().rev() {
+            guarded(|| hook.post_iteration(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration,
+                phase: Phase::PostIteration,
+                cause: c,
+            })?;
+        }
+        let result = self.ctx.result.take().expect("the result was set above");
+        Ok(Report {
+            attempt: self.attempt,
+            iteration,
+            result,
+            halt_vote: self.ctx.halt_vote,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
+        if let OwnedEnding::Completed { last, .. } = ending {
+            self.ctx.last = Some(Arc::clone(last));
+        }
+        let ending = ending.as_ending();
+        let ctx = &self.ctx;
+        let mut first = None;
+        for hook in self.interceptors[..self.entered].iter_mut().rev() {
+            if let Err(c) = guarded(|| hook.post_application(ctx, ending)) {
+                first.get_or_insert(JobError::Worker {
+                    rank: ctx.rank,
+                    iteration: ctx.iteration,
+                    phase: Phase::PostApplication,
+                    cause: c,
+                });
+            }
+        }
+        self.entered = 0;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Drives one worker: feeds the master's messages into [`WorkerState`] and runs the units
+/// of user work it calls for, inline or on the pool (see [`Placer`]).
+pub(crate) struct WorkerActor<M: Payload, W: Payload> {
+    rank: Rank,
+    attempt: Attempt,
+    /// `None` while the task is away on the pool.
+    task: Option<Box<WorkerTask<M, W>>>,
+    link: Box<dyn WorkerLink<W>>,
+    pool: Arc<ComputePool>,
+    placer: Placer,
+    state: WorkerState,
+    /// A stop that arrived while the task was away.
+    pending_stop: Option<OwnedEnding<M>>,
+}
+
+impl<M: Payload, W: Payload> WorkerActor<M, W> {
+    pub(crate) fn new(
+        task: WorkerTask<M, W>,
+        link: Box<dyn WorkerLink<W>>,
+        pool: Arc<ComputePool>,
+        placer: Placer,
+    ) -> Self {
+        WorkerActor {
+            rank: task.ctx.rank,
+            attempt: task.attempt,
+            state: WorkerState::new(task.attempt),
+            task: Some(Box::new(task)),
+            link,
+            pool,
+            placer,
+            pending_stop: None,
+        }
+    }
+
+    fn send(&self, msg: ToMaster<W>) {
+        if let Err(e) = self.link.send(msg) {
+            // The master's node is gone: nothing is waiting for this worker any more.
+            tracing::warn!(rank = self.rank, error = %e, "could not reach the master");
+        }
+    }
+
+    fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M>) {
+        let Some(mut task) = self.task.take() else {
+            tracing::error!(rank = self.rank, "work dispatched while the worker is busy");
+            return;
+        };
+        let inline = match work {
+            Work::Iterate(..) => self.placer.inline_iteration(),
+            Work::Start | Work::Stop(_) => self.placer.inline_lifecycle(),
+        };
+        if inline {
+            let worked = task.run(work);
+            self.task = Some(task);
+            self.on_worked(ctx, worked);
+        } else {
+            // The pool thread owns the task until it sends it back with the outcome. If the
+            // job is gone by then, the message is dropped and the task with it.
+            let addr = ctx.address();
+            self.pool.spawn(move || {
+                let worked = task.run(work);
+                addr.do_send(WorkDone { task, worked });
+            });
+        }
+    }
+
+    fn on_worked(&mut self, ctx: &mut Context<Self>, worked: Worked<W>) {
+        match worked {
+            Worked::Started(Ok(())) => {
+                if self.pending_stop.is_none() {
+                    self.send(ToMaster::Registered {
+                        attempt: self.attempt,
+                    });
+                }
+            }
+            Worked::Iterated(Ok(report)) => {
+                self.placer.observe(report.elapsed);
+                self.send(ToMaster::Result(report));
+            }
+            Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => {
+                // Tell the master first, so every peer learns of it at once; then clean up.
+                tracing::debug!(rank = self.rank, %error, "worker failed");
+                self.send(ToMaster::Failed {
+                    attempt: self.attempt,
+                    error: error.clone(),
+                });
+                self.state.stop();
+                self.pending_stop = Some(OwnedEnding::Failed(error));
+            }
+            Worked::Stopped(result) => {
+                if let Err(error) = result {
+                    self.send(ToMaster::Failed {
+                        attempt: self.attempt,
+                        error,
+                    });
+                }
+                self.send(ToMaster::Done {
+                    attempt: self.attempt,
+                });
+                ctx.stop();
+                return;
+            }
+        }
+        if let Some(ending) = self.pending_stop.take() {
+            self.dispatch(ctx, Work::Stop(ending));
+        }
+    }
+
+    fn begin_stop(&mut self, ctx: &mut Context<Self>, ending: OwnedEnding<M>) {
+        if self.task.is_some() {
+            self.dispatch(ctx, Work::Stop(ending));
+        } else {
+            self.pending_stop = Some(ending);
+        }
+    }
+}
+
+impl<M: Payload, W: Payload> Actor for WorkerActor<M, W> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.dispatch(ctx, Work::Start);
+    }
+}
+
+impl<M: 'static> Message for ToWorker<M> {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: ToWorker<M>, ctx: &mut Context<Self>) {
+        match self.state.on_message(&msg) {
+            WorkerCommand::Compute(iteration) => {
+                let ToWorker::Iterate { last, .. } = msg else {
+                    unreachable!("only Iterate computes")
+                };
+                self.dispatch(ctx, Work::Iterate(iteration, last));
+            }
+            WorkerCommand::Stop => {
+                let ending = match msg {
+                    ToWorker::Finish {
+                        iterations,
+                        halted,
+                        last,
+                        ..
+                    } => OwnedEnding::Completed {
+                        iterations,
+                        halted,
+                        last,
+                    },
+                    ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
+                    ToWorker::Iterate { .. } => unreachable!("Iterate never stops"),
+                };
+                self.begin_stop(ctx, ending);
+            }
+            WorkerCommand::Drop => {
+                tracing::trace!(rank = self.rank, %msg, "dropped a message from the master");
+            }
+        }
+    }
+}
+
+/// A unit of work came back from the pool.
+struct WorkDone<M, W> {
+    task: Box<WorkerTask<M, W>>,
+    worked: Worked<W>,
+}
+
+impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for WorkerActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, done: WorkDone<M, W>, ctx: &mut Context<Self>) {
+        self.task = Some(done.task);
+        self.on_worked(ctx, done.worked);
+    }
+}

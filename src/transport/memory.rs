@@ -1,0 +1,199 @@
+//! The in-memory transport: every part of the job in this process, typed messages, no
+//! serialization.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
+
+use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
+use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+
+/// Runs the master and every worker in this process. Messages are handed over as typed
+/// values; a broadcast master result is one `Arc` shared by every worker.
+///
+/// This is the default transport of [`Job`](crate::Job).
+pub struct MemoryTransport<M, W> {
+    hub: Option<Arc<Hub<M, W>>>,
+    _types: PhantomData<fn() -> (M, W)>,
+}
+
+struct Hub<M, W> {
+    master: OnceLock<Inbox<Envelope<ToMaster<W>>>>,
+    workers: Vec<OnceLock<Inbox<ToWorker<M>>>>,
+}
+
+impl<M, W> MemoryTransport<M, W> {
+    /// A transport for one job.
+    pub fn new() -> Self {
+        MemoryTransport {
+            hub: None,
+            _types: PhantomData,
+        }
+    }
+
+    fn hub(&self) -> Result<&Arc<Hub<M, W>>, TransportError> {
+        self.hub.as_ref().ok_or(TransportError::NotPrepared)
+    }
+}
+
+impl<M, W> Default for MemoryTransport<M, W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M, W> fmt::Debug for MemoryTransport<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let workers = self.hub.as_ref().map(|h| h.workers.len());
+        f.debug_struct("MemoryTransport")
+            .field("workers", &workers)
+            .finish()
+    }
+}
+
+impl<M: Send + Sync + 'static, W: Send + 'static> Transport<M, W> for MemoryTransport<M, W> {
+    fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
+        self.hub = Some(Arc::new(Hub {
+            master: OnceLock::new(),
+            workers: (0..spec.workers).map(|_| OnceLock::new()).collect(),
+        }));
+        Ok(Topology {
+            master: true,
+            workers: (0..spec.workers).collect(),
+        })
+    }
+
+    fn bind_master(
+        &mut self,
+        inbox: Inbox<Envelope<ToMaster<W>>>,
+    ) -> Result<Box<dyn MasterLink<M>>, TransportError> {
+        let hub = Arc::clone(self.hub()?);
+        hub.master
+            .set(inbox)
+            .map_err(|_| TransportError::AlreadyConnected {
+                what: "the master".into(),
+            })?;
+        Ok(Box::new(MemoryMasterLink { hub }))
+    }
+
+    fn connect_worker(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError> {
+        let hub = Arc::clone(self.hub()?);
+        let workers = hub.workers.len();
+        let slot = hub
+            .workers
+            .get(rank)
+            .ok_or(TransportError::UnknownRank { rank, workers })?;
+        slot.set(inbox)
+            .map_err(|_| TransportError::AlreadyConnected {
+                what: format!("worker {rank}"),
+            })?;
+        Ok(Box::new(MemoryWorkerLink { rank, hub }))
+    }
+}
+
+struct MemoryMasterLink<M, W> {
+    hub: Arc<Hub<M, W>>,
+}
+
+impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMasterLink<M, W> {
+    fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
+        let inbox = self
+            .hub
+            .workers
+            .get(to)
+            .and_then(OnceLock::get)
+            .ok_or(TransportError::NotConnected { rank: to })?;
+        inbox(msg);
+        Ok(())
+    }
+
+    fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
+        // Clones share the master result: each is an `Arc` bump, never a copy of `M`.
+        let n = self.hub.workers.len();
+        for rank in 0..n.saturating_sub(1) {
+            self.send(rank, msg.clone())?;
+        }
+        if n > 0 {
+            self.send(n - 1, msg)?;
+        }
+        Ok(())
+    }
+}
+
+struct MemoryWorkerLink<M, W> {
+    rank: Rank,
+    hub: Arc<Hub<M, W>>,
+}
+
+impl<M: Send + Sync + 'static, W: Send + 'static> WorkerLink<W> for MemoryWorkerLink<M, W> {
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let inbox = self.hub.master.get().ok_or(TransportError::NoMaster)?;
+        inbox(Envelope {
+            from: self.rank,
+            msg,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn messages_reach_their_peer_and_a_broadcast_shares_one_value() {
+        let mut t = MemoryTransport::<String, u32>::new();
+        let topology = t
+            .prepare(&LinkSpec {
+                job_id: "t".into(),
+                workers: 2,
+            })
+            .unwrap();
+        assert_eq!(topology.workers, vec![0, 1]);
+        let at_master = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&at_master);
+        let master = t
+            .bind_master(Box::new(move |env| sink.lock().unwrap().push(env)))
+            .unwrap();
+        let mut received = Vec::new();
+        let mut links = Vec::new();
+        for rank in 0..2 {
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let sink = Arc::clone(&got);
+            links.push(
+                t.connect_worker(rank, Box::new(move |m| sink.lock().unwrap().push(m)))
+                    .unwrap(),
+            );
+            received.push(got);
+        }
+        links[1].send(ToMaster::Done { attempt: 0 }).unwrap();
+        assert_eq!(at_master.lock().unwrap()[0].from, 1);
+        let shared = Arc::new("weights".to_string());
+        master
+            .broadcast(ToWorker::Iterate {
+                attempt: 0,
+                iteration: 2,
+                last: Some(Arc::clone(&shared)),
+            })
+            .unwrap();
+        for got in &received {
+            match &got.lock().unwrap()[0] {
+                ToWorker::Iterate { last: Some(m), .. } => assert!(Arc::ptr_eq(m, &shared)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(matches!(
+            t.connect_worker(1, Box::new(|_| {})),
+            Err(TransportError::AlreadyConnected { .. })
+        ));
+        assert!(matches!(
+            t.connect_worker(7, Box::new(|_| {})),
+            Err(TransportError::UnknownRank { rank: 7, .. })
+        ));
+    }
+}

@@ -1,0 +1,126 @@
+//! How a message reaches a peer.
+//!
+//! The runtime talks to peers only through the three traits here, so a job runs unchanged
+//! over any implementation. [`MemoryTransport`] connects actors in one process with typed
+//! messages and no serialization.
+//!
+//! # Writing a transport
+//!
+//! A transport is set up once per job, on each process, in this order:
+//!
+//! 1. [`Transport::prepare`] learns the job (its id and worker count) and answers which
+//!    parts of the job run in this process: the master's node and/or which worker ranks.
+//! 2. If the master's node is here, [`Transport::bind_master`] gets the [`Inbox`] into which
+//!    every message from any worker must be delivered, stamped with that worker's rank
+//!    (an [`Envelope`]); it returns the [`MasterLink`] the master uses to reach workers.
+//! 3. For each local worker rank, [`Transport::connect_worker`] gets that worker's inbox
+//!    and returns the [`WorkerLink`] it uses to reach the master's node.
+//!
+//! Delivery rules the runtime relies on: messages between one worker and the master's
+//! node arrive in the order they were sent; an inbox may be called from any thread; a
+//! message may be lost only when its peer is gone (the protocol detects that by timeouts
+//! and drops duplicates and stale messages, so at-least-once delivery is also fine).
+//! Sending must not block: queue the message and return.
+
+mod memory;
+
+use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+
+pub use memory::MemoryTransport;
+
+/// Where a transport delivers incoming messages. Cheap to call from any thread; never
+/// blocks.
+pub type Inbox<T> = Box<dyn Fn(T) + Send + Sync + 'static>;
+
+/// What a transport learns about the job before it connects anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    /// The job's id.
+    pub job_id: String,
+    /// The number of workers.
+    pub workers: usize,
+}
+
+/// Which parts of the job run in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// Whether the master and the barrier run here.
+    pub master: bool,
+    /// The worker ranks that run here.
+    pub workers: Vec<Rank>,
+}
+
+/// Why a message could not be sent or a link could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The transport was used before [`Transport::prepare`].
+    #[error("the transport was not prepared for a job")]
+    NotPrepared,
+    /// No worker of this rank is connected.
+    #[error("worker {rank} is not connected")]
+    NotConnected {
+        /// The rank.
+        rank: Rank,
+    },
+    /// The master's node is not bound.
+    #[error("the master's node is not bound")]
+    NoMaster,
+    /// A rank outside `0..workers`.
+    #[error("rank {rank} is outside 0..{workers}")]
+    UnknownRank {
+        /// The rank.
+        rank: Rank,
+        /// The number of workers.
+        workers: usize,
+    },
+    /// The link was made twice.
+    #[error("{what} is connected already")]
+    AlreadyConnected {
+        /// What: the master, or a worker's rank.
+        what: String,
+    },
+}
+
+impl From<TransportError> for crate::JobError {
+    fn from(e: TransportError) -> Self {
+        crate::JobError::Transport {
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The master's node's way to reach workers.
+pub trait MasterLink<M>: Send + 'static {
+    /// Sends `msg` to the worker of rank `to`.
+    fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError>;
+
+    /// Sends `msg` to every worker. A transport that serializes should encode once; the
+    /// in-memory one shares the master result (an `Arc`) instead of copying it.
+    fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError>;
+}
+
+/// A worker's way to reach the master's node.
+pub trait WorkerLink<W>: Send + 'static {
+    /// Sends `msg` to the master's node, which receives it stamped with this worker's rank.
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError>;
+}
+
+/// A way to connect the parts of a job. See the [module docs](self) for the call order.
+pub trait Transport<M, W>: Send + 'static {
+    /// Learns the job and answers which parts of it run in this process.
+    fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError>;
+
+    /// Binds the master's node: every worker's messages go to `inbox`.
+    fn bind_master(
+        &mut self,
+        inbox: Inbox<Envelope<ToMaster<W>>>,
+    ) -> Result<Box<dyn MasterLink<M>>, TransportError>;
+
+    /// Connects the local worker of rank `rank`: the master's messages to it go to `inbox`.
+    fn connect_worker(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError>;
+}

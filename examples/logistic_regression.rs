@@ -1,0 +1,155 @@
+//! Logistic regression by batch gradient descent on a generated, seeded data set, sharded
+//! across workers. Prints the loss of every iteration under a progress bar, then checks
+//! the final weights against a sequential single-threaded implementation.
+//!
+//! ```text
+//! cargo run --release --example logistic_regression
+//! cargo run --release --example logistic_regression -- --rows 200000 --workers 4 --iterations 50
+//! ```
+
+#[path = "support/lr.rs"]
+mod lr;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use superstep::prelude::*;
+
+use lr::{Dataset, Gradient, LrMaster, LrWorker, Model};
+
+/// Logistic regression on superstep.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Rows of the generated data set.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: usize,
+    /// Features per row.
+    #[arg(long, default_value_t = 20)]
+    features: usize,
+    /// Workers (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Iterations of gradient descent.
+    #[arg(long, default_value_t = 30)]
+    iterations: u64,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.5)]
+    rate: f64,
+    /// Seed of the generated data set.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Skip the check against the sequential implementation.
+    #[arg(long)]
+    no_check: bool,
+}
+
+/// Prints the loss of each iteration above the progress bar.
+struct LossPrinter {
+    bar: ProgressBar,
+}
+
+impl MasterInterceptor<Model, Gradient> for LossPrinter {
+    fn post_iteration(&mut self, ctx: &MasterContext<Model, Gradient>) -> Result<(), BoxError> {
+        if let Some(model) = ctx.master_result() {
+            let line = format!("iteration {:>3}: loss {:.6}", ctx.iteration(), model.loss);
+            // A bar that is not drawn (output is not a terminal) also drops its lines.
+            if self.bar.is_hidden() {
+                println!("{line}");
+            } else {
+                self.bar.println(line);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let workers = args.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+
+    let generated = Instant::now();
+    let data = Arc::new(Dataset::generate(args.rows, args.features, args.seed));
+    println!(
+        "generated {} rows x {} features (seed {}) in {:.2?}; {} workers, {} iterations",
+        args.rows,
+        args.features,
+        args.seed,
+        generated.elapsed(),
+        workers,
+        args.iterations
+    );
+
+    let bar = ProgressBar::new(args.iterations);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} iterations, {elapsed} {msg}")
+            .expect("a valid template"),
+    );
+    let ranges = lr::split(args.rows, workers);
+    let shared = Arc::clone(&data);
+    let progress = bar.clone();
+    let outcome = Job::builder(
+        LrMaster {
+            features: args.features,
+            rate: args.rate,
+        },
+        move |rank| LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
+    )
+    .job_id("logistic-regression")
+    .workers(workers)
+    .iterations(args.iterations)
+    .master_interceptor(LossPrinter { bar: bar.clone() })
+    .on_event(move |event| {
+        if let JobEvent::IterationCompleted(report) = event {
+            progress.set_position(report.iteration);
+            progress.set_message(format!("{:.1?}/iteration", report.elapsed));
+        }
+    })
+    .run();
+    bar.finish_and_clear();
+
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            eprintln!("job failed: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let per_iteration = outcome.report.iterating() / outcome.iterations.max(1) as u32;
+    println!(
+        "done: {} iterations in {:.2?} ({:.2?} per iteration), final loss {:.6}",
+        outcome.iterations, outcome.report.elapsed, per_iteration, outcome.result.loss
+    );
+    println!("weights: {:.4?}", outcome.result.weights);
+
+    if args.no_check {
+        return ExitCode::SUCCESS;
+    }
+    let started = Instant::now();
+    let expected = lr::sequential(&data, outcome.iterations, args.rate);
+    let seq_elapsed = started.elapsed();
+    let diff = lr::max_abs_diff(&outcome.result.weights, &expected.weights);
+    println!(
+        "sequential: {:.2?} ({:.2?} per iteration); max |difference| of weights {diff:.3e}",
+        seq_elapsed,
+        seq_elapsed / outcome.iterations.max(1) as u32
+    );
+    if diff <= 1e-9 {
+        println!("OK: equal to the sequential implementation within 1e-9");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("MISMATCH: the weights differ from the sequential implementation by {diff:e}");
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,113 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code)]
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use superstep::prelude::*;
+
+/// A worker whose compute is a closure.
+pub struct FnWorker<F> {
+    pub f: F,
+}
+
+impl<F> WorkerComputable for FnWorker<F>
+where
+    F: FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send + 'static,
+{
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        (self.f)(ctx)
+    }
+}
+
+/// A master whose compute is a closure.
+pub struct FnMaster<F> {
+    pub f: F,
+}
+
+impl<F> MasterComputable for FnMaster<F>
+where
+    F: FnMut(&mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> + Send + 'static,
+{
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        (self.f)(ctx)
+    }
+}
+
+/// A master that keeps the running total of everything the workers return.
+pub fn summing_master(
+) -> FnMaster<impl FnMut(&mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> + Send> {
+    FnMaster {
+        f: |ctx: &mut MasterContext<u64, u64>| {
+            let total = ctx.last_master_result().copied().unwrap_or(0)
+                + ctx.worker_results().iter().sum::<u64>();
+            Ok(Step::Continue(total))
+        },
+    }
+}
+
+/// Sums its shard every iteration; the shard is loaded in `init`.
+pub struct SumWorker {
+    pub numbers: Arc<Vec<u64>>,
+    pub range: Range<usize>,
+    pub shard: Vec<u64>,
+}
+
+impl WorkerComputable for SumWorker {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn init(&mut self, _ctx: &mut WorkerContext<u64, u64>) -> Result<(), BoxError> {
+        self.shard = self.numbers[self.range.clone()].to_vec();
+        Ok(())
+    }
+
+    fn compute(&mut self, _ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        Ok(self.shard.iter().sum())
+    }
+}
+
+/// `rows` split into `workers` contiguous ranges of unequal sizes (rank r gets a share
+/// proportional to r + 1) with one empty range (rank 1) when there are two workers or more.
+pub fn unequal_shards(rows: usize, workers: usize) -> Vec<Range<usize>> {
+    if workers == 1 {
+        return vec![0..rows];
+    }
+    let weights: Vec<usize> = (0..workers)
+        .map(|r| if r == 1 { 0 } else { r + 1 })
+        .collect();
+    let total: usize = weights.iter().sum();
+    let mut start = 0;
+    let mut ranges = Vec::new();
+    for (r, w) in weights.iter().enumerate() {
+        let end = if r == workers - 1 {
+            rows
+        } else {
+            start + rows * w / total
+        };
+        ranges.push(start..end);
+        start = end;
+    }
+    ranges
+}
+
+/// A shared, ordered log of what happened.
+#[derive(Clone, Default)]
+pub struct Log(pub Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    pub fn push(&self, entry: impl Into<String>) {
+        self.0.lock().unwrap().push(entry.into());
+    }
+
+    pub fn entries(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}

@@ -1,0 +1,135 @@
+//! Property tests of the sans-IO protocol: for arbitrary worker counts and arbitrary
+//! arrival orders with duplicates and stale messages, the master gets exactly one result
+//! per rank, in rank order.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use superstep::protocol::{Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, ToMaster};
+
+/// One arrival at the barrier: (rank, attempt, iteration, value).
+type Arrival = (usize, u32, u64, u64);
+
+fn genuine(rank: usize) -> u64 {
+    rank as u64 * 1_000 + 7
+}
+
+/// The genuine arrivals of one round, plus duplicates of some, plus stale ones (another
+/// attempt, an earlier or a later iteration), plus some from ranks that do not exist,
+/// shuffled.
+fn arrivals() -> impl Strategy<Value = (usize, u32, u64, Vec<Arrival>)> {
+    (1usize..40, 0u32..3, 2u64..20).prop_flat_map(|(workers, attempt, iteration)| {
+        let dups = prop::collection::vec(0..workers, 0..workers * 2);
+        // (rank, which way it is stale, how far)
+        let stale = prop::collection::vec((0..workers, 0u8..3, 1u64..3), 0..workers * 2);
+        let unknown = prop::collection::vec(workers..workers + 5, 0..3);
+        (dups, stale, unknown)
+            .prop_flat_map(move |(dups, stale, unknown)| {
+                let mut all: Vec<Arrival> = (0..workers)
+                    .map(|r| (r, attempt, iteration, genuine(r)))
+                    .collect();
+                all.extend(dups.iter().map(|&r| (r, attempt, iteration, genuine(r))));
+                all.extend(stale.iter().map(|&(r, way, by)| match way {
+                    0 => (r, attempt + 1, iteration, u64::MAX),
+                    1 => (r, attempt, iteration - by, u64::MAX),
+                    _ => (r, attempt, iteration + by, u64::MAX),
+                }));
+                all.extend(unknown.iter().map(|&r| (r, attempt, iteration, u64::MAX)));
+                Just(all).prop_shuffle()
+            })
+            .prop_map(move |all| (workers, attempt, iteration, all))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn a_round_hands_over_exactly_one_result_per_rank_in_rank_order(
+        (workers, attempt, iteration, arrivals) in arrivals()
+    ) {
+        let mut round = Round::new(workers);
+        round.open(attempt, iteration);
+        let mut completions = 0;
+        for &(rank, a, i, value) in &arrivals {
+            if round.offer(rank, a, i, value) == Offer::Completed {
+                completions += 1;
+            }
+        }
+        prop_assert_eq!(completions, 1, "the round completes exactly once");
+        let taken = round.close();
+        let ranks: Vec<usize> = taken.iter().map(|(r, _)| *r).collect();
+        prop_assert_eq!(ranks, (0..workers).collect::<Vec<_>>());
+        for (rank, value) in &taken {
+            prop_assert_eq!(*value, genuine(*rank), "never a stale value");
+        }
+        let drops = round.drops();
+        let genuine_count = workers as u64;
+        prop_assert_eq!(
+            drops.total() + genuine_count,
+            arrivals.len() as u64,
+            "every arrival is either kept or counted as dropped"
+        );
+        let unknown = arrivals.iter().filter(|a| a.0 >= workers).count() as u64;
+        prop_assert_eq!(drops.unknown_rank, unknown);
+        let stale = arrivals.iter().filter(|a| a.0 < workers && (a.1 != attempt || a.2 != iteration)).count() as u64;
+        prop_assert_eq!(drops.stale, stale);
+    }
+
+    #[test]
+    fn the_gate_completes_each_iteration_once_in_rank_order_whatever_the_arrival_order(
+        workers in 1usize..12,
+        iterations in 1u64..6,
+        seed in any::<u64>(),
+    ) {
+        let t0 = Instant::now();
+        let mut gate = Gate::new(GateConfig {
+            workers,
+            attempt: 0,
+            startup_timeout: Duration::from_secs(1),
+            iteration_timeout: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(1),
+        }, t0);
+        let mut registered = 0;
+        for r in (0..workers).rev() {
+            if gate.on_message(t0, Envelope { from: r, msg: ToMaster::<u64>::Registered { attempt: 0 } })
+                == Some(GateOutput::AllRegistered) {
+                registered += 1;
+            }
+        }
+        prop_assert_eq!(registered, 1);
+        let mut state = seed;
+        let mut next = move || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
+        for iteration in 1..=iterations {
+            gate.open(t0, iteration);
+            // Every rank's result, some twice, plus late results of the iteration before.
+            let mut msgs: Vec<(usize, u64, u64)> = (0..workers).map(|r| (r, iteration, genuine(r) + iteration)).collect();
+            for r in 0..workers {
+                if next() % 3 == 0 { msgs.push((r, iteration, genuine(r) + iteration)); }
+                if iteration > 1 && next() % 3 == 0 { msgs.push((r, iteration - 1, u64::MAX)); }
+            }
+            for i in (1..msgs.len()).rev() {
+                let j = (next() % (i as u64 + 1)) as usize;
+                msgs.swap(i, j);
+            }
+            let mut completed = Vec::new();
+            for (r, it, value) in msgs {
+                let msg = ToMaster::Result(Report { attempt: 0, iteration: it, result: value, halt_vote: false, elapsed: Duration::ZERO });
+                if let Some(out) = gate.on_message(t0, Envelope { from: r, msg }) {
+                    completed.push(out);
+                }
+            }
+            prop_assert_eq!(completed.len(), 1);
+            match completed.pop().unwrap() {
+                GateOutput::RoundComplete { iteration: done, reports } => {
+                    prop_assert_eq!(done, iteration);
+                    let values: Vec<u64> = reports.iter().map(|r| r.result).collect();
+                    let expected: Vec<u64> = (0..workers).map(|r| genuine(r) + iteration).collect();
+                    prop_assert_eq!(values, expected);
+                    prop_assert!(reports.iter().all(|r| r.iteration == iteration));
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+    }
+}

@@ -7,20 +7,14 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{summing_master, FnMaster, FnWorker};
+use common::{summing_master, FnMaster, FnWorker, WorkerFn};
 use superstep::prelude::*;
 use superstep::{ConfigError, Phase};
 
 /// Generous timeouts: a test that waited them out would hang instead of passing.
 const NEVER: Duration = Duration::from_secs(3600);
 
-fn fails_at(
-    rank: usize,
-    iteration: u64,
-    panic: bool,
-) -> impl Fn(
-    usize,
-) -> FnWorker<Box<dyn FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send>> {
+fn fails_at(rank: usize, iteration: u64, panic: bool) -> impl Fn(usize) -> FnWorker<WorkerFn> {
     move |r| FnWorker {
         f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
             if r == rank && ctx.iteration() == iteration {
@@ -218,9 +212,12 @@ fn a_failure_in_a_master_interceptor_names_the_master_the_iteration_and_the_phas
     }
 }
 
+/// Who ran post_application, and the iterations it was told of or the failure.
+type Recorded = Vec<(String, Result<u64, JobError>)>;
+
 /// Records every post_application: who and how the job ended.
 #[derive(Clone, Default)]
-struct Endings(Arc<Mutex<Vec<(String, Result<u64, JobError>)>>>);
+struct Endings(Arc<Mutex<Recorded>>);
 
 impl Endings {
     fn record(&self, who: String, ending: Ending<'_>) {

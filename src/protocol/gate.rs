@@ -106,6 +106,18 @@ impl<W> Gate<W> {
             self.other_drops.unknown_rank += 1;
             return None;
         }
+        // A wait's deadline holds at arrival too, not only when the driver's timer fires:
+        // a result or registration that arrives late fails the wait instead of ending it,
+        // however coarse (or stalled) the timer is.
+        if matches!(
+            (&env.msg, self.stage),
+            (ToMaster::Registered { .. }, Stage::Registering)
+                | (ToMaster::Result(_), Stage::Gathering)
+        ) {
+            if let Some(timed_out) = self.handle_timeout(now) {
+                return Some(timed_out);
+            }
+        }
         match env.msg {
             ToMaster::Registered { attempt } => {
                 if attempt != self.config.attempt || self.stage != Stage::Registering {
@@ -358,6 +370,29 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_result_that_arrives_after_the_deadline_fails_the_round_instead_of_completing_it() {
+        let t0 = Instant::now();
+        let mut gate = Gate::new(config(2), t0);
+        for r in 0..2 {
+            gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+        }
+        gate.open(t0, 1);
+        gate.on_message(t0, env(0, report(1, 0)));
+        let late = t0 + Duration::from_secs(5);
+        match gate.on_message(late, env(1, report(1, 0))) {
+            Some(GateOutput::Failed(JobError::WorkersTimedOut { missing, .. })) => {
+                assert_eq!(missing, vec![1])
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let late_registration = Gate::<u32>::new(config(1), t0).on_message(
+            t0 + Duration::from_secs(10),
+            env(0, ToMaster::Registered { attempt: 0 }),
+        );
+        assert!(matches!(late_registration, Some(GateOutput::Failed(_))));
     }
 
     #[test]

@@ -274,7 +274,14 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                 elapsed,
                 result: Ok((result, halt)),
             } => {
-                if self.ending.is_none() {
+                if elapsed > self.config.iteration_timeout {
+                    // Inline work cannot be timed out while it runs (it holds the thread
+                    // the timer would fire on); the deadline still holds once it returns.
+                    self.fail(JobError::MasterTimedOut {
+                        during: Waiting::Iteration(iteration),
+                        waited: elapsed,
+                    });
+                } else if self.ending.is_none() {
                     self.placer.observe(elapsed);
                     self.iterated(iteration, halt_votes, slowest, elapsed, result, halt);
                 }

@@ -42,16 +42,25 @@ where
 }
 
 /// A master that keeps the running total of everything the workers return.
-pub fn summing_master(
-) -> FnMaster<impl FnMut(&mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> + Send> {
-    FnMaster {
-        f: |ctx: &mut MasterContext<u64, u64>| {
-            let total = ctx.last_master_result().copied().unwrap_or(0)
-                + ctx.worker_results().iter().sum::<u64>();
-            Ok(Step::Continue(total))
-        },
+pub struct SummingMaster;
+
+impl MasterComputable for SummingMaster {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        let total = ctx.last_master_result().copied().unwrap_or(0)
+            + ctx.worker_results().iter().sum::<u64>();
+        Ok(Step::Continue(total))
     }
 }
+
+pub fn summing_master() -> SummingMaster {
+    SummingMaster
+}
+
+/// A boxed worker compute, for workers chosen at run time.
+pub type WorkerFn = Box<dyn FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send>;
 
 /// Sums its shard every iteration; the shard is loaded in `init`.
 pub struct SumWorker {
@@ -78,7 +87,7 @@ impl WorkerComputable for SumWorker {
 /// proportional to r + 1) with one empty range (rank 1) when there are two workers or more.
 pub fn unequal_shards(rows: usize, workers: usize) -> Vec<Range<usize>> {
     if workers == 1 {
-        return vec![0..rows];
+        return std::iter::once(0..rows).collect();
     }
     let weights: Vec<usize> = (0..workers)
         .map(|r| if r == 1 { 0 } else { r + 1 })

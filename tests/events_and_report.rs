@@ -1,0 +1,178 @@
+//! A job can be watched: events in order, a report of every iteration, results in rank
+//! order whatever order they arrived in.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::{summing_master, FnMaster, FnWorker};
+use superstep::prelude::*;
+use superstep::{HaltedBy, Placement};
+
+#[test]
+fn events_follow_the_job_from_start_to_completion() {
+    let (subscriber, events) = superstep::events::channel();
+    let workers = 3;
+    let outcome = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .workers(workers)
+    .iterations(3)
+    .on_event(subscriber)
+    .run()
+    .unwrap();
+    let events: Vec<JobEvent> = events.try_iter().collect();
+    assert!(matches!(
+        events.first(),
+        Some(JobEvent::Started {
+            workers: 3,
+            iterations: 3,
+            ..
+        })
+    ));
+    assert!(matches!(events[1], JobEvent::Registered { .. }));
+    let mut i = 2;
+    for iteration in 1..=3 {
+        assert!(
+            matches!(events[i], JobEvent::IterationStarted { iteration: it } if it == iteration),
+            "{:?}",
+            events[i]
+        );
+        match &events[i + 1] {
+            JobEvent::IterationCompleted(report) => {
+                assert_eq!(report.iteration, iteration);
+                assert_eq!(report, &outcome.report.iterations[iteration as usize - 1]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        i += 2;
+    }
+    let mut done: Vec<usize> = events[i..i + workers]
+        .iter()
+        .map(|e| match e {
+            JobEvent::WorkerDone { rank } => *rank,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    done.sort();
+    assert_eq!(done, vec![0, 1, 2]);
+    assert!(matches!(
+        events[i + workers],
+        JobEvent::Completed {
+            iterations: 3,
+            halted: false,
+            ..
+        }
+    ));
+    assert_eq!(events.len(), i + workers + 1);
+}
+
+#[test]
+fn a_halt_and_a_failure_are_events_too() {
+    let (subscriber, events) = superstep::events::channel();
+    let master = FnMaster {
+        f: |ctx: &mut MasterContext<u64, u64>| Ok(Step::Halt(ctx.iteration())),
+    };
+    Job::builder(master, |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .on_event(subscriber)
+    .run()
+    .unwrap();
+    let events: Vec<JobEvent> = events.try_iter().collect();
+    assert!(events.iter().any(|e| matches!(
+        e,
+        JobEvent::Halted {
+            iteration: 1,
+            by: HaltedBy::Master
+        }
+    )));
+
+    let (subscriber, events) = superstep::events::channel();
+    let err = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Err("broken".into()),
+    })
+    .workers(2)
+    .on_event(subscriber)
+    .run()
+    .unwrap_err();
+    let events: Vec<JobEvent> = events.try_iter().collect();
+    let failed: Vec<&JobError> = events
+        .iter()
+        .filter_map(|e| match e {
+            JobEvent::Failed { error } => Some(error),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, vec![&err], "the first failure, once");
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e, JobEvent::Completed { .. })));
+}
+
+#[test]
+fn the_master_gets_results_in_rank_order_whatever_order_they_arrive_in() {
+    let workers = 6;
+    let master = FnMaster {
+        f: move |ctx: &mut MasterContext<u64, u64>| {
+            let ranks: Vec<u64> = ctx.worker_results().to_vec();
+            assert_eq!(ranks, (0..workers as u64).collect::<Vec<_>>());
+            Ok(Step::Continue(0))
+        },
+    };
+    let outcome = Job::builder(master, move |rank| FnWorker {
+        // Higher ranks finish first.
+        f: move |_: &mut WorkerContext<u64, u64>| {
+            sleep(Duration::from_millis(5 * (workers - rank) as u64));
+            Ok(rank as u64)
+        },
+    })
+    .workers(workers)
+    .iterations(3)
+    .placement(Placement::Pool)
+    .compute_threads(workers)
+    .run()
+    .unwrap();
+    for report in &outcome.report.iterations {
+        let (slowest, elapsed) = report.slowest.unwrap();
+        assert_eq!(slowest, 0, "rank 0 sleeps longest");
+        assert!(elapsed >= Duration::from_millis(30));
+        assert!(report.elapsed >= elapsed);
+    }
+}
+
+#[test]
+fn a_thousand_in_process_workers_finish_a_ten_iteration_sum() {
+    let workers = 1_000;
+    let outcome = Job::builder(summing_master(), |rank| FnWorker {
+        f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64),
+    })
+    .workers(workers)
+    .iterations(10)
+    .run()
+    .unwrap();
+    let per_iteration: u64 = (0..workers as u64).sum();
+    assert_eq!(*outcome.result, 10 * per_iteration);
+    assert_eq!(outcome.iterations, 10);
+}
+
+#[test]
+fn a_job_runs_from_inside_an_async_runtime() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let outcome = rt.block_on(async {
+        Job::builder(summing_master(), |_| FnWorker {
+            f: |_: &mut WorkerContext<u64, u64>| Ok(2),
+        })
+        .workers(4)
+        .iterations(2)
+        .build()
+        .unwrap()
+        .run_async()
+        .await
+        .unwrap()
+    });
+    assert_eq!(*outcome.result, 16);
+}

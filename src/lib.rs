@@ -136,6 +136,11 @@ pub use job::{Job, JobBuilder};
 pub use protocol::{HaltedBy, Iteration, Rank};
 pub use report::{IterationReport, JobOutcome, JobReport};
 
+/// The README's examples compile and pass as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// The names most jobs use.
 pub mod prelude {
     pub use crate::{

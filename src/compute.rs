@@ -235,7 +235,8 @@ impl<M, W> MasterContext<M, W> {
     }
 
     /// Every worker's result of this iteration, in rank order: index `r` is rank `r`'s.
-    /// Empty outside an iteration.
+    /// Empty before the first iteration and after an iteration completed; after a failed
+    /// iteration, still that iteration's results.
     pub fn worker_results(&self) -> &[W] {
         &self.results
     }

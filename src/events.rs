@@ -2,7 +2,8 @@
 //!
 //! Subscribe with [`JobBuilder::on_event`](crate::JobBuilder::on_event). The callback runs
 //! on the job's coordination thread, in order: keep it cheap (update a progress bar, bump a
-//! counter), or hand events to another thread with [`channel`].
+//! counter), or hand events to another thread with [`channel`]. A subscriber that panics
+//! is logged and skipped for that event; the job goes on.
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -85,7 +86,17 @@ impl Events {
         }
         let event = make();
         for s in &self.subscribers {
-            s(&event);
+            // A subscriber's panic is logged and the job goes on: watching a job must not
+            // be able to break it.
+            if let Err(payload) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s(&event)))
+            {
+                tracing::error!(
+                    cause = %crate::error::Cause::from_panic(payload),
+                    ?event,
+                    "an event subscriber panicked"
+                );
+            }
         }
     }
 }

@@ -344,3 +344,84 @@ fn an_invalid_setting_is_refused_before_the_job_starts_naming_the_setting() {
         "{err}"
     );
 }
+
+#[test]
+fn a_worker_that_fails_after_the_abort_is_still_told_the_first_failure() {
+    struct InitFails;
+    impl WorkerComputable for InitFails {
+        type MasterResult = u64;
+        type WorkerResult = u64;
+        fn init(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<(), BoxError> {
+            if ctx.rank() == 1 {
+                // Fails later than rank 0, after the abort has reached this worker.
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(format!("rank {} cannot load", ctx.rank()).into())
+        }
+        fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+            Ok(0)
+        }
+    }
+    let endings = Endings::default();
+    let for_workers = endings.clone();
+    let err = job(2)(Job::builder(summing_master(), |_| InitFails))
+        .compute_threads(2)
+        .worker_interceptor(move |_| for_workers.clone())
+        .run()
+        .unwrap_err();
+    assert_eq!(err.rank(), Some(0), "{err}");
+    let recorded = endings.0.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 2);
+    for (who, how) in &recorded {
+        assert_eq!(how.as_ref().unwrap_err(), &err, "{who}");
+    }
+}
+
+#[test]
+fn an_error_whose_display_panics_fails_the_job_instead_of_the_process() {
+    #[derive(Debug)]
+    struct Unprintable;
+    impl std::fmt::Display for Unprintable {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            panic!("cannot print this error")
+        }
+    }
+    impl std::error::Error for Unprintable {}
+    let err = job(2)(Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Err(Box::new(Unprintable) as BoxError),
+    }))
+    .placement(superstep::Placement::Pool)
+    .run()
+    .unwrap_err();
+    match err {
+        JobError::Worker {
+            phase: Phase::Compute,
+            cause,
+            ..
+        } => {
+            assert!(cause.is_panic());
+            assert_eq!(cause.message(), "cannot print this error");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_panicking_event_subscriber_does_not_break_the_job() {
+    let outcome = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .workers(2)
+    .iterations(3)
+    .on_event(|event| {
+        if matches!(
+            event,
+            JobEvent::IterationCompleted(_) | JobEvent::WorkerDone { .. }
+        ) {
+            panic!("the progress bar broke");
+        }
+    })
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 6);
+}

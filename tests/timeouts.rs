@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::Duration;
 
@@ -160,4 +162,84 @@ fn a_shutdown_timeout_names_the_workers_that_did_not_finish() {
         matches!(err, JobError::WorkersTimedOut { during: Waiting::Shutdown, ref missing, .. } if missing == &vec![0]),
         "{err:?}"
     );
+}
+
+#[test]
+fn inline_code_that_does_not_return_is_given_up_on_when_its_deadline_passes() {
+    // The blocked code holds the job's only coordination thread, so only the watchdog on
+    // the calling thread can end the job. The code is released after `run` returned, so a
+    // run that waited for it would not end in this timeout.
+    for master_blocks in [false, true] {
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let block = move || -> Result<(), BoxError> {
+            match released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(60))
+            {
+                Ok(()) => Ok(()),
+                Err(_) => Err("nobody released me".into()),
+            }
+        };
+        let for_master = block.clone();
+        let master = FnMaster {
+            f: move |ctx: &mut MasterContext<u64, u64>| {
+                if master_blocks && ctx.iteration() == 2 {
+                    for_master()?;
+                }
+                Ok(Step::Continue(0))
+            },
+        };
+        let err = Job::builder(master, move |rank| {
+            let block = block.clone();
+            FnWorker {
+                f: move |ctx: &mut WorkerContext<u64, u64>| {
+                    if !master_blocks && rank == 1 && ctx.iteration() == 2 {
+                        block()?;
+                    }
+                    Ok(1)
+                },
+            }
+        })
+        .workers(3)
+        .iterations(5)
+        .iteration_timeout(SHORT)
+        .placement(Placement::Inline)
+        .run()
+        .unwrap_err();
+        release.send(()).unwrap();
+        if master_blocks {
+            assert!(
+                matches!(
+                    err,
+                    JobError::MasterTimedOut {
+                        during: Waiting::Iteration(2),
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        } else {
+            assert!(
+                matches!(err, JobError::WorkersTimedOut { during: Waiting::Iteration(2), ref missing, .. } if missing == &vec![1]),
+                "{err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_endless_timeout_means_no_limit() {
+    let outcome = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .workers(3)
+    .iterations(4)
+    .startup_timeout(Duration::MAX)
+    .iteration_timeout(Duration::MAX)
+    .shutdown_timeout(Duration::MAX)
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 12);
 }

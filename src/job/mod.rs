@@ -57,9 +57,11 @@ impl<M: Payload, W: Payload> Job<M, W> {
     /// Runs the job to its end and returns its outcome, or its first failure.
     ///
     /// Blocks the calling thread. The job runs on threads of its own (one for
-    /// coordination, a compute pool), all ended before this returns; it may be called
-    /// from inside an async runtime, though [`run_async`](Job::run_async) does not block
-    /// one of its threads.
+    /// coordination, a compute pool), which have ended when this returns — unless user
+    /// code outlived its deadline: it cannot be interrupted, so the job returns the
+    /// timeout error and leaves that code's thread to end when the code returns. It may be
+    /// called from inside an async runtime, though [`run_async`](Job::run_async) does not
+    /// block one of its threads.
     pub fn run(self) -> Result<JobOutcome<M>, JobError> {
         runtime::execute(self.plan)
     }

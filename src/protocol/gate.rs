@@ -172,10 +172,22 @@ impl<W> Gate<W> {
 
     /// Opens `iteration`: results for it are accepted from now on, and the iteration
     /// timeout starts.
-    pub fn open(&mut self, now: Instant, iteration: Iteration) {
+    ///
+    /// Returns `false` and does nothing unless the gate is between rounds (after
+    /// [`GateOutput::AllRegistered`] or [`GateOutput::RoundComplete`]).
+    pub fn open(&mut self, now: Instant, iteration: Iteration) -> bool {
+        if self.stage != Stage::Idle {
+            return false;
+        }
         self.round.open(self.config.attempt, iteration);
         self.stage = Stage::Gathering;
         self.since = now;
+        true
+    }
+
+    /// Whether the worker of `rank` reported done.
+    pub fn is_done(&self, rank: Rank) -> bool {
+        self.done.get(rank).copied().unwrap_or(false)
     }
 
     /// Ends the job: no more results are accepted, and the gate waits for every worker's
@@ -205,7 +217,8 @@ impl<W> Gate<W> {
         None
     }
 
-    /// When the current wait times out, if the gate is waiting for workers.
+    /// When the current wait times out, if the gate is waiting for workers (a timeout too
+    /// long to add to `now`, such as `Duration::MAX`, never does).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let timeout = match self.stage {
             Stage::Registering => self.config.startup_timeout,
@@ -213,7 +226,7 @@ impl<W> Gate<W> {
             Stage::Draining => self.config.shutdown_timeout,
             Stage::Idle | Stage::Finished => return None,
         };
-        Some(self.since + timeout)
+        self.since.checked_add(timeout)
     }
 
     /// Fails the current wait if its timeout has passed at `now`, naming the missing ranks.
@@ -393,6 +406,24 @@ mod tests {
             env(0, ToMaster::Registered { attempt: 0 }),
         );
         assert!(matches!(late_registration, Some(GateOutput::Failed(_))));
+    }
+
+    #[test]
+    fn an_endless_timeout_never_fires_and_a_round_opens_only_between_rounds() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(
+            GateConfig {
+                startup_timeout: Duration::MAX,
+                ..config(1)
+            },
+            t0,
+        );
+        assert_eq!(gate.poll_timeout(), None);
+        assert_eq!(gate.handle_timeout(t0 + Duration::from_secs(1 << 40)), None);
+        assert!(!gate.open(t0, 1), "not before registration");
+        gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 }));
+        assert!(gate.open(t0, 1));
+        assert!(!gate.open(t0, 2), "not while a round is open");
     }
 
     #[test]

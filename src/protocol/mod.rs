@@ -2,7 +2,7 @@
 //!
 //! Nothing here spawns, sleeps, reads a clock or does I/O: time comes in as an argument
 //! (`now: Instant`), and every state machine returns what should happen next instead of
-//! doing it. The actors in [`runtime`](crate::runtime) are thin drivers around these types,
+//! doing it. The actix actors of the runtime are thin drivers around these types,
 //! and the same types can be driven by a test or a simulator.
 //!
 //! - [`Round`]: one iteration's results — at most one per rank, stale and duplicate

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient};
 
 use crate::compute::Payload;
-use crate::error::JobError;
+use crate::error::{Cause, JobError};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{Attempt, Envelope, Gate, GateOutput, Iteration, ToMaster, ToWorker};
 use crate::transport::MasterLink;
@@ -46,7 +46,15 @@ impl<M: 'static> Message for FinishJob<M> {
 impl Message for AbortJob {
     type Result = ();
 }
-impl<W: 'static> Message for Envelope<ToMaster<W>> {
+/// A worker's message, stamped with when the transport handed it over: its deadline is
+/// judged by that instant, not by when the barrier got to it (inline compute may have held
+/// the thread meanwhile).
+pub(crate) struct Arrived<W> {
+    pub(crate) env: Envelope<ToMaster<W>>,
+    pub(crate) at: Instant,
+}
+
+impl<W: 'static> Message for Arrived<W> {
     type Result = ();
 }
 
@@ -85,9 +93,19 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
     }
 
     fn broadcast(&mut self, msg: ToWorker<M>) {
-        if let Err(e) = self.link.broadcast(msg) {
-            self.forward(Some(GateOutput::Failed(e.into())));
-        }
+        let link = &self.link;
+        let error =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg))) {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => e.into(),
+                Err(payload) => JobError::Transport {
+                    message: format!(
+                        "the transport panicked in a broadcast: {}",
+                        Cause::from_panic(payload)
+                    ),
+                },
+            };
+        self.forward(Some(GateOutput::Failed(error)));
     }
 }
 
@@ -104,17 +122,15 @@ impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
     }
 }
 
-impl<M: Payload, W: Payload> Handler<Envelope<ToMaster<W>>> for BarrierActor<M, W> {
+impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, env: Envelope<ToMaster<W>>, _: &mut Context<Self>) {
-        let done = match env.msg {
-            ToMaster::Done { attempt } if attempt == self.attempt => Some(env.from),
-            _ => None,
-        };
-        let output = self.gate.on_message(Instant::now(), env);
-        if let Some(rank) = done {
-            self.events.emit(|| JobEvent::WorkerDone { rank });
+    fn handle(&mut self, msg: Arrived<W>, _: &mut Context<Self>) {
+        let from = msg.env.from;
+        let done_before = self.gate.is_done(from);
+        let output = self.gate.on_message(msg.at, msg.env);
+        if !done_before && self.gate.is_done(from) {
+            self.events.emit(|| JobEvent::WorkerDone { rank: from });
         }
         self.forward(output);
     }
@@ -125,7 +141,15 @@ impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
 
     fn handle(&mut self, msg: Open<M>, _: &mut Context<Self>) {
         // Open before broadcasting, so no result can arrive before its round.
-        self.gate.open(Instant::now(), msg.iteration);
+        if !self.gate.open(Instant::now(), msg.iteration) {
+            self.forward(Some(GateOutput::Failed(JobError::Runtime {
+                message: format!(
+                    "iteration {} opened while a wait was under way",
+                    msg.iteration
+                ),
+            })));
+            return;
+        }
         self.broadcast(ToWorker::Iterate {
             attempt: self.attempt,
             iteration: msg.iteration,

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open};
 use super::pool::{guarded, ComputePool, Placer};
+use super::watch::{Watch, Who};
 use super::{DynMaster, MasterHooks, OwnedEnding};
 use crate::compute::MasterContext;
 use crate::compute::Payload;
@@ -75,7 +76,34 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
     }
 
+    /// Runs one unit of work; the outer guard catches what the per-call guards cannot (a
+    /// user type's `Drop`, say).
     fn run(&mut self, work: Work<M, W>) -> Worked<M> {
+        let (phase, iteration) = match &work {
+            Work::Start => (Phase::PreApplication, 0),
+            Work::Iterate(round) => (Phase::Compute, round.iteration),
+            Work::Stop(_) => (Phase::PostApplication, self.ctx.iteration),
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
+            Ok(worked) => worked,
+            Err(payload) => {
+                let error = Self::fail(iteration, phase, Cause::from_panic(payload));
+                match phase {
+                    Phase::PreApplication => Worked::Started(Err(error)),
+                    Phase::Compute => Worked::Iterated {
+                        iteration,
+                        halt_votes: 0,
+                        slowest: None,
+                        elapsed: Duration::ZERO,
+                        result: Err(error),
+                    },
+                    _ => Worked::Stopped(Err(error)),
+                }
+            }
+        }
+    }
+
+    fn run_unguarded(&mut self, work: Work<M, W>) -> Worked<M> {
         match work {
             Work::Start => Worked::Started(self.start()),
             Work::Iterate(round) => {
@@ -182,6 +210,7 @@ pub(crate) struct MasterActor<M: Payload, W: Payload> {
     deadline: Option<Deadline>,
     /// The master's work outlived its deadline and may never come back.
     stuck: bool,
+    watch: Arc<Watch>,
 }
 
 impl<M: Payload, W: Payload> MasterActor<M, W> {
@@ -192,9 +221,11 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         pool: Arc<ComputePool>,
         events: Events,
         outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
+        watch: Arc<Watch>,
     ) -> Self {
         let now = Instant::now();
         MasterActor {
+            watch,
             placer: Placer::new(config.placement, config.inline_threshold),
             schedule: Schedule::new(config.iterations, config.workers, config.worker_halt),
             config,
@@ -220,34 +251,35 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
 
     fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M, W>) {
         let Some(mut task) = self.task.take() else {
-            tracing::error!("master work dispatched while the master is busy");
+            // Unreachable by the protocol; fail loudly rather than drop the work.
+            self.fail(JobError::Runtime {
+                message: "work dispatched to the master while it was busy".into(),
+            });
             return;
         };
+        // The master's pre_application and post_application run inline: at those points
+        // the coordination thread has nothing else to do, and they never queue behind
+        // workers' compute on the pool.
         let (inline, during, timeout) = match &work {
-            Work::Start => (
-                self.placer.inline_lifecycle(),
-                Waiting::Registration,
-                self.config.startup_timeout,
-            ),
+            Work::Start => (true, Waiting::Registration, self.config.startup_timeout),
             Work::Iterate(round) => (
                 self.placer.inline_iteration(),
                 Waiting::Iteration(round.iteration),
                 self.config.iteration_timeout,
             ),
-            Work::Stop(_) => (
-                self.placer.inline_lifecycle(),
-                Waiting::Shutdown,
-                self.config.shutdown_timeout,
-            ),
+            Work::Stop(_) => (true, Waiting::Shutdown, self.config.shutdown_timeout),
         };
         if inline {
+            self.watch.enter(Who::Master, during);
             let worked = task.run(work);
+            self.watch.exit();
             self.task = Some(task);
             self.on_worked(ctx, worked);
         } else {
             let now = Instant::now();
-            self.deadline = Some(Deadline {
-                at: now + timeout,
+            // No deadline when the timeout is too long to add (`Duration::MAX`).
+            self.deadline = now.checked_add(timeout).map(|at| Deadline {
+                at,
                 since: now,
                 during,
             });
@@ -405,6 +437,14 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     }
 
     fn on_tick(&mut self, ctx: &mut Context<Self>) {
+        if !self.barrier.connected() {
+            // Every wait for workers is the barrier's: without it nothing would end the job.
+            self.fail(JobError::Runtime {
+                message: "the barrier actor stopped".into(),
+            });
+            self.complete(ctx);
+            return;
+        }
         let Some(deadline) = self.deadline else {
             return;
         };
@@ -418,11 +458,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             during: deadline.during,
             waited: now.saturating_duration_since(deadline.since),
         });
-        if deadline.during == Waiting::Shutdown {
-            self.complete(ctx);
-        } else {
-            self.maybe_stop(ctx);
-        }
+        self.maybe_stop(ctx);
     }
 
     fn complete(&mut self, ctx: &mut Context<Self>) {

@@ -15,6 +15,7 @@
 mod barrier;
 mod master;
 mod pool;
+mod watch;
 mod worker;
 
 use std::sync::Arc;
@@ -32,9 +33,10 @@ use crate::protocol::{Gate, GateConfig, Iteration, Rank};
 use crate::report::JobOutcome;
 use crate::transport::{LinkSpec, Transport};
 
-use barrier::BarrierActor;
+use barrier::{Arrived, BarrierActor};
 use master::{MasterActor, MasterTask};
-use pool::{guarded, ComputePool, Placer};
+use pool::{guarded, ComputePool, Placer, PoolExits};
+use watch::Watch;
 use worker::{WorkerActor, WorkerTask};
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
@@ -109,21 +111,63 @@ pub(crate) fn tick(config: &JobConfig) -> Duration {
 
 /// Runs a job to its end on a thread of its own, and returns its outcome. Blocks the
 /// calling thread (which may be inside an async runtime: the job has its own).
+///
+/// While it waits, the calling thread is the job's watchdog: user code that runs inline
+/// holds the job's thread, so no timer there can fire until it returns. If such code
+/// outlives its deadline, this returns the timeout error naming it, and leaves the job's
+/// thread to end whenever that code returns.
 pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
     plan.config.validate()?;
-    let name = format!("superstep-{}", plan.config.job_id);
+    let config = plan.config.clone();
+    let watch = Arc::new(Watch::new());
+    let job_watch = Arc::clone(&watch);
+    let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || actix::System::new().block_on(launch(plan)))
+        .name(format!("superstep-{}", config.job_id))
+        .spawn(move || {
+            let exits = PoolExits::default();
+            let shutdown = plan.config.shutdown_timeout;
+            let outcome = actix::System::new().block_on(launch(plan, job_watch, exits.clone()));
+            // The system, its actors and the pool's last handle are dropped by now; the
+            // pool's threads end once their current work returns.
+            let running = exits.wait(shutdown);
+            if running > 0 {
+                tracing::warn!(
+                    running,
+                    "compute threads still run user code after the job ended"
+                );
+            }
+            // The receiver is gone only if the watchdog already gave up on the job.
+            let _ = tx.send(outcome);
+        })
         .map_err(|e| JobError::Runtime {
             message: format!("could not start the job's thread: {e}"),
         })?;
-    // The system, its actors and the compute pool are dropped when the thread ends.
-    thread.join().unwrap_or_else(|panic| {
-        Err(JobError::Runtime {
-            message: format!("the job's thread panicked: {}", Cause::from_panic(panic)),
-        })
-    })
+    let tick = tick(&config);
+    loop {
+        match rx.recv_timeout(tick) {
+            Ok(outcome) => {
+                // The thread only has to return now; a panic in it was a bug in the runtime.
+                let _ = thread.join();
+                return outcome;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(error) = watch.overdue(&config) {
+                    tracing::error!(%error, "inline user code outlived its deadline; the job's thread is left to it");
+                    return Err(error);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let message = match thread.join() {
+                    Err(panic) => {
+                        format!("the job's thread panicked: {}", Cause::from_panic(panic))
+                    }
+                    Ok(()) => "the job's thread ended without an outcome".to_string(),
+                };
+                return Err(JobError::Runtime { message });
+            }
+        }
+    }
 }
 
 /// Like [`execute`], but waits without blocking an async caller.
@@ -146,7 +190,11 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     })
 }
 
-async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
+async fn launch<M: Payload, W: Payload>(
+    plan: Plan<M, W>,
+    watch: Arc<Watch>,
+    exits: PoolExits,
+) -> Result<JobOutcome<M>, JobError> {
     let Plan {
         config,
         master,
@@ -170,7 +218,11 @@ async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M
                     .into(),
         });
     }
-    let pool = Arc::new(ComputePool::new(config.compute_threads(), &config.job_id)?);
+    let pool = Arc::new(ComputePool::new(
+        config.compute_threads(),
+        &config.job_id,
+        &exits,
+    )?);
     let (outcome_tx, outcome_rx) = oneshot::channel();
 
     // The master and the barrier each need the other's address: make both contexts first.
@@ -179,7 +231,12 @@ async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M
     let master_addr = master_ctx.address();
     let barrier_addr = barrier_ctx.address();
     let inbox = barrier_addr.clone();
-    let link = transport.bind_master(Box::new(move |env| inbox.do_send(env)))?;
+    let link = transport.bind_master(Box::new(move |env| {
+        inbox.do_send(Arrived {
+            env,
+            at: Instant::now(),
+        })
+    }))?;
     let gate = Gate::new(
         GateConfig {
             workers: config.workers,
@@ -210,6 +267,7 @@ async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M
         Arc::clone(&pool),
         events,
         outcome_tx,
+        Arc::clone(&watch),
     ));
 
     for rank in topology.workers {
@@ -232,6 +290,7 @@ async fn launch<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M
             link,
             Arc::clone(&pool),
             Placer::new(config.placement, config.inline_threshold),
+            Arc::clone(&watch),
         ));
     }
     drop(pool);

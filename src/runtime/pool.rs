@@ -1,6 +1,8 @@
 //! Where user code runs: inline on the coordination thread, or on the compute pool.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::config::Placement;
@@ -13,21 +15,57 @@ pub(crate) struct ComputePool {
 }
 
 impl ComputePool {
-    pub(crate) fn new(threads: usize, job_id: &str) -> Result<Self, JobError> {
+    /// Starts `threads` threads; each counts itself out in `exits` when it ends.
+    pub(crate) fn new(threads: usize, job_id: &str, exits: &PoolExits) -> Result<Self, JobError> {
         let name = format!("superstep-{job_id}");
+        let counter = Arc::clone(&exits.0);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("{name}-compute-{i}"))
+            // User code runs under `catch_unwind`; a panic that still escapes is a bug in
+            // the runtime. Rayon's default would abort the whole process.
+            .panic_handler(|payload| {
+                tracing::error!(cause = %Cause::from_panic(payload), "a compute thread panicked");
+            })
+            .exit_handler(move |_| {
+                let (exited, ended) = &*counter;
+                *exited.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                ended.notify_all();
+            })
             .build()
             .map_err(|e| JobError::Runtime {
                 message: format!("could not start {threads} compute threads: {e}"),
             })?;
+        exits.expect(threads);
         Ok(ComputePool { pool })
     }
 
     /// Runs `work` on a pool thread. It must report back by itself (a message to its actor).
     pub(crate) fn spawn(&self, work: impl FnOnce() + Send + 'static) {
         self.pool.spawn(work);
+    }
+}
+
+/// Counts the compute threads of a job that have ended, so that the job can wait for them:
+/// dropping a rayon pool only asks its threads to end.
+#[derive(Clone, Default)]
+pub(crate) struct PoolExits(Arc<(Mutex<usize>, Condvar)>, Arc<AtomicUsize>);
+
+impl PoolExits {
+    fn expect(&self, threads: usize) {
+        self.1.store(threads, Ordering::Release);
+    }
+
+    /// Waits until every compute thread ended, or `bound` passed; returns how many are
+    /// still running.
+    pub(crate) fn wait(&self, bound: Duration) -> usize {
+        let expected = self.1.load(Ordering::Acquire);
+        let (exited, ended) = &*self.0;
+        let guard = exited.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = ended
+            .wait_timeout_while(guard, bound, |n| *n < expected)
+            .unwrap_or_else(|e| e.into_inner());
+        expected.saturating_sub(*guard)
     }
 }
 
@@ -70,11 +108,11 @@ impl Placer {
 }
 
 /// Runs user code, turning an `Err` or a panic into a [`Cause`]. The panic does not unwind
-/// into the runtime: the actor that called it carries on and fails the job cleanly.
+/// into the runtime: the actor that called it carries on and fails the job cleanly. The
+/// error's message is taken inside the guard too, since its `Display` is user code.
 pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, BoxError>) -> Result<T, Cause> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(Cause::from_error(e)),
+    match catch_unwind(AssertUnwindSafe(|| f().map_err(Cause::from_error))) {
+        Ok(result) => result,
         Err(payload) => Err(Cause::from_panic(payload)),
     }
 }
@@ -93,6 +131,18 @@ mod tests {
         assert!(!p.inline_iteration());
         assert!(!p.inline_lifecycle());
         assert!(Placer::new(Placement::Inline, Duration::ZERO).inline_lifecycle());
+    }
+
+    #[test]
+    fn the_job_can_wait_for_its_compute_threads_to_end() {
+        let exits = PoolExits::default();
+        let pool = ComputePool::new(3, "t", &exits).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        pool.spawn(move || tx.send(()).unwrap());
+        rx.recv().unwrap();
+        assert_eq!(exits.wait(Duration::from_millis(10)), 3, "still running");
+        drop(pool);
+        assert_eq!(exits.wait(Duration::from_secs(10)), 0);
     }
 
     #[test]

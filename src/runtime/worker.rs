@@ -6,10 +6,11 @@ use std::time::Instant;
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
 use super::pool::{guarded, ComputePool, Placer};
+use super::watch::{Watch, Who};
 use super::{DynWorker, OwnedEnding, WorkerHooks};
 use crate::compute::Payload;
 use crate::compute::WorkerContext;
-use crate::error::{Cause, JobError, Phase};
+use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
     Attempt, Iteration, Rank, Report, ToMaster, ToWorker, WorkerCommand, WorkerState,
 };
@@ -65,7 +66,29 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         }
     }
 
+    /// Runs one unit of work. Every call into user code is guarded; this outer guard
+    /// catches what is left (a user type's `Drop`, say) so that no panic reaches the pool
+    /// or the actor.
     fn run(&mut self, work: Work<M>) -> Worked<W> {
+        let phase = match work {
+            Work::Start => Phase::Init,
+            Work::Iterate(..) => Phase::Compute,
+            Work::Stop(_) => Phase::PostApplication,
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
+            Ok(worked) => worked,
+            Err(payload) => {
+                let error = self.fail(phase, Cause::from_panic(payload));
+                match phase {
+                    Phase::Init => Worked::Started(Err(error)),
+                    Phase::Compute => Worked::Iterated(Err(error)),
+                    _ => Worked::Stopped(Err(error)),
+                }
+            }
+        }
+    }
+
+    fn run_unguarded(&mut self, work: Work<M>) -> Worked<W> {
         match work {
             Work::Start => Worked::Started(self.start()),
             Work::Iterate(iteration, last) => Worked::Iterated(self.iterate(iteration, last)),
@@ -168,6 +191,7 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     state: WorkerState,
     /// A stop that arrived while the task was away.
     pending_stop: Option<OwnedEnding<M>>,
+    watch: Arc<Watch>,
 }
 
 impl<M: Payload, W: Payload> WorkerActor<M, W> {
@@ -176,8 +200,10 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         link: Box<dyn WorkerLink<W>>,
         pool: Arc<ComputePool>,
         placer: Placer,
+        watch: Arc<Watch>,
     ) -> Self {
         WorkerActor {
+            watch,
             rank: task.ctx.rank,
             attempt: task.attempt,
             state: WorkerState::new(task.attempt),
@@ -190,23 +216,41 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     }
 
     fn send(&self, msg: ToMaster<W>) {
-        if let Err(e) = self.link.send(msg) {
+        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.link.send(msg)));
+        match sent {
+            Ok(Ok(())) => {}
             // The master's node is gone: nothing is waiting for this worker any more.
-            tracing::warn!(rank = self.rank, error = %e, "could not reach the master");
+            Ok(Err(e)) => {
+                tracing::warn!(rank = self.rank, error = %e, "could not reach the master")
+            }
+            Err(payload) => tracing::error!(
+                rank = self.rank,
+                cause = %Cause::from_panic(payload),
+                "the transport panicked sending to the master"
+            ),
         }
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M>) {
         let Some(mut task) = self.task.take() else {
-            tracing::error!(rank = self.rank, "work dispatched while the worker is busy");
+            // Unreachable by the protocol; fail loudly rather than drop the work.
+            self.send(ToMaster::Failed {
+                attempt: self.attempt,
+                error: JobError::Runtime {
+                    message: format!("work dispatched to worker {} while it was busy", self.rank),
+                },
+            });
             return;
         };
-        let inline = match work {
-            Work::Iterate(..) => self.placer.inline_iteration(),
-            Work::Start | Work::Stop(_) => self.placer.inline_lifecycle(),
+        let (inline, during) = match work {
+            Work::Iterate(i, _) => (self.placer.inline_iteration(), Waiting::Iteration(i)),
+            Work::Start => (self.placer.inline_lifecycle(), Waiting::Registration),
+            Work::Stop(_) => (self.placer.inline_lifecycle(), Waiting::Shutdown),
         };
         if inline {
+            self.watch.enter(Who::Worker(self.rank), during);
             let worked = task.run(work);
+            self.watch.exit();
             self.task = Some(task);
             self.on_worked(ctx, worked);
         } else {
@@ -241,7 +285,8 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                     error: error.clone(),
                 });
                 self.state.stop();
-                self.pending_stop = Some(OwnedEnding::Failed(error));
+                // An abort that arrived meanwhile carries the job's first failure: keep it.
+                self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
             }
             Worked::Stopped(result) => {
                 if let Err(error) = result {

@@ -113,14 +113,16 @@ impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMaster
 
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
         // Clones share the master result: each is an `Arc` bump, never a copy of `M`.
+        // Every rank is tried even when one fails: the others must still hear of it.
         let n = self.hub.workers.len();
-        for rank in 0..n.saturating_sub(1) {
-            self.send(rank, msg.clone())?;
+        let mut first = Ok(());
+        for rank in 0..n {
+            let sent = self.send(rank, msg.clone());
+            if first.is_ok() {
+                first = sent;
+            }
         }
-        if n > 0 {
-            self.send(n - 1, msg)?;
-        }
-        Ok(())
+        first
     }
 }
 

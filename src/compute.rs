@@ -2,13 +2,16 @@
 //! they see.
 
 use std::fmt;
+use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::BoxError;
-use crate::protocol::{Iteration, Rank};
+use crate::protocol::{Attempt, Epoch, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster};
+use crate::transport::WorkerLink;
 
 /// A type that can travel as a master or worker result: the user's own serde type.
 ///
@@ -100,6 +103,20 @@ pub struct WorkerContext<M, W> {
     pub(crate) last: Option<Arc<M>>,
     pub(crate) result: Option<W>,
     pub(crate) halt_vote: bool,
+    /// This rank's count of sync calls so far: the epoch of its next call.
+    pub(crate) epoch: Epoch,
+    pub(crate) sync: Option<SyncLink<W>>,
+}
+
+/// A worker's way to make sync calls from its compute thread: send on the shared link,
+/// then wait for the answer its actor forwards.
+pub(crate) struct SyncLink<W> {
+    pub(crate) link: Arc<dyn WorkerLink<W>>,
+    pub(crate) answers: mpsc::Receiver<(Epoch, SyncResult)>,
+    pub(crate) attempt: Attempt,
+    /// How long to wait for an answer before giving up on the barrier itself; longer than
+    /// the barrier's own sync timeout, which answers first.
+    pub(crate) patience: Duration,
 }
 
 impl<M, W> WorkerContext<M, W> {
@@ -113,6 +130,8 @@ impl<M, W> WorkerContext<M, W> {
             last: None,
             result: None,
             halt_vote: false,
+            epoch: 0,
+            sync: None,
         }
     }
 
@@ -169,6 +188,73 @@ impl<M, W> WorkerContext<M, W> {
     }
 }
 
+impl<M, W: 'static> WorkerContext<M, W> {
+    /// Waits until every rank has called `barrier()` as its call of the same number (its
+    /// epoch: the n-th sync call of every rank meets the n-th of every other, counted
+    /// across iterations). Spark's `BarrierTaskContext.barrier()`.
+    ///
+    /// Fails — every rank of the epoch with the same error — when ranks make different
+    /// calls, when not every rank arrives within `sync_timeout` of the first, when a rank
+    /// returns from its compute without the call, or when the job fails meanwhile (then
+    /// with the job's first failure). Needs a job built with `barrier_mode(true)`; without
+    /// it this fails at once with [`SyncError::NotEnabled`].
+    pub fn barrier(&mut self) -> Result<(), SyncError> {
+        self.sync_call(SyncKind::Barrier, Vec::new()).map(|_| ())
+    }
+
+    /// Sends `message` to every rank and returns every rank's message of the same epoch, in
+    /// rank order (index `r` is rank `r`'s, this rank's own included). Spark's
+    /// `BarrierTaskContext.allGather()`, for any serde type. Fails as [`barrier`](Self::barrier)
+    /// does.
+    pub fn all_gather<T: Serialize + DeserializeOwned>(
+        &mut self,
+        message: &T,
+    ) -> Result<Vec<T>, SyncError> {
+        let bytes = rmp_serde::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
+        self.sync_call(SyncKind::AllGather, bytes)?
+            .iter()
+            .map(|m| rmp_serde::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
+            .collect()
+    }
+
+    /// How many sync calls this rank has made: the epoch of its next call.
+    pub fn sync_epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
+        let sync = self.sync.as_ref().ok_or(SyncError::NotEnabled)?;
+        let epoch = self.epoch;
+        self.epoch += 1;
+        sync.link
+            .send(ToMaster::Sync {
+                attempt: sync.attempt,
+                epoch,
+                kind,
+                message,
+            })
+            .map_err(|e| SyncError::JobFailed(Box::new(e.into())))?;
+        let _span = tracing::debug_span!("sync", rank = self.rank, epoch, %kind).entered();
+        let deadline = Instant::now().checked_add(sync.patience);
+        loop {
+            let answer = match deadline {
+                Some(deadline) => sync
+                    .answers
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now())),
+                None => sync
+                    .answers
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            };
+            match answer {
+                Ok((answered, result)) if answered == epoch => return result,
+                Ok(_) => continue, // an answer to an earlier call that failed; not ours
+                Err(_) => return Err(SyncError::NoAnswer(sync.patience)),
+            }
+        }
+    }
+}
+
 impl<M, W> fmt::Debug for WorkerContext<M, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerContext")
@@ -178,6 +264,7 @@ impl<M, W> fmt::Debug for WorkerContext<M, W> {
             .field("iteration", &self.iteration)
             .field("iterations", &self.iterations)
             .field("has_last_master_result", &self.last.is_some())
+            .field("sync_epoch", &self.epoch)
             .finish()
     }
 }

@@ -264,6 +264,13 @@ pub enum JobError {
         /// How long the wait lasted.
         waited: Duration,
     },
+    /// A `barrier()` or `all_gather()` epoch failed: ranks made different calls, did not
+    /// arrive within `sync_timeout`, or returned from compute without the call others made.
+    ///
+    /// Remedy: every rank must make the same sync calls in the same order each iteration;
+    /// the error names the ranks and the epoch.
+    #[error("barrier sync failed: {0}")]
+    Sync(crate::protocol::SyncError),
     /// A job setting is invalid; the job did not start.
     #[error(transparent)]
     Config(#[from] ConfigError),

@@ -89,6 +89,41 @@
 //! assert_eq!((err.rank(), err.iteration()), (Some(2), Some(3)));
 //! ```
 //!
+//! ## Syncing inside an iteration
+//!
+//! In barrier mode a worker can call [`WorkerContext::barrier`] and
+//! [`WorkerContext::all_gather`] inside its compute, with the rules of Spark's barrier
+//! execution mode: the n-th call of every rank meets the n-th call of every other; mixed
+//! calls, a rank that never arrives (within `sync_timeout` of the first) and a rank that
+//! returns without the call fail every rank of that epoch with an error naming them.
+//!
+//! ```
+//! use superstep::prelude::*;
+//!
+//! struct Agree;
+//! impl WorkerComputable for Agree {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!     fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+//!         // Every rank proposes a value; all see every proposal, in rank order.
+//!         let proposals: Vec<u64> = ctx.all_gather(&(ctx.rank() as u64 * 10))?;
+//!         ctx.barrier()?;
+//!         Ok(*proposals.iter().max().unwrap())
+//!     }
+//! }
+//! struct Max;
+//! impl MasterComputable for Max {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!     fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+//!         Ok(Step::Halt(*ctx.worker_results().iter().max().unwrap()))
+//!     }
+//! }
+//!
+//! let outcome = Job::builder(Max, |_| Agree).workers(4).barrier_mode(true).run().unwrap();
+//! assert_eq!(*outcome.result, 30);
+//! ```
+//!
 //! ## Watching a job
 //!
 //! [`JobBuilder::on_event`] receives [`JobEvent`]s (iterations started and completed with

@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use superstep::protocol::{Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, ToMaster};
+use superstep::protocol::{
+    Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, SyncKind, SyncState, ToMaster,
+};
 
 /// One arrival at the barrier: (rank, attempt, iteration, value).
 type Arrival = (usize, u32, u64, u64);
@@ -129,6 +131,37 @@ proptest! {
                     prop_assert!(reports.iter().all(|r| r.iteration == iteration));
                 }
                 other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+    }
+
+    #[test]
+    fn every_epoch_answers_every_rank_once_with_all_messages_in_rank_order(
+        workers in 1usize..16,
+        epochs in 1u64..5,
+        order in prop::collection::vec(any::<prop::sample::Index>(), 64),
+    ) {
+        let t0 = Instant::now();
+        let mut sync = SyncState::new(workers, Duration::from_secs(1));
+        for epoch in 0..epochs {
+            // Ranks call in an arbitrary order.
+            let mut pending: Vec<usize> = (0..workers).collect();
+            let mut answered = Vec::new();
+            let mut k = 0;
+            while !pending.is_empty() {
+                let rank = pending.remove(order[k % order.len()].index(pending.len()));
+                k += 1;
+                let message = vec![rank as u8, epoch as u8];
+                let step = sync.on_call(t0, rank, epoch, SyncKind::AllGather, message);
+                prop_assert_eq!(step.failed, None);
+                answered.extend(step.replies);
+            }
+            prop_assert_eq!(answered.len(), workers, "one answer per rank, all at the last arrival");
+            let expected: Vec<Vec<u8>> = (0..workers).map(|r| vec![r as u8, epoch as u8]).collect();
+            for (r, (rank, answered_epoch, result)) in answered.into_iter().enumerate() {
+                prop_assert_eq!(rank, r);
+                prop_assert_eq!(answered_epoch, epoch);
+                prop_assert_eq!(result.unwrap(), expected.clone());
             }
         }
     }

@@ -154,6 +154,20 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Barrier mode: workers may call [`barrier`](crate::WorkerContext::barrier) and
+    /// [`all_gather`](crate::WorkerContext::all_gather) in their compute. Every worker then
+    /// computes on a thread of its own. Default off.
+    pub fn barrier_mode(mut self, enabled: bool) -> Self {
+        self.config.barrier_mode = enabled;
+        self
+    }
+
+    /// How long a `barrier()` / `all_gather()` epoch may wait, from its first arrival.
+    pub fn sync_timeout(mut self, timeout: Duration) -> Self {
+        self.config.sync_timeout = timeout;
+        self
+    }
+
     /// Replaces every setting at once.
     pub fn config(mut self, config: JobConfig) -> Self {
         self.config = config;

@@ -154,6 +154,8 @@ impl<W> Gate<W> {
                 }
                 Some(GateOutput::Failed(error))
             }
+            // Sync calls are the barrier's `SyncState`'s, not the gate's.
+            ToMaster::Sync { .. } => None,
             ToMaster::Done { attempt } => {
                 if attempt != self.config.attempt {
                     self.other_drops.stale += 1;

@@ -10,11 +10,14 @@
 //! - [`Gate`]: the barrier's state machine — registration, one [`Round`] per iteration,
 //!   the workers' end-of-job reports, failures and timeouts that name who is missing.
 //! - [`Schedule`]: the master's loop — which iteration is next, iteration count, halt.
+//! - [`SyncState`]: `barrier()` and `all_gather()` inside compute — epochs counted per
+//!   rank, mismatched calls, timeouts from the first arrival, ranks that never call.
 //! - [`WorkerState`]: a worker's view — which master messages to act on.
 
 mod gate;
 mod round;
 mod schedule;
+mod sync;
 mod worker;
 
 use std::fmt;
@@ -28,6 +31,7 @@ use crate::error::JobError;
 pub use gate::{Gate, GateConfig, GateOutput};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
+pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 
 /// A worker's rank: `0..workers`.
@@ -83,6 +87,17 @@ pub enum ToMaster<W> {
         /// The attempt the worker ran in.
         attempt: Attempt,
     },
+    /// The worker's compute called `barrier()` or `all_gather()`, and waits for the answer.
+    Sync {
+        /// The attempt the worker runs in.
+        attempt: Attempt,
+        /// The worker's count of its calls, from 0.
+        epoch: Epoch,
+        /// Which call.
+        kind: SyncKind,
+        /// The encoded message (empty for `barrier()`).
+        message: Vec<u8>,
+    },
 }
 
 /// Messages from the master's node to a worker.
@@ -116,6 +131,15 @@ pub enum ToWorker<M> {
         /// The job's first failure.
         error: JobError,
     },
+    /// The answer to the worker's sync call `epoch`.
+    SyncReply {
+        /// The attempt of the job.
+        attempt: Attempt,
+        /// The call answered.
+        epoch: Epoch,
+        /// Every rank's message in rank order, or why the epoch failed.
+        result: SyncResult,
+    },
 }
 
 // Not derived: a derive would ask for `M: Clone`, but only the `Arc` is cloned.
@@ -146,6 +170,15 @@ impl<M> Clone for ToWorker<M> {
                 attempt: *attempt,
                 error: error.clone(),
             },
+            ToWorker::SyncReply {
+                attempt,
+                epoch,
+                result,
+            } => ToWorker::SyncReply {
+                attempt: *attempt,
+                epoch: *epoch,
+                result: result.clone(),
+            },
         }
     }
 }
@@ -156,6 +189,7 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Iterate { iteration, .. } => write!(f, "iterate {iteration}"),
             ToWorker::Finish { iterations, .. } => write!(f, "finish after {iterations}"),
             ToWorker::Abort { error, .. } => write!(f, "abort: {error}"),
+            ToWorker::SyncReply { epoch, .. } => write!(f, "answer to sync call {epoch}"),
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum WorkerCommand {
     Compute(Iteration),
     /// Run `post_application` and stop.
     Stop,
+    /// Hand the answer to the compute waiting in its sync call (even while stopping: the
+    /// compute may be waiting for exactly this).
+    Answer,
     /// Drop the message: stale, duplicate, or after the worker began to stop.
     Drop,
 }
@@ -40,6 +43,8 @@ impl WorkerState {
     /// Decides what to do with `msg`.
     pub fn on_message<M>(&mut self, msg: &ToWorker<M>) -> WorkerCommand {
         let command = match *msg {
+            ToWorker::SyncReply { attempt, .. } if attempt == self.attempt => WorkerCommand::Answer,
+            ToWorker::SyncReply { .. } => WorkerCommand::Drop,
             _ if self.stopping => WorkerCommand::Drop,
             ToWorker::Iterate {
                 attempt, iteration, ..

@@ -9,7 +9,9 @@ use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient};
 use crate::compute::Payload;
 use crate::error::{Cause, JobError};
 use crate::events::{Events, JobEvent};
-use crate::protocol::{Attempt, Envelope, Gate, GateOutput, Iteration, ToMaster, ToWorker};
+use crate::protocol::{
+    Attempt, Envelope, Gate, GateOutput, Iteration, SyncState, SyncStep, ToMaster, ToWorker,
+};
 use crate::transport::MasterLink;
 
 /// What the gate said, for the master.
@@ -60,6 +62,7 @@ impl<W: 'static> Message for Arrived<W> {
 
 pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     gate: Gate<W>,
+    sync: SyncState,
     link: Box<dyn MasterLink<M>>,
     master: Recipient<FromGate<W>>,
     attempt: Attempt,
@@ -70,6 +73,7 @@ pub(crate) struct BarrierActor<M: Payload, W: Payload> {
 impl<M: Payload, W: Payload> BarrierActor<M, W> {
     pub(crate) fn new(
         gate: Gate<W>,
+        sync: SyncState,
         link: Box<dyn MasterLink<M>>,
         master: Recipient<FromGate<W>>,
         attempt: Attempt,
@@ -78,6 +82,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
     ) -> Self {
         BarrierActor {
             gate,
+            sync,
             link,
             master,
             attempt,
@@ -89,6 +94,28 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
     fn forward(&self, output: Option<GateOutput<W>>) {
         if let Some(output) = output {
             self.master.do_send(FromGate(output));
+        }
+    }
+
+    /// Sends the answers of a sync step, and fails the job if the step says so.
+    fn apply(&mut self, step: SyncStep) {
+        for (rank, epoch, result) in step.replies {
+            let msg = ToWorker::SyncReply {
+                attempt: self.attempt,
+                epoch,
+                result,
+            };
+            let link = &self.link;
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not answer a sync call"),
+                Err(payload) => {
+                    tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked answering a sync call")
+                }
+            }
+        }
+        if let Some(error) = step.failed {
+            self.forward(Some(GateOutput::Failed(JobError::Sync(error))));
         }
     }
 
@@ -116,7 +143,10 @@ impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
         // Timeouts are checked on a coarse tick rather than one timer per wait: arming and
         // cancelling a timer each round would cost more than the round itself.
         ctx.run_interval(self.tick, |act, _| {
-            let output = act.gate.handle_timeout(Instant::now());
+            let now = Instant::now();
+            let step = act.sync.handle_timeout(now);
+            act.apply(step);
+            let output = act.gate.handle_timeout(now);
             act.forward(output);
         });
     }
@@ -127,6 +157,26 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
 
     fn handle(&mut self, msg: Arrived<W>, _: &mut Context<Self>) {
         let from = msg.env.from;
+        match msg.env.msg {
+            ToMaster::Sync {
+                attempt,
+                epoch,
+                kind,
+                message,
+            } => {
+                if attempt == self.attempt {
+                    let step = self.sync.on_call(msg.at, from, epoch, kind, message);
+                    self.apply(step);
+                }
+                return;
+            }
+            ToMaster::Result(ref report) if report.attempt == self.attempt => {
+                // Its compute returned: it makes no more sync calls this iteration.
+                let step = self.sync.on_returned(from, report.iteration);
+                self.apply(step);
+            }
+            _ => {}
+        }
         let done_before = self.gate.is_done(from);
         let output = self.gate.on_message(msg.at, msg.env);
         if !done_before && self.gate.is_done(from) {
@@ -141,6 +191,7 @@ impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
 
     fn handle(&mut self, msg: Open<M>, _: &mut Context<Self>) {
         // Open before broadcasting, so no result can arrive before its round.
+        self.sync.new_iteration(msg.iteration);
         if !self.gate.open(Instant::now(), msg.iteration) {
             self.forward(Some(GateOutput::Failed(JobError::Runtime {
                 message: format!(
@@ -177,6 +228,9 @@ impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: AbortJob, _: &mut Context<Self>) {
+        // Release every rank waiting in a sync call at once, with the job's failure.
+        let step = self.sync.abort(&msg.error);
+        self.apply(step);
         self.broadcast(ToWorker::Abort {
             attempt: self.attempt,
             error: msg.error,

@@ -24,14 +24,16 @@ use std::time::{Duration, Instant};
 use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
-use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
-use crate::config::JobConfig;
+use crate::compute::{
+    MasterComputable, MasterContext, Payload, SyncLink, WorkerComputable, WorkerContext,
+};
+use crate::config::{JobConfig, Placement};
 use crate::error::{Cause, JobError, Phase};
 use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
-use crate::protocol::{Gate, GateConfig, Iteration, Rank};
+use crate::protocol::{Gate, GateConfig, Iteration, Rank, SyncState};
 use crate::report::JobOutcome;
-use crate::transport::{LinkSpec, Transport};
+use crate::transport::{LinkSpec, Transport, WorkerLink};
 
 use barrier::{Arrived, BarrierActor};
 use master::{MasterActor, MasterTask};
@@ -102,10 +104,13 @@ pub(crate) struct Plan<M, W> {
 /// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
 /// 100 ms.
 pub(crate) fn tick(config: &JobConfig) -> Duration {
-    let shortest = config
+    let mut shortest = config
         .startup_timeout
         .min(config.iteration_timeout)
         .min(config.shutdown_timeout);
+    if config.barrier_mode {
+        shortest = shortest.min(config.sync_timeout);
+    }
     (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
 }
 
@@ -249,6 +254,7 @@ async fn launch<M: Payload, W: Payload>(
     );
     barrier_ctx.run(BarrierActor::new(
         gate,
+        SyncState::new(config.workers, config.sync_timeout),
         link,
         master_addr.recipient(),
         attempt,
@@ -273,7 +279,8 @@ async fn launch<M: Payload, W: Payload>(
     for rank in topology.workers {
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
         let addr = worker_ctx.address();
-        let link = transport.connect_worker(rank, Box::new(move |msg| addr.do_send(msg)))?;
+        let link: Arc<dyn WorkerLink<W>> =
+            Arc::from(transport.connect_worker(rank, Box::new(move |msg| addr.do_send(msg)))?);
         let (computable, hooks) = guarded(|| {
             let hooks: WorkerHooks<M, W> = worker_hooks.iter().map(|make| make(rank)).collect();
             Ok((workers(rank), hooks))
@@ -284,12 +291,31 @@ async fn launch<M: Payload, W: Payload>(
             phase: Phase::Init,
             cause,
         })?;
-        let ctx = WorkerContext::new(rank, config.workers, Arc::clone(&job_id), config.iterations);
+        let mut ctx =
+            WorkerContext::new(rank, config.workers, Arc::clone(&job_id), config.iterations);
+        // In barrier mode every worker computes on a pool thread of its own (the pool has
+        // one per worker), so that ranks can wait for each other in sync calls.
+        let (placement, sync_answers) = if config.barrier_mode {
+            let (answers_tx, answers) = std::sync::mpsc::channel();
+            ctx.sync = Some(SyncLink {
+                link: Arc::clone(&link),
+                answers,
+                attempt,
+                patience: config
+                    .sync_timeout
+                    .checked_add(Duration::from_secs(5))
+                    .unwrap_or(Duration::MAX),
+            });
+            (Placement::Pool, Some(answers_tx))
+        } else {
+            (config.placement, None)
+        };
         worker_ctx.run(WorkerActor::new(
             WorkerTask::new(computable, hooks, ctx, attempt),
             link,
+            sync_answers,
             Arc::clone(&pool),
-            Placer::new(config.placement, config.inline_threshold),
+            Placer::new(placement, config.inline_threshold),
             Arc::clone(&watch),
         ));
     }

@@ -1,6 +1,6 @@
 //! The worker actor: runs one worker's computable and interceptors, one unit at a time.
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
@@ -12,7 +12,8 @@ use crate::compute::Payload;
 use crate::compute::WorkerContext;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
-    Attempt, Iteration, Rank, Report, ToMaster, ToWorker, WorkerCommand, WorkerState,
+    Attempt, Epoch, Iteration, Rank, Report, SyncResult, ToMaster, ToWorker, WorkerCommand,
+    WorkerState,
 };
 use crate::transport::WorkerLink;
 
@@ -185,7 +186,9 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     attempt: Attempt,
     /// `None` while the task is away on the pool.
     task: Option<Box<WorkerTask<M, W>>>,
-    link: Box<dyn WorkerLink<W>>,
+    link: Arc<dyn WorkerLink<W>>,
+    /// In barrier mode: where answers to sync calls go, to the compute waiting for them.
+    sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
     pool: Arc<ComputePool>,
     placer: Placer,
     state: WorkerState,
@@ -197,12 +200,14 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
 impl<M: Payload, W: Payload> WorkerActor<M, W> {
     pub(crate) fn new(
         task: WorkerTask<M, W>,
-        link: Box<dyn WorkerLink<W>>,
+        link: Arc<dyn WorkerLink<W>>,
+        sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
         pool: Arc<ComputePool>,
         placer: Placer,
         watch: Arc<Watch>,
     ) -> Self {
         WorkerActor {
+            sync_answers,
             watch,
             rank: task.ctx.rank,
             attempt: task.attempt,
@@ -352,9 +357,19 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                         last,
                     },
                     ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
-                    ToWorker::Iterate { .. } => unreachable!("Iterate never stops"),
+                    ToWorker::Iterate { .. } | ToWorker::SyncReply { .. } => {
+                        unreachable!("WorkerState stops only on Finish or Abort")
+                    }
                 };
                 self.begin_stop(ctx, ending);
+            }
+            WorkerCommand::Answer => {
+                if let (ToWorker::SyncReply { epoch, result, .. }, Some(answers)) =
+                    (msg, &self.sync_answers)
+                {
+                    // The compute may have given up waiting already; then nobody listens.
+                    let _ = answers.send((epoch, result));
+                }
             }
             WorkerCommand::Drop => {
                 tracing::trace!(rank = self.rank, %msg, "dropped a message from the master");

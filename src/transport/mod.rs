@@ -100,8 +100,9 @@ pub trait MasterLink<M>: Send + 'static {
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError>;
 }
 
-/// A worker's way to reach the master's node.
-pub trait WorkerLink<W>: Send + 'static {
+/// A worker's way to reach the master's node. Shared by the worker's actor and, in
+/// barrier mode, its compute thread (which sends its sync calls directly).
+pub trait WorkerLink<W>: Send + Sync + 'static {
     /// Sends `msg` to the master's node, which receives it stamped with this worker's rank.
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError>;
 }

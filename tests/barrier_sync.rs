@@ -1,0 +1,330 @@
+//! barrier() and all_gather() inside a worker's compute, with Spark's barrier rules.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::{summing_master, FnWorker};
+use superstep::prelude::*;
+use superstep::protocol::{SyncError, SyncKind};
+use superstep::{Phase, Placement};
+
+/// Long enough that no passing test comes near it: a regression that made ranks wait out
+/// the sync timeout shows as a `TimedOut` error instead of the expected one.
+const PATIENT: Duration = Duration::from_secs(30);
+/// Longer still, for the waits these tests are not about.
+const NEVER: Duration = Duration::from_secs(3600);
+
+fn barrier_job<F>(workers: usize, iterations: u64, make: F) -> superstep::JobBuilder<u64, u64>
+where
+    F: Fn(usize) -> FnWorker<common::WorkerFn> + Send + Sync + 'static,
+{
+    Job::builder(summing_master(), make)
+        .workers(workers)
+        .iterations(iterations)
+        .barrier_mode(true)
+        .sync_timeout(PATIENT)
+        .iteration_timeout(NEVER)
+}
+
+/// A rank and what its sync call returned.
+type Call = (usize, Result<(), SyncError>);
+
+/// What each rank's sync calls returned.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Call>>>);
+
+impl Calls {
+    fn record(&self, rank: usize, result: &Result<impl Sized, SyncError>) {
+        let result = result.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.0.lock().unwrap().push((rank, result));
+    }
+    fn all(&self) -> Vec<Call> {
+        let mut calls = self.0.lock().unwrap().clone();
+        calls.sort_by_key(|(r, _)| *r);
+        calls
+    }
+}
+
+#[test]
+fn all_gather_returns_every_rank_message_in_rank_order_and_barrier_waits_for_the_last() {
+    let workers = 5;
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let outcome = barrier_job(workers, 4, move |rank| {
+        let arrived = Arc::clone(&arrived);
+        FnWorker {
+            f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                // Ranks arrive in reverse order, some much later than others.
+                sleep(Duration::from_millis(3 * (workers - rank) as u64));
+                // One barrier per iteration: after the i-th, every rank has arrived i times.
+                let i = ctx.iteration();
+                arrived.fetch_add(1, Ordering::SeqCst);
+                ctx.barrier()?;
+                assert!(
+                    arrived.load(Ordering::SeqCst) >= workers * i as usize,
+                    "rank {rank} left the barrier before every rank arrived"
+                );
+                let all = ctx.all_gather(&(rank as u64 * 100 + i))?;
+                let expected: Vec<u64> = (0..workers as u64).map(|r| r * 100 + i).collect();
+                assert_eq!(all, expected);
+                Ok(all.iter().sum())
+            }),
+        }
+    })
+    .run()
+    .unwrap();
+    let expected: u64 = (1..=4u64)
+        .map(|i| workers as u64 * (0..workers as u64).map(|r| r * 100 + i).sum::<u64>())
+        .sum();
+    assert_eq!(*outcome.result, expected);
+}
+
+#[test]
+fn several_calls_in_one_compute_across_many_iterations_meet_their_epochs() {
+    let workers = 4;
+    barrier_job(workers, 6, move |rank| FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            let i = ctx.iteration();
+            assert_eq!(ctx.sync_epoch(), 4 * (i - 1));
+            ctx.barrier()?;
+            let names: Vec<String> = ctx.all_gather(&format!("host-{rank}:{i}"))?;
+            assert_eq!(
+                names,
+                (0..workers)
+                    .map(|r| format!("host-{r}:{i}"))
+                    .collect::<Vec<_>>()
+            );
+            ctx.barrier()?;
+            let agreed = ctx.all_gather(&(i * 7))?;
+            assert!(agreed.iter().all(|&v| v == i * 7));
+            Ok(0)
+        }),
+    })
+    .run()
+    .unwrap();
+}
+
+#[test]
+fn mixed_calls_fail_every_rank_of_that_epoch_saying_which_rank_called_what() {
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let err = barrier_job(3, 3, move |rank| {
+        let seen = seen.clone();
+        FnWorker {
+            f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                if rank == 2 {
+                    sleep(Duration::from_millis(50)); // the others are waiting by then
+                    let r = ctx.all_gather(&1u64);
+                    seen.record(rank, &r);
+                    r?;
+                } else {
+                    let r = ctx.barrier();
+                    seen.record(rank, &r);
+                    r?;
+                }
+                Ok(0)
+            }),
+        }
+    })
+    .run()
+    .unwrap_err();
+    let expected = SyncError::Mismatch {
+        epoch: 0,
+        calls: vec![
+            (0, SyncKind::Barrier),
+            (1, SyncKind::Barrier),
+            (2, SyncKind::AllGather),
+        ],
+    };
+    assert_eq!(err, JobError::Sync(expected.clone()));
+    assert!(
+        err.to_string().contains(
+            "rank 0 called barrier(), rank 1 called barrier(), rank 2 called all_gather()"
+        ),
+        "{err}"
+    );
+    let recorded = calls.all();
+    assert_eq!(recorded.len(), 3);
+    for (rank, result) in recorded {
+        assert_eq!(result, Err(expected.clone()), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_timeout_from_the_first_arrival_names_the_ranks_that_did_not_arrive_and_the_epoch() {
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let err = barrier_job(4, 3, move |rank| {
+        let seen = seen.clone();
+        FnWorker {
+            f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                if ctx.iteration() == 2 && rank == 1 {
+                    sleep(Duration::from_millis(1500));
+                }
+                let r = ctx.barrier();
+                if ctx.iteration() == 2 {
+                    seen.record(rank, &r);
+                }
+                r?;
+                Ok(0)
+            }),
+        }
+    })
+    .sync_timeout(Duration::from_millis(300))
+    .run()
+    .unwrap_err();
+    match &err {
+        JobError::Sync(SyncError::TimedOut {
+            epoch,
+            kind,
+            missing,
+            waited,
+        }) => {
+            assert_eq!(
+                (*epoch, *kind),
+                (1, SyncKind::Barrier),
+                "the second call of every rank"
+            );
+            assert_eq!(missing, &vec![1]);
+            assert!(*waited >= Duration::from_millis(300));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let JobError::Sync(expected) = err else {
+        unreachable!()
+    };
+    let recorded = calls.all();
+    // Ranks 0, 2 and 3 waited and were released; rank 1 called after the failure and got
+    // the same error at once.
+    assert_eq!(recorded.len(), 4);
+    for (rank, result) in recorded {
+        assert_eq!(result, Err(expected.clone()), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_rank_that_returns_without_the_call_the_others_made_is_named_at_once() {
+    let err = barrier_job(4, 5, move |rank| FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            if !(rank == 3 && ctx.iteration() == 2) {
+                ctx.barrier()?;
+            }
+            Ok(0)
+        }),
+    })
+    .run()
+    .unwrap_err();
+    match err {
+        JobError::Sync(SyncError::Unmatched {
+            epoch,
+            kind,
+            iteration,
+            returned,
+            ..
+        }) => {
+            assert_eq!((epoch, kind, iteration), (1, SyncKind::Barrier, 2));
+            assert_eq!(returned, vec![3]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_rank_that_fails_releases_every_waiting_rank_at_once_with_its_cause() {
+    for panic in [false, true] {
+        let calls = Calls::default();
+        let seen = calls.clone();
+        let err = barrier_job(4, 5, move |rank| {
+            let seen = seen.clone();
+            FnWorker {
+                f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                    if rank == 0 && ctx.iteration() == 2 {
+                        sleep(Duration::from_millis(50)); // the others are waiting by then
+                        if panic {
+                            panic!("GPU lost");
+                        }
+                        return Err("GPU lost".into());
+                    }
+                    let r = ctx.barrier();
+                    if ctx.iteration() == 2 {
+                        seen.record(rank, &r);
+                    }
+                    r?;
+                    Ok(0)
+                }),
+            }
+        })
+        .run()
+        .unwrap_err();
+        match &err {
+            JobError::Worker {
+                rank: 0,
+                iteration: 2,
+                phase: Phase::Compute,
+                cause,
+            } => assert_eq!(cause.message(), "GPU lost"),
+            other => panic!("unexpected {other:?}"),
+        }
+        let recorded = calls.all();
+        assert_eq!(
+            recorded.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        for (rank, result) in recorded {
+            assert_eq!(
+                result,
+                Err(SyncError::JobFailed(Box::new(err.clone()))),
+                "rank {rank}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sync_call_outside_barrier_mode_fails_at_once_with_a_clear_error() {
+    let err = Job::builder(summing_master(), |_| FnWorker {
+        f: |ctx: &mut WorkerContext<u64, u64>| {
+            ctx.barrier()?;
+            Ok(0)
+        },
+    })
+    .workers(3)
+    .iteration_timeout(NEVER)
+    .run()
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("barrier() and all_gather() need a job built with barrier_mode(true)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn barrier_mode_cannot_run_workers_inline() {
+    let err = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(0),
+    })
+    .barrier_mode(true)
+    .placement(Placement::Inline)
+    .build()
+    .unwrap_err();
+    assert_eq!(err.setting, "placement");
+}
+
+#[test]
+fn sixty_four_ranks_gather_in_barrier_mode() {
+    let workers = 64;
+    let outcome = barrier_job(workers, 3, move |rank| FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            let all = ctx.all_gather(&(rank as u64))?;
+            Ok(all.iter().sum())
+        }),
+    })
+    .run()
+    .unwrap();
+    let per_rank: u64 = (0..workers as u64).sum();
+    assert_eq!(*outcome.result, 3 * workers as u64 * per_rank);
+}

@@ -114,8 +114,9 @@ pub(crate) struct SyncLink<W> {
     pub(crate) link: Arc<dyn WorkerLink<W>>,
     pub(crate) answers: mpsc::Receiver<(Epoch, SyncResult)>,
     pub(crate) attempt: Attempt,
-    /// How long to wait for an answer before giving up on the barrier itself; longer than
-    /// the barrier's own sync timeout, which answers first.
+    /// How long to wait for an answer before giving up on the barrier itself: longer than
+    /// the barrier's own sync timeout, which normally answers first (unless the
+    /// coordination thread is held by inline code for longer).
     pub(crate) patience: Duration,
 }
 
@@ -197,15 +198,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// calls, when not every rank arrives within `sync_timeout` of the first, when a rank
     /// returns from its compute without the call, or when the job fails meanwhile (then
     /// with the job's first failure). Needs a job built with `barrier_mode(true)`; without
-    /// it this fails at once with [`SyncError::NotEnabled`].
+    /// it this fails at once with [`SyncError::NotEnabled`]. Only `compute` may call it
+    /// (in `init` it fails with [`SyncError::OutsideCompute`]).
     pub fn barrier(&mut self) -> Result<(), SyncError> {
         self.sync_call(SyncKind::Barrier, Vec::new()).map(|_| ())
     }
 
     /// Sends `message` to every rank and returns every rank's message of the same epoch, in
     /// rank order (index `r` is rank `r`'s, this rank's own included). Spark's
-    /// `BarrierTaskContext.allGather()`, for any serde type. Fails as [`barrier`](Self::barrier)
-    /// does.
+    /// `BarrierTaskContext.allGather()`, for any serde type — the same type on every rank.
+    /// Fails as [`barrier`](Self::barrier) does.
     pub fn all_gather<T: Serialize + DeserializeOwned>(
         &mut self,
         message: &T,
@@ -224,6 +226,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
         let sync = self.sync.as_ref().ok_or(SyncError::NotEnabled)?;
+        if self.iteration == 0 {
+            return Err(SyncError::OutsideCompute);
+        }
         let epoch = self.epoch;
         self.epoch += 1;
         sync.link

@@ -64,16 +64,18 @@ pub struct JobConfig {
     /// time. Default 50 µs.
     pub inline_threshold: Duration,
     /// Threads of the compute pool; `None` (the default) means one per available core.
-    /// In barrier mode the pool has at least one thread per worker, plus one.
+    /// (In barrier mode workers compute on threads of their own, and the pool serves the
+    /// master.)
     pub compute_threads: Option<usize>,
     /// Barrier mode (Spark's barrier execution mode): workers may call `barrier()` and
     /// `all_gather()` in their compute and wait for each other there. Every worker then
-    /// computes on a thread of its own (the gang: one thread per worker), never inline.
-    /// Default off.
+    /// computes on a dedicated thread of its own (the gang: one thread per worker, on which
+    /// nothing else ever runs), never inline. Default off.
     pub barrier_mode: bool,
     /// How long one `barrier()` / `all_gather()` epoch may wait, from its first arrival
     /// (Spark's `spark.barrier.sync.timeout`, whose 365-day default is not copied). Default
-    /// 10 min; `Duration::MAX` means no limit.
+    /// 10 min; `Duration::MAX` means no limit. The iteration timeout still bounds the whole
+    /// iteration; if it passes while an epoch gathers, the error is the epoch's timeout.
     pub sync_timeout: Duration,
 }
 
@@ -148,20 +150,13 @@ impl JobConfig {
         Ok(())
     }
 
-    /// The number of compute threads this configuration asks for: in barrier mode at
-    /// least one per worker plus one for the master, so that every rank can wait in a sync
-    /// call at once.
+    /// The number of compute-pool threads this configuration asks for.
     pub fn compute_threads(&self) -> usize {
-        let asked = self.compute_threads.unwrap_or_else(|| {
+        self.compute_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1)
-        });
-        if self.barrier_mode {
-            asked.max(self.workers + 1)
-        } else {
-            asked
-        }
+        })
     }
 }
 

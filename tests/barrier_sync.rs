@@ -328,3 +328,79 @@ fn sixty_four_ranks_gather_in_barrier_mode() {
     let per_rank: u64 = (0..workers as u64).sum();
     assert_eq!(*outcome.result, 3 * workers as u64 * per_rank);
 }
+
+#[test]
+fn with_the_default_sync_timeout_an_iteration_timeout_still_names_who_did_not_arrive() {
+    // The iteration's own timeout passes first; the error is still the epoch's, naming the
+    // rank that never arrived rather than every rank of the iteration.
+    let err = Job::builder(summing_master(), move |rank| FnWorker {
+        f: move |ctx: &mut WorkerContext<u64, u64>| {
+            if rank == 2 && ctx.iteration() == 1 {
+                sleep(Duration::from_millis(1000));
+            }
+            ctx.barrier()?;
+            Ok(0)
+        },
+    })
+    .workers(4)
+    .barrier_mode(true)
+    .iteration_timeout(Duration::from_millis(300))
+    .run()
+    .unwrap_err();
+    match err {
+        JobError::Sync(SyncError::TimedOut {
+            epoch: 0, missing, ..
+        }) => assert_eq!(missing, vec![2]),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_sync_call_in_init_is_refused_with_a_clear_error() {
+    struct SyncsInInit;
+    impl WorkerComputable for SyncsInInit {
+        type MasterResult = u64;
+        type WorkerResult = u64;
+        fn init(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<(), BoxError> {
+            ctx.barrier()?;
+            Ok(())
+        }
+        fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+            Ok(0)
+        }
+    }
+    let err = Job::builder(summing_master(), |_| SyncsInInit)
+        .workers(2)
+        .barrier_mode(true)
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(err, JobError::Worker { phase: Phase::Init, ref cause, .. }
+            if cause.message() == SyncError::OutsideCompute.to_string()),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn compute_that_uses_rayon_syncs_in_barrier_mode() {
+    use rayon::prelude::*;
+    let workers = 4;
+    let outcome = barrier_job(workers, 5, move |rank| FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            let local: u64 = (0..20_000u64)
+                .into_par_iter()
+                .map(|x| x % (rank as u64 + 2))
+                .sum();
+            ctx.barrier()?;
+            let all = ctx.all_gather(&local)?;
+            Ok(all.iter().sum())
+        }),
+    })
+    .run()
+    .unwrap();
+    let per_iteration: u64 = (0..workers as u64)
+        .map(|r| (0..20_000u64).map(|x| x % (r + 2)).sum::<u64>())
+        .sum::<u64>()
+        * workers as u64;
+    assert_eq!(*outcome.result, 5 * per_iteration);
+}

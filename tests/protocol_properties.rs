@@ -161,7 +161,7 @@ proptest! {
             for (r, (rank, answered_epoch, result)) in answered.into_iter().enumerate() {
                 prop_assert_eq!(rank, r);
                 prop_assert_eq!(answered_epoch, epoch);
-                prop_assert_eq!(result.unwrap(), expected.clone());
+                prop_assert_eq!(result.unwrap().to_vec(), expected.clone());
             }
         }
     }

@@ -2,6 +2,7 @@
 //! execution mode.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -86,6 +87,10 @@ pub enum SyncError {
     /// The job failed (this is its first failure): every waiting rank is released.
     #[error("the job failed: {0}")]
     JobFailed(Box<JobError>),
+    /// `barrier()` or `all_gather()` was called outside `compute` (in `init`): sync calls
+    /// meet per iteration, so only compute may make them.
+    #[error("barrier() and all_gather() can only be called from compute, not from init")]
+    OutsideCompute,
     /// `barrier()` or `all_gather()` was called in a job without barrier mode. Remedy:
     /// build the job with `barrier_mode(true)`, which gives every worker a thread of its
     /// own so that ranks can wait for each other.
@@ -113,8 +118,8 @@ impl fmt::Display for Calls<'_> {
 }
 
 /// What a sync call gets back: every rank's message in rank order (empty ones for
-/// `barrier()`), or the error that ended the epoch.
-pub type SyncResult = Result<Vec<Vec<u8>>, SyncError>;
+/// `barrier()`), shared by every rank's answer, or the error that ended the epoch.
+pub type SyncResult = Result<Arc<Vec<Vec<u8>>>, SyncError>;
 
 /// What the driver must do after an input.
 #[derive(Debug, Default, PartialEq)]
@@ -194,15 +199,22 @@ impl SyncState {
             return step;
         }
         if epoch != self.epoch {
-            step.replies.push((
+            // The rank is out of step with the others: no later epoch can meet either.
+            let error = SyncError::StaleEpoch {
                 rank,
                 epoch,
-                Err(SyncError::StaleEpoch {
-                    rank,
-                    epoch,
-                    current: self.epoch,
-                }),
-            ));
+                current: self.epoch,
+            };
+            let mut step = self.fail(error.clone());
+            step.replies.push((rank, epoch, Err(error)));
+            return step;
+        }
+        if self.poll_timeout().is_some_and(|deadline| now >= deadline) {
+            // The deadline holds at arrival too, not only when the driver's timer fires.
+            let mut step = self.handle_timeout(now);
+            if let Some(failure) = &self.failure {
+                step.replies.push((rank, epoch, Err(failure.clone())));
+            }
             return step;
         }
         if self.calls[rank].is_some() {
@@ -233,13 +245,15 @@ impl SyncState {
             return self.fail(unmatched);
         }
         if self.arrived == self.workers {
-            let messages: Vec<Vec<u8>> = self
-                .calls
-                .iter_mut()
-                .map(|c| c.take().map(|(_, m)| m).unwrap_or_default())
-                .collect();
+            let messages: Arc<Vec<Vec<u8>>> = Arc::new(
+                self.calls
+                    .iter_mut()
+                    .map(|c| c.take().map(|(_, m)| m).unwrap_or_default())
+                    .collect(),
+            );
             for r in 0..self.workers {
-                step.replies.push((r, self.epoch, Ok(messages.clone())));
+                step.replies
+                    .push((r, self.epoch, Ok(Arc::clone(&messages))));
             }
             self.next_epoch();
         }
@@ -269,6 +283,21 @@ impl SyncState {
         step
     }
 
+    /// Whether an epoch is gathering: some rank waits in a call.
+    pub fn is_gathering(&self) -> bool {
+        self.arrived > 0 && self.failure.is_none()
+    }
+
+    /// Fails the gathering epoch now, as its timeout would: for when a longer wait that
+    /// contains it (the iteration's) ran out first, so that the error names the ranks that
+    /// did not arrive in the epoch rather than every rank of the iteration.
+    pub fn expire(&mut self, now: Instant) -> SyncStep {
+        if !self.is_gathering() {
+            return SyncStep::default();
+        }
+        self.time_out(now)
+    }
+
     /// When the epoch now gathering times out.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.first_arrival?.checked_add(self.timeout)
@@ -281,6 +310,11 @@ impl SyncState {
             Some(deadline) if now >= deadline && self.failure.is_none() => {}
             _ => return SyncStep::default(),
         }
+        self.time_out(now)
+    }
+
+    /// Fails the gathering epoch as timed out, naming the ranks that did not arrive.
+    fn time_out(&mut self, now: Instant) -> SyncStep {
         let missing: Vec<Rank> = (0..self.workers)
             .filter(|&r| self.calls[r].is_none())
             .collect();
@@ -346,7 +380,7 @@ mod tests {
     fn ok(step: &SyncStep) -> Vec<(Rank, Epoch, Vec<Vec<u8>>)> {
         step.replies
             .iter()
-            .map(|(r, e, res)| (*r, *e, res.clone().expect("a successful reply")))
+            .map(|(r, e, res)| (*r, *e, res.clone().expect("a successful reply").to_vec()))
             .collect()
     }
 
@@ -418,6 +452,32 @@ mod tests {
         }
         assert_eq!(step.replies.len(), 1);
         assert_eq!(step.replies[0].0, 1);
+    }
+
+    #[test]
+    fn a_call_arriving_after_the_deadline_fails_the_epoch_instead_of_completing_it() {
+        let t0 = Instant::now();
+        let mut s = SyncState::new(2, T);
+        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
+        let step = s.on_call(t0 + T, 1, 0, SyncKind::Barrier, vec![]);
+        assert!(
+            matches!(step.failed, Some(SyncError::TimedOut { ref missing, .. }) if missing == &vec![1])
+        );
+        assert_eq!(step.replies.len(), 2, "the waiting rank and the late one");
+        assert!(step.replies.iter().all(|(_, _, r)| r.is_err()));
+    }
+
+    #[test]
+    fn an_expiring_outer_wait_fails_the_gathering_epoch_naming_who_did_not_arrive() {
+        let t0 = Instant::now();
+        let mut s = SyncState::new(3, Duration::MAX);
+        assert_eq!(s.expire(t0), SyncStep::default(), "nothing gathers");
+        s.on_call(t0, 2, 0, SyncKind::Barrier, vec![]);
+        assert!(s.is_gathering());
+        let step = s.expire(t0 + T);
+        assert!(
+            matches!(step.failed, Some(SyncError::TimedOut { epoch: 0, ref missing, .. }) if missing == &vec![0, 1])
+        );
     }
 
     #[test]

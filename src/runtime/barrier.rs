@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient};
 
 use crate::compute::Payload;
-use crate::error::{Cause, JobError};
+use crate::error::{Cause, JobError, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
     Attempt, Envelope, Gate, GateOutput, Iteration, SyncState, SyncStep, ToMaster, ToWorker,
@@ -97,6 +97,24 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         }
     }
 
+    /// Forwards what the gate said, except that an iteration that timed out while ranks
+    /// waited in a sync call fails as that epoch's timeout: it names the ranks that did not
+    /// arrive, not every rank of the iteration (the waiting ones had not delivered either).
+    fn forward_gate(&mut self, now: Instant, output: Option<GateOutput<W>>) {
+        if let Some(GateOutput::Failed(JobError::WorkersTimedOut {
+            during: Waiting::Iteration(_),
+            ..
+        })) = &output
+        {
+            if self.sync.is_gathering() {
+                let step = self.sync.expire(now);
+                self.apply(step);
+                return;
+            }
+        }
+        self.forward(output);
+    }
+
     /// Sends the answers of a sync step, and fails the job if the step says so.
     fn apply(&mut self, step: SyncStep) {
         for (rank, epoch, result) in step.replies {
@@ -147,7 +165,7 @@ impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
             let step = act.sync.handle_timeout(now);
             act.apply(step);
             let output = act.gate.handle_timeout(now);
-            act.forward(output);
+            act.forward_gate(now, output);
         });
     }
 }
@@ -182,7 +200,7 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
         if !done_before && self.gate.is_done(from) {
             self.events.emit(|| JobEvent::WorkerDone { rank: from });
         }
-        self.forward(output);
+        self.forward_gate(msg.at, output);
     }
 }
 

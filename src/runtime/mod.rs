@@ -8,9 +8,11 @@
 //!
 //! All actors of a job share one actix arbiter — one thread, one event loop — on a thread
 //! of the job's own, so coordination never crosses a thread. User code runs where the
-//! `Placer` says: inline on that thread when it is short, or on the compute pool (one
-//! thread per core), which hands the result back as a message. The job's thread, its
-//! actors and its pool end with the job.
+//! `Placer` says: inline on that thread when it is short, or off it — on the compute pool
+//! (one thread per core), or in barrier mode on a thread of the worker's own — handing the
+//! result back as a message. The thread that called `run` watches inline code (`Watch`),
+//! since nothing on the job's thread can while it runs. The job's thread, its actors, its
+//! pool and its workers' threads end with the job.
 
 mod barrier;
 mod master;
@@ -37,7 +39,7 @@ use crate::transport::{LinkSpec, Transport, WorkerLink};
 
 use barrier::{Arrived, BarrierActor};
 use master::{MasterActor, MasterTask};
-use pool::{guarded, ComputePool, Placer, PoolExits};
+use pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use watch::Watch;
 use worker::{WorkerActor, WorkerTask};
 
@@ -293,9 +295,9 @@ async fn launch<M: Payload, W: Payload>(
         })?;
         let mut ctx =
             WorkerContext::new(rank, config.workers, Arc::clone(&job_id), config.iterations);
-        // In barrier mode every worker computes on a pool thread of its own (the pool has
-        // one per worker), so that ranks can wait for each other in sync calls.
-        let (placement, sync_answers) = if config.barrier_mode {
+        // In barrier mode every worker computes on a thread of its own, so that ranks can
+        // wait for each other in sync calls.
+        let (placement, sync_answers, executor) = if config.barrier_mode {
             let (answers_tx, answers) = std::sync::mpsc::channel();
             ctx.sync = Some(SyncLink {
                 link: Arc::clone(&link),
@@ -306,15 +308,20 @@ async fn launch<M: Payload, W: Payload>(
                     .checked_add(Duration::from_secs(5))
                     .unwrap_or(Duration::MAX),
             });
-            (Placement::Pool, Some(answers_tx))
+            let name = format!("superstep-{}-worker-{rank}", config.job_id);
+            (
+                Placement::Pool,
+                Some(answers_tx),
+                Executor::own(name, &exits)?,
+            )
         } else {
-            (config.placement, None)
+            (config.placement, None, Executor::Pool(Arc::clone(&pool)))
         };
         worker_ctx.run(WorkerActor::new(
             WorkerTask::new(computable, hooks, ctx, attempt),
             link,
             sync_answers,
-            Arc::clone(&pool),
+            executor,
             Placer::new(placement, config.inline_threshold),
             Arc::clone(&watch),
         ));

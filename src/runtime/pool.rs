@@ -2,14 +2,15 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::config::Placement;
 use crate::error::{BoxError, Cause, JobError};
 
 /// The compute pool: one thread per core (by default), shared by the master and every
-/// worker of one job, dropped with the job. Work is queued first in, first out.
+/// worker of one job (in barrier mode workers have threads of their own), dropped with the
+/// job. Work is queued first in, first out.
 pub(crate) struct ComputePool {
     pool: rayon::ThreadPool,
 }
@@ -18,7 +19,7 @@ impl ComputePool {
     /// Starts `threads` threads; each counts itself out in `exits` when it ends.
     pub(crate) fn new(threads: usize, job_id: &str, exits: &PoolExits) -> Result<Self, JobError> {
         let name = format!("superstep-{job_id}");
-        let counter = Arc::clone(&exits.0);
+        let counter = exits.clone();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("{name}-compute-{i}"))
@@ -27,11 +28,7 @@ impl ComputePool {
             .panic_handler(|payload| {
                 tracing::error!(cause = %Cause::from_panic(payload), "a compute thread panicked");
             })
-            .exit_handler(move |_| {
-                let (exited, ended) = &*counter;
-                *exited.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-                ended.notify_all();
-            })
+            .exit_handler(move |_| counter.exited())
             .build()
             .map_err(|e| JobError::Runtime {
                 message: format!("could not start {threads} compute threads: {e}"),
@@ -46,14 +43,20 @@ impl ComputePool {
     }
 }
 
-/// Counts the compute threads of a job that have ended, so that the job can wait for them:
-/// dropping a rayon pool only asks its threads to end.
+/// Counts the compute threads of a job (the pool's and the gang's) that have ended, so
+/// that the job can wait for them: dropping a rayon pool only asks its threads to end.
 #[derive(Clone, Default)]
 pub(crate) struct PoolExits(Arc<(Mutex<usize>, Condvar)>, Arc<AtomicUsize>);
 
 impl PoolExits {
     fn expect(&self, threads: usize) {
-        self.1.store(threads, Ordering::Release);
+        self.1.fetch_add(threads, Ordering::AcqRel);
+    }
+
+    fn exited(&self) {
+        let (exited, ended) = &*self.0;
+        *exited.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        ended.notify_all();
     }
 
     /// Waits until every compute thread ended, or `bound` passed; returns how many are
@@ -66,6 +69,56 @@ impl PoolExits {
             .wait_timeout_while(guard, bound, |n| *n < expected)
             .unwrap_or_else(|e| e.into_inner());
         expected.saturating_sub(*guard)
+    }
+}
+
+type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// Where a worker's units of work run off the coordination thread.
+pub(crate) enum Executor {
+    /// The job's shared pool.
+    Pool(Arc<ComputePool>),
+    /// A thread of the worker's own, on which nothing else ever runs (barrier mode): a rank
+    /// waiting in a sync call can never hold up another rank's work, as it could on a pool
+    /// whose waiting threads pick up queued work.
+    Own(mpsc::Sender<Work>),
+}
+
+impl Executor {
+    /// Starts a thread of its own for one worker; it ends when the executor is dropped.
+    pub(crate) fn own(name: String, exits: &PoolExits) -> Result<Self, JobError> {
+        let (tx, rx) = mpsc::channel::<Work>();
+        let exits = exits.clone();
+        exits.expect(1);
+        let counted = exits.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                for work in rx {
+                    // Units run under their own guards; this one keeps the thread alive.
+                    if let Err(payload) = catch_unwind(AssertUnwindSafe(work)) {
+                        tracing::error!(cause = %Cause::from_panic(payload), "a gang thread's work panicked");
+                    }
+                }
+                counted.exited();
+            })
+            .map_err(|e| {
+                exits.exited();
+                JobError::Runtime {
+                    message: format!("could not start a worker's thread: {e}"),
+                }
+            })?;
+        Ok(Executor::Own(tx))
+    }
+
+    pub(crate) fn spawn(&self, work: impl FnOnce() + Send + 'static) {
+        match self {
+            Executor::Pool(pool) => pool.spawn(work),
+            Executor::Own(thread) => {
+                // The thread ends only when this sender is dropped, so it is there.
+                let _ = thread.send(Box::new(work));
+            }
+        }
     }
 }
 
@@ -142,6 +195,21 @@ mod tests {
         rx.recv().unwrap();
         assert_eq!(exits.wait(Duration::from_millis(10)), 3, "still running");
         drop(pool);
+        assert_eq!(exits.wait(Duration::from_secs(10)), 0);
+    }
+
+    #[test]
+    fn a_worker_thread_of_its_own_runs_its_work_and_ends_when_dropped() {
+        let exits = PoolExits::default();
+        let own = Executor::own("t-own".into(), &exits).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        own.spawn(move || panic!("caught, the thread lives on"));
+        own.spawn(move || {
+            tx.send(std::thread::current().name().map(String::from))
+                .unwrap()
+        });
+        assert_eq!(rx.recv().unwrap().as_deref(), Some("t-own"));
+        drop(own);
         assert_eq!(exits.wait(Duration::from_secs(10)), 0);
     }
 

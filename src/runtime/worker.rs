@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
-use super::pool::{guarded, ComputePool, Placer};
+use super::pool::{guarded, Executor, Placer};
 use super::watch::{Watch, Who};
 use super::{DynWorker, OwnedEnding, WorkerHooks};
 use crate::compute::Payload;
@@ -189,7 +189,7 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     link: Arc<dyn WorkerLink<W>>,
     /// In barrier mode: where answers to sync calls go, to the compute waiting for them.
     sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
-    pool: Arc<ComputePool>,
+    executor: Executor,
     placer: Placer,
     state: WorkerState,
     /// A stop that arrived while the task was away.
@@ -202,7 +202,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         task: WorkerTask<M, W>,
         link: Arc<dyn WorkerLink<W>>,
         sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
-        pool: Arc<ComputePool>,
+        executor: Executor,
         placer: Placer,
         watch: Arc<Watch>,
     ) -> Self {
@@ -214,7 +214,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             state: WorkerState::new(task.attempt),
             task: Some(Box::new(task)),
             link,
-            pool,
+            executor,
             placer,
             pending_stop: None,
         }
@@ -262,7 +262,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             // The pool thread owns the task until it sends it back with the outcome. If the
             // job is gone by then, the message is dropped and the task with it.
             let addr = ctx.address();
-            self.pool.spawn(move || {
+            self.executor.spawn(move || {
                 let worked = task.run(work);
                 addr.do_send(WorkDone { task, worked });
             });

@@ -14,9 +14,9 @@ use superstep::{Placement, Waiting};
 const SHORT: Duration = Duration::from_millis(300);
 const SLOW: Duration = Duration::from_millis(1500);
 
-#[test]
-fn an_iteration_timeout_names_the_ranks_whose_results_did_not_arrive() {
-    let err = Job::builder(summing_master(), |rank| FnWorker {
+/// Runs a job in which rank 1 is slow in iteration 2, with a short iteration timeout.
+fn rank_1_slow_in_iteration_2(placement: Placement) -> JobError {
+    Job::builder(summing_master(), |rank| FnWorker {
         f: move |ctx: &mut WorkerContext<u64, u64>| {
             if rank == 1 && ctx.iteration() == 2 {
                 sleep(SLOW);
@@ -27,10 +27,14 @@ fn an_iteration_timeout_names_the_ranks_whose_results_did_not_arrive() {
     .workers(3)
     .iterations(5)
     .iteration_timeout(SHORT)
-    .placement(Placement::Pool)
+    .placement(placement)
     .run()
-    .unwrap_err();
-    match err {
+    .unwrap_err()
+}
+
+#[test]
+fn an_iteration_timeout_names_the_ranks_whose_results_did_not_arrive() {
+    match rank_1_slow_in_iteration_2(Placement::Pool) {
         JobError::WorkersTimedOut {
             during,
             missing,
@@ -50,21 +54,7 @@ fn a_compute_that_stalls_the_coordination_thread_still_ends_in_a_timeout() {
     // and the ranks queued behind it cannot deliver either. The deadline still holds when
     // the late results arrive, and the stalled rank is among those named.
     for placement in [Placement::Auto, Placement::Inline] {
-        let err = Job::builder(summing_master(), |rank| FnWorker {
-            f: move |ctx: &mut WorkerContext<u64, u64>| {
-                if rank == 1 && ctx.iteration() == 2 {
-                    sleep(SLOW);
-                }
-                Ok(1)
-            },
-        })
-        .workers(3)
-        .iterations(5)
-        .iteration_timeout(SHORT)
-        .placement(placement)
-        .run()
-        .unwrap_err();
-        match err {
+        match rank_1_slow_in_iteration_2(placement) {
             JobError::WorkersTimedOut {
                 during: Waiting::Iteration(2),
                 missing,

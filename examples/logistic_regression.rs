@@ -6,6 +6,16 @@
 //! cargo run --release --example logistic_regression
 //! cargo run --release --example logistic_regression -- --rows 200000 --workers 4 --iterations 50
 //! ```
+//!
+//! The same binary runs as one process of a cluster job when its environment says so
+//! (`SUPERSTEP_RANK` and friends, or Slurm's, or a Kubernetes Indexed Job's): each process
+//! runs the worker of its rank over TCP, and rank 0 also the master. For 4 processes on
+//! this host:
+//!
+//! ```text
+//! cargo build --release --example logistic_regression
+//! cargo run --release --bin superstep-launch -- --nproc 4 -- target/release/examples/logistic_regression
+//! ```
 
 #[path = "support/lr.rs"]
 mod lr;
@@ -17,6 +27,7 @@ use std::time::Instant;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use superstep::prelude::*;
+use superstep::transport::TcpTransport;
 
 use lr::{Dataset, Gradient, LrMaster, LrWorker, Model};
 
@@ -73,11 +84,25 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
-    let workers = args.workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    // In a cluster job the environment decides the workers (one per process) and this
+    // process's rank; otherwise every worker runs here, in memory.
+    let cluster = match TcpTransport::<Model, Gradient>::from_env() {
+        Ok(cluster) => cluster,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rank = cluster.as_ref().map(|t| t.settings().rank);
+    let runs_master = rank.is_none_or(|r| r == 0);
+    let workers = match &cluster {
+        Some(t) => t.settings().world_size,
+        None => args.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+    };
 
     let generated = Instant::now();
     let data = Arc::new(Dataset::generate(args.rows, args.features, args.seed));
@@ -91,7 +116,11 @@ fn main() -> ExitCode {
         args.iterations
     );
 
-    let bar = ProgressBar::new(args.iterations);
+    let bar = if runs_master {
+        ProgressBar::new(args.iterations)
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} iterations, {elapsed} {msg}")
             .expect("a valid template"),
@@ -99,24 +128,29 @@ fn main() -> ExitCode {
     let ranges = lr::split(args.rows, workers);
     let shared = Arc::clone(&data);
     let progress = bar.clone();
-    let outcome = Job::builder(
+    let builder = Job::builder(
         LrMaster {
             features: args.features,
             rate: args.rate,
         },
         move |rank| LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
-    )
-    .job_id("logistic-regression")
-    .workers(workers)
-    .iterations(args.iterations)
-    .master_interceptor(LossPrinter { bar: bar.clone() })
-    .on_event(move |event| {
-        if let JobEvent::IterationCompleted(report) = event {
-            progress.set_position(report.iteration);
-            progress.set_message(format!("{:.1?}/iteration", report.elapsed));
-        }
-    })
-    .run();
+    );
+    let builder = match cluster {
+        Some(transport) => builder.transport(transport),
+        None => builder,
+    };
+    let outcome = builder
+        .job_id("logistic-regression")
+        .workers(workers)
+        .iterations(args.iterations)
+        .master_interceptor(LossPrinter { bar: bar.clone() })
+        .on_event(move |event| {
+            if let JobEvent::IterationCompleted(report) = event {
+                progress.set_position(report.iteration);
+                progress.set_message(format!("{:.1?}/iteration", report.elapsed));
+            }
+        })
+        .run();
     bar.finish_and_clear();
 
     let outcome = match outcome {
@@ -126,6 +160,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !runs_master {
+        println!(
+            "worker {} done: {} iterations, final loss {:.6}",
+            rank.unwrap_or(0),
+            outcome.iterations,
+            outcome.result.loss
+        );
+        return ExitCode::SUCCESS;
+    }
     let per_iteration = outcome.report.iterating() / outcome.iterations.max(1) as u32;
     println!(
         "done: {} iterations in {:.2?} ({:.2?} per iteration), final loss {:.6}",

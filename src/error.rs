@@ -271,6 +271,24 @@ pub enum JobError {
     /// the error names the ranks and the epoch.
     #[error("barrier sync failed: {0}")]
     Sync(crate::protocol::SyncError),
+    /// A worker's connection was lost: it stopped sending (not even heartbeats) for longer
+    /// than the failure detector allows, its connection closed, or it sent a frame that
+    /// could not be read.
+    ///
+    /// Remedy: find out why the named rank's process died or stalled.
+    #[error("worker {rank} was lost: {reason}")]
+    WorkerLost {
+        /// The rank.
+        rank: Rank,
+        /// What was observed.
+        reason: String,
+    },
+    /// The master could not be reached or was lost, as this worker's process saw it.
+    #[error("the master was lost: {reason}")]
+    MasterLost {
+        /// What was observed.
+        reason: String,
+    },
     /// A job setting is invalid; the job did not start.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -292,7 +310,7 @@ impl JobError {
     /// The worker rank this error is about, if it is about one worker.
     pub fn rank(&self) -> Option<Rank> {
         match self {
-            JobError::Worker { rank, .. } => Some(*rank),
+            JobError::Worker { rank, .. } | JobError::WorkerLost { rank, .. } => Some(*rank),
             _ => None,
         }
     }

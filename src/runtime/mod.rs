@@ -34,7 +34,7 @@ use crate::error::{Cause, JobError, Phase};
 use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{Gate, GateConfig, Iteration, Rank, SyncState};
-use crate::report::JobOutcome;
+use crate::report::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport, WorkerLink};
 
 use barrier::{Arrived, BarrierActor};
@@ -218,13 +218,7 @@ async fn launch<M: Payload, W: Payload>(
         job_id: config.job_id.clone(),
         workers: config.workers,
     })?;
-    if !topology.master {
-        return Err(JobError::Transport {
-            message:
-                "this transport hosts no master in this process; run() needs the master's node here"
-                    .into(),
-        });
-    }
+    let started = Instant::now();
     let pool = Arc::new(ComputePool::new(
         config.compute_threads(),
         &config.job_id,
@@ -232,52 +226,56 @@ async fn launch<M: Payload, W: Payload>(
     )?);
     let (outcome_tx, outcome_rx) = oneshot::channel();
 
-    // The master and the barrier each need the other's address: make both contexts first.
-    let master_ctx = Context::<MasterActor<M, W>>::new();
-    let barrier_ctx = Context::<BarrierActor<M, W>>::new();
-    let master_addr = master_ctx.address();
-    let barrier_addr = barrier_ctx.address();
-    let inbox = barrier_addr.clone();
-    let link = transport.bind_master(Box::new(move |env| {
-        inbox.do_send(Arrived {
-            env,
-            at: Instant::now(),
-        })
-    }))?;
-    let gate = Gate::new(
-        GateConfig {
-            workers: config.workers,
+    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
+    if topology.master {
+        // The master and the barrier each need the other's address: make both contexts first.
+        let master_ctx = Context::<MasterActor<M, W>>::new();
+        let barrier_ctx = Context::<BarrierActor<M, W>>::new();
+        let master_addr = master_ctx.address();
+        let barrier_addr = barrier_ctx.address();
+        let inbox = barrier_addr.clone();
+        let link = transport.bind_master(Box::new(move |env| {
+            inbox.do_send(Arrived {
+                env,
+                at: Instant::now(),
+            })
+        }))?;
+        let gate = Gate::new(
+            GateConfig {
+                workers: config.workers,
+                attempt,
+                startup_timeout: config.startup_timeout,
+                iteration_timeout: config.iteration_timeout,
+                shutdown_timeout: config.shutdown_timeout,
+            },
+            Instant::now(),
+        );
+        barrier_ctx.run(BarrierActor::new(
+            gate,
+            SyncState::new(config.workers, config.sync_timeout),
+            link,
+            master_addr.recipient(),
             attempt,
-            startup_timeout: config.startup_timeout,
-            iteration_timeout: config.iteration_timeout,
-            shutdown_timeout: config.shutdown_timeout,
-        },
-        Instant::now(),
-    );
-    barrier_ctx.run(BarrierActor::new(
-        gate,
-        SyncState::new(config.workers, config.sync_timeout),
-        link,
-        master_addr.recipient(),
-        attempt,
-        events.clone(),
-        tick(&config),
-    ));
-    let master_task = MasterTask::new(
-        master,
-        master_hooks,
-        MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
-    );
-    master_ctx.run(MasterActor::new(
-        Arc::clone(&config),
-        master_task,
-        barrier_addr,
-        Arc::clone(&pool),
-        events,
-        outcome_tx,
-        Arc::clone(&watch),
-    ));
+            events.clone(),
+            tick(&config),
+        ));
+        let master_task = MasterTask::new(
+            master,
+            master_hooks,
+            MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
+        );
+        master_ctx.run(MasterActor::new(
+            Arc::clone(&config),
+            master_task,
+            barrier_addr,
+            Arc::clone(&pool),
+            events,
+            outcome_tx,
+            Arc::clone(&watch),
+        ));
+    }
 
+    let local_workers = topology.workers.len();
     for rank in topology.workers {
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
         let addr = worker_ctx.address();
@@ -324,12 +322,50 @@ async fn launch<M: Payload, W: Payload>(
             executor,
             Placer::new(placement, config.inline_threshold),
             Arc::clone(&watch),
+            ended_tx.clone(),
         ));
     }
-    drop(pool);
-    outcome_rx.await.unwrap_or_else(|_| {
+    drop((pool, ended_tx));
+    if topology.master {
+        return outcome_rx.await.unwrap_or_else(|_| {
+            Err(JobError::Runtime {
+                message: "the master stopped without an outcome".into(),
+            })
+        });
+    }
+    // A process without the master: its outcome is how its workers saw the job end.
+    let mut outcome = None;
+    for _ in 0..local_workers {
+        let Some((rank, ending)) = ended_rx.recv().await else {
+            return Err(JobError::Runtime {
+                message: "a worker stopped without an ending".into(),
+            });
+        };
+        tracing::debug!(rank, "local worker ended");
+        outcome = Some(match (outcome, ending) {
+            (Some(Err(first)), _) => Err(first),
+            (_, OwnedEnding::Failed(error)) => Err(error),
+            (
+                _,
+                OwnedEnding::Completed {
+                    iterations,
+                    halted,
+                    last,
+                },
+            ) => Ok(JobOutcome {
+                result: last,
+                iterations,
+                halted,
+                report: JobReport {
+                    elapsed: started.elapsed(),
+                    ..JobReport::default()
+                },
+            }),
+        });
+    }
+    outcome.unwrap_or_else(|| {
         Err(JobError::Runtime {
-            message: "the master stopped without an outcome".into(),
+            message: "this process runs neither the master nor any worker".into(),
         })
     })
 }

@@ -194,6 +194,11 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     state: WorkerState,
     /// A stop that arrived while the task was away.
     pending_stop: Option<OwnedEnding<M>>,
+    /// How the job ended for this worker, once it began to stop.
+    ending: Option<OwnedEnding<M>>,
+    /// Where this worker reports its ending when it stops: a process without the master
+    /// takes its outcome from its workers.
+    ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
     watch: Arc<Watch>,
 }
 
@@ -205,8 +210,11 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         executor: Executor,
         placer: Placer,
         watch: Arc<Watch>,
+        ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
     ) -> Self {
         WorkerActor {
+            ending: None,
+            ended,
             sync_answers,
             watch,
             rank: task.ctx.rank,
@@ -294,11 +302,19 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
             }
             Worked::Stopped(result) => {
+                let mut ending = self.ending.take();
                 if let Err(error) = result {
                     self.send(ToMaster::Failed {
                         attempt: self.attempt,
-                        error,
+                        error: error.clone(),
                     });
+                    if !matches!(ending, Some(OwnedEnding::Failed(_))) {
+                        ending = Some(OwnedEnding::Failed(error));
+                    }
+                }
+                if let Some(ending) = ending {
+                    // Nobody listens only when the job is over already.
+                    let _ = self.ended.send((self.rank, ending));
                 }
                 self.send(ToMaster::Done {
                     attempt: self.attempt,
@@ -308,12 +324,14 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             }
         }
         if let Some(ending) = self.pending_stop.take() {
+            self.ending = Some(ending.clone());
             self.dispatch(ctx, Work::Stop(ending));
         }
     }
 
     fn begin_stop(&mut self, ctx: &mut Context<Self>, ending: OwnedEnding<M>) {
         if self.task.is_some() {
+            self.ending = Some(ending.clone());
             self.dispatch(ctx, Work::Stop(ending));
         } else {
             self.pending_stop = Some(ending);

@@ -23,10 +23,12 @@
 //! Sending must not block: queue the message and return.
 
 mod memory;
+pub mod tcp;
 
 use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
 
 pub use memory::MemoryTransport;
+pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
 
 /// Where a transport delivers incoming messages. Cheap to call from any thread; never
 /// blocks.
@@ -80,6 +82,34 @@ pub enum TransportError {
         /// What: the master, or a worker's rank.
         what: String,
     },
+    /// The job's worker count and the cluster's world size differ.
+    #[error("the job has {job} workers but the cluster's world size is {cluster}")]
+    WorldSize {
+        /// The job's `workers`.
+        job: usize,
+        /// The cluster's world size.
+        cluster: usize,
+    },
+    /// A message could not be encoded (too large for a frame, or not serializable).
+    #[error("could not send a message: {0}")]
+    Encode(String),
+    /// The connection is closed.
+    #[error("the connection is closed")]
+    Closed,
+    /// Binding or connecting failed.
+    #[error("{0}")]
+    Io(String),
+    /// Binding to an address other than loopback without a shared secret is refused.
+    #[error(
+        "refusing to bind {addr} without a secret: set one (SUPERSTEP_SECRET) or bind 127.0.0.1"
+    )]
+    Insecure {
+        /// The address.
+        addr: String,
+    },
+    /// The cluster environment is incomplete or invalid.
+    #[error("cluster environment: {0}")]
+    Env(String),
 }
 
 impl From<TransportError> for crate::JobError {

@@ -1,0 +1,173 @@
+//! `superstep-launch`: starts N local processes of a job binary as one cluster job.
+//!
+//! ```text
+//! superstep-launch --nproc 4 -- target/release/examples/logistic_regression --rows 200000
+//! ```
+//!
+//! Each process gets `SUPERSTEP_RANK` (0..N), `SUPERSTEP_WORLD_SIZE` (N),
+//! `SUPERSTEP_MASTER_ADDR` (127.0.0.1 and a free port), `SUPERSTEP_JOB_ID` and a fresh
+//! `SUPERSTEP_SECRET`; rank 0 runs the master. Every line a process prints is prefixed with
+//! its rank. Ctrl-C is forwarded to every process. The launcher exits with the master's
+//! (rank 0's) exit code, once every process has ended (those still running a grace period
+//! after the master are killed).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Start N local processes of a superstep job binary as one cluster job.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// How many processes (= workers); rank 0 also runs the master.
+    #[arg(long, default_value_t = 2)]
+    nproc: usize,
+    /// The master's port on 127.0.0.1 (default: a free one).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The job id.
+    #[arg(long, default_value = "superstep")]
+    job_id: String,
+    /// How long the other processes may run on after the master ended.
+    #[arg(long, default_value_t = 10)]
+    grace_secs: u64,
+    /// The job binary and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn secret() -> String {
+    let mut bytes = [0u8; 16];
+    // Without randomness the secret is still unique per launch by time; it only guards
+    // loopback here.
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = Instant::now().elapsed().as_nanos().to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Copies a child's output lines to ours, prefixed with its rank.
+fn forward(
+    rank: usize,
+    from: impl std::io::Read + Send + 'static,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "[{rank}] {line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "[{rank}] {line}");
+            }
+        }
+    })
+}
+
+fn signal_all(children: &[Child], signal: Signal) {
+    for child in children {
+        let _ = kill(Pid::from_raw(child.id() as i32), signal);
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.nproc == 0 {
+        eprintln!("superstep-launch: --nproc must be at least 1");
+        return ExitCode::from(2);
+    }
+    let port = match args.port.map(Ok).unwrap_or_else(free_port) {
+        Ok(port) => port,
+        Err(e) => {
+            eprintln!("superstep-launch: no free port on 127.0.0.1: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let secret = secret();
+    let (program, program_args) = args.command.split_first().expect("clap requires a command");
+    let mut children = Vec::new();
+    let mut pipes = Vec::new();
+    for rank in 0..args.nproc {
+        let spawned = Command::new(program)
+            .args(program_args)
+            .env("SUPERSTEP_RANK", rank.to_string())
+            .env("SUPERSTEP_WORLD_SIZE", args.nproc.to_string())
+            .env("SUPERSTEP_MASTER_ADDR", format!("127.0.0.1:{port}"))
+            .env("SUPERSTEP_JOB_ID", &args.job_id)
+            .env("SUPERSTEP_SECRET", &secret)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match spawned {
+            Ok(mut child) => {
+                pipes.push(forward(rank, child.stdout.take().expect("piped"), false));
+                pipes.push(forward(rank, child.stderr.take().expect("piped"), true));
+                children.push(child);
+            }
+            Err(e) => {
+                eprintln!("superstep-launch: cannot start {program}: {e}");
+                signal_all(&children, Signal::SIGKILL);
+                return ExitCode::from(2);
+            }
+        }
+    }
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&interrupted);
+    let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
+    let _ = ctrlc::set_handler(move || {
+        flag.store(true, Ordering::SeqCst);
+        for pid in &pids {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGINT);
+        }
+    });
+
+    let master = children[0].wait();
+    let code = match master {
+        Ok(status) => status.code().unwrap_or(1),
+        Err(e) => {
+            eprintln!("superstep-launch: lost the master process: {e}");
+            1
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.grace_secs);
+    for (rank, child) in children.iter_mut().enumerate().skip(1) {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        eprintln!("superstep-launch: rank {rank} exited with {status}");
+                    }
+                    break;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    eprintln!("superstep-launch: rank {rank} still runs after the master ended; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+    }
+    for pipe in pipes {
+        let _ = pipe.join();
+    }
+    if interrupted.load(Ordering::SeqCst) && code == 0 {
+        return ExitCode::from(130);
+    }
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}

@@ -1,0 +1,421 @@
+//! The TCP transport: the same job, unchanged, with its master and workers in separate
+//! processes, on one host or many.
+//!
+//! Each worker holds one connection to the master's node. Frames are length-delimited with
+//! rmp-serde bodies ([`wire`]); every frame carries the protocol version. A connection
+//! starts with a handshake — protocol version, job id, rank, and proof of the shared secret
+//! by HMAC-SHA256 challenge–response (the secret never crosses the wire) — and a peer that
+//! fails it is refused with the reason sent back and logged, while the job goes on.
+//! Heartbeats flow both ways whenever a side has nothing else to send; a side that hears
+//! nothing for `heartbeat_timeout` declares its peer lost, naming its rank.
+//!
+//! All socket I/O runs on a thread of the transport's own, so heartbeats keep flowing (and
+//! silence is noticed) even while user code holds the job's coordination thread. The links
+//! the runtime holds only queue frames for that thread.
+//!
+//! Where each process's part comes from, and how ranks map to roles, is in [`ClusterEnv`].
+
+mod conn;
+mod env;
+pub mod wire;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::task::TaskTracker;
+
+use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
+use crate::compute::Payload;
+use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+
+pub use env::ClusterEnv;
+use wire::Wire;
+
+/// The settings of a [`TcpTransport`]; [`TcpSettings::new`] gives the defaults.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TcpSettings {
+    /// This process's rank: it runs worker `rank`, and the master if `rank == 0`.
+    pub rank: Rank,
+    /// The number of processes, which is the number of workers.
+    pub world_size: usize,
+    /// The master's address (`host:port`) that workers connect to.
+    pub master_addr: String,
+    /// Where rank 0 listens. Default: `127.0.0.1` and the master address's port. Any
+    /// address other than loopback needs a `secret`.
+    pub bind: Option<SocketAddr>,
+    /// The job's id: peers of another job are refused.
+    pub job_id: String,
+    /// The shared secret every peer must prove it knows.
+    pub secret: Option<Vec<u8>>,
+    /// The largest frame accepted or sent. Default 256 MiB.
+    pub max_frame: usize,
+    /// How long a new connection may take to complete the handshake. Default 10 s.
+    pub handshake_timeout: Duration,
+    /// How often a side that has nothing else to send sends a heartbeat. Default 1 s.
+    pub heartbeat_interval: Duration,
+    /// How long a side may hear nothing from its peer before declaring it lost.
+    /// Default 30 s.
+    pub heartbeat_timeout: Duration,
+    /// How long a worker keeps trying to reach the master at start-up. Default 10 min.
+    pub connect_timeout: Duration,
+}
+
+impl fmt::Debug for TcpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpSettings")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("master_addr", &self.master_addr)
+            .field("bind", &self.bind)
+            .field("job_id", &self.job_id)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("max_frame", &self.max_frame)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl TcpSettings {
+    /// Settings for the process of `rank` in a job of `world_size` workers whose master
+    /// (rank 0) is at `master_addr`; every other setting at its default.
+    pub fn new(rank: Rank, world_size: usize, master_addr: impl Into<String>) -> Self {
+        TcpSettings {
+            rank,
+            world_size,
+            master_addr: master_addr.into(),
+            bind: None,
+            job_id: "superstep".into(),
+            secret: None,
+            max_frame: 256 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// Settings from a cluster environment.
+    pub fn from_cluster(env: &ClusterEnv) -> Result<Self, TransportError> {
+        let mut settings = TcpSettings::new(env.rank, env.world_size, env.master_addr.clone());
+        settings.job_id = env.job_id.clone();
+        settings.secret = env.secret.clone();
+        if let Some(bind) = &env.bind {
+            settings.bind = Some(resolve(bind)?);
+        }
+        Ok(settings)
+    }
+
+    /// Where rank 0 listens: `bind`, or loopback on the master address's port.
+    fn listen_addr(&self) -> Result<SocketAddr, TransportError> {
+        if let Some(bind) = self.bind {
+            return Ok(bind);
+        }
+        let port = self
+            .master_addr
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .ok_or_else(|| {
+                TransportError::Env(format!("master address {:?} has no port", self.master_addr))
+            })?;
+        Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, TransportError> {
+    addr.to_socket_addrs()
+        .map_err(|e| TransportError::Io(format!("cannot resolve {addr}: {e}")))?
+        .next()
+        .ok_or_else(|| TransportError::Io(format!("{addr} resolves to no address")))
+}
+
+/// Runs a job's processes over TCP. See the [module docs](self).
+pub struct TcpTransport<M, W> {
+    settings: Arc<TcpSettings>,
+    /// Rank 0's listener, bound in `new` so that its address is known at once.
+    listener: Option<std::net::TcpListener>,
+    local_addr: Option<SocketAddr>,
+    io: Option<IoThread>,
+    _types: PhantomData<fn() -> (M, W)>,
+}
+
+impl<M, W> fmt::Debug for TcpTransport<M, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("settings", &self.settings)
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl<M, W> TcpTransport<M, W> {
+    /// A transport with these settings. Rank 0 binds its listener now; binding an address
+    /// other than loopback without a secret is refused.
+    pub fn new(settings: TcpSettings) -> Result<Self, TransportError> {
+        if settings.world_size == 0 || settings.rank >= settings.world_size {
+            return Err(TransportError::Env(format!(
+                "rank {} is outside 0..{}",
+                settings.rank, settings.world_size
+            )));
+        }
+        let (listener, local_addr) = if settings.rank == 0 {
+            let addr = settings.listen_addr()?;
+            if !addr.ip().is_loopback() && settings.secret.is_none() {
+                return Err(TransportError::Insecure {
+                    addr: addr.to_string(),
+                });
+            }
+            let listener = std::net::TcpListener::bind(addr)
+                .map_err(|e| TransportError::Io(format!("cannot listen on {addr}: {e}")))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| TransportError::Io(e.to_string()))?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| TransportError::Io(e.to_string()))?;
+            (Some(listener), Some(local))
+        } else {
+            (None, None)
+        };
+        Ok(TcpTransport {
+            settings: Arc::new(settings),
+            listener,
+            local_addr,
+            io: None,
+            _types: PhantomData,
+        })
+    }
+
+    /// The transport this process's environment describes ([`ClusterEnv`]), or `None`
+    /// when the process is not part of a cluster job.
+    pub fn from_env() -> Result<Option<Self>, TransportError> {
+        match ClusterEnv::from_env()? {
+            Some(env) => Ok(Some(Self::new(TcpSettings::from_cluster(&env)?)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &TcpSettings {
+        &self.settings
+    }
+
+    /// Where rank 0 listens (with its actual port when bound to port 0); `None` on other
+    /// ranks.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    fn io(&self) -> Result<&IoThread, TransportError> {
+        self.io.as_ref().ok_or(TransportError::NotPrepared)
+    }
+}
+
+/// The transport's I/O thread: a tokio runtime that runs every connection's tasks.
+struct IoThread {
+    handle: tokio::runtime::Handle,
+    tracker: TaskTracker,
+    stop: watch::Sender<bool>,
+    done: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl IoThread {
+    fn start(name: String) -> Result<Self, TransportError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| TransportError::Io(format!("cannot start the I/O runtime: {e}")))?;
+        let handle = runtime.handle().clone();
+        let tracker = TaskTracker::new();
+        let (stop, _) = watch::channel(false);
+        let (done, done_rx) = oneshot::channel::<()>();
+        let drained = tracker.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let _ = done_rx.await;
+                    // Writers flush what is queued once `stop` is set; give them a moment.
+                    drained.close();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), drained.wait()).await;
+                });
+            })
+            .map_err(|e| TransportError::Io(format!("cannot start the I/O thread: {e}")))?;
+        Ok(IoThread {
+            handle,
+            tracker,
+            stop,
+            done: Some(done),
+            thread: Some(thread),
+        })
+    }
+
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let _guard = self.handle.enter();
+        self.tracker.spawn(task);
+    }
+}
+
+impl Drop for IoThread {
+    fn drop(&mut self) {
+        // Writers send what is queued, then every task ends; the thread is joined, so no
+        // thread of the transport outlives it.
+        let _ = self.stop.send(true);
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
+    fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
+        if spec.workers != self.settings.world_size {
+            return Err(TransportError::WorldSize {
+                job: spec.workers,
+                cluster: self.settings.world_size,
+            });
+        }
+        if self.io.is_none() {
+            let name = format!(
+                "superstep-{}-io-{}",
+                self.settings.job_id, self.settings.rank
+            );
+            self.io = Some(IoThread::start(name)?);
+        }
+        Ok(Topology {
+            master: self.settings.rank == 0,
+            workers: vec![self.settings.rank],
+        })
+    }
+
+    fn bind_master(
+        &mut self,
+        inbox: Inbox<Envelope<ToMaster<W>>>,
+    ) -> Result<Box<dyn MasterLink<M>>, TransportError> {
+        let listener = self
+            .listener
+            .take()
+            .ok_or_else(|| TransportError::AlreadyConnected {
+                what: "the master".into(),
+            })?;
+        let io = self.io()?;
+        let conns = Arc::new(Mutex::new(vec![None; self.settings.world_size]));
+        let server = conn::Server::<M, W> {
+            settings: Arc::clone(&self.settings),
+            inbox: Arc::new(inbox),
+            conns: Arc::clone(&conns),
+            stop: io.stop.subscribe(),
+            tracker: io.tracker.clone(),
+            _types: PhantomData,
+        };
+        io.spawn(server.serve(listener));
+        Ok(Box::new(TcpMasterLink::<M> {
+            conns,
+            max_frame: self.settings.max_frame,
+            _types: PhantomData,
+        }))
+    }
+
+    fn connect_worker(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError> {
+        if rank != self.settings.rank {
+            return Err(TransportError::UnknownRank {
+                rank,
+                workers: self.settings.world_size,
+            });
+        }
+        let io = self.io()?;
+        // Rank 0's own worker reaches its master on the address it listens on.
+        let target = match self.local_addr {
+            Some(local) if local.ip().is_unspecified() => {
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), local.port()).to_string()
+            }
+            Some(local) => local.to_string(),
+            None => self.settings.master_addr.clone(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let client = conn::Client::<M, W> {
+            settings: Arc::clone(&self.settings),
+            target,
+            inbox,
+            stop: io.stop.subscribe(),
+            tracker: io.tracker.clone(),
+            _types: PhantomData,
+        };
+        io.spawn(client.run(rx));
+        Ok(Box::new(TcpWorkerLink::<W> {
+            tx,
+            max_frame: self.settings.max_frame,
+            _types: PhantomData,
+        }))
+    }
+}
+
+/// The connections of the master's node, by rank: where to queue frames for each worker.
+type Conns = Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>>;
+
+struct TcpMasterLink<M> {
+    conns: Conns,
+    max_frame: usize,
+    _types: PhantomData<fn() -> M>,
+}
+
+impl<M: Payload> TcpMasterLink<M> {
+    fn frame(&self, msg: ToWorker<M>) -> Result<Bytes, TransportError> {
+        wire::encode(&Wire::<M, ()>::ToWorker(msg), self.max_frame)
+            .map_err(|e| TransportError::Encode(e.to_string()))
+    }
+}
+
+impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
+    fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
+        let frame = self.frame(msg)?;
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let conn = conns
+            .get(to)
+            .and_then(Option::as_ref)
+            .ok_or(TransportError::NotConnected { rank: to })?;
+        conn.send(frame)
+            .map_err(|_| TransportError::NotConnected { rank: to })
+    }
+
+    fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
+        // Encoded once; every connection writes the same bytes. A rank not connected
+        // (lost, or not yet there) is the gate's to notice, by its timeouts.
+        let frame = self.frame(msg)?;
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        for conn in conns.iter().flatten() {
+            let _ = conn.send(frame.clone());
+        }
+        Ok(())
+    }
+}
+
+struct TcpWorkerLink<W> {
+    tx: mpsc::UnboundedSender<Bytes>,
+    max_frame: usize,
+    _types: PhantomData<fn() -> W>,
+}
+
+impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let frame = wire::encode(&Wire::<(), W>::ToMaster(msg), self.max_frame)
+            .map_err(|e| TransportError::Encode(e.to_string()))?;
+        self.tx.send(frame).map_err(|_| TransportError::Closed)
+    }
+}

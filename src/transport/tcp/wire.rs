@@ -1,0 +1,187 @@
+//! The wire format: length-delimited frames, each carrying the protocol version, with
+//! rmp-serde bodies.
+//!
+//! ```text
+//! +----------------+------------------+---------------------------+
+//! | length: u32 BE | version: u16 BE  | body: rmp-serde of `Wire` |
+//! +----------------+------------------+---------------------------+
+//!   length counts version and body
+//! ```
+//!
+//! Decoding never panics on a peer's bytes: a length above the frame limit is refused
+//! before anything is allocated for it (`tokio_util`'s `LengthDelimitedCodec` checks the
+//! prefix first), a version other than ours is refused naming both, and a body that does
+//! not decode is an error (rmp-serde also bounds nesting depth).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
+
+use crate::protocol::{Rank, ToMaster, ToWorker};
+
+/// The version of the wire protocol this build speaks. Peers of another version are
+/// refused, with both versions named.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+const HEADER: usize = 4 + 2;
+
+/// Everything that crosses a connection.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Wire<M, W> {
+    /// Worker → master, first: who it is.
+    Hello { job_id: String, rank: Rank },
+    /// Master → worker: prove you know the secret.
+    Challenge { nonce: [u8; 32] },
+    /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank).
+    Proof { mac: Vec<u8> },
+    /// Master → worker: the connection is accepted.
+    Welcome,
+    /// Either way: the connection is refused, and why. Then it is closed.
+    Refused { reason: String },
+    /// Either way: still here.
+    Heartbeat,
+    /// A protocol message for the master.
+    ToMaster(ToMaster<W>),
+    /// A protocol message for a worker.
+    ToWorker(ToWorker<M>),
+}
+
+/// Why a frame could not be made or read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum WireError {
+    #[error("frame of {len} bytes is over the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("the peer speaks protocol version {theirs}, this side version {ours}")]
+    Version { ours: u16, theirs: u16 },
+    #[error("frame too short to hold a protocol version ({len} bytes)")]
+    Short { len: usize },
+    #[error("could not decode a frame: {0}")]
+    Decode(String),
+    #[error("could not encode a message: {0}")]
+    Encode(String),
+}
+
+/// Encodes `msg` as one whole frame (header and body) in one buffer: the serialization
+/// is the only copy of the message; the bytes are then written as they are, and shared
+/// when the same frame goes to many peers.
+pub(crate) fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Bytes, WireError> {
+    let mut buf = BytesMut::with_capacity(256).writer();
+    buf.get_mut().put_slice(&[0; HEADER]);
+    rmp_serde::encode::write(&mut buf, msg).map_err(|e| WireError::Encode(e.to_string()))?;
+    let mut buf = buf.into_inner();
+    let len = buf.len() - 4;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    buf[0..4].copy_from_slice(&(len as u32).to_be_bytes());
+    buf[4..6].copy_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    Ok(buf.freeze())
+}
+
+/// Decodes one frame's content (what follows the length prefix).
+pub(crate) fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
+    if frame.len() < 2 {
+        return Err(WireError::Short { len: frame.len() });
+    }
+    let theirs = u16::from_be_bytes([frame[0], frame[1]]);
+    if theirs != PROTOCOL_VERSION {
+        return Err(WireError::Version {
+            ours: PROTOCOL_VERSION,
+            theirs,
+        });
+    }
+    rmp_serde::from_slice(&frame[2..]).map_err(|e| WireError::Decode(e.to_string()))
+}
+
+/// The codec that splits a byte stream into frames, refusing a length prefix over `max`
+/// before allocating for it.
+pub(crate) fn codec(max: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(max)
+        .new_codec()
+}
+
+/// Splits `bytes` into frames and decodes each as a [`Wire`] message, for tests and
+/// fuzzing: what a connection would do with these bytes, minus the socket.
+pub fn decode_stream(bytes: &[u8], max: usize) -> Vec<Result<String, String>> {
+    let mut codec = codec(max);
+    let mut buf = BytesMut::from(bytes);
+    let mut out = Vec::new();
+    loop {
+        match codec.decode(&mut buf) {
+            Ok(Some(frame)) => out.push(
+                decode::<Wire<Vec<f64>, Vec<f64>>>(&frame)
+                    .map(|w| format!("{w:?}"))
+                    .map_err(|e| e.to_string()),
+            ),
+            Ok(None) => return out,
+            Err(e) => {
+                out.push(Err(e.to_string()));
+                return out;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_round_trips_and_carries_its_version() {
+        let msg: Wire<u8, u8> = Wire::Hello {
+            job_id: "j".into(),
+            rank: 3,
+        };
+        let bytes = encode(&msg, 1 << 20).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(bytes[0..4].try_into().unwrap()) as usize,
+            bytes.len() - 4
+        );
+        assert_eq!(u16::from_be_bytes([bytes[4], bytes[5]]), PROTOCOL_VERSION);
+        match decode::<Wire<u8, u8>>(&bytes[4..]).unwrap() {
+            Wire::Hello { job_id, rank } => assert_eq!((job_id.as_str(), rank), ("j", 3)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn another_version_is_refused_naming_both() {
+        let err = decode::<Wire<u8, u8>>(&[0, 9, 0x80]).unwrap_err();
+        assert_eq!(
+            err,
+            WireError::Version {
+                ours: PROTOCOL_VERSION,
+                theirs: 9
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("the peer speaks protocol version 9, this side version {PROTOCOL_VERSION}")
+        );
+    }
+
+    #[test]
+    fn an_oversized_length_prefix_is_refused_before_allocating() {
+        let out = decode_stream(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3], 1 << 20);
+        assert_eq!(out.len(), 1);
+        assert!(
+            out[0].as_ref().unwrap_err().contains("frame size too big"),
+            "{out:?}"
+        );
+        let err = encode::<Wire<Vec<u8>, u8>>(&Wire::Proof { mac: vec![0; 100] }, 50).unwrap_err();
+        assert!(matches!(err, WireError::TooLarge { max: 50, .. }));
+    }
+
+    #[test]
+    fn garbage_and_truncated_frames_are_errors_not_panics() {
+        assert!(decode_stream(&[0, 0, 0, 3, 0, 1, 0xc1], 1 << 20)[0].is_err());
+        assert!(
+            decode_stream(&[0, 0, 0, 10, 0, 1], 1 << 20).is_empty(),
+            "waits for the rest"
+        );
+    }
+}

@@ -1,0 +1,193 @@
+//! Real processes on loopback, started by `superstep-launch`: the same result as in memory,
+//! and a worker process that dies or freezes is named as lost.
+//!
+//! The processes are this test binary itself, running its ignored `child_process` test.
+
+#[path = "../examples/support/lr.rs"]
+mod lr;
+
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use superstep::prelude::*;
+use superstep::transport::{ClusterEnv, TcpSettings, TcpTransport};
+
+const BEHAVIOUR: &str = "SUPERSTEP_TEST_BEHAVIOUR";
+const ROWS: usize = 6_000;
+const FEATURES: usize = 4;
+const ITERATIONS: u64 = 6;
+
+fn data() -> Arc<lr::Dataset> {
+    Arc::new(lr::Dataset::generate(ROWS, FEATURES, 5))
+}
+
+fn job(
+    data: &Arc<lr::Dataset>,
+    workers: usize,
+    fault: Option<&'static str>,
+) -> superstep::JobBuilder<lr::Model, lr::Gradient> {
+    let ranges = lr::split(data.rows, workers);
+    let shared = Arc::clone(data);
+    Job::builder(
+        lr::LrMaster {
+            features: FEATURES,
+            rate: 0.5,
+        },
+        move |rank| Faulty {
+            inner: lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
+            fault,
+        },
+    )
+    .workers(workers)
+    .iterations(ITERATIONS)
+    .shutdown_timeout(Duration::from_secs(2))
+}
+
+/// A worker that dies (as if killed) or freezes (as if hung) at iteration 3, on one rank.
+struct Faulty {
+    inner: lr::LrWorker,
+    fault: Option<&'static str>,
+}
+
+impl WorkerComputable for Faulty {
+    type MasterResult = lr::Model;
+    type WorkerResult = lr::Gradient;
+
+    fn compute(
+        &mut self,
+        ctx: &mut WorkerContext<lr::Model, lr::Gradient>,
+    ) -> Result<lr::Gradient, BoxError> {
+        if ctx.iteration() == 3 {
+            match (self.fault, ctx.rank()) {
+                // The process ends at once, sockets and all, as a kill -9 would leave it.
+                (Some("die"), 2) => std::process::abort(),
+                // The whole process stops: no message, no heartbeat.
+                (Some("freeze"), 1) => {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::this(),
+                        nix::sys::signal::Signal::SIGSTOP,
+                    );
+                }
+                _ => {}
+            }
+        }
+        self.inner.compute(ctx)
+    }
+}
+
+fn bits(model: &lr::Model) -> String {
+    model
+        .weights
+        .iter()
+        .map(|w| format!("{:016x}", w.to_bits()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+#[ignore = "one process of the multi-process tests, which start it"]
+fn child_process() {
+    let Some(env) = ClusterEnv::from_env().unwrap() else {
+        return;
+    };
+    let mut settings = TcpSettings::from_cluster(&env).unwrap();
+    settings.heartbeat_interval = Duration::from_millis(100);
+    settings.heartbeat_timeout = Duration::from_secs(1);
+    let fault = match std::env::var(BEHAVIOUR).as_deref() {
+        Ok("die") => Some("die"),
+        Ok("freeze") => Some("freeze"),
+        _ => None,
+    };
+    let transport = TcpTransport::new(settings).unwrap();
+    let outcome = job(&data(), env.world_size, fault)
+        .transport(transport)
+        .run();
+    match outcome {
+        // A line of its own: the test harness prints the test's name before it.
+        Ok(outcome) => println!("\nRESULT {}", bits(&outcome.result)),
+        Err(error) => {
+            println!("\nFAILED {error}");
+            std::process::exit(3);
+        }
+    }
+}
+
+/// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
+/// launcher (and through it every child) is interrupted if the deadline passes.
+fn launch(n: usize, behaviour: &str) -> Output {
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
+        .args(["--nproc", &n.to_string(), "--grace-secs", "3", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(BEHAVIOUR, behaviour)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while launcher.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = launcher.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    launcher.wait_with_output().unwrap()
+}
+
+fn line_of<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
+    stdout.lines().find_map(|l| l.strip_prefix(prefix))
+}
+
+#[test]
+fn four_processes_on_loopback_end_with_the_in_memory_result_bit_for_bit() {
+    let expected = job(&data(), 4, None).run().unwrap();
+    let out = launch(4, "normal");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for rank in 0..4 {
+        let result = line_of(&stdout, &format!("[{rank}] RESULT "))
+            .unwrap_or_else(|| panic!("no result from rank {rank}: {stdout}"));
+        assert_eq!(result, bits(&expected.result), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_worker_process_that_dies_is_named_as_lost() {
+    let out = launch(3, "die");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the launcher exits with the master's code: {stdout}"
+    );
+    let failed = line_of(&stdout, "[0] FAILED ").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(failed.starts_with("worker 2 was lost"), "{failed}");
+}
+
+#[test]
+fn a_frozen_worker_process_is_named_by_the_failure_detector() {
+    let out = launch(3, "freeze");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    let failed = line_of(&stdout, "[0] FAILED ").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        failed.starts_with("worker 1 was lost: silent for 1s"),
+        "{failed}"
+    );
+}

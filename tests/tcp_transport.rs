@@ -1,0 +1,277 @@
+//! The TCP transport, with each rank's job in a thread of its own: the same results as in
+//! memory, and bad input that leaves the master running and the job finishing.
+
+mod common;
+#[path = "../examples/support/lr.rs"]
+mod lr;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{mpsc, Arc};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use common::{summing_master, FnWorker};
+use superstep::prelude::*;
+use superstep::transport::tcp::wire;
+use superstep::transport::{TcpSettings, TcpTransport, TransportError};
+use superstep::JobOutcome;
+
+fn settings(rank: usize, world: usize, master: &str, job: &str) -> TcpSettings {
+    let mut s = TcpSettings::new(rank, world, master);
+    s.job_id = job.into();
+    s.secret = Some(b"s3cret".to_vec());
+    s.handshake_timeout = Duration::from_millis(500);
+    s.heartbeat_interval = Duration::from_millis(50);
+    s.heartbeat_timeout = Duration::from_secs(5);
+    s.connect_timeout = Duration::from_secs(20);
+    s
+}
+
+/// Rank 0 on a free loopback port: its transport, and the address workers dial.
+fn master_transport<M, W>(world: usize, job: &str) -> (TcpTransport<M, W>, String) {
+    master_transport_with(world, job, |_| {})
+}
+
+fn master_transport_with<M, W>(
+    world: usize,
+    job: &str,
+    adjust: impl FnOnce(&mut TcpSettings),
+) -> (TcpTransport<M, W>, String) {
+    let mut s = settings(0, world, "127.0.0.1:0", job);
+    s.bind = Some("127.0.0.1:0".parse().unwrap());
+    adjust(&mut s);
+    let transport = TcpTransport::new(s).unwrap();
+    let addr = transport.local_addr().unwrap().to_string();
+    (transport, addr)
+}
+
+type LrOutcome = Result<JobOutcome<lr::Model>, JobError>;
+
+fn lr_job(
+    data: &Arc<lr::Dataset>,
+    workers: usize,
+) -> superstep::JobBuilder<lr::Model, lr::Gradient> {
+    let ranges = lr::split(data.rows, workers);
+    let shared = Arc::clone(data);
+    Job::builder(
+        lr::LrMaster {
+            features: data.features,
+            rate: 0.7,
+        },
+        move |rank| lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
+    )
+    .workers(workers)
+    .iterations(8)
+}
+
+#[test]
+fn a_job_over_tcp_equals_the_same_job_in_memory_bit_for_bit() {
+    let data = Arc::new(lr::Dataset::generate(4_000, 5, 11));
+    let workers = 3;
+    let in_memory = lr_job(&data, workers).run().unwrap();
+    let (master, addr) = master_transport(workers, "lr-bits");
+    let mut ranks: Vec<JoinHandle<LrOutcome>> = Vec::new();
+    let d = Arc::clone(&data);
+    ranks.push(thread::spawn(move || {
+        lr_job(&d, workers).transport(master).run()
+    }));
+    for rank in 1..workers {
+        let d = Arc::clone(&data);
+        let t = TcpTransport::new(settings(rank, workers, &addr, "lr-bits")).unwrap();
+        ranks.push(thread::spawn(move || {
+            lr_job(&d, workers).transport(t).run()
+        }));
+    }
+    let outcomes: Vec<JobOutcome<lr::Model>> = ranks
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    let bits = |m: &lr::Model| m.weights.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        assert_eq!(
+            bits(&outcome.result),
+            bits(&in_memory.result),
+            "rank {rank}"
+        );
+        assert_eq!(outcome.iterations, 8);
+    }
+    assert_eq!(
+        outcomes[0].report.iterations.len(),
+        8,
+        "rank 0 runs the master"
+    );
+}
+
+/// Sends `bytes` on a fresh connection to `addr`, and returns what came back before the
+/// master closed the connection. Panics if the master keeps it open (for 10 s).
+fn poke(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = stream.write_all(bytes);
+    let mut back = Vec::new();
+    match stream.read_to_end(&mut back) {
+        Ok(_) => back,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => back,
+        Err(e) => panic!("the master kept the connection open: {e}"),
+    }
+}
+
+fn refusal(back: &[u8]) -> String {
+    wire::decode_stream(back, 1 << 20)
+        .into_iter()
+        .filter_map(Result::ok)
+        .find(|m| m.starts_with("Refused"))
+        .unwrap_or_else(|| format!("no refusal in {back:?}"))
+}
+
+fn worker_job(
+    transport: TcpTransport<u64, u64>,
+    compute_ms: u64,
+) -> JoinHandle<Result<JobOutcome<u64>, JobError>> {
+    thread::spawn(move || {
+        Job::builder(summing_master(), move |rank| FnWorker {
+            f: move |_: &mut WorkerContext<u64, u64>| {
+                thread::sleep(Duration::from_millis(compute_ms));
+                Ok(rank as u64 + 1)
+            },
+        })
+        .workers(2)
+        .iterations(10)
+        .transport(transport)
+        .run()
+    })
+}
+
+#[test]
+fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
+    let job = "bad-input";
+    let (master, addr) = master_transport::<u64, u64>(2, job);
+    let socket: SocketAddr = addr.parse().unwrap();
+    let (registered_tx, registered) = mpsc::channel();
+    let master = thread::spawn(move || {
+        Job::builder(summing_master(), |rank| FnWorker {
+            f: move |_: &mut WorkerContext<u64, u64>| {
+                thread::sleep(Duration::from_millis(30));
+                Ok(rank as u64 + 1)
+            },
+        })
+        .workers(2)
+        .iterations(10)
+        .transport(master)
+        .on_event(move |e| {
+            if matches!(e, JobEvent::Registered { .. }) {
+                let _ = registered_tx.send(());
+            }
+        })
+        .run()
+    });
+
+    // Bytes that are no frame, a truncated frame, a 4 GiB length prefix, a frame of
+    // another protocol version: each gets the connection refused with the reason.
+    let garbage = refusal(&poke(socket, &[0, 0, 0, 5, 0, 1, 0xc1, 0xc1, 0xc1]));
+    assert!(garbage.contains("could not decode"), "{garbage}");
+    // A truncated frame: the master waits for the rest until the handshake timeout, then
+    // hangs up (poke returns only once the master closed the connection).
+    assert_eq!(poke(socket, &[0, 0, 0, 100, 0, 1, 0x92]), Vec::<u8>::new());
+    let huge = refusal(&poke(socket, &[0xff, 0xff, 0xff, 0xff, 0, 1, 2]));
+    assert!(huge.contains("frame size too big"), "{huge}");
+    let version = refusal(&poke(socket, &[0, 0, 0, 3, 0, 99, 0xc0]));
+    assert!(
+        version.contains("protocol version 99, this side version"),
+        "{version}"
+    );
+    // A connection that says nothing is dropped after the handshake timeout.
+    assert_eq!(poke(socket, &[]), Vec::<u8>::new());
+
+    // A worker with the wrong secret, or of another job, is refused and told why.
+    let mut wrong_secret = settings(1, 2, &addr, job);
+    wrong_secret.secret = Some(b"guess".to_vec());
+    let err = worker_job(TcpTransport::new(wrong_secret).unwrap(), 0)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("wrong secret"), "{err}");
+    let err = worker_job(
+        TcpTransport::new(settings(1, 2, &addr, "another-job")).unwrap(),
+        0,
+    )
+    .join()
+    .unwrap()
+    .unwrap_err();
+    assert!(err.to_string().contains("wrong job id"), "{err}");
+
+    // The real worker joins; a second worker of the same rank is refused.
+    let real = worker_job(TcpTransport::new(settings(1, 2, &addr, job)).unwrap(), 30);
+    registered
+        .recv_timeout(Duration::from_secs(30))
+        .expect("every worker registered");
+    let err = worker_job(TcpTransport::new(settings(1, 2, &addr, job)).unwrap(), 0)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("rank 1 is already connected"),
+        "{err}"
+    );
+
+    let outcome = master.join().unwrap().unwrap();
+    assert_eq!(*outcome.result, 10 * (1 + 2));
+    assert_eq!(
+        *real.join().unwrap().unwrap().result,
+        30,
+        "the worker learns the final result"
+    );
+}
+
+#[test]
+fn a_slow_worker_is_told_apart_from_a_dead_one() {
+    // Heartbeats flow while compute runs, so a compute longer than the failure detector's
+    // timeout is not mistaken for a lost worker.
+    let (master, addr) = master_transport_with::<u64, u64>(2, "slow", |s| {
+        s.heartbeat_timeout = Duration::from_millis(400)
+    });
+    let mut w = settings(1, 2, &addr, "slow");
+    w.heartbeat_timeout = Duration::from_millis(400);
+    let worker = worker_job(TcpTransport::new(w).unwrap(), 0);
+    let outcome = Job::builder(summing_master(), |rank| FnWorker {
+        f: move |ctx: &mut WorkerContext<u64, u64>| {
+            if ctx.iteration() == 2 {
+                thread::sleep(Duration::from_millis(1200));
+            }
+            Ok(rank as u64 + 1)
+        },
+    })
+    .workers(2)
+    .iterations(3)
+    .transport(master)
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 9);
+    worker.join().unwrap().unwrap();
+}
+
+#[test]
+fn binding_beyond_loopback_needs_a_secret_and_the_world_size_must_match() {
+    let mut s = TcpSettings::new(0, 2, "0.0.0.0:0");
+    s.bind = Some("0.0.0.0:0".parse().unwrap());
+    let err = TcpTransport::<u64, u64>::new(s.clone()).unwrap_err();
+    assert!(matches!(err, TransportError::Insecure { .. }), "{err}");
+    s.secret = Some(b"k".to_vec());
+    TcpTransport::<u64, u64>::new(s).expect("with a secret it may");
+
+    let (master, _) = master_transport::<u64, u64>(2, "size");
+    let err = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(0),
+    })
+    .workers(3)
+    .transport(master)
+    .run()
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "transport failed: the job has 3 workers but the cluster's world size is 2"
+    );
+}

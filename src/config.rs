@@ -51,7 +51,9 @@ pub struct JobConfig {
     /// the master halts.
     pub worker_halt: bool,
     /// How long start-up may take (`Duration::MAX` means no limit): every worker's `pre_application` and `init` (which loads
-    /// its shard) until it registers, and the master's `pre_application`. Default 10 min.
+    /// its shard) until it registers — over a network, also until its process started and
+    /// connected — and the master's `pre_application`. Longer than an iteration's by
+    /// default: 30 min.
     pub startup_timeout: Duration,
     /// How long one iteration may wait (`Duration::MAX` means no limit): for every worker's result from the moment the
     /// iteration is broadcast, and for the master's compute. Default 10 min.
@@ -86,7 +88,7 @@ impl Default for JobConfig {
             workers: 1,
             iterations: 50,
             worker_halt: false,
-            startup_timeout: Duration::from_secs(600),
+            startup_timeout: Duration::from_secs(1800),
             iteration_timeout: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(60),
             placement: Placement::Auto,

@@ -140,8 +140,10 @@
 //! ## Layers
 //!
 //! `job` (this API) → `runtime` (actix actors) → [`protocol`] (sans-IO state machines) →
-//! [`transport`] (in-memory by default) — with [`events`] on the side. See
-//! `ARCHITECTURE.md` for the message flow and the semantics users can rely on.
+//! [`transport`] (in memory by default; [`transport::TcpTransport`] runs the same job across
+//! processes and hosts, its roles read from the environment by
+//! [`TcpTransport::from_env`](transport::TcpTransport::from_env)) — with [`events`] on the
+//! side. See `ARCHITECTURE.md` for the message flow and the semantics users can rely on.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]

@@ -104,8 +104,9 @@ pub(crate) fn codec(max: usize) -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Splits `bytes` into frames and decodes each as a [`Wire`] message, for tests and
-/// fuzzing: what a connection would do with these bytes, minus the socket.
+/// Splits `bytes` into frames and decodes each as a wire message, for tests and fuzzing:
+/// what a connection would do with these bytes, minus the socket. Each item is the decoded
+/// message's debug form, or the error that ends the connection.
 pub fn decode_stream(bytes: &[u8], max: usize) -> Vec<Result<String, String>> {
     let mut codec = codec(max);
     let mut buf = BytesMut::from(bytes);

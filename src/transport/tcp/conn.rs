@@ -142,7 +142,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
     async fn connection(self, stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let (reader, mut writer) = stream.into_split();
-        let mut frames = FramedRead::new(reader, wire::codec(self.settings.max_frame));
+        let mut frames = FramedRead::new(reader, wire::codec(wire::HANDSHAKE_MAX_FRAME));
         let handshake = self.handshake(&mut frames, &mut writer);
         let (rank, queue) = match tokio::time::timeout(self.settings.handshake_timeout, handshake)
             .await
@@ -163,6 +163,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
             }
         };
         tracing::debug!(%peer, rank, "worker connected");
+        // Proven: from now on frames up to the full limit.
+        frames
+            .decoder_mut()
+            .set_max_frame_length(self.settings.max_frame);
         self.tracker.spawn(write_loop(
             writer,
             queue,
@@ -302,10 +306,10 @@ impl<M: Payload, W: Payload> Client<M, W> {
             }
         };
         let (reader, mut writer) = stream.into_split();
-        let mut frames = FramedRead::new(reader, wire::codec(s.max_frame));
+        let mut frames = FramedRead::new(reader, wire::codec(wire::HANDSHAKE_MAX_FRAME));
         let handshake = self.handshake(&mut frames, &mut writer);
         match tokio::time::timeout(s.handshake_timeout, handshake).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => frames.decoder_mut().set_max_frame_length(s.max_frame),
             Ok(Err(reason)) => {
                 tracing::error!(rank = s.rank, %reason, "the master refused this worker");
                 return self.abort(JobError::Transport {

@@ -26,6 +26,10 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 const HEADER: usize = 4 + 2;
 
+/// The largest frame accepted before a peer has proved the secret: handshake messages are
+/// small, so an unauthenticated peer cannot make the master allocate much.
+pub(crate) const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
+
 /// Everything that crosses a connection.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Wire<M, W> {

@@ -275,3 +275,53 @@ fn binding_beyond_loopback_needs_a_secret_and_the_world_size_must_match() {
         "transport failed: the job has 3 workers but the cluster's world size is 2"
     );
 }
+
+#[test]
+fn a_result_too_large_for_a_frame_fails_the_job_at_once_naming_it() {
+    struct Big;
+    impl WorkerComputable for Big {
+        type MasterResult = u64;
+        type WorkerResult = Vec<u64>;
+        fn compute(
+            &mut self,
+            ctx: &mut WorkerContext<u64, Vec<u64>>,
+        ) -> Result<Vec<u64>, BoxError> {
+            // 9 bytes each on the wire: about 900 KB, over the 128 KiB frame limit.
+            let len = if ctx.rank() == 1 { 100_000 } else { 1 };
+            Ok(vec![u64::MAX; len])
+        }
+    }
+    struct Count;
+    impl MasterComputable for Count {
+        type MasterResult = u64;
+        type WorkerResult = Vec<u64>;
+        fn compute(
+            &mut self,
+            ctx: &mut MasterContext<u64, Vec<u64>>,
+        ) -> Result<Step<u64>, BoxError> {
+            Ok(Step::Continue(ctx.worker_results().len() as u64))
+        }
+    }
+    let frame_limit = |s: &mut TcpSettings| s.max_frame = 128 << 10;
+    let (master, addr) = master_transport_with::<u64, Vec<u64>>(2, "big", frame_limit);
+    let mut w = settings(1, 2, &addr, "big");
+    frame_limit(&mut w);
+    let worker = TcpTransport::new(w).unwrap();
+    let job = |t: TcpTransport<u64, Vec<u64>>| {
+        thread::spawn(move || {
+            Job::builder(Count, |_| Big)
+                .workers(2)
+                .iteration_timeout(Duration::from_secs(3600))
+                .transport(t)
+                .run()
+        })
+    };
+    let (master, worker) = (job(master), job(worker));
+    let err = master.join().unwrap().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("worker 1 could not send its result of iteration 1"),
+        "{err}"
+    );
+    assert!(worker.join().unwrap().is_err());
+}

@@ -152,6 +152,16 @@ impl<W> Gate<W> {
                     self.other_drops.stale += 1;
                     return None;
                 }
+                // A lost worker will never report done: do not wait for it at the end.
+                if matches!(error, JobError::WorkerLost { rank, .. } if rank == from)
+                    && !self.done[from]
+                {
+                    self.done[from] = true;
+                    self.done_count += 1;
+                    if let Some(drained) = self.drained_if_all_done(now) {
+                        return Some(drained);
+                    }
+                }
                 Some(GateOutput::Failed(error))
             }
             // Sync calls are the barrier's `SyncState`'s, not the gate's.
@@ -426,6 +436,34 @@ mod tests {
         gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 }));
         assert!(gate.open(t0, 1));
         assert!(!gate.open(t0, 2), "not while a round is open");
+    }
+
+    #[test]
+    fn a_lost_worker_is_not_waited_for_at_the_end() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(config(2), t0);
+        let lost = JobError::WorkerLost {
+            rank: 1,
+            reason: "its connection closed".into(),
+        };
+        assert!(matches!(
+            gate.on_message(
+                t0,
+                env(
+                    1,
+                    ToMaster::Failed {
+                        attempt: 0,
+                        error: lost
+                    }
+                )
+            ),
+            Some(GateOutput::Failed(_))
+        ));
+        assert_eq!(gate.drain(t0), None);
+        assert!(matches!(
+            gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 })),
+            Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+        ));
     }
 
     #[test]

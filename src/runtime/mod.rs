@@ -41,7 +41,7 @@ use barrier::{Arrived, BarrierActor};
 use master::{MasterActor, MasterTask};
 use pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use watch::Watch;
-use worker::{WorkerActor, WorkerTask};
+use worker::{EndingReport, WorkerActor, WorkerTask};
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
 pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, WorkerResult = W>>;
@@ -322,7 +322,10 @@ async fn launch<M: Payload, W: Payload>(
             executor,
             Placer::new(placement, config.inline_threshold),
             Arc::clone(&watch),
-            ended_tx.clone(),
+            EndingReport {
+                to: ended_tx.clone(),
+                within: config.shutdown_timeout,
+            },
         ));
     }
     drop((pool, ended_tx));

@@ -1,7 +1,7 @@
 //! The worker actor: runs one worker's computable and interceptors, one unit at a time.
 
 use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
@@ -179,6 +179,12 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     }
 }
 
+/// Where and within how long a worker reports how the job ended for it.
+pub(crate) struct EndingReport<M> {
+    pub(crate) to: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    pub(crate) within: Duration,
+}
+
 /// Drives one worker: feeds the master's messages into [`WorkerState`] and runs the units
 /// of user work it calls for, inline or on the pool (see [`Placer`]).
 pub(crate) struct WorkerActor<M: Payload, W: Payload> {
@@ -199,6 +205,9 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     /// Where this worker reports its ending when it stops: a process without the master
     /// takes its outcome from its workers.
     ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    reported: bool,
+    shutdown_timeout: Duration,
+    stop_deadline_armed: bool,
     watch: Arc<Watch>,
 }
 
@@ -210,11 +219,14 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         executor: Executor,
         placer: Placer,
         watch: Arc<Watch>,
-        ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+        ending: EndingReport<M>,
     ) -> Self {
         WorkerActor {
             ending: None,
-            ended,
+            ended: ending.to,
+            reported: false,
+            shutdown_timeout: ending.within,
+            stop_deadline_armed: false,
             sync_answers,
             watch,
             rank: task.ctx.rank,
@@ -228,20 +240,74 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
     }
 
-    fn send(&self, msg: ToMaster<W>) {
-        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.link.send(msg)));
-        match sent {
-            Ok(Ok(())) => {}
-            // The master's node is gone: nothing is waiting for this worker any more.
-            Ok(Err(e)) => {
-                tracing::warn!(rank = self.rank, error = %e, "could not reach the master")
-            }
-            Err(payload) => tracing::error!(
-                rank = self.rank,
-                cause = %Cause::from_panic(payload),
-                "the transport panicked sending to the master"
-            ),
+    fn try_send(&self, msg: ToMaster<W>) -> Result<(), String> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.link.send(msg))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(payload) => Err(format!(
+                "the transport panicked: {}",
+                Cause::from_panic(payload)
+            )),
         }
+    }
+
+    fn send(&self, msg: ToMaster<W>) {
+        if let Err(error) = self.try_send(msg) {
+            // The master's node is gone: nothing is waiting for this worker any more.
+            tracing::warn!(rank = self.rank, %error, "could not reach the master");
+        }
+    }
+
+    /// Fails this worker (and so the job): tells the master first, so every peer learns
+    /// of it at once, then stops.
+    fn fail(&mut self, error: JobError) {
+        tracing::debug!(rank = self.rank, %error, "worker failed");
+        self.send(ToMaster::Failed {
+            attempt: self.attempt,
+            error: error.clone(),
+        });
+        self.state.stop();
+        // An abort that arrived meanwhile carries the job's first failure: keep it.
+        self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
+    }
+
+    /// Reports this worker's ending, once: when it stopped, or when its code outlived the
+    /// shutdown timeout (a process without the master must not wait for it forever).
+    fn report(&mut self, ending: OwnedEnding<M>) {
+        if !self.reported {
+            self.reported = true;
+            // Nobody listens only when the job is over already.
+            let _ = self.ended.send((self.rank, ending));
+        }
+    }
+
+    /// Once this worker begins to stop, its ending is reported within the shutdown timeout.
+    fn arm_stop_deadline(&mut self, ctx: &mut Context<Self>) {
+        if self.stop_deadline_armed || Instant::now().checked_add(self.shutdown_timeout).is_none() {
+            return;
+        }
+        self.stop_deadline_armed = true;
+        ctx.run_later(self.shutdown_timeout, |act, ctx| {
+            if !act.reported {
+                tracing::warn!(
+                    rank = act.rank,
+                    "the worker's code outlived the shutdown timeout; giving up on it"
+                );
+                let ending = act
+                    .ending
+                    .clone()
+                    .or_else(|| act.pending_stop.clone())
+                    .unwrap_or_else(|| {
+                        OwnedEnding::Failed(JobError::WorkersTimedOut {
+                            during: Waiting::Shutdown,
+                            missing: vec![act.rank],
+                            waited: act.shutdown_timeout,
+                        })
+                    });
+                act.report(ending);
+                ctx.stop();
+            }
+        });
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M>) {
@@ -288,19 +354,19 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             }
             Worked::Iterated(Ok(report)) => {
                 self.placer.observe(report.elapsed);
-                self.send(ToMaster::Result(report));
+                let iteration = report.iteration;
+                if let Err(e) = self.try_send(ToMaster::Result(report)) {
+                    // A result that cannot be sent (too large for a frame, say) must not
+                    // leave the master waiting for it.
+                    self.fail(JobError::Transport {
+                        message: format!(
+                            "worker {} could not send its result of iteration {iteration}: {e}",
+                            self.rank
+                        ),
+                    });
+                }
             }
-            Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => {
-                // Tell the master first, so every peer learns of it at once; then clean up.
-                tracing::debug!(rank = self.rank, %error, "worker failed");
-                self.send(ToMaster::Failed {
-                    attempt: self.attempt,
-                    error: error.clone(),
-                });
-                self.state.stop();
-                // An abort that arrived meanwhile carries the job's first failure: keep it.
-                self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
-            }
+            Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(error),
             Worked::Stopped(result) => {
                 let mut ending = self.ending.take();
                 if let Err(error) = result {
@@ -313,8 +379,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                     }
                 }
                 if let Some(ending) = ending {
-                    // Nobody listens only when the job is over already.
-                    let _ = self.ended.send((self.rank, ending));
+                    self.report(ending);
                 }
                 self.send(ToMaster::Done {
                     attempt: self.attempt,
@@ -325,11 +390,13 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
         if let Some(ending) = self.pending_stop.take() {
             self.ending = Some(ending.clone());
+            self.arm_stop_deadline(ctx);
             self.dispatch(ctx, Work::Stop(ending));
         }
     }
 
     fn begin_stop(&mut self, ctx: &mut Context<Self>, ending: OwnedEnding<M>) {
+        self.arm_stop_deadline(ctx);
         if self.task.is_some() {
             self.ending = Some(ending.clone());
             self.dispatch(ctx, Work::Stop(ending));

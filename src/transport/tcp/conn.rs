@@ -2,31 +2,146 @@
 
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use hmac::{Hmac, Mac};
+use serde::de::IgnoredAny;
 use sha2::Sha256;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tokio_util::task::TaskTracker;
 
 use super::wire::{self, Wire};
 use super::{Conns, TcpSettings};
 use crate::compute::Payload;
-use crate::error::JobError;
+use crate::error::{Cause, JobError};
 use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
 use crate::transport::Inbox;
 
-type Frames = FramedRead<OwnedReadHalf, LengthDelimitedCodec>;
-
 /// The first attempt: the only one until attempts are restarted.
 const ATTEMPT: u32 = 0;
+
+/// How many connections may be in their handshake at once; more are closed at once, so
+/// that unauthenticated peers cannot hold much of the master's memory or time.
+const HANDSHAKES_IN_FLIGHT: usize = 64;
+
+/// Handshake frames are decoded without the job's types: no user `Deserialize` code runs on
+/// bytes from a peer that has not proved the secret.
+type Handshake = Wire<IgnoredAny, IgnoredAny>;
+
+/// A read half that notes when its last bytes arrived: a peer in the middle of sending a
+/// large frame is not silent.
+struct Watched {
+    inner: OwnedReadHalf,
+    origin: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let now = self.origin.elapsed().as_millis() as u64;
+            self.last.store(now, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+/// A connection's frames, and how long ago its peer last sent any bytes.
+struct Frames {
+    frames: FramedRead<Watched, LengthDelimitedCodec>,
+    origin: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl Frames {
+    fn new(reader: OwnedReadHalf) -> Self {
+        let origin = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let watched = Watched {
+            inner: reader,
+            origin,
+            last: Arc::clone(&last),
+        };
+        Frames {
+            frames: FramedRead::new(watched, wire::codec(wire::HANDSHAKE_MAX_FRAME)),
+            origin,
+            last,
+        }
+    }
+
+    fn allow(&mut self, max_frame: usize) {
+        self.frames.decoder_mut().set_max_frame_length(max_frame);
+    }
+
+    fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.origin.elapsed().saturating_sub(last)
+    }
+
+    /// The next frame; `Err(reason)` when the peer was silent (no bytes at all) for
+    /// `timeout`, closed, or sent something unreadable.
+    async fn next(&mut self, timeout: Duration) -> Result<Option<bytes::BytesMut>, String> {
+        loop {
+            let wait = timeout.saturating_sub(self.silent_for());
+            match tokio::time::timeout(wait, self.frames.next()).await {
+                Ok(Some(Ok(frame))) => return Ok(Some(frame)),
+                Ok(Some(Err(e))) => return Err(format!("unreadable frame: {e}")),
+                Ok(None) => return Ok(None),
+                // Bytes of a large frame may have arrived meanwhile: wait on from them.
+                Err(_) if self.silent_for() < timeout => continue,
+                Err(_) => return Err(format!("silent for {timeout:?} (no message, no heartbeat)")),
+            }
+        }
+    }
+
+    /// The next handshake frame, decoded.
+    async fn handshake(&mut self) -> Result<Handshake, String> {
+        let frame = match self.frames.next().await {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Err(format!("unreadable frame: {e}")),
+            None => return Err("the connection closed".into()),
+        };
+        wire::decode::<Handshake>(&frame).map_err(|e| e.to_string())
+    }
+}
+
+/// Decodes a frame of the job's types; a panic in a user `Deserialize` is an error of this
+/// connection, not of the I/O thread.
+fn decode_guarded<M: Payload, W: Payload>(frame: &[u8]) -> Result<Wire<M, W>, String> {
+    match catch_unwind(AssertUnwindSafe(|| wire::decode::<Wire<M, W>>(frame))) {
+        Ok(decoded) => decoded.map_err(|e| e.to_string()),
+        Err(payload) => Err(format!(
+            "decoding its message panicked: {}",
+            Cause::from_panic(payload)
+        )),
+    }
+}
+
+/// At most `max` characters of a peer's string, for messages and logs.
+fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(max).collect::<String>())
+    }
+}
 
 /// The proof that a peer knows the secret: HMAC-SHA256 over the master's fresh nonce, the
 /// job id and the rank, so a proof cannot be replayed for another connection, job or rank.
@@ -36,15 +151,6 @@ fn proof(secret: &[u8], nonce: &[u8; 32], job_id: &str, rank: Rank) -> Hmac<Sha2
     mac.update(job_id.as_bytes());
     mac.update(&(rank as u64).to_le_bytes());
     mac
-}
-
-/// Reads one frame, or says why there is none.
-async fn next_frame(frames: &mut Frames) -> Result<bytes::BytesMut, String> {
-    match frames.next().await {
-        Some(Ok(frame)) => Ok(frame),
-        Some(Err(e)) => Err(format!("unreadable frame: {e}")),
-        None => Err("the connection closed".into()),
-    }
 }
 
 async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> std::io::Result<()> {
@@ -92,6 +198,18 @@ fn heartbeat_frame(max: usize) -> Bytes {
     wire::encode(&Wire::<(), ()>::Heartbeat, max).expect("a heartbeat always encodes")
 }
 
+/// A rank claimed by a connection: released however the connection ends.
+struct Claim {
+    conns: Conns,
+    rank: Rank,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = None;
+    }
+}
+
 /// The master's node: accepts workers, checks their handshake, and carries their frames.
 pub(super) struct Server<M, W> {
     pub(super) settings: Arc<TcpSettings>,
@@ -124,58 +242,75 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 return;
             }
         };
+        let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT));
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
+                            tracing::warn!(%peer, "too many connections in their handshake; closed this one");
+                            continue;
+                        };
                         let server = self.clone();
-                        self.tracker.spawn(server.connection(stream, peer));
+                        self.tracker.spawn(server.connection(stream, peer, permit));
                     }
-                    Err(e) => tracing::warn!(error = %e, "accepting a connection failed"),
+                    Err(e) => {
+                        // Out of file handles, say: do not spin.
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                 },
                 _ = stop.changed() => return,
             }
         }
     }
 
-    async fn connection(self, stream: TcpStream, peer: SocketAddr) {
+    async fn connection(
+        self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let s = Arc::clone(&self.settings);
         let _ = stream.set_nodelay(true);
         let (reader, mut writer) = stream.into_split();
-        let mut frames = FramedRead::new(reader, wire::codec(wire::HANDSHAKE_MAX_FRAME));
+        let mut frames = Frames::new(reader);
         let handshake = self.handshake(&mut frames, &mut writer);
-        let (rank, queue) = match tokio::time::timeout(self.settings.handshake_timeout, handshake)
-            .await
-        {
+        let accepted = tokio::time::timeout(s.handshake_timeout, handshake).await;
+        drop(permit);
+        let (claim, queue) = match accepted {
             Ok(Ok(accepted)) => accepted,
             Ok(Err(reason)) => {
                 tracing::warn!(%peer, %reason, "refused a connection");
-                if let Ok(frame) =
-                    wire::encode(&Wire::<(), ()>::Refused { reason }, self.settings.max_frame)
-                {
-                    let _ = write_frame(&mut writer, &frame).await;
+                if let Ok(frame) = wire::encode(
+                    &Wire::<(), ()>::Refused { reason },
+                    wire::HANDSHAKE_MAX_FRAME,
+                ) {
+                    let _ =
+                        tokio::time::timeout(s.handshake_timeout, write_frame(&mut writer, &frame))
+                            .await;
                 }
                 return;
             }
             Err(_) => {
-                tracing::warn!(%peer, timeout = ?self.settings.handshake_timeout, "dropped a connection that did not complete its handshake in time");
+                tracing::warn!(%peer, timeout = ?s.handshake_timeout, "dropped a connection that did not complete its handshake in time");
                 return;
             }
         };
+        let rank = claim.rank;
         tracing::debug!(%peer, rank, "worker connected");
         // Proven: from now on frames up to the full limit.
-        frames
-            .decoder_mut()
-            .set_max_frame_length(self.settings.max_frame);
+        frames.allow(s.max_frame);
         self.tracker.spawn(write_loop(
             writer,
             queue,
             self.stop.clone(),
-            heartbeat_frame(self.settings.max_frame),
-            self.settings.heartbeat_interval,
+            heartbeat_frame(s.max_frame),
+            s.heartbeat_interval,
         ));
         let lost = self.read_loop(rank, &mut frames).await;
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())[rank] = None;
+        drop(claim);
         if let Some(reason) = lost {
             tracing::warn!(rank, %peer, %reason, "worker lost");
             (self.inbox)(Envelope {
@@ -189,22 +324,20 @@ impl<M: Payload, W: Payload> Server<M, W> {
     }
 
     /// Checks a new connection: hello (version, job id, rank), then the secret's proof,
-    /// then claims the rank. Returns the rank and its queue, or why it is refused.
+    /// then claims the rank. Returns the claim and the rank's queue, or why it is refused.
     async fn handshake(
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<(Rank, mpsc::UnboundedReceiver<Bytes>), String> {
+    ) -> Result<(Claim, mpsc::UnboundedReceiver<Bytes>), String> {
         let s = &self.settings;
-        let hello =
-            wire::decode::<Wire<M, W>>(&next_frame(frames).await?).map_err(|e| e.to_string())?;
-        let Wire::Hello { job_id, rank } = hello else {
+        let Wire::Hello { job_id, rank } = frames.handshake().await? else {
             return Err("expected a hello first".into());
         };
         if job_id != s.job_id {
             return Err(format!(
-                "wrong job id: this master runs job {:?}, the peer asked for {job_id:?}",
-                s.job_id
+                "wrong job id: the peer asked for {:?}",
+                clip(&job_id, 64)
             ));
         }
         if rank >= s.world_size {
@@ -217,9 +350,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
         write_frame(writer, &challenge)
             .await
             .map_err(|e| e.to_string())?;
-        let Wire::Proof { mac } =
-            wire::decode::<Wire<M, W>>(&next_frame(frames).await?).map_err(|e| e.to_string())?
-        else {
+        let Wire::Proof { mac } = frames.handshake().await? else {
             return Err("expected a proof of the secret".into());
         };
         let secret = s.secret.as_deref().unwrap_or_default();
@@ -227,20 +358,23 @@ impl<M: Payload, W: Payload> Server<M, W> {
             .verify_slice(&mac)
             .map_err(|_| format!("wrong secret: rank {rank}'s proof did not verify"))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        {
+        let claim = {
             let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
             if conns[rank].is_some() {
                 return Err(format!("rank {rank} is already connected"));
             }
             conns[rank] = Some(tx);
-        }
+            Claim {
+                conns: Arc::clone(&self.conns),
+                rank,
+            }
+        };
         let welcome =
             wire::encode(&Wire::<(), ()>::Welcome, s.max_frame).map_err(|e| e.to_string())?;
-        if let Err(e) = write_frame(writer, &welcome).await {
-            self.conns.lock().unwrap_or_else(|e| e.into_inner())[rank] = None;
-            return Err(e.to_string());
-        }
-        Ok((rank, rx))
+        write_frame(writer, &welcome)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((claim, rx))
     }
 
     /// Delivers a connected worker's messages. Returns why it was lost, or `None` when it
@@ -249,30 +383,25 @@ impl<M: Payload, W: Payload> Server<M, W> {
         let mut done = false;
         let mut stop = self.stop.clone();
         loop {
-            let frame = tokio::select! {
-                frame = tokio::time::timeout(self.settings.heartbeat_timeout, frames.next()) => frame,
+            let next = tokio::select! {
+                next = frames.next(self.settings.heartbeat_timeout) => next,
                 _ = stop.changed() => return None,
             };
-            let frame = match frame {
-                Err(_) => {
-                    return Some(format!(
-                        "silent for {:?} (no message, no heartbeat)",
-                        self.settings.heartbeat_timeout
-                    ))
-                }
-                Ok(None) if done => return None,
+            let frame = match next {
+                // After its last message a worker may go as it likes.
+                _ if done => return None,
+                Ok(Some(frame)) => frame,
                 Ok(None) => return Some("its connection closed".into()),
-                Ok(Some(Err(e))) => return Some(format!("unreadable frame: {e}")),
-                Ok(Some(Ok(frame))) => frame,
+                Err(reason) => return Some(reason),
             };
-            match wire::decode::<Wire<M, W>>(&frame) {
+            match decode_guarded::<M, W>(&frame) {
                 Ok(Wire::Heartbeat) => {}
                 Ok(Wire::ToMaster(msg)) => {
-                    done |= matches!(msg, ToMaster::Done { .. });
+                    done = matches!(msg, ToMaster::Done { .. });
                     (self.inbox)(Envelope { from: rank, msg });
                 }
                 Ok(_) => return Some("it sent a handshake message after its handshake".into()),
-                Err(e) => return Some(e.to_string()),
+                Err(reason) => return Some(reason),
             }
         }
     }
@@ -306,10 +435,10 @@ impl<M: Payload, W: Payload> Client<M, W> {
             }
         };
         let (reader, mut writer) = stream.into_split();
-        let mut frames = FramedRead::new(reader, wire::codec(wire::HANDSHAKE_MAX_FRAME));
+        let mut frames = Frames::new(reader);
         let handshake = self.handshake(&mut frames, &mut writer);
         match tokio::time::timeout(s.handshake_timeout, handshake).await {
-            Ok(Ok(())) => frames.decoder_mut().set_max_frame_length(s.max_frame),
+            Ok(Ok(())) => frames.allow(s.max_frame),
             Ok(Err(reason)) => {
                 tracing::error!(rank = s.rank, %reason, "the master refused this worker");
                 return self.abort(JobError::Transport {
@@ -346,23 +475,32 @@ impl<M: Payload, W: Payload> Client<M, W> {
     async fn connect(&self) -> Result<TcpStream, String> {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(20);
+        let mut stop = self.stop.clone();
         loop {
-            match TcpStream::connect(&self.target).await {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    return Ok(stream);
-                }
-                Err(e) if started.elapsed() >= self.settings.connect_timeout => {
-                    return Err(format!(
-                        "could not connect to {} within {:?}: {e}",
-                        self.target, self.settings.connect_timeout
-                    ))
-                }
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
+            let left = self
+                .settings
+                .connect_timeout
+                .saturating_sub(started.elapsed());
+            let attempt = tokio::time::timeout(left, TcpStream::connect(&self.target));
+            let error = tokio::select! {
+                attempt = attempt => match attempt {
+                    Ok(Ok(stream)) => {
+                        let _ = stream.set_nodelay(true);
+                        return Ok(stream);
+                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_string(),
+                },
+                _ = stop.changed() => return Err("the job ended before the master could be reached".into()),
+            };
+            if started.elapsed() >= self.settings.connect_timeout {
+                return Err(format!(
+                    "could not connect to {} within {:?}: {error}",
+                    self.target, self.settings.connect_timeout
+                ));
             }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -376,13 +514,11 @@ impl<M: Payload, W: Payload> Client<M, W> {
             job_id: s.job_id.clone(),
             rank: s.rank,
         };
-        let frame = wire::encode(&hello, s.max_frame).map_err(|e| e.to_string())?;
+        let frame = wire::encode(&hello, wire::HANDSHAKE_MAX_FRAME).map_err(|e| e.to_string())?;
         write_frame(writer, &frame)
             .await
             .map_err(|e| e.to_string())?;
-        let nonce = match wire::decode::<Wire<M, W>>(&next_frame(frames).await?)
-            .map_err(|e| e.to_string())?
-        {
+        let nonce = match frames.handshake().await? {
             Wire::Challenge { nonce } => nonce,
             Wire::Refused { reason } => return Err(reason),
             _ => return Err("the master did not send a challenge".into()),
@@ -392,12 +528,12 @@ impl<M: Payload, W: Payload> Client<M, W> {
             .finalize()
             .into_bytes()
             .to_vec();
-        let frame =
-            wire::encode(&Wire::<(), ()>::Proof { mac }, s.max_frame).map_err(|e| e.to_string())?;
+        let frame = wire::encode(&Wire::<(), ()>::Proof { mac }, wire::HANDSHAKE_MAX_FRAME)
+            .map_err(|e| e.to_string())?;
         write_frame(writer, &frame)
             .await
             .map_err(|e| e.to_string())?;
-        match wire::decode::<Wire<M, W>>(&next_frame(frames).await?).map_err(|e| e.to_string())? {
+        match frames.handshake().await? {
             Wire::Welcome => Ok(()),
             Wire::Refused { reason } => Err(reason),
             _ => Err("the master did not answer the proof".into()),
@@ -410,34 +546,28 @@ impl<M: Payload, W: Payload> Client<M, W> {
         let mut ended = false;
         let mut stop = self.stop.clone();
         loop {
-            let frame = tokio::select! {
-                frame = tokio::time::timeout(self.settings.heartbeat_timeout, frames.next()) => frame,
+            let next = tokio::select! {
+                next = frames.next(self.settings.heartbeat_timeout) => next,
                 _ = stop.changed() => return None,
             };
-            let frame = match frame {
-                Err(_) if ended => return None,
-                Err(_) => {
-                    return Some(format!(
-                        "silent for {:?} (no message, no heartbeat)",
-                        self.settings.heartbeat_timeout
-                    ))
-                }
-                Ok(None) if ended => return None,
+            let frame = match next {
+                // After the job's last message the master may go as it likes.
+                _ if ended => return None,
+                Ok(Some(frame)) => frame,
                 Ok(None) => return Some("its connection closed".into()),
-                Ok(Some(Err(e))) => return Some(format!("unreadable frame: {e}")),
-                Ok(Some(Ok(frame))) => frame,
+                Err(reason) => return Some(reason),
             };
-            match wire::decode::<Wire<M, W>>(&frame) {
+            match decode_guarded::<M, W>(&frame) {
                 Ok(Wire::Heartbeat) => {}
                 Ok(Wire::ToWorker(msg)) => {
-                    ended |= matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
+                    ended = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
                     (self.inbox)(msg);
                 }
                 Ok(Wire::Refused { reason }) => {
                     return Some(format!("it closed this connection: {reason}"))
                 }
                 Ok(_) => return Some("it sent a handshake message after the handshake".into()),
-                Err(e) => return Some(e.to_string()),
+                Err(reason) => return Some(reason),
             }
         }
     }

@@ -51,7 +51,9 @@ pub struct TcpSettings {
     pub bind: Option<SocketAddr>,
     /// The job's id: peers of another job are refused.
     pub job_id: String,
-    /// The shared secret every peer must prove it knows.
+    /// The shared secret every worker must prove it knows (an empty one counts as none).
+    /// It authenticates workers to the master; it does not encrypt the traffic, nor prove
+    /// the master to the workers: run jobs on a network you trust, or through a tunnel.
     pub secret: Option<Vec<u8>>,
     /// The largest frame accepted or sent. Default 256 MiB.
     pub max_frame: usize,
@@ -114,6 +116,41 @@ impl TcpSettings {
         Ok(settings)
     }
 
+    /// Checks the settings; the error names the first invalid one.
+    pub fn validate(&self) -> Result<(), TransportError> {
+        let invalid = |what: String| Err(TransportError::Env(what));
+        if self.world_size == 0 || self.world_size > MAX_WORLD {
+            return invalid(format!(
+                "world size {} is outside 1..={MAX_WORLD}",
+                self.world_size
+            ));
+        }
+        if self.rank >= self.world_size {
+            return invalid(format!(
+                "rank {} is outside 0..{}",
+                self.rank, self.world_size
+            ));
+        }
+        if self.max_frame < wire::HANDSHAKE_MAX_FRAME || self.max_frame > u32::MAX as usize {
+            return invalid(format!(
+                "max_frame {} is outside {}..={}",
+                self.max_frame,
+                wire::HANDSHAKE_MAX_FRAME,
+                u32::MAX
+            ));
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval >= self.heartbeat_timeout {
+            return invalid(format!(
+                "heartbeat_interval {:?} must be above zero and below heartbeat_timeout {:?}",
+                self.heartbeat_interval, self.heartbeat_timeout
+            ));
+        }
+        if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return invalid("handshake_timeout and connect_timeout must be above zero".into());
+        }
+        Ok(())
+    }
+
     /// Where rank 0 listens: `bind`, or loopback on the master address's port.
     fn listen_addr(&self) -> Result<SocketAddr, TransportError> {
         if let Some(bind) = self.bind {
@@ -129,6 +166,9 @@ impl TcpSettings {
         Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
     }
 }
+
+/// The most processes a job may have.
+const MAX_WORLD: usize = 1 << 16;
 
 fn resolve(addr: &str) -> Result<SocketAddr, TransportError> {
     addr.to_socket_addrs()
@@ -159,12 +199,11 @@ impl<M, W> fmt::Debug for TcpTransport<M, W> {
 impl<M, W> TcpTransport<M, W> {
     /// A transport with these settings. Rank 0 binds its listener now; binding an address
     /// other than loopback without a secret is refused.
-    pub fn new(settings: TcpSettings) -> Result<Self, TransportError> {
-        if settings.world_size == 0 || settings.rank >= settings.world_size {
-            return Err(TransportError::Env(format!(
-                "rank {} is outside 0..{}",
-                settings.rank, settings.world_size
-            )));
+    pub fn new(mut settings: TcpSettings) -> Result<Self, TransportError> {
+        settings.validate()?;
+        // An empty secret proves nothing: it is no secret.
+        if settings.secret.as_ref().is_some_and(|s| s.is_empty()) {
+            settings.secret = None;
         }
         let (listener, local_addr) = if settings.rank == 0 {
             let addr = settings.listen_addr()?;

@@ -7,13 +7,16 @@
 //! Each process gets `SUPERSTEP_RANK` (0..N), `SUPERSTEP_WORLD_SIZE` (N),
 //! `SUPERSTEP_MASTER_ADDR` (127.0.0.1 and a free port), `SUPERSTEP_JOB_ID` and a fresh
 //! `SUPERSTEP_SECRET`; rank 0 runs the master. Every line a process prints is prefixed with
-//! its rank. Ctrl-C is forwarded to every process. The launcher exits with the master's
-//! (rank 0's) exit code, once every process has ended (those still running a grace period
-//! after the master are killed).
+//! its rank. The processes run in a process group of their own: Ctrl-C (or SIGTERM, SIGHUP)
+//! at the launcher is forwarded to every process as SIGINT, once; a second one kills them.
+//! The launcher exits with the master's (rank 0's) exit code — 128 + the signal if it died
+//! of one — once every process has ended (those still running a grace period after the
+//! master are killed).
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,27 +53,37 @@ fn free_port() -> std::io::Result<u16> {
 
 fn secret() -> String {
     let mut bytes = [0u8; 16];
-    // Without randomness the secret is still unique per launch by time; it only guards
-    // loopback here.
+    // Without randomness the secret is still unique per launch (the clock and this
+    // process's id); it only guards loopback here.
     if getrandom::fill(&mut bytes).is_err() {
-        bytes = Instant::now().elapsed().as_nanos().to_le_bytes();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        bytes = (now ^ u128::from(std::process::id()) << 64).to_le_bytes();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Copies a child's output lines to ours, prefixed with its rank.
+/// Copies a child's output lines to ours, prefixed with its rank. Bytes that are not
+/// UTF-8 are shown replaced; the pipe is read to its end either way.
 fn forward(
     rank: usize,
     from: impl std::io::Read + Send + 'static,
     to_stderr: bool,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        for line in BufReader::new(from).lines().map_while(Result::ok) {
+        let mut from = BufReader::new(from);
+        let mut line = Vec::new();
+        while from.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end_matches(['\n', '\r']);
             if to_stderr {
-                let _ = writeln!(std::io::stderr().lock(), "[{rank}] {line}");
+                let _ = writeln!(std::io::stderr().lock(), "[{rank}] {text}");
             } else {
-                let _ = writeln!(std::io::stdout().lock(), "[{rank}] {line}");
+                let _ = writeln!(std::io::stdout().lock(), "[{rank}] {text}");
             }
+            line.clear();
         }
     })
 }
@@ -108,6 +121,9 @@ fn main() -> ExitCode {
             .env("SUPERSTEP_SECRET", &secret)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Their own group: a terminal's Ctrl-C reaches the launcher alone, which
+            // forwards it once.
+            .process_group(0)
             .spawn();
         match spawned {
             Ok(mut child) => {
@@ -123,19 +139,27 @@ fn main() -> ExitCode {
         }
     }
 
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&interrupted);
+    let interrupts = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&interrupts);
     let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
     let _ = ctrlc::set_handler(move || {
-        flag.store(true, Ordering::SeqCst);
+        // The first interrupt asks every process to stop; the next ones kill them.
+        let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            Signal::SIGINT
+        } else {
+            Signal::SIGKILL
+        };
         for pid in &pids {
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGINT);
+            let _ = kill(Pid::from_raw(*pid), signal);
         }
     });
 
     let master = children[0].wait();
     let code = match master {
-        Ok(status) => status.code().unwrap_or(1),
+        Ok(status) => status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(1),
         Err(e) => {
             eprintln!("superstep-launch: lost the master process: {e}");
             1
@@ -166,7 +190,7 @@ fn main() -> ExitCode {
     for pipe in pipes {
         let _ = pipe.join();
     }
-    if interrupted.load(Ordering::SeqCst) && code == 0 {
+    if interrupts.load(Ordering::SeqCst) > 0 && code == 0 {
         return ExitCode::from(130);
     }
     ExitCode::from(u8::try_from(code).unwrap_or(1))

@@ -1,0 +1,163 @@
+//! Aggregation throughput with 8 MB worker results (a `Vec<f64>` of 1,000,000), in memory
+//! and over TCP, and beside it the floor: 8 MB as raw bytes over a loopback connection,
+//! and as rmp-serde `Vec<f64>` (what serde's per-element encoding costs).
+//!
+//! ```text
+//! cargo bench --bench aggregation
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use superstep::prelude::*;
+use superstep::transport::{TcpSettings, TcpTransport};
+
+const LEN: usize = 1_000_000;
+const BYTES: u64 = (LEN * 8) as u64;
+const WARMUP: u64 = 2;
+
+/// Returns its 8 MB vector each iteration (a fresh copy, as real compute would produce).
+struct Big(Vec<f64>);
+impl WorkerComputable for Big {
+    type MasterResult = f64;
+    type WorkerResult = Vec<f64>;
+    fn compute(&mut self, _: &mut WorkerContext<f64, Vec<f64>>) -> Result<Vec<f64>, BoxError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Sums the workers' vectors element-wise, in rank order.
+struct Sum;
+impl MasterComputable for Sum {
+    type MasterResult = f64;
+    type WorkerResult = Vec<f64>;
+    fn compute(&mut self, ctx: &mut MasterContext<f64, Vec<f64>>) -> Result<Step<f64>, BoxError> {
+        let mut total = 0.0;
+        for v in ctx.worker_results() {
+            total += v.iter().sum::<f64>();
+        }
+        Ok(Step::Continue(total))
+    }
+}
+
+fn shard(rank: usize) -> Vec<f64> {
+    (0..LEN).map(|i| (i + rank) as f64 * 0.5).collect()
+}
+
+fn measured(outcome: &superstep::JobOutcome<f64>) -> Duration {
+    outcome
+        .report
+        .iterations
+        .iter()
+        .skip(WARMUP as usize)
+        .map(|i| i.elapsed)
+        .sum()
+}
+
+fn superstep_memory(workers: usize, iters: u64) -> Duration {
+    let outcome = Job::builder(Sum, |rank| Big(shard(rank)))
+        .workers(workers)
+        .iterations(iters + WARMUP)
+        .run()
+        .expect("the job runs");
+    measured(&outcome)
+}
+
+fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
+    let mut s = TcpSettings::new(0, ranks, "127.0.0.1:0");
+    s.bind = Some("127.0.0.1:0".parse().unwrap());
+    let master = TcpTransport::new(s).unwrap();
+    let addr = master.local_addr().unwrap().to_string();
+    let others: Vec<_> = (1..ranks)
+        .map(|rank| {
+            let t = TcpTransport::new(TcpSettings::new(rank, ranks, addr.clone())).unwrap();
+            std::thread::spawn(move || {
+                Job::builder(Sum, |r| Big(shard(r)))
+                    .workers(ranks)
+                    .iterations(iters + WARMUP)
+                    .transport(t)
+                    .run()
+            })
+        })
+        .collect();
+    let outcome = Job::builder(Sum, |r| Big(shard(r)))
+        .workers(ranks)
+        .iterations(iters + WARMUP)
+        .transport(master)
+        .run()
+        .expect("the job runs");
+    for o in others {
+        o.join().unwrap().expect("a rank runs");
+    }
+    measured(&outcome)
+}
+
+/// The floor: 8 MB of raw bytes written on one loopback connection and read on the other
+/// side, with a one-byte acknowledgement per transfer.
+fn raw_bytes_tcp(iters: u64) -> Duration {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; BYTES as usize];
+        while s.read_exact(&mut buf).is_ok() {
+            if s.write_all(&[1]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let data = vec![7u8; BYTES as usize];
+    let start = Instant::now();
+    for _ in 0..iters {
+        s.write_all(&data).unwrap();
+        let mut ack = [0u8; 1];
+        s.read_exact(&mut ack).unwrap();
+    }
+    let elapsed = start.elapsed();
+    drop(s);
+    let _ = reader.join();
+    elapsed
+}
+
+/// For context: encoding and decoding a `Vec<f64>` of 1,000,000 with rmp-serde.
+fn rmp_serde_round(iters: u64) -> Duration {
+    let v = shard(0);
+    let start = Instant::now();
+    for _ in 0..iters {
+        let bytes = rmp_serde::to_vec(&v).unwrap();
+        let back: Vec<f64> = rmp_serde::from_slice(&bytes).unwrap();
+        std::hint::black_box(back);
+    }
+    start.elapsed()
+}
+
+fn aggregation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("aggregate_8mb");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_millis(500));
+    group.throughput(Throughput::Bytes(BYTES));
+    group.bench_function("floor_raw_bytes_tcp", |b| b.iter_custom(raw_bytes_tcp));
+    group.bench_function("rmp_serde_vec_f64", |b| b.iter_custom(rmp_serde_round));
+    for ranks in [1usize, 2] {
+        // Throughput per worker result: an iteration moves `ranks` results.
+        group.throughput(Throughput::Bytes(BYTES * ranks as u64));
+        group.bench_with_input(
+            BenchmarkId::new("superstep_memory", ranks),
+            &ranks,
+            |b, &n| b.iter_custom(|iters| superstep_memory(n, iters)),
+        );
+        group.bench_with_input(BenchmarkId::new("superstep_tcp", ranks), &ranks, |b, &n| {
+            b.iter_custom(|iters| superstep_tcp(n, iters))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, aggregation);
+criterion_main!(benches);

@@ -1,0 +1,235 @@
+//! Iteration latency with trivial compute: superstep in memory and over TCP, and beside it
+//! the floor — the same master/worker round written by hand with no framework.
+//!
+//! One round = broadcast the master result, every worker replies, the master folds.
+//!
+//! ```text
+//! cargo bench --bench iteration_latency
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use superstep::prelude::*;
+use superstep::transport::{TcpSettings, TcpTransport};
+use superstep::JobOutcome;
+
+/// Iterations run and not counted, so the measured ones are in their steady state.
+const WARMUP: u64 = 20;
+
+struct Echo(u64);
+impl WorkerComputable for Echo {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        Ok(ctx.last_master_result().copied().unwrap_or(0) + self.0)
+    }
+}
+
+struct Fold;
+impl MasterComputable for Fold {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        Ok(Step::Continue(
+            ctx.worker_results().iter().sum::<u64>() % 1_000_003,
+        ))
+    }
+}
+
+/// The measured iterations' time: each from its broadcast to its master result.
+fn iterating(outcome: &JobOutcome<u64>) -> Duration {
+    outcome
+        .report
+        .iterations
+        .iter()
+        .skip(WARMUP as usize)
+        .map(|i| i.elapsed)
+        .sum()
+}
+
+fn superstep_memory(workers: usize, iters: u64) -> Duration {
+    let outcome = Job::builder(Fold, |rank| Echo(rank as u64))
+        .workers(workers)
+        .iterations(iters + WARMUP)
+        .run()
+        .expect("the job runs");
+    iterating(&outcome)
+}
+
+/// The floor: a master task and `workers` worker tasks exchanging tokio channel messages.
+fn tokio_round(runtime: &tokio::runtime::Runtime, workers: usize, iters: u64) -> Duration {
+    runtime.block_on(async move {
+        let (reply_tx, mut replies) = tokio::sync::mpsc::unbounded_channel::<(usize, u64)>();
+        let mut to_workers = Vec::new();
+        let mut tasks = Vec::new();
+        for rank in 0..workers {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<u64>>();
+            let reply = reply_tx.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(m) = rx.recv().await {
+                    let _ = reply.send((rank, *m + rank as u64));
+                }
+            }));
+            to_workers.push(tx);
+        }
+        let mut results = vec![0u64; workers];
+        let mut value = 0u64;
+        let start = Instant::now();
+        for _ in 0..iters {
+            let m = Arc::new(value);
+            for w in &to_workers {
+                let _ = w.send(Arc::clone(&m));
+            }
+            for _ in 0..workers {
+                let (rank, v) = replies.recv().await.expect("a reply");
+                results[rank] = v;
+            }
+            value = results.iter().sum::<u64>() % 1_000_003;
+        }
+        let elapsed = start.elapsed();
+        drop(to_workers);
+        for t in tasks {
+            let _ = t.await;
+        }
+        elapsed
+    })
+}
+
+fn in_memory(c: &mut Criterion) {
+    let one_thread = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let multi_thread = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("iteration/memory");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+    for workers in [1usize, 4, 16, 64, 256, 1024] {
+        group.bench_with_input(BenchmarkId::new("superstep", workers), &workers, |b, &n| {
+            b.iter_custom(|iters| superstep_memory(n, iters))
+        });
+        group.bench_with_input(
+            BenchmarkId::new("floor_tokio_one_thread", workers),
+            &workers,
+            |b, &n| b.iter_custom(|iters| tokio_round(&one_thread, n, iters)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("floor_tokio_two_threads", workers),
+            &workers,
+            |b, &n| b.iter_custom(|iters| tokio_round(&multi_thread, n, iters)),
+        );
+    }
+    group.finish();
+}
+
+/// superstep over TCP on loopback: every rank's job with its own transport (its own I/O
+/// thread and runtime threads), as separate processes would have.
+fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
+    let mut s = TcpSettings::new(0, ranks, "127.0.0.1:0");
+    s.bind = Some("127.0.0.1:0".parse().unwrap());
+    let master = TcpTransport::new(s).unwrap();
+    let addr = master.local_addr().unwrap().to_string();
+    let others: Vec<_> = (1..ranks)
+        .map(|rank| {
+            let t = TcpTransport::new(TcpSettings::new(rank, ranks, addr.clone())).unwrap();
+            std::thread::spawn(move || {
+                Job::builder(Fold, |r| Echo(r as u64))
+                    .workers(ranks)
+                    .iterations(iters + WARMUP)
+                    .transport(t)
+                    .run()
+            })
+        })
+        .collect();
+    let outcome = Job::builder(Fold, |r| Echo(r as u64))
+        .workers(ranks)
+        .iterations(iters + WARMUP)
+        .transport(master)
+        .run()
+        .expect("the job runs");
+    for o in others {
+        o.join().unwrap().expect("a rank runs");
+    }
+    iterating(&outcome)
+}
+
+/// The floor: a master thread and `workers` worker threads, each pair on a TCP connection
+/// over loopback, exchanging length-prefixed 8-byte frames with blocking sockets.
+fn raw_tcp_round(workers: usize, iters: u64) -> Duration {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let threads: Vec<_> = (0..workers)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_nodelay(true).unwrap();
+                let mut frame = [0u8; 12];
+                while s.read_exact(&mut frame).is_ok() {
+                    let v = u64::from_le_bytes(frame[4..].try_into().unwrap()) + rank as u64;
+                    frame[4..].copy_from_slice(&v.to_le_bytes());
+                    if s.write_all(&frame).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut conns: Vec<TcpStream> = (0..workers)
+        .map(|_| {
+            let (s, _) = listener.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            s
+        })
+        .collect();
+    let mut value = 0u64;
+    let mut frame = [0u8; 12];
+    frame[..4].copy_from_slice(&8u32.to_be_bytes());
+    let start = Instant::now();
+    for _ in 0..iters {
+        frame[4..].copy_from_slice(&value.to_le_bytes());
+        for c in &mut conns {
+            c.write_all(&frame).unwrap();
+        }
+        let mut sum = 0u64;
+        for c in &mut conns {
+            let mut reply = [0u8; 12];
+            c.read_exact(&mut reply).unwrap();
+            sum += u64::from_le_bytes(reply[4..].try_into().unwrap());
+        }
+        value = sum % 1_000_003;
+    }
+    let elapsed = start.elapsed();
+    drop(conns);
+    for t in threads {
+        let _ = t.join();
+    }
+    elapsed
+}
+
+fn over_tcp(c: &mut Criterion) {
+    let mut group = c.benchmark_group("iteration/tcp");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for ranks in [1usize, 4, 8] {
+        group.bench_with_input(BenchmarkId::new("superstep", ranks), &ranks, |b, &n| {
+            b.iter_custom(|iters| superstep_tcp(n, iters))
+        });
+        group.bench_with_input(BenchmarkId::new("floor_raw_tcp", ranks), &ranks, |b, &n| {
+            b.iter_custom(|iters| raw_tcp_round(n, iters))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, in_memory, over_tcp);
+criterion_main!(benches);

@@ -1,0 +1,70 @@
+//! The logistic regression job's time per iteration against its sequential implementation,
+//! measured in the same run.
+//!
+//! ```text
+//! cargo bench --bench logistic_regression
+//! ```
+
+#[path = "../examples/support/lr.rs"]
+mod lr;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use superstep::prelude::*;
+
+const ROWS: usize = 400_000;
+const FEATURES: usize = 20;
+const RATE: f64 = 0.5;
+
+fn superstep(data: &Arc<lr::Dataset>, workers: usize, iters: u64) -> Duration {
+    let ranges = lr::split(data.rows, workers);
+    let shared = Arc::clone(data);
+    let outcome = Job::builder(
+        lr::LrMaster {
+            features: FEATURES,
+            rate: RATE,
+        },
+        move |rank| lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
+    )
+    .workers(workers)
+    .iterations(iters + 1)
+    .run()
+    .expect("the job runs");
+    // The first iteration runs on the pool while placement is measured; count the rest.
+    outcome
+        .report
+        .iterations
+        .iter()
+        .skip(1)
+        .map(|i| i.elapsed)
+        .sum()
+}
+
+fn sequential(data: &lr::Dataset, iters: u64) -> Duration {
+    let start = Instant::now();
+    std::hint::black_box(lr::sequential(data, iters, RATE));
+    start.elapsed()
+}
+
+fn logistic_regression(c: &mut Criterion) {
+    let data = Arc::new(lr::Dataset::generate(ROWS, FEATURES, 42));
+    let mut group = c.benchmark_group("logistic_regression_iteration");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(5))
+        .warm_up_time(Duration::from_millis(500));
+    group.bench_function("sequential", |b| {
+        b.iter_custom(|iters| sequential(&data, iters))
+    });
+    for workers in [1usize, 2] {
+        group.bench_with_input(BenchmarkId::new("superstep", workers), &workers, |b, &n| {
+            b.iter_custom(|iters| superstep(&data, n, iters))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, logistic_regression);
+criterion_main!(benches);

@@ -13,37 +13,42 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use superstep::prelude::*;
 use superstep::transport::{TcpSettings, TcpTransport};
+use superstep::{Floats, Payload};
 
 const LEN: usize = 1_000_000;
 const BYTES: u64 = (LEN * 8) as u64;
 const WARMUP: u64 = 2;
 
 /// Returns its 8 MB vector each iteration (a fresh copy, as real compute would produce).
-struct Big(Vec<f64>);
-impl WorkerComputable for Big {
+struct Big<T>(T);
+impl<T: Payload + Clone> WorkerComputable for Big<T> {
     type MasterResult = f64;
-    type WorkerResult = Vec<f64>;
-    fn compute(&mut self, _: &mut WorkerContext<f64, Vec<f64>>) -> Result<Vec<f64>, BoxError> {
+    type WorkerResult = T;
+    fn compute(&mut self, _: &mut WorkerContext<f64, T>) -> Result<T, BoxError> {
         Ok(self.0.clone())
     }
 }
 
-/// Sums the workers' vectors element-wise, in rank order.
-struct Sum;
-impl MasterComputable for Sum {
+/// Sums the workers' vectors, in rank order.
+struct Sum<T>(std::marker::PhantomData<fn() -> T>);
+impl<T: Payload + AsRef<[f64]>> MasterComputable for Sum<T> {
     type MasterResult = f64;
-    type WorkerResult = Vec<f64>;
-    fn compute(&mut self, ctx: &mut MasterContext<f64, Vec<f64>>) -> Result<Step<f64>, BoxError> {
+    type WorkerResult = T;
+    fn compute(&mut self, ctx: &mut MasterContext<f64, T>) -> Result<Step<f64>, BoxError> {
         let mut total = 0.0;
         for v in ctx.worker_results() {
-            total += v.iter().sum::<f64>();
+            total += v.as_ref().iter().sum::<f64>();
         }
         Ok(Step::Continue(total))
     }
 }
 
-fn shard(rank: usize) -> Vec<f64> {
-    (0..LEN).map(|i| (i + rank) as f64 * 0.5).collect()
+fn shard<T: From<Vec<f64>>>(rank: usize) -> T {
+    T::from(
+        (0..LEN)
+            .map(|i| (i + rank) as f64 * 0.5)
+            .collect::<Vec<f64>>(),
+    )
 }
 
 fn measured(outcome: &superstep::JobOutcome<f64>) -> Duration {
@@ -56,16 +61,25 @@ fn measured(outcome: &superstep::JobOutcome<f64>) -> Duration {
         .sum()
 }
 
-fn superstep_memory(workers: usize, iters: u64) -> Duration {
-    let outcome = Job::builder(Sum, |rank| Big(shard(rank)))
-        .workers(workers)
-        .iterations(iters + WARMUP)
-        .run()
-        .expect("the job runs");
-    measured(&outcome)
+fn job<T: Payload + Clone + AsRef<[f64]> + From<Vec<f64>>>(
+    workers: usize,
+    iters: u64,
+) -> superstep::JobBuilder<f64, T> {
+    Job::builder(Sum::<T>(std::marker::PhantomData), |rank| {
+        Big(shard::<T>(rank))
+    })
+    .workers(workers)
+    .iterations(iters + WARMUP)
 }
 
-fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
+fn superstep_memory(workers: usize, iters: u64) -> Duration {
+    measured(&job::<Vec<f64>>(workers, iters).run().expect("the job runs"))
+}
+
+fn superstep_tcp<T: Payload + Clone + AsRef<[f64]> + From<Vec<f64>>>(
+    ranks: usize,
+    iters: u64,
+) -> Duration {
     let mut s = TcpSettings::new(0, ranks, "127.0.0.1:0");
     s.bind = Some("127.0.0.1:0".parse().unwrap());
     let master = TcpTransport::new(s).unwrap();
@@ -73,18 +87,10 @@ fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
     let others: Vec<_> = (1..ranks)
         .map(|rank| {
             let t = TcpTransport::new(TcpSettings::new(rank, ranks, addr.clone())).unwrap();
-            std::thread::spawn(move || {
-                Job::builder(Sum, |r| Big(shard(r)))
-                    .workers(ranks)
-                    .iterations(iters + WARMUP)
-                    .transport(t)
-                    .run()
-            })
+            std::thread::spawn(move || job::<T>(ranks, iters).transport(t).run())
         })
         .collect();
-    let outcome = Job::builder(Sum, |r| Big(shard(r)))
-        .workers(ranks)
-        .iterations(iters + WARMUP)
+    let outcome = job::<T>(ranks, iters)
         .transport(master)
         .run()
         .expect("the job runs");
@@ -125,7 +131,7 @@ fn raw_bytes_tcp(iters: u64) -> Duration {
 
 /// For context: encoding and decoding a `Vec<f64>` of 1,000,000 with rmp-serde.
 fn rmp_serde_round(iters: u64) -> Duration {
-    let v = shard(0);
+    let v: Vec<f64> = shard(0);
     let start = Instant::now();
     for _ in 0..iters {
         let bytes = rmp_serde::to_vec(&v).unwrap();
@@ -152,9 +158,16 @@ fn aggregation(c: &mut Criterion) {
             &ranks,
             |b, &n| b.iter_custom(|iters| superstep_memory(n, iters)),
         );
-        group.bench_with_input(BenchmarkId::new("superstep_tcp", ranks), &ranks, |b, &n| {
-            b.iter_custom(|iters| superstep_tcp(n, iters))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("superstep_tcp_vec_f64", ranks),
+            &ranks,
+            |b, &n| b.iter_custom(|iters| superstep_tcp::<Vec<f64>>(n, iters)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("superstep_tcp_floats", ranks),
+            &ranks,
+            |b, &n| b.iter_custom(|iters| superstep_tcp::<Floats>(n, iters)),
+        );
     }
     group.finish();
 }

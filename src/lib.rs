@@ -155,6 +155,7 @@ mod error;
 pub mod events;
 pub mod interceptor;
 mod job;
+mod payload;
 pub mod protocol;
 mod report;
 mod runtime;
@@ -170,6 +171,7 @@ pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
 pub use job::{Job, JobBuilder};
+pub use payload::Floats;
 pub use protocol::{HaltedBy, Iteration, Rank};
 pub use report::{IterationReport, JobOutcome, JobReport};
 

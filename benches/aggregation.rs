@@ -10,10 +10,13 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+#[path = "support/tcp.rs"]
+mod tcp;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use superstep::prelude::*;
-use superstep::transport::{TcpSettings, TcpTransport};
 use superstep::{Floats, Payload};
+use tcp::run_over_tcp;
 
 const LEN: usize = 1_000_000;
 const BYTES: u64 = (LEN * 8) as u64;
@@ -80,24 +83,7 @@ fn superstep_tcp<T: Payload + Clone + AsRef<[f64]> + From<Vec<f64>>>(
     ranks: usize,
     iters: u64,
 ) -> Duration {
-    let mut s = TcpSettings::new(0, ranks, "127.0.0.1:0");
-    s.bind = Some("127.0.0.1:0".parse().unwrap());
-    let master = TcpTransport::new(s).unwrap();
-    let addr = master.local_addr().unwrap().to_string();
-    let others: Vec<_> = (1..ranks)
-        .map(|rank| {
-            let t = TcpTransport::new(TcpSettings::new(rank, ranks, addr.clone())).unwrap();
-            std::thread::spawn(move || job::<T>(ranks, iters).transport(t).run())
-        })
-        .collect();
-    let outcome = job::<T>(ranks, iters)
-        .transport(master)
-        .run()
-        .expect("the job runs");
-    for o in others {
-        o.join().unwrap().expect("a rank runs");
-    }
-    measured(&outcome)
+    measured(&run_over_tcp(ranks, move || job::<T>(ranks, iters)))
 }
 
 /// The floor: 8 MB of raw bytes written on one loopback connection and read on the other

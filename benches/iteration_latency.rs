@@ -12,10 +12,13 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "support/tcp.rs"]
+mod tcp;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use superstep::prelude::*;
-use superstep::transport::{TcpSettings, TcpTransport};
 use superstep::JobOutcome;
+use tcp::run_over_tcp;
 
 /// Iterations run and not counted, so the measured ones are in their steady state.
 const WARMUP: u64 = 20;
@@ -130,35 +133,13 @@ fn in_memory(c: &mut Criterion) {
     group.finish();
 }
 
-/// superstep over TCP on loopback: every rank's job with its own transport (its own I/O
-/// thread and runtime threads), as separate processes would have.
+/// superstep over TCP on loopback.
 fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
-    let mut s = TcpSettings::new(0, ranks, "127.0.0.1:0");
-    s.bind = Some("127.0.0.1:0".parse().unwrap());
-    let master = TcpTransport::new(s).unwrap();
-    let addr = master.local_addr().unwrap().to_string();
-    let others: Vec<_> = (1..ranks)
-        .map(|rank| {
-            let t = TcpTransport::new(TcpSettings::new(rank, ranks, addr.clone())).unwrap();
-            std::thread::spawn(move || {
-                Job::builder(Fold, |r| Echo(r as u64))
-                    .workers(ranks)
-                    .iterations(iters + WARMUP)
-                    .transport(t)
-                    .run()
-            })
-        })
-        .collect();
-    let outcome = Job::builder(Fold, |r| Echo(r as u64))
-        .workers(ranks)
-        .iterations(iters + WARMUP)
-        .transport(master)
-        .run()
-        .expect("the job runs");
-    for o in others {
-        o.join().unwrap().expect("a rank runs");
-    }
-    iterating(&outcome)
+    iterating(&run_over_tcp(ranks, move || {
+        Job::builder(Fold, |r| Echo(r as u64))
+            .workers(ranks)
+            .iterations(iters + WARMUP)
+    }))
 }
 
 /// The floor: a master thread and `workers` worker threads, each pair on a TCP connection

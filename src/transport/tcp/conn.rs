@@ -198,6 +198,47 @@ fn heartbeat_frame(max: usize) -> Bytes {
     wire::encode(&Wire::<(), ()>::Heartbeat, max).expect("a heartbeat always encodes")
 }
 
+/// What a delivered message means for its connection.
+enum Delivered {
+    /// More messages follow.
+    More,
+    /// The peer's last message: whatever happens on the connection next is no loss.
+    Last,
+}
+
+/// Reads a connection's frames until its peer's last message or the transport's stop,
+/// answering heartbeats by silence and handing every other message to `deliver`. Returns
+/// why the peer was lost (silent, closed, unreadable, or refused by `deliver`), or `None`.
+async fn read_until_last<M: Payload, W: Payload>(
+    frames: &mut Frames,
+    heartbeat_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+    mut deliver: impl FnMut(Wire<M, W>) -> Result<Delivered, String>,
+) -> Option<String> {
+    let mut last = false;
+    loop {
+        let next = tokio::select! {
+            next = frames.next(heartbeat_timeout) => next,
+            _ = stop.changed() => return None,
+        };
+        let frame = match next {
+            // After its last message a peer may go as it likes.
+            _ if last => return None,
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Some("its connection closed".into()),
+            Err(reason) => return Some(reason),
+        };
+        match decode_guarded::<M, W>(&frame) {
+            Ok(Wire::Heartbeat) => {}
+            Ok(wire) => match deliver(wire) {
+                Ok(delivered) => last = matches!(delivered, Delivered::Last),
+                Err(reason) => return Some(reason),
+            },
+            Err(reason) => return Some(reason),
+        }
+    }
+}
+
 /// A rank claimed by a connection: released however the connection ends.
 struct Claim {
     conns: Conns,
@@ -380,30 +421,20 @@ impl<M: Payload, W: Payload> Server<M, W> {
     /// Delivers a connected worker's messages. Returns why it was lost, or `None` when it
     /// ended as it should (after its `Done`) or the transport stopped.
     async fn read_loop(&self, rank: Rank, frames: &mut Frames) -> Option<String> {
-        let mut done = false;
-        let mut stop = self.stop.clone();
-        loop {
-            let next = tokio::select! {
-                next = frames.next(self.settings.heartbeat_timeout) => next,
-                _ = stop.changed() => return None,
-            };
-            let frame = match next {
-                // After its last message a worker may go as it likes.
-                _ if done => return None,
-                Ok(Some(frame)) => frame,
-                Ok(None) => return Some("its connection closed".into()),
-                Err(reason) => return Some(reason),
-            };
-            match decode_guarded::<M, W>(&frame) {
-                Ok(Wire::Heartbeat) => {}
-                Ok(Wire::ToMaster(msg)) => {
-                    done = matches!(msg, ToMaster::Done { .. });
-                    (self.inbox)(Envelope { from: rank, msg });
-                }
-                Ok(_) => return Some("it sent a handshake message after its handshake".into()),
-                Err(reason) => return Some(reason),
+        let timeout = self.settings.heartbeat_timeout;
+        read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
+            Wire::ToMaster(msg) => {
+                let last = matches!(msg, ToMaster::Done { .. });
+                (self.inbox)(Envelope { from: rank, msg });
+                Ok(if last {
+                    Delivered::Last
+                } else {
+                    Delivered::More
+                })
             }
-        }
+            _ => Err("it sent a handshake message after its handshake".into()),
+        })
+        .await
     }
 }
 
@@ -543,32 +574,20 @@ impl<M: Payload, W: Payload> Client<M, W> {
     /// Delivers the master's messages. Returns why the master was lost, or `None` when
     /// the job ended (finish or abort received) or the transport stopped.
     async fn read_loop(&self, frames: &mut Frames) -> Option<String> {
-        let mut ended = false;
-        let mut stop = self.stop.clone();
-        loop {
-            let next = tokio::select! {
-                next = frames.next(self.settings.heartbeat_timeout) => next,
-                _ = stop.changed() => return None,
-            };
-            let frame = match next {
-                // After the job's last message the master may go as it likes.
-                _ if ended => return None,
-                Ok(Some(frame)) => frame,
-                Ok(None) => return Some("its connection closed".into()),
-                Err(reason) => return Some(reason),
-            };
-            match decode_guarded::<M, W>(&frame) {
-                Ok(Wire::Heartbeat) => {}
-                Ok(Wire::ToWorker(msg)) => {
-                    ended = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
-                    (self.inbox)(msg);
-                }
-                Ok(Wire::Refused { reason }) => {
-                    return Some(format!("it closed this connection: {reason}"))
-                }
-                Ok(_) => return Some("it sent a handshake message after the handshake".into()),
-                Err(reason) => return Some(reason),
+        let timeout = self.settings.heartbeat_timeout;
+        read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
+            Wire::ToWorker(msg) => {
+                let last = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
+                (self.inbox)(msg);
+                Ok(if last {
+                    Delivered::Last
+                } else {
+                    Delivered::More
+                })
             }
-        }
+            Wire::Refused { reason } => Err(format!("it closed this connection: {reason}")),
+            _ => Err("it sent a handshake message after the handshake".into()),
+        })
+        .await
     }
 }

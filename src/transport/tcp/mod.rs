@@ -287,6 +287,9 @@ impl IoThread {
                     drained.close();
                     let _ = tokio::time::timeout(Duration::from_secs(5), drained.wait()).await;
                 });
+                // Dropping the runtime would wait for blocking work (a name lookup in a
+                // connect, say) however long it takes; bound it.
+                runtime.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|e| TransportError::Io(format!("cannot start the I/O thread: {e}")))?;
         Ok(IoThread {

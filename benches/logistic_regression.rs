@@ -12,26 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use superstep::prelude::*;
 
 const ROWS: usize = 400_000;
 const FEATURES: usize = 20;
 const RATE: f64 = 0.5;
 
 fn superstep(data: &Arc<lr::Dataset>, workers: usize, iters: u64) -> Duration {
-    let ranges = lr::split(data.rows, workers);
-    let shared = Arc::clone(data);
-    let outcome = Job::builder(
-        lr::LrMaster {
-            features: FEATURES,
-            rate: RATE,
-        },
-        move |rank| lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
-    )
-    .workers(workers)
-    .iterations(iters + 1)
-    .run()
-    .expect("the job runs");
+    let outcome = lr::job(data, workers, RATE)
+        .iterations(iters + 1)
+        .run()
+        .expect("the job runs");
     // The first iteration runs on the pool while placement is measured; count the rest.
     outcome
         .report

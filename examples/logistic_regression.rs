@@ -143,6 +143,9 @@ fn main() -> ExitCode {
         .job_id("logistic-regression")
         .workers(workers)
         .iterations(args.iterations)
+        // Sum the gradients as they arrive, in rank order: the master never holds one per
+        // worker, and the sum is the same, bit for bit, as summing them all at the end.
+        .combine(Gradient::add)
         .master_interceptor(LossPrinter { bar: bar.clone() })
         .on_event(move |event| {
             if let JobEvent::IterationCompleted(report) = event {

@@ -282,6 +282,7 @@ pub struct MasterContext<M, W> {
     pub(crate) iteration: Iteration,
     pub(crate) iterations: Iteration,
     pub(crate) results: Vec<W>,
+    pub(crate) combined: Option<W>,
     pub(crate) halt_votes: usize,
     pub(crate) last: Option<Arc<M>>,
     pub(crate) current: Option<Arc<M>>,
@@ -295,6 +296,7 @@ impl<M, W> MasterContext<M, W> {
             iteration: 0,
             iterations,
             results: Vec::new(),
+            combined: None,
             halt_votes: 0,
             last: None,
             current: None,
@@ -328,9 +330,24 @@ impl<M, W> MasterContext<M, W> {
 
     /// Every worker's result of this iteration, in rank order: index `r` is rank `r`'s.
     /// Empty before the first iteration and after an iteration completed; after a failed
-    /// iteration, still that iteration's results.
+    /// iteration, still that iteration's results. Empty too when the job combines results
+    /// as they arrive: see [`combined_result`](MasterContext::combined_result).
     pub fn worker_results(&self) -> &[W] {
         &self.results
+    }
+
+    /// When the job combines results as they arrive (`JobBuilder::combine`): every
+    /// worker's result of this iteration folded in rank order, `combine(combine(r0, r1),
+    /// r2)…`, so the master never held one per worker. `None` when the job does not
+    /// combine, and outside an iteration.
+    pub fn combined_result(&self) -> Option<&W> {
+        self.combined.as_ref()
+    }
+
+    /// Takes the [`combined_result`](MasterContext::combined_result) out of the context,
+    /// to reuse it without a copy (it is dropped after the iteration anyway).
+    pub fn take_combined_result(&mut self) -> Option<W> {
+        self.combined.take()
     }
 
     /// How many workers voted to halt in this iteration.
@@ -358,6 +375,7 @@ impl<M, W> fmt::Debug for MasterContext<M, W> {
             .field("iteration", &self.iteration)
             .field("iterations", &self.iterations)
             .field("results", &self.results.len())
+            .field("combined", &self.combined.is_some())
             .field("halt_votes", &self.halt_votes)
             .finish()
     }

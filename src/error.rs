@@ -37,6 +37,9 @@ pub enum Phase {
     PostIteration,
     /// An interceptor's `post_application`.
     PostApplication,
+    /// The master's combiner, folding a worker's result as it arrives (see
+    /// `JobBuilder::combine`).
+    Combine,
 }
 
 impl fmt::Display for Phase {
@@ -48,6 +51,7 @@ impl fmt::Display for Phase {
             Phase::Compute => "compute",
             Phase::PostIteration => "post_iteration",
             Phase::PostApplication => "post_application",
+            Phase::Combine => "combine",
         })
     }
 }

@@ -16,6 +16,11 @@ pub struct IterationReport {
     pub master_elapsed: Duration,
     /// The slowest worker (its rank and its hooks and compute time).
     pub slowest: Option<(Rank, Duration)>,
+    /// The most worker results the master's node held at once, from their arrival until
+    /// the master's compute: the worker count, unless results are combined as they arrive
+    /// (`JobBuilder::combine`), when it is one (the fold) plus those that arrived ahead of
+    /// a lower rank still missing.
+    pub results_held: usize,
 }
 
 /// How a job went.

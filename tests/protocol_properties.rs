@@ -16,6 +16,11 @@ fn genuine(rank: usize) -> u64 {
     rank as u64 * 1_000 + 7
 }
 
+/// A fold whose value depends on the order of its inputs.
+fn order_sensitive(fold: u64, next: u64) -> u64 {
+    fold.wrapping_mul(1_000_003).wrapping_add(next)
+}
+
 /// The genuine arrivals of one round, plus duplicates of some, plus stale ones (another
 /// attempt, an earlier or a later iteration), plus some from ranks that do not exist,
 /// shuffled.
@@ -83,6 +88,7 @@ proptest! {
         workers in 1usize..12,
         iterations in 1u64..6,
         seed in any::<u64>(),
+        combining in any::<bool>(),
     ) {
         let t0 = Instant::now();
         let mut gate = Gate::new(GateConfig {
@@ -92,6 +98,12 @@ proptest! {
             iteration_timeout: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(1),
         }, t0);
+        if combining {
+            gate = gate.combining(Box::new(|fold, next| {
+                *fold = order_sensitive(*fold, next);
+                Ok(())
+            }));
+        }
         let mut registered = 0;
         for r in (0..workers).rev() {
             if gate.on_message(t0, Envelope { from: r, msg: ToMaster::<u64>::Registered { attempt: 0 } })
@@ -123,12 +135,19 @@ proptest! {
             }
             prop_assert_eq!(completed.len(), 1);
             match completed.pop().unwrap() {
-                GateOutput::RoundComplete { iteration: done, reports } => {
+                GateOutput::RoundComplete { iteration: done, gathered } => {
                     prop_assert_eq!(done, iteration);
-                    let values: Vec<u64> = reports.iter().map(|r| r.result).collect();
                     let expected: Vec<u64> = (0..workers).map(|r| genuine(r) + iteration).collect();
-                    prop_assert_eq!(values, expected);
-                    prop_assert!(reports.iter().all(|r| r.iteration == iteration));
+                    if combining {
+                        prop_assert!(gathered.results.is_empty());
+                        let folded = expected.iter().copied().reduce(order_sensitive);
+                        prop_assert_eq!(gathered.combined, folded, "folded once each, in rank order");
+                        prop_assert!((1..=workers).contains(&gathered.peak_held));
+                    } else {
+                        prop_assert_eq!(gathered.results, expected);
+                        prop_assert_eq!(gathered.combined, None);
+                        prop_assert_eq!(gathered.peak_held, workers);
+                    }
                 }
                 other => prop_assert!(false, "unexpected {:?}", other),
             }

@@ -52,17 +52,7 @@ fn lr_job(
     data: &Arc<lr::Dataset>,
     workers: usize,
 ) -> superstep::JobBuilder<lr::Model, lr::Gradient> {
-    let ranges = lr::split(data.rows, workers);
-    let shared = Arc::clone(data);
-    Job::builder(
-        lr::LrMaster {
-            features: data.features,
-            rate: 0.7,
-        },
-        move |rank| lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
-    )
-    .workers(workers)
-    .iterations(8)
+    lr::job(data, workers, 0.7).iterations(8)
 }
 
 #[test]
@@ -101,6 +91,44 @@ fn a_job_over_tcp_equals_the_same_job_in_memory_bit_for_bit() {
         8,
         "rank 0 runs the master"
     );
+}
+
+#[test]
+fn results_combined_as_they_arrive_over_tcp_give_the_in_memory_model() {
+    let data = Arc::new(lr::Dataset::generate(3_000, 4, 17));
+    let workers = 4;
+    let in_memory = lr_job(&data, workers).run().unwrap();
+    let (master, addr) = master_transport(workers, "lr-combine");
+    let d = Arc::clone(&data);
+    let mut ranks: Vec<JoinHandle<LrOutcome>> = vec![thread::spawn(move || {
+        lr_job(&d, workers)
+            .combine(lr::Gradient::add)
+            .transport(master)
+            .run()
+    })];
+    for rank in 1..workers {
+        let d = Arc::clone(&data);
+        let t = TcpTransport::new(settings(rank, workers, &addr, "lr-combine")).unwrap();
+        ranks.push(thread::spawn(move || {
+            lr_job(&d, workers)
+                .combine(lr::Gradient::add)
+                .transport(t)
+                .run()
+        }));
+    }
+    let outcomes: Vec<JobOutcome<lr::Model>> = ranks
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    let bits = |m: &lr::Model| m.weights.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
+    for outcome in &outcomes {
+        assert_eq!(bits(&outcome.result), bits(&in_memory.result));
+    }
+    assert!(outcomes[0]
+        .report
+        .iterations
+        .iter()
+        .all(|i| i.results_held <= workers));
 }
 
 /// Sends `bytes` on a fresh connection to `addr`, and returns what came back before the

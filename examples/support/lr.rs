@@ -12,6 +12,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use superstep::prelude::*;
+use superstep::JobBuilder;
 
 /// Rows of features and 0/1 labels, row-major.
 pub struct Dataset {
@@ -80,6 +81,22 @@ pub struct Gradient {
     pub grad: Vec<f64>,
     pub loss: f64,
     pub rows: u64,
+}
+
+impl Gradient {
+    /// Adds `other` into `self`: the combiner of a job that sums gradients as they arrive
+    /// (`JobBuilder::combine`).
+    pub fn add(&mut self, other: Gradient) {
+        self.add_from(&other);
+    }
+
+    fn add_from(&mut self, other: &Gradient) {
+        for (t, x) in self.grad.iter_mut().zip(&other.grad) {
+            *t += x;
+        }
+        self.loss += other.loss;
+        self.rows += other.rows;
+    }
 }
 
 /// The model after an iteration, and the mean loss of the weights it was computed from.
@@ -171,22 +188,39 @@ impl MasterComputable for LrMaster {
         &mut self,
         ctx: &mut MasterContext<Model, Gradient>,
     ) -> Result<Step<Model>, BoxError> {
-        let mut total = Gradient {
-            grad: vec![0.0; self.features],
-            loss: 0.0,
-            rows: 0,
-        };
-        for g in ctx.worker_results() {
-            for (t, x) in total.grad.iter_mut().zip(&g.grad) {
-                *t += x;
+        // With `combine(Gradient::add)` the gradients arrive summed already, in rank order.
+        let total = match ctx.take_combined_result() {
+            Some(total) => total,
+            None => {
+                let mut total = Gradient {
+                    grad: vec![0.0; self.features],
+                    loss: 0.0,
+                    rows: 0,
+                };
+                for g in ctx.worker_results() {
+                    total.add_from(g);
+                }
+                total
             }
-            total.loss += g.loss;
-            total.rows += g.rows;
-        }
+        };
         let zeros = vec![0.0; self.features];
         let weights = ctx.last_master_result().map_or(&zeros, |m| &m.weights);
         Ok(Step::Continue(step(weights, &total, self.rate)))
     }
+}
+
+/// The job: rows split evenly over `workers`, one descent step of `rate` per iteration.
+pub fn job(data: &Arc<Dataset>, workers: usize, rate: f64) -> JobBuilder<Model, Gradient> {
+    let ranges = split(data.rows, workers);
+    let shared = Arc::clone(data);
+    Job::builder(
+        LrMaster {
+            features: data.features,
+            rate,
+        },
+        move |rank| LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
+    )
+    .workers(workers)
 }
 
 /// The same descent, single-threaded, with no framework.

@@ -12,7 +12,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{Iteration, Rank};
 use crate::report::JobOutcome;
 use crate::runtime::{
-    self, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory, WorkerHookFactory,
+    self, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory, WorkerHookFactory,
 };
 use crate::transport::{MemoryTransport, Transport};
 
@@ -46,6 +46,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             worker_hooks: Vec::new(),
             events: Events::default(),
             transport: None,
+            combine: None,
         }
     }
 
@@ -82,6 +83,7 @@ impl<M, W> fmt::Debug for Job<M, W> {
             .field("master_interceptors", &self.plan.master_hooks.len())
             .field("worker_interceptors", &self.plan.worker_hooks.len())
             .field("events", &self.plan.events)
+            .field("combine", &self.plan.combine.is_some())
             .finish()
     }
 }
@@ -96,6 +98,7 @@ pub struct JobBuilder<M, W> {
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
     events: Events,
     transport: Option<Box<dyn Transport<M, W>>>,
+    combine: Option<CombineFn<W>>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -201,6 +204,54 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Combines the workers' results as they arrive instead of handing the master one per
+    /// worker (Guagua's `Combinable`): `combine(&mut fold, next)` folds the result of
+    /// rank `r` into the fold of ranks `0..r` as soon as those arrived, so the folding
+    /// order — and a floating-point sum — is the same in every run. The master reads the
+    /// fold with [`MasterContext::combined_result`](crate::MasterContext::combined_result)
+    /// and [`worker_results`](crate::MasterContext::worker_results) is empty.
+    ///
+    /// The master's node then holds the fold and only the results that arrived ahead of a
+    /// missing lower rank, not one per worker: for large results (a gradient, say) this is
+    /// what bounds its memory; [`IterationReport::results_held`](crate::IterationReport)
+    /// tells how many it held. `combine` runs on the coordination thread as results arrive,
+    /// overlapping the slower workers' compute; a panic in it fails the job as the master's
+    /// failure in [`Phase::Combine`](crate::Phase::Combine).
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// # struct Sum;
+    /// # impl MasterComputable for Sum {
+    /// #     type MasterResult = f64;
+    /// #     type WorkerResult = Vec<f64>;
+    /// #     fn compute(&mut self, ctx: &mut MasterContext<f64, Vec<f64>>) -> Result<Step<f64>, BoxError> {
+    /// #         Ok(Step::Continue(ctx.combined_result().unwrap().iter().sum()))
+    /// #     }
+    /// # }
+    /// # struct Part(usize);
+    /// # impl WorkerComputable for Part {
+    /// #     type MasterResult = f64;
+    /// #     type WorkerResult = Vec<f64>;
+    /// #     fn compute(&mut self, _: &mut WorkerContext<f64, Vec<f64>>) -> Result<Vec<f64>, BoxError> {
+    /// #         Ok(vec![self.0 as f64; 4])
+    /// #     }
+    /// # }
+    /// let outcome = Job::builder(Sum, Part)
+    ///     .workers(3)
+    ///     .iterations(2)
+    ///     .combine(|fold: &mut Vec<f64>, next: Vec<f64>| {
+    ///         fold.iter_mut().zip(next).for_each(|(a, b)| *a += b)
+    ///     })
+    ///     .run()?;
+    /// assert_eq!(*outcome.result, 12.0); // (0 + 1 + 2) × 4
+    /// assert!(outcome.report.iterations.iter().all(|i| i.results_held <= 3));
+    /// # Ok::<(), superstep::JobError>(())
+    /// ```
+    pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
+        self.combine = Some(Box::new(combine));
+        self
+    }
+
     /// The transport that connects master and workers. Default: [`MemoryTransport`].
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
@@ -218,6 +269,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 workers: self.workers,
                 worker_hooks: self.worker_hooks,
                 events: self.events,
+                combine: self.combine,
                 transport: self
                     .transport
                     .unwrap_or_else(|| Box::new(MemoryTransport::new())),
@@ -238,6 +290,7 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
             .field("master_interceptors", &self.master_hooks.len())
             .field("worker_interceptors", &self.worker_hooks.len())
             .field("events", &self.events)
+            .field("combine", &self.combine.is_some())
             .finish()
     }
 }

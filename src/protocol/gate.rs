@@ -2,8 +2,38 @@
 
 use std::time::{Duration, Instant};
 
+use std::fmt;
+
 use super::{Attempt, Drops, Envelope, Iteration, Rank, Report, Round, ToMaster};
-use crate::error::{JobError, Waiting};
+use crate::error::{Cause, JobError, Phase, Waiting};
+
+/// Folds the result of the next rank into the fold of every lower rank's
+/// (`combine(&mut fold, next)`); see [`Gate::combining`]. An `Err` fails the round as the
+/// master's failure in [`Phase::Combine`].
+pub type Combiner<W> = Box<dyn FnMut(&mut W, W) -> Result<(), Cause> + Send>;
+
+/// One completed round, summed up for the master.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gathered<W> {
+    /// Every rank's result in rank order; empty when the gate combines.
+    pub results: Vec<W>,
+    /// When the gate combines: every rank's result folded in rank order.
+    pub combined: Option<W>,
+    /// How many ranks voted to halt.
+    pub halt_votes: usize,
+    /// The slowest rank and its time.
+    pub slowest: Option<(Rank, Duration)>,
+    /// The most worker results the gate held at once during the round (a fold counts as
+    /// one): the workers' count without combining; with it, one more than the results that
+    /// arrived ahead of a missing lower rank.
+    pub peak_held: usize,
+}
+
+/// The fold of a round's prefix, kept while results are combined.
+struct Fold<W> {
+    combine: Combiner<W>,
+    acc: Option<W>,
+}
 
 /// What a [`Gate`] needs to know.
 #[derive(Debug, Clone)]
@@ -29,8 +59,8 @@ pub enum GateOutput<W> {
     RoundComplete {
         /// The iteration that completed.
         iteration: Iteration,
-        /// One report per rank, in rank order.
-        reports: Vec<Report<W>>,
+        /// What the ranks delivered.
+        gathered: Gathered<W>,
     },
     /// The job must fail: a worker reported a failure, or a wait timed out.
     Failed(JobError),
@@ -65,7 +95,6 @@ enum Stage {
 /// [`GateOutput::Failed`] it drains. Call [`handle_timeout`](Gate::handle_timeout) when the
 /// instant from [`poll_timeout`](Gate::poll_timeout) has passed (calling it early is
 /// harmless). [`GateOutput::Drained`] is the last output.
-#[derive(Debug)]
 pub struct Gate<W> {
     config: GateConfig,
     stage: Stage,
@@ -73,9 +102,26 @@ pub struct Gate<W> {
     registered: Vec<bool>,
     registered_count: usize,
     round: Round<Report<W>>,
+    fold: Option<Fold<W>>,
+    halt_votes: usize,
+    slowest: Option<(Rank, Duration)>,
+    peak_held: usize,
     done: Vec<bool>,
     done_count: usize,
     other_drops: Drops,
+}
+
+impl<W> fmt::Debug for Gate<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("config", &self.config)
+            .field("stage", &self.stage)
+            .field("registered", &self.registered_count)
+            .field("round", &self.round.iteration())
+            .field("combining", &self.fold.is_some())
+            .field("done", &self.done_count)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<W> Gate<W> {
@@ -88,11 +134,25 @@ impl<W> Gate<W> {
             registered: vec![false; n],
             registered_count: 0,
             round: Round::new(n),
+            fold: None,
+            halt_votes: 0,
+            slowest: None,
+            peak_held: 0,
             done: vec![false; n],
             done_count: 0,
             other_drops: Drops::default(),
             config,
         }
+    }
+
+    /// Combines the results of each round as they arrive, in rank order, instead of
+    /// keeping every rank's until the round completes: rank `r`'s result is folded into the
+    /// fold of ranks `0..r` as soon as those were, so the gate holds the fold and only the
+    /// results that arrived ahead of a missing lower rank. The round then completes with
+    /// [`Gathered::combined`] and no [`Gathered::results`].
+    pub fn combining(mut self, combine: Combiner<W>) -> Self {
+        self.fold = Some(Fold { combine, acc: None });
+        self
     }
 
     /// Feeds one message from a worker.
@@ -138,14 +198,15 @@ impl<W> Gate<W> {
             }
             ToMaster::Result(report) => {
                 let (attempt, iteration) = (report.attempt, report.iteration);
-                match self.round.offer(from, attempt, iteration, report) {
-                    super::Offer::Completed => {
-                        self.stage = Stage::Idle;
-                        let reports = self.round.close().into_iter().map(|(_, r)| r).collect();
-                        Some(GateOutput::RoundComplete { iteration, reports })
-                    }
-                    _ => None,
+                let complete = match self.round.offer(from, attempt, iteration, report) {
+                    super::Offer::Completed => true,
+                    super::Offer::Accepted => false,
+                    _ => return None,
+                };
+                if let Err(failed) = self.take_ready() {
+                    return Some(failed);
                 }
+                complete.then(|| self.complete(iteration))
             }
             ToMaster::Failed { attempt, error } => {
                 if attempt != self.config.attempt {
@@ -182,6 +243,61 @@ impl<W> Gate<W> {
         }
     }
 
+    /// Tallies (and when combining, folds) the results that can be taken in rank order.
+    fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
+        let held = self.round.held() + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
+        self.peak_held = self.peak_held.max(held);
+        let Some(fold) = &mut self.fold else {
+            return Ok(());
+        };
+        while let Some((rank, report)) = self.round.take_next() {
+            self.halt_votes += report.halt_vote as usize;
+            if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
+                self.slowest = Some((rank, report.elapsed));
+            }
+            match &mut fold.acc {
+                None => fold.acc = Some(report.result),
+                Some(acc) => {
+                    if let Err(cause) = (fold.combine)(acc, report.result) {
+                        fold.acc = None;
+                        self.stage = Stage::Idle;
+                        self.round.close();
+                        return Err(GateOutput::Failed(JobError::Master {
+                            iteration: report.iteration,
+                            phase: Phase::Combine,
+                            cause,
+                        }));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the complete round and sums it up.
+    fn complete(&mut self, iteration: Iteration) -> GateOutput<W> {
+        self.stage = Stage::Idle;
+        let mut results = Vec::new();
+        for (rank, report) in self.round.close() {
+            self.halt_votes += report.halt_vote as usize;
+            if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
+                self.slowest = Some((rank, report.elapsed));
+            }
+            results.push(report.result);
+        }
+        let gathered = Gathered {
+            results,
+            combined: self.fold.as_mut().and_then(|f| f.acc.take()),
+            halt_votes: std::mem::take(&mut self.halt_votes),
+            slowest: self.slowest.take(),
+            peak_held: std::mem::take(&mut self.peak_held),
+        };
+        GateOutput::RoundComplete {
+            iteration,
+            gathered,
+        }
+    }
+
     /// Opens `iteration`: results for it are accepted from now on, and the iteration
     /// timeout starts.
     ///
@@ -192,9 +308,20 @@ impl<W> Gate<W> {
             return false;
         }
         self.round.open(self.config.attempt, iteration);
+        self.reset_tally();
         self.stage = Stage::Gathering;
         self.since = now;
         true
+    }
+
+    /// Forgets what an unfinished round tallied and folded.
+    fn reset_tally(&mut self) {
+        self.halt_votes = 0;
+        self.slowest = None;
+        self.peak_held = 0;
+        if let Some(fold) = &mut self.fold {
+            fold.acc = None;
+        }
     }
 
     /// Whether the worker of `rank` reported done.
@@ -212,6 +339,7 @@ impl<W> Gate<W> {
         if self.round.is_open() {
             self.round.close();
         }
+        self.reset_tally();
         self.stage = Stage::Draining;
         self.since = now;
         self.drained_if_all_done(now)
@@ -261,6 +389,7 @@ impl<W> Gate<W> {
                 self.stage = Stage::Idle;
                 let missing = self.round.missing();
                 self.round.close();
+                self.reset_tally();
                 Some(GateOutput::Failed(JobError::WorkersTimedOut {
                     during: Waiting::Iteration(self.round.iteration()),
                     missing,
@@ -344,10 +473,14 @@ mod tests {
         assert_eq!(gate.on_message(t0, env(1, report(1, 11))), None);
         let out = gate.on_message(t0, env(0, report(1, 10))).unwrap();
         match out {
-            GateOutput::RoundComplete { iteration, reports } => {
+            GateOutput::RoundComplete {
+                iteration,
+                gathered,
+            } => {
                 assert_eq!(iteration, 1);
-                let results: Vec<_> = reports.iter().map(|r| r.result).collect();
-                assert_eq!(results, vec![10, 11]);
+                assert_eq!(gathered.results, vec![10, 11]);
+                assert_eq!(gathered.combined, None);
+                assert_eq!(gathered.peak_held, 2);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -357,6 +490,88 @@ mod tests {
             gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
             Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
         ));
+    }
+
+    fn registered(workers: usize, t0: Instant) -> Gate<String> {
+        let mut gate = Gate::new(config(workers), t0).combining(Box::new(
+            |fold: &mut String, next: String| {
+                if next == "boom" {
+                    return Err(Cause::from_error("cannot combine boom".into()));
+                }
+                fold.push_str(&next);
+                Ok(())
+            },
+        ));
+        for r in 0..workers {
+            gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+        }
+        gate
+    }
+
+    fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
+        ToMaster::Result(Report {
+            attempt: 0,
+            iteration,
+            result: s.to_string(),
+            halt_vote: s.ends_with('!'),
+            elapsed: Duration::from_millis(s.len() as u64),
+        })
+    }
+
+    #[test]
+    fn a_combining_gate_folds_in_rank_order_as_the_prefix_arrives_holding_only_what_is_ahead() {
+        let t0 = Instant::now();
+        let mut gate = registered(4, t0);
+        gate.open(t0, 1);
+        assert_eq!(gate.on_message(t0, env(2, text(1, "c!"))), None);
+        assert_eq!(gate.on_message(t0, env(0, text(1, "a"))), None);
+        assert_eq!(gate.on_message(t0, env(1, text(1, "bbb"))), None);
+        match gate.on_message(t0, env(3, text(1, "d!"))) {
+            Some(GateOutput::RoundComplete {
+                iteration,
+                gathered,
+            }) => {
+                assert_eq!(iteration, 1);
+                assert_eq!(gathered.combined.as_deref(), Some("abbbc!d!"));
+                assert!(gathered.results.is_empty());
+                assert_eq!(gathered.halt_votes, 2);
+                assert_eq!(gathered.slowest, Some((1, Duration::from_millis(3))));
+                // When rank 1 arrived: the fold of rank 0, rank 1's and rank 2's (ahead).
+                assert_eq!(gathered.peak_held, 3);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // In rank order the fold and the one arrival are all it ever holds.
+        gate.open(t0, 2);
+        for r in 0..3 {
+            assert_eq!(gate.on_message(t0, env(r, text(2, "x"))), None);
+        }
+        match gate.on_message(t0, env(3, text(2, "y"))) {
+            Some(GateOutput::RoundComplete { gathered, .. }) => {
+                assert_eq!(gathered.combined.as_deref(), Some("xxxy"), "a fresh fold");
+                assert_eq!(gathered.peak_held, 2);
+                assert_eq!(gathered.halt_votes, 0, "votes are counted per round");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failing_combiner_fails_the_round_as_the_masters_combine_phase() {
+        let t0 = Instant::now();
+        let mut gate = registered(2, t0);
+        gate.open(t0, 1);
+        gate.on_message(t0, env(0, text(1, "a")));
+        match gate.on_message(t0, env(1, text(1, "boom"))) {
+            Some(GateOutput::Failed(JobError::Master {
+                iteration, phase, ..
+            })) => {
+                assert_eq!(iteration, 1);
+                assert_eq!(phase, Phase::Combine);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(gate.poll_timeout(), None, "the round is over");
     }
 
     #[test]

@@ -37,18 +37,34 @@ impl Drops {
     }
 }
 
+/// One rank's place in a round.
+#[derive(Debug, Clone)]
+enum Slot<T> {
+    /// Nothing arrived yet.
+    Empty,
+    /// Arrived and kept.
+    Held(T),
+    /// Arrived and already handed out by [`Round::take_next`].
+    Taken,
+}
+
 /// The results of one iteration of one attempt.
 ///
 /// Call order: [`open`](Round::open) an iteration, [`offer`](Round::offer) arrivals in any
 /// order, then [`close`](Round::close) to take what arrived in rank order. While closed,
-/// every arrival is stale.
+/// every arrival is stale. A driver that folds results as they arrive takes the ranks'
+/// results in rank order with [`take_next`](Round::take_next) while the round is open:
+/// rank `r` is handed out once ranks `0..r` were, so the round holds only the results that
+/// arrived ahead of a missing lower rank.
 #[derive(Debug, Clone)]
 pub struct Round<T> {
     attempt: Attempt,
     iteration: Iteration,
     open: bool,
-    slots: Vec<Option<T>>,
+    slots: Vec<Slot<T>>,
     filled: usize,
+    held: usize,
+    next: Rank,
     drops: Drops,
 }
 
@@ -59,8 +75,10 @@ impl<T> Round<T> {
             attempt: 0,
             iteration: 0,
             open: false,
-            slots: (0..workers).map(|_| None).collect(),
+            slots: (0..workers).map(|_| Slot::Empty).collect(),
             filled: 0,
+            held: 0,
+            next: 0,
             drops: Drops::default(),
         }
     }
@@ -70,8 +88,10 @@ impl<T> Round<T> {
         self.attempt = attempt;
         self.iteration = iteration;
         self.open = true;
-        self.slots.iter_mut().for_each(|s| *s = None);
+        self.slots.iter_mut().for_each(|s| *s = Slot::Empty);
         self.filled = 0;
+        self.held = 0;
+        self.next = 0;
     }
 
     /// Offers one arrival from `from`, tagged with the attempt and iteration it was
@@ -86,12 +106,13 @@ impl<T> Round<T> {
             return Offer::Stale;
         }
         let slot = &mut self.slots[from];
-        if slot.is_some() {
+        if !matches!(slot, Slot::Empty) {
             self.drops.duplicate += 1;
             return Offer::Duplicate;
         }
-        *slot = Some(item);
+        *slot = Slot::Held(item);
         self.filled += 1;
+        self.held += 1;
         if self.is_complete() {
             Offer::Completed
         } else {
@@ -124,19 +145,46 @@ impl<T> Round<T> {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.is_none())
+            .filter(|(_, s)| matches!(s, Slot::Empty))
             .map(|(r, _)| r)
             .collect()
     }
 
-    /// Closes the round and takes what arrived, in rank order.
+    /// How many arrivals the round holds now: delivered and not yet taken.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Takes the next rank's result in rank order, if it arrived and every lower rank's was
+    /// taken before; `None` while that rank is missing or after the last rank.
+    pub fn take_next(&mut self) -> Option<(Rank, T)> {
+        let rank = self.next;
+        let slot = self.slots.get_mut(rank)?;
+        match std::mem::replace(slot, Slot::Taken) {
+            Slot::Held(item) => {
+                self.next += 1;
+                self.held -= 1;
+                Some((rank, item))
+            }
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// Closes the round and takes what arrived and was not taken yet, in rank order.
     pub fn close(&mut self) -> Vec<(Rank, T)> {
         self.open = false;
         self.filled = 0;
+        self.held = 0;
         self.slots
             .iter_mut()
             .enumerate()
-            .filter_map(|(r, s)| s.take().map(|t| (r, t)))
+            .filter_map(|(r, s)| match std::mem::replace(s, Slot::Empty) {
+                Slot::Held(t) => Some((r, t)),
+                Slot::Empty | Slot::Taken => None,
+            })
             .collect()
     }
 
@@ -181,5 +229,39 @@ mod tests {
             }
         );
         assert_eq!(round.close(), vec![(0, 1)], "the first arrival wins");
+    }
+
+    #[test]
+    fn results_are_taken_in_rank_order_as_soon_as_every_lower_rank_was_taken() {
+        let mut round = Round::new(4);
+        round.open(0, 1);
+        round.offer(1, 0, 1, "b");
+        round.offer(3, 0, 1, "d");
+        assert_eq!(round.take_next(), None, "rank 0 is missing");
+        assert_eq!(round.held(), 2);
+        round.offer(0, 0, 1, "a");
+        assert_eq!(round.take_next(), Some((0, "a")));
+        assert_eq!(round.take_next(), Some((1, "b")));
+        assert_eq!(round.take_next(), None, "rank 2 is missing");
+        assert_eq!(round.held(), 1);
+        assert_eq!(
+            round.offer(1, 0, 1, "b2"),
+            Offer::Duplicate,
+            "taken is delivered"
+        );
+        assert_eq!(round.offer(2, 0, 1, "c"), Offer::Completed);
+        assert_eq!(round.take_next(), Some((2, "c")));
+        assert_eq!(round.take_next(), Some((3, "d")));
+        assert_eq!(round.take_next(), None, "past the last rank");
+        assert_eq!(round.held(), 0);
+        assert!(round.close().is_empty(), "everything was taken");
+        round.open(0, 2);
+        assert_eq!(
+            round.take_next(),
+            None,
+            "a new round starts again at rank 0"
+        );
+        round.offer(0, 0, 2, "a");
+        assert_eq!(round.take_next(), Some((0, "a")));
     }
 }

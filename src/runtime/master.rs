@@ -37,17 +37,24 @@ enum Work<M, W> {
 struct Round<W> {
     iteration: Iteration,
     results: Vec<W>,
+    combined: Option<W>,
+    tally: Tally,
+    span: tracing::Span,
+}
+
+/// What the schedule and the report need of a round, besides its results.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
     halt_votes: usize,
     slowest: Option<(Rank, Duration)>,
-    span: tracing::Span,
+    results_held: usize,
 }
 
 enum Worked<M> {
     Started(Result<(), JobError>),
     Iterated {
         iteration: Iteration,
-        halt_votes: usize,
-        slowest: Option<(Rank, Duration)>,
+        tally: Tally,
         elapsed: Duration,
         result: Result<(Arc<M>, bool), JobError>,
     },
@@ -92,8 +99,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     Phase::PreApplication => Worked::Started(Err(error)),
                     Phase::Compute => Worked::Iterated {
                         iteration,
-                        halt_votes: 0,
-                        slowest: None,
+                        tally: Tally::default(),
                         elapsed: Duration::ZERO,
                         result: Err(error),
                     },
@@ -108,13 +114,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Work::Start => Worked::Started(self.start()),
             Work::Iterate(round) => {
                 let started = Instant::now();
-                let (iteration, halt_votes, slowest) =
-                    (round.iteration, round.halt_votes, round.slowest);
+                let (iteration, tally) = (round.iteration, round.tally);
                 let result = self.iterate(round);
                 Worked::Iterated {
                     iteration,
-                    halt_votes,
-                    slowest,
+                    tally,
                     elapsed: started.elapsed(),
                     result,
                 }
@@ -138,7 +142,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let iteration = round.iteration;
         self.ctx.iteration = iteration;
         self.ctx.results = round.results;
-        self.ctx.halt_votes = round.halt_votes;
+        self.ctx.combined = round.combined;
+        self.ctx.halt_votes = round.tally.halt_votes;
         self.ctx.current = None;
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
@@ -158,6 +163,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
         // The workers' results are no longer needed: free them before the next round.
         self.ctx.results = Vec::new();
+        self.ctx.combined = None;
         self.ctx.last = Some(Arc::clone(&result));
         Ok((result, halt))
     }
@@ -301,8 +307,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             Worked::Iterated { result: Err(e), .. } => self.fail(e),
             Worked::Iterated {
                 iteration,
-                halt_votes,
-                slowest,
+                tally,
                 elapsed,
                 result: Ok((result, halt)),
             } => {
@@ -315,7 +320,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     });
                 } else if self.ending.is_none() {
                     self.placer.observe(elapsed);
-                    self.iterated(iteration, halt_votes, slowest, elapsed, result, halt);
+                    self.iterated(iteration, tally, elapsed, result, halt);
                 }
             }
             Worked::Stopped(result) => {
@@ -351,8 +356,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     fn iterated(
         &mut self,
         iteration: Iteration,
-        halt_votes: usize,
-        slowest: Option<(Rank, Duration)>,
+        tally: Tally,
         master_elapsed: Duration,
         result: Arc<M>,
         halt: bool,
@@ -361,7 +365,8 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             iteration,
             elapsed: self.iteration_started.elapsed(),
             master_elapsed,
-            slowest,
+            slowest: tally.slowest,
+            results_held: tally.results_held,
         };
         if let Some(span) = self.span.take() {
             span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
@@ -370,7 +375,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             .emit(|| JobEvent::IterationCompleted(report.clone()));
         self.report.iterations.push(report);
         self.last = Some(Arc::clone(&result));
-        match self.schedule.decide(iteration, halt, halt_votes) {
+        match self.schedule.decide(iteration, halt, tally.halt_votes) {
             Next::Iterate(next) => self.begin(next),
             Next::Finish { iterations, halted } => {
                 self.report.halted_by = halted;
@@ -506,25 +511,26 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                 self.events.emit(|| JobEvent::Registered { elapsed });
                 self.maybe_begin();
             }
-            GateOutput::RoundComplete { iteration, reports } => {
+            GateOutput::RoundComplete {
+                iteration,
+                gathered,
+            } => {
                 if self.ending.is_some() {
                     return;
                 }
-                let halt_votes = reports.iter().filter(|r| r.halt_vote).count();
-                let slowest = reports
-                    .iter()
-                    .enumerate()
-                    .max_by_key(|(_, r)| r.elapsed)
-                    .map(|(rank, r)| (rank, r.elapsed));
-                let results = reports.into_iter().map(|r| r.result).collect();
+                let tally = Tally {
+                    halt_votes: gathered.halt_votes,
+                    slowest: gathered.slowest,
+                    results_held: gathered.peak_held,
+                };
                 let span = self.span.clone().unwrap_or_else(tracing::Span::none);
                 self.dispatch(
                     ctx,
                     Work::Iterate(Round {
                         iteration,
-                        results,
-                        halt_votes,
-                        slowest,
+                        results: gathered.results,
+                        combined: gathered.combined,
+                        tally,
                         span,
                     }),
                 );

@@ -101,7 +101,11 @@ pub(crate) struct Plan<M, W> {
     pub(crate) worker_hooks: Vec<WorkerHookFactory<M, W>>,
     pub(crate) events: Events,
     pub(crate) transport: Box<dyn Transport<M, W>>,
+    pub(crate) combine: Option<CombineFn<W>>,
 }
+
+/// The user's combiner of worker results (see `JobBuilder::combine`).
+pub(crate) type CombineFn<W> = Box<dyn Fn(&mut W, W) + Send + Sync>;
 
 /// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
 /// 100 ms.
@@ -210,6 +214,7 @@ async fn launch<M: Payload, W: Payload>(
         worker_hooks,
         events,
         mut transport,
+        combine,
     } = plan;
     let config = Arc::new(config);
     let attempt = 0;
@@ -240,7 +245,7 @@ async fn launch<M: Payload, W: Payload>(
                 at: Instant::now(),
             })
         }))?;
-        let gate = Gate::new(
+        let mut gate = Gate::new(
             GateConfig {
                 workers: config.workers,
                 attempt,
@@ -250,6 +255,14 @@ async fn launch<M: Payload, W: Payload>(
             },
             Instant::now(),
         );
+        if let Some(combine) = combine {
+            gate = gate.combining(Box::new(move |fold, next| {
+                guarded(|| {
+                    combine(fold, next);
+                    Ok(())
+                })
+            }));
+        }
         barrier_ctx.run(BarrierActor::new(
             gate,
             SyncState::new(config.workers, config.sync_timeout),

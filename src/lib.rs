@@ -149,6 +149,7 @@
 #![warn(unreachable_pub, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 mod compute;
 mod config;
 mod error;

@@ -1,0 +1,194 @@
+//! Checkpoints: the master's state every K iterations, kept where a restarted job finds it.
+//!
+//! A [`Checkpoint`] holds the iteration, the attempt, the last master result and the
+//! master computable's own state, both as bytes. A [`CheckpointStore`] keeps them:
+//! [`FsCheckpointStore`] on a filesystem, written atomically (a temporary file, `fsync`,
+//! rename, `fsync` of the directory) with a checksum, keeping the last few, and falling
+//! back to the one before when the newest is corrupt; [`MemoryCheckpointStore`] in memory,
+//! for tests and simulations.
+
+mod fs;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{Attempt, Iteration};
+
+pub use fs::FsCheckpointStore;
+
+/// The master's state after an iteration: what a restarted job resumes from.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The job it belongs to; a store refuses to resume another job's.
+    pub job_id: String,
+    /// The last iteration it covers: a resumed job goes on with the one after.
+    pub iteration: Iteration,
+    /// The attempt that wrote it.
+    pub attempt: Attempt,
+    /// The master result of `iteration`, serialized (rmp-serde).
+    pub master_result: Vec<u8>,
+    /// The master computable's own state, as it saved it.
+    pub master_state: Vec<u8>,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("job_id", &self.job_id)
+            .field("iteration", &self.iteration)
+            .field("attempt", &self.attempt)
+            .field(
+                "master_result",
+                &format_args!("{} bytes", self.master_result.len()),
+            )
+            .field(
+                "master_state",
+                &format_args!("{} bytes", self.master_state.len()),
+            )
+            .finish()
+    }
+}
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The filesystem refused.
+    ///
+    /// Remedy: check that the directory exists, is writable and has space.
+    #[error("checkpoint I/O on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A checkpoint file is damaged: torn, truncated, or not a checkpoint at all. The
+    /// store falls back to the one before.
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The checkpoint could not be encoded.
+    #[error("checkpoint could not be encoded: {0}")]
+    Encode(String),
+}
+
+impl CheckpointError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CheckpointError::Io {
+            path: path.into(),
+            source: Arc::new(source),
+        }
+    }
+}
+
+/// The newest usable checkpoint, and the newer ones that were skipped because they were
+/// corrupt.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The checkpoint to resume from.
+    pub checkpoint: Checkpoint,
+    /// Newer checkpoints that could not be read, newest first (each also logged as a
+    /// warning).
+    pub skipped: Vec<CheckpointError>,
+}
+
+/// Where checkpoints are kept.
+pub trait CheckpointStore: Send + 'static {
+    /// Stores `checkpoint` so that a later [`latest`](CheckpointStore::latest) returns it;
+    /// on an error the checkpoint stored before must still be readable.
+    fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError>;
+
+    /// The newest checkpoint that can be read, falling back past corrupt ones; `None` when
+    /// there is none (a job then starts from the beginning).
+    fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError>;
+}
+
+/// Checkpoints in memory, shared by its clones: a test can hand one clone to a job and
+/// read or hand on the other (to a restarted job, say).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryCheckpointStore {
+    saved: Arc<Mutex<Vec<Checkpoint>>>,
+    keep: Option<usize>,
+}
+
+impl MemoryCheckpointStore {
+    /// An empty store that keeps every checkpoint.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store that keeps the last `keep` checkpoints (at least one).
+    pub fn keeping(keep: usize) -> Self {
+        MemoryCheckpointStore {
+            saved: Arc::default(),
+            keep: Some(keep.max(1)),
+        }
+    }
+
+    /// Every checkpoint kept, oldest first.
+    pub fn checkpoints(&self) -> Vec<Checkpoint> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Checkpoint>> {
+        // A panic while holding the lock cannot leave the vector half-changed.
+        self.saved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl CheckpointStore for MemoryCheckpointStore {
+    fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let mut saved = self.lock();
+        saved.push(checkpoint.clone());
+        if let Some(keep) = self.keep {
+            let excess = saved.len().saturating_sub(keep);
+            saved.drain(..excess);
+        }
+        Ok(())
+    }
+
+    fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
+        Ok(self.lock().last().cloned().map(|checkpoint| Loaded {
+            checkpoint,
+            skipped: Vec::new(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn checkpoint(iteration: Iteration) -> Checkpoint {
+        Checkpoint {
+            job_id: "job".into(),
+            iteration,
+            attempt: 0,
+            master_result: vec![iteration as u8; 3],
+            master_state: b"state".to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_memory_store_returns_the_newest_and_keeps_the_last_few() {
+        let mut store = MemoryCheckpointStore::keeping(2);
+        assert!(store.latest().unwrap().is_none());
+        for i in 1..=4 {
+            store.save(&checkpoint(i)).unwrap();
+        }
+        let kept: Vec<_> = store.checkpoints().iter().map(|c| c.iteration).collect();
+        assert_eq!(kept, vec![3, 4]);
+        let clone = store.clone();
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(4));
+        assert_eq!(clone.checkpoints().len(), 2, "clones share the checkpoints");
+    }
+}

@@ -91,6 +91,26 @@ pub trait MasterComputable: Send + 'static {
         &mut self,
         ctx: &mut MasterContext<Self::MasterResult, Self::WorkerResult>,
     ) -> Result<Step<Self::MasterResult>, BoxError>;
+
+    /// The computable's own state, beyond its master result, for a checkpoint (see
+    /// `JobBuilder::checkpoint`): called after each checkpointed iteration's compute. The
+    /// default saves nothing, for a master whose state is its result.
+    ///
+    /// An `Err` or a panic skips that checkpoint (logged), it does not fail the job.
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        Ok(Vec::new())
+    }
+
+    /// Restores what [`save_state`](MasterComputable::save_state) saved, when a job resumes
+    /// from a checkpoint: called once, before `pre_application`, and before the first
+    /// compute, which then runs the iteration after the checkpoint's with
+    /// [`last_master_result`](MasterContext::last_master_result) restored.
+    ///
+    /// An `Err` or a panic fails the job as the master's failure in `Phase::Checkpoint`.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 /// What a worker's code sees: who it is, which iteration, and the last master result.

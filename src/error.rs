@@ -40,6 +40,9 @@ pub enum Phase {
     /// The master's combiner, folding a worker's result as it arrives (see
     /// `JobBuilder::combine`).
     Combine,
+    /// The master computable's `save_state` or `restore_state`, writing or resuming from
+    /// a checkpoint.
+    Checkpoint,
 }
 
 impl fmt::Display for Phase {
@@ -52,6 +55,7 @@ impl fmt::Display for Phase {
             Phase::PostIteration => "post_iteration",
             Phase::PostApplication => "post_application",
             Phase::Combine => "combine",
+            Phase::Checkpoint => "checkpoint",
         })
     }
 }
@@ -296,6 +300,16 @@ pub enum JobError {
     /// A job setting is invalid; the job did not start.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The job's checkpoints could not be read, or belong to another job; the job did not
+    /// start. (A checkpoint that cannot be written does not fail the job: it is logged and
+    /// the previous one stays.)
+    ///
+    /// Remedy: check the checkpoint directory, or point the job at its own.
+    #[error("checkpoint: {message}")]
+    Checkpoint {
+        /// What went wrong, naming the file or the job.
+        message: String,
+    },
     /// A message could not be delivered.
     #[error("transport failed: {message}")]
     Transport {

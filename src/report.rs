@@ -36,6 +36,11 @@ pub struct JobReport {
     pub halted_by: Option<HaltedBy>,
     /// Messages the barrier dropped (stale, duplicate, from an unknown rank).
     pub drops: Drops,
+    /// The checkpoint's iteration the job resumed from, if it did: the first iteration
+    /// it ran is the one after.
+    pub resumed_from: Option<Iteration>,
+    /// The iterations whose checkpoints were saved in this run.
+    pub checkpoints: Vec<Iteration>,
 }
 
 impl JobReport {

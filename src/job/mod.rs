@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::checkpoint::CheckpointStore;
 use crate::compute::{MasterComputable, Payload, WorkerComputable};
 use crate::config::{JobConfig, Placement};
 use crate::error::{ConfigError, JobError};
@@ -12,7 +13,8 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{Iteration, Rank};
 use crate::report::JobOutcome;
 use crate::runtime::{
-    self, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory, WorkerHookFactory,
+    self, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
+    WorkerHookFactory,
 };
 use crate::transport::{MemoryTransport, Transport};
 
@@ -47,6 +49,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             events: Events::default(),
             transport: None,
             combine: None,
+            checkpoint: None,
         }
     }
 
@@ -84,6 +87,10 @@ impl<M, W> fmt::Debug for Job<M, W> {
             .field("worker_interceptors", &self.plan.worker_hooks.len())
             .field("events", &self.plan.events)
             .field("combine", &self.plan.combine.is_some())
+            .field(
+                "checkpoint",
+                &self.plan.checkpoint.as_ref().map(|c| c.every),
+            )
             .finish()
     }
 }
@@ -99,6 +106,7 @@ pub struct JobBuilder<M, W> {
     events: Events,
     transport: Option<Box<dyn Transport<M, W>>>,
     combine: Option<CombineFn<W>>,
+    checkpoint: Option<Checkpointing>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -252,6 +260,60 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Saves a checkpoint to `store` after every `every`-th iteration — the iteration, the
+    /// master result and the master computable's own state
+    /// ([`save_state`](MasterComputable::save_state)) — and resumes from the newest usable
+    /// one when the job starts: the master restores its state
+    /// ([`restore_state`](MasterComputable::restore_state)) and the job goes on with the
+    /// iteration after the checkpoint's, the workers running `init` again and computing
+    /// with the restored master result. With no checkpoint yet (a failure before the
+    /// first), the job starts from the beginning.
+    ///
+    /// A checkpoint is saved on the thread that ran the master's compute, after its
+    /// `post_iteration`. One that cannot be saved is logged and skipped, leaving the one
+    /// before; checkpoints of another job, or a store that cannot be read, fail the start
+    /// with [`JobError::Checkpoint`]. [`JobReport`](crate::JobReport) says where the job
+    /// resumed from and which checkpoints it saved.
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// use superstep::checkpoint::MemoryCheckpointStore;
+    /// # struct Count;
+    /// # impl MasterComputable for Count {
+    /// #     type MasterResult = u64;
+    /// #     type WorkerResult = u64;
+    /// #     fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+    /// #         Ok(Step::Continue(ctx.last_master_result().unwrap_or(&0) + ctx.worker_results().iter().sum::<u64>()))
+    /// #     }
+    /// # }
+    /// # struct One;
+    /// # impl WorkerComputable for One {
+    /// #     type MasterResult = u64;
+    /// #     type WorkerResult = u64;
+    /// #     fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> { Ok(1) }
+    /// # }
+    /// let store = MemoryCheckpointStore::new();
+    /// let job = |iterations| {
+    ///     Job::builder(Count, |_| One)
+    ///         .workers(2)
+    ///         .iterations(iterations)
+    ///         .checkpoint(store.clone(), 3)
+    /// };
+    /// let first = job(7).run()?; // saves after iterations 3 and 6
+    /// assert_eq!(first.report.checkpoints, vec![3, 6]);
+    /// let resumed = job(10).run()?; // runs 7..=10 from the checkpoint of 6
+    /// assert_eq!(resumed.report.resumed_from, Some(6));
+    /// assert_eq!(*resumed.result, 20);
+    /// # Ok::<(), superstep::JobError>(())
+    /// ```
+    pub fn checkpoint(mut self, store: impl CheckpointStore, every: Iteration) -> Self {
+        self.checkpoint = Some(Checkpointing {
+            store: Box::new(store),
+            every,
+        });
+        self
+    }
+
     /// The transport that connects master and workers. Default: [`MemoryTransport`].
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
@@ -261,6 +323,15 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Checks the settings and makes the job.
     pub fn build(self) -> Result<Job<M, W>, ConfigError> {
         self.config.validate()?;
+        if let Some(c) = &self.checkpoint {
+            if c.every == 0 {
+                return Err(ConfigError::new(
+                    "checkpoint",
+                    c.every,
+                    "a checkpoint every 1 or more iterations",
+                ));
+            }
+        }
         Ok(Job {
             plan: Plan {
                 config: self.config,
@@ -270,6 +341,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 worker_hooks: self.worker_hooks,
                 events: self.events,
                 combine: self.combine,
+                checkpoint: self.checkpoint,
                 transport: self
                     .transport
                     .unwrap_or_else(|| Box::new(MemoryTransport::new())),
@@ -291,6 +363,7 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
             .field("worker_interceptors", &self.worker_hooks.len())
             .field("events", &self.events)
             .field("combine", &self.combine.is_some())
+            .field("checkpoint", &self.checkpoint.as_ref().map(|c| c.every))
             .finish()
     }
 }

@@ -4,9 +4,11 @@ use super::{Attempt, Iteration, ToWorker};
 
 /// Which of the master's messages a worker acts on.
 ///
-/// A worker computes each iteration once, in order, and stops once: an `Iterate` that is
-/// not the next iteration of its attempt, or anything after it began to stop, is dropped
-/// and counted.
+/// A worker computes each iteration at most once, in increasing order, and stops once: an
+/// `Iterate` of another attempt, of an iteration it computed already (or an earlier one),
+/// or anything after it began to stop, is dropped and counted. It may skip ahead: a job
+/// resumed from a checkpoint starts after the checkpoint's iteration, and each `Iterate`
+/// carries the master result to compute with, so nothing in between is needed.
 #[derive(Debug, Clone)]
 pub struct WorkerState {
     attempt: Attempt,
@@ -49,7 +51,7 @@ impl WorkerState {
             ToWorker::Iterate {
                 attempt, iteration, ..
             } => {
-                if attempt == self.attempt && iteration == self.iteration + 1 {
+                if attempt == self.attempt && iteration > self.iteration {
                     self.iteration = iteration;
                     WorkerCommand::Compute(iteration)
                 } else {
@@ -105,13 +107,22 @@ mod tests {
     }
 
     #[test]
-    fn iterations_are_computed_once_and_in_order() {
+    fn iterations_are_computed_once_and_in_increasing_order() {
         let mut w = WorkerState::new(0);
         assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Compute(1));
         assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Drop);
-        assert_eq!(w.on_message(&iterate(0, 3)), WorkerCommand::Drop);
         assert_eq!(w.on_message(&iterate(1, 2)), WorkerCommand::Drop);
         assert_eq!(w.on_message(&iterate(0, 2)), WorkerCommand::Compute(2));
+        assert_eq!(
+            w.on_message(&iterate(0, 5)),
+            WorkerCommand::Compute(5),
+            "skips ahead"
+        );
+        assert_eq!(
+            w.on_message(&iterate(0, 4)),
+            WorkerCommand::Drop,
+            "never back"
+        );
         assert_eq!(w.dropped(), 3);
     }
 

@@ -10,13 +10,14 @@ use tokio::sync::oneshot;
 use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open};
 use super::pool::{guarded, ComputePool, Placer};
 use super::watch::{Watch, Who};
-use super::{DynMaster, MasterHooks, OwnedEnding};
+use super::{Checkpointing, DynMaster, MasterHooks, OwnedEnding, Resume};
+use crate::checkpoint::Checkpoint;
 use crate::compute::MasterContext;
 use crate::compute::Payload;
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
-use crate::protocol::{GateOutput, Iteration, Next, Rank, Schedule};
+use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Rank, Schedule};
 use crate::report::{IterationReport, JobOutcome, JobReport};
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -25,6 +26,20 @@ pub(crate) struct MasterTask<M, W> {
     interceptors: MasterHooks<M, W>,
     ctx: MasterContext<M, W>,
     entered: usize,
+    checkpointing: Option<Checkpointing>,
+    /// The computable's state to restore before the job starts, when it resumes.
+    restore: Option<Vec<u8>>,
+    /// Whether the job resumed from a checkpoint.
+    resumed: bool,
+    attempt: Attempt,
+}
+
+/// What one iteration's master work produced.
+struct Computed<M> {
+    result: Arc<M>,
+    halt: bool,
+    /// Whether a checkpoint of this iteration was saved.
+    checkpointed: bool,
 }
 
 enum Work<M, W> {
@@ -56,7 +71,7 @@ enum Worked<M> {
         iteration: Iteration,
         tally: Tally,
         elapsed: Duration,
-        result: Result<(Arc<M>, bool), JobError>,
+        result: Result<Computed<M>, JobError>,
     },
     Stopped(Result<(), JobError>),
 }
@@ -65,13 +80,24 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     pub(crate) fn new(
         computable: DynMaster<M, W>,
         interceptors: MasterHooks<M, W>,
-        ctx: MasterContext<M, W>,
+        mut ctx: MasterContext<M, W>,
+        checkpointing: Option<Checkpointing>,
+        resume: Option<&Resume<M>>,
+        attempt: Attempt,
     ) -> Self {
+        if let Some(resume) = resume {
+            ctx.iteration = resume.iteration;
+            ctx.last = Some(Arc::clone(&resume.last));
+        }
         MasterTask {
             computable,
             interceptors,
             ctx,
             entered: 0,
+            checkpointing,
+            restore: resume.map(|r| r.state.clone()),
+            resumed: resume.is_some(),
+            attempt,
         }
     }
 
@@ -128,6 +154,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     }
 
     fn start(&mut self) -> Result<(), JobError> {
+        if let Some(state) = self.restore.take() {
+            let computable = &mut self.computable;
+            guarded(|| computable.restore_state(&state))
+                .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+        }
         let ctx = &self.ctx;
         for (i, hook) in self.interceptors.iter_mut().enumerate() {
             self.entered = i + 1;
@@ -137,7 +168,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         Ok(())
     }
 
-    fn iterate(&mut self, round: Round<W>) -> Result<(Arc<M>, bool), JobError> {
+    fn iterate(&mut self, round: Round<W>) -> Result<Computed<M>, JobError> {
         let _span = round.span.entered();
         let iteration = round.iteration;
         self.ctx.iteration = iteration;
@@ -165,7 +196,48 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         self.ctx.results = Vec::new();
         self.ctx.combined = None;
         self.ctx.last = Some(Arc::clone(&result));
-        Ok((result, halt))
+        let checkpointed = self.save_checkpoint(iteration, &result);
+        Ok(Computed {
+            result,
+            halt,
+            checkpointed,
+        })
+    }
+
+    /// Saves a checkpoint of `iteration` if one is due. A checkpoint that cannot be made
+    /// or written is logged and skipped: the job goes on, and the one before stays.
+    fn save_checkpoint(&mut self, iteration: Iteration, result: &M) -> bool {
+        let Some(checkpointing) = &mut self.checkpointing else {
+            return false;
+        };
+        if iteration % checkpointing.every != 0 {
+            return false;
+        }
+        let computable = &self.computable;
+        let made = guarded(|| computable.save_state())
+            .map_err(|cause| format!("save_state failed: {cause}"))
+            .and_then(|master_state| {
+                let master_result = rmp_serde::to_vec(result)
+                    .map_err(|e| format!("the master result could not be encoded: {e}"))?;
+                Ok(Checkpoint {
+                    job_id: self.ctx.job_id.to_string(),
+                    iteration,
+                    attempt: self.attempt,
+                    master_result,
+                    master_state,
+                })
+            });
+        let saved = made.and_then(|c| checkpointing.store.save(&c).map_err(|e| e.to_string()));
+        match saved {
+            Ok(()) => {
+                tracing::debug!(iteration, "checkpoint saved");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(iteration, %error, "checkpoint skipped; the previous one stays");
+                false
+            }
+        }
     }
 
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
@@ -230,6 +302,13 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         watch: Arc<Watch>,
     ) -> Self {
         let now = Instant::now();
+        // A resumed task starts at its checkpoint's iteration and master result.
+        let resumed_from = task.resumed.then_some(task.ctx.iteration);
+        let last = task.ctx.last.clone();
+        let report = JobReport {
+            resumed_from,
+            ..JobReport::default()
+        };
         MasterActor {
             watch,
             placer: Placer::new(config.placement, config.inline_threshold),
@@ -240,11 +319,11 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             pool,
             events,
             outcome: Some(outcome),
-            report: JobReport::default(),
+            report,
             started: now,
             iteration_started: now,
             span: None,
-            last: None,
+            last,
             master_ready: false,
             workers_ready: false,
             ending: None,
@@ -309,8 +388,16 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                 iteration,
                 tally,
                 elapsed,
-                result: Ok((result, halt)),
+                result:
+                    Ok(Computed {
+                        result,
+                        halt,
+                        checkpointed,
+                    }),
             } => {
+                if checkpointed {
+                    self.report.checkpoints.push(iteration);
+                }
                 if elapsed > self.config.iteration_timeout {
                     // Inline work cannot be timed out while it runs (it holds the thread
                     // the timer would fire on); the deadline still holds once it returns.
@@ -335,8 +422,16 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     }
 
     fn maybe_begin(&mut self) {
-        if self.master_ready && self.workers_ready && self.ending.is_none() {
-            self.begin(self.schedule.first());
+        if !(self.master_ready && self.workers_ready && self.ending.is_none()) {
+            return;
+        }
+        match (self.report.resumed_from, self.last.clone()) {
+            // The checkpoint covers every iteration: the job is complete.
+            (Some(resumed), Some(last)) if resumed >= self.config.iterations => {
+                self.finish(resumed, None, last)
+            }
+            (Some(resumed), _) => self.begin(resumed + 1),
+            (None, _) => self.begin(self.schedule.first()),
         }
     }
 
@@ -377,24 +472,30 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         self.last = Some(Arc::clone(&result));
         match self.schedule.decide(iteration, halt, tally.halt_votes) {
             Next::Iterate(next) => self.begin(next),
-            Next::Finish { iterations, halted } => {
-                self.report.halted_by = halted;
-                if let Some(by) = halted {
-                    tracing::info!(iteration, ?by, "job halted");
-                    self.events.emit(|| JobEvent::Halted { iteration, by });
-                }
-                self.ending = Some(OwnedEnding::Completed {
-                    iterations,
-                    halted: halted.is_some(),
-                    last: Arc::clone(&result),
-                });
-                self.barrier.do_send(FinishJob {
-                    iterations,
-                    halted: halted.is_some(),
-                    last: result,
-                });
-            }
+            Next::Finish { iterations, halted } => self.finish(iterations, halted, result),
         }
+    }
+
+    /// The job completed after `iterations`: tell the barrier to finish it.
+    fn finish(&mut self, iterations: Iteration, halted: Option<HaltedBy>, result: Arc<M>) {
+        self.report.halted_by = halted;
+        if let Some(by) = halted {
+            tracing::info!(iteration = iterations, ?by, "job halted");
+            self.events.emit(|| JobEvent::Halted {
+                iteration: iterations,
+                by,
+            });
+        }
+        self.ending = Some(OwnedEnding::Completed {
+            iterations,
+            halted: halted.is_some(),
+            last: Arc::clone(&result),
+        });
+        self.barrier.do_send(FinishJob {
+            iterations,
+            halted: halted.is_some(),
+            last: result,
+        });
     }
 
     /// Fails the job: the first failure is kept and sent to every worker at once; later

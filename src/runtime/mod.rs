@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
+use crate::checkpoint::CheckpointStore;
 use crate::compute::{
     MasterComputable, MasterContext, Payload, SyncLink, WorkerComputable, WorkerContext,
 };
@@ -102,6 +103,54 @@ pub(crate) struct Plan<M, W> {
     pub(crate) events: Events,
     pub(crate) transport: Box<dyn Transport<M, W>>,
     pub(crate) combine: Option<CombineFn<W>>,
+    pub(crate) checkpoint: Option<Checkpointing>,
+}
+
+/// Where the master saves its checkpoints, and every how many iterations.
+pub(crate) struct Checkpointing {
+    pub(crate) store: Box<dyn CheckpointStore>,
+    pub(crate) every: Iteration,
+}
+
+/// What a job resumes from: the newest usable checkpoint, decoded.
+pub(crate) struct Resume<M> {
+    pub(crate) iteration: Iteration,
+    pub(crate) last: Arc<M>,
+    pub(crate) state: Vec<u8>,
+}
+
+/// Reads the newest usable checkpoint of job `job_id`, if any.
+fn resume<M: Payload>(
+    store: &mut dyn CheckpointStore,
+    job_id: &str,
+) -> Result<Option<Resume<M>>, JobError> {
+    let failed = |message: String| JobError::Checkpoint { message };
+    let Some(loaded) = store.latest().map_err(|e| failed(e.to_string()))? else {
+        return Ok(None);
+    };
+    let c = loaded.checkpoint;
+    if c.job_id != job_id {
+        return Err(failed(format!(
+            "the newest checkpoint (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
+            c.iteration, c.job_id
+        )));
+    }
+    let last: M = rmp_serde::from_slice(&c.master_result).map_err(|e| {
+        failed(format!(
+            "the master result of the checkpoint of iteration {} cannot be decoded as this job's: {e}",
+            c.iteration
+        ))
+    })?;
+    tracing::info!(
+        job = job_id,
+        iteration = c.iteration,
+        "resuming from a checkpoint"
+    );
+    Ok(Some(Resume {
+        iteration: c.iteration,
+        last: Arc::new(last),
+        state: c.master_state,
+    }))
 }
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).
@@ -215,6 +264,7 @@ async fn launch<M: Payload, W: Payload>(
         events,
         mut transport,
         combine,
+        checkpoint,
     } = plan;
     let config = Arc::new(config);
     let attempt = 0;
@@ -272,10 +322,18 @@ async fn launch<M: Payload, W: Payload>(
             events.clone(),
             tick(&config),
         ));
+        let mut checkpoint = checkpoint;
+        let resumed = match &mut checkpoint {
+            Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
+            None => None,
+        };
         let master_task = MasterTask::new(
             master,
             master_hooks,
             MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
+            checkpoint,
+            resumed.as_ref(),
+            attempt,
         );
         master_ctx.run(MasterActor::new(
             Arc::clone(&config),

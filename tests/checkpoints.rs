@@ -1,0 +1,215 @@
+//! Checkpoints: a job that fails resumes from its newest usable checkpoint and ends with
+//! the result of the run without the failure; before the first checkpoint it starts over.
+
+use std::fs;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use superstep::checkpoint::{
+    Checkpoint, CheckpointStore, FsCheckpointStore, MemoryCheckpointStore,
+};
+use superstep::prelude::*;
+use superstep::{Iteration, JobBuilder, Phase};
+
+/// A master with state of its own beyond its result: how many iterations it folded and a
+/// running checksum of the workers' results. Fails once at `fail_at`, if set.
+struct Stateful {
+    folded: u64,
+    checksum: u64,
+    fail_at: Option<Iteration>,
+    failed: Arc<AtomicU64>,
+    broken_save: bool,
+    broken_restore: bool,
+}
+
+impl MasterComputable for Stateful {
+    type MasterResult = (u64, u64);
+    type WorkerResult = u64;
+
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<(u64, u64), u64>,
+    ) -> Result<Step<(u64, u64)>, BoxError> {
+        if Some(ctx.iteration()) == self.fail_at && self.failed.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            return Err(format!("the master dies at iteration {}", ctx.iteration()).into());
+        }
+        self.folded += 1;
+        for &r in ctx.worker_results() {
+            self.checksum = self.checksum.wrapping_mul(31).wrapping_add(r);
+        }
+        let (sum, _) = ctx.last_master_result().copied().unwrap_or((0, 0));
+        let total: u64 = ctx.worker_results().iter().sum();
+        Ok(Step::Continue((sum + total, self.checksum ^ self.folded)))
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        if self.broken_save {
+            return Err("cannot save".into());
+        }
+        Ok(rmp_serde::to_vec(&(self.folded, self.checksum))?)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        if self.broken_restore {
+            return Err("cannot restore".into());
+        }
+        (self.folded, self.checksum) = rmp_serde::from_slice(state)?;
+        Ok(())
+    }
+}
+
+/// Returns a value that depends on its rank, the iteration and the master result it got.
+struct Worker;
+
+impl WorkerComputable for Worker {
+    type MasterResult = (u64, u64);
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<(u64, u64), u64>) -> Result<u64, BoxError> {
+        let (sum, check) = ctx.last_master_result().copied().unwrap_or((0, 0));
+        Ok((sum % 1_000) + (check % 7) + ctx.rank() as u64 * 10 + ctx.iteration())
+    }
+}
+
+fn master(fail_at: Option<Iteration>) -> Stateful {
+    Stateful {
+        folded: 0,
+        checksum: 0,
+        fail_at,
+        failed: Arc::new(AtomicU64::new(0)),
+        broken_save: false,
+        broken_restore: false,
+    }
+}
+
+fn job(m: Stateful, store: impl CheckpointStore, every: Iteration) -> JobBuilder<(u64, u64), u64> {
+    Job::builder(m, |_| Worker)
+        .workers(3)
+        .iterations(12)
+        .job_id("ckpt")
+        .iteration_timeout(Duration::from_secs(20))
+        .checkpoint(store, every)
+}
+
+fn fault_free() -> (u64, u64) {
+    *job(master(None), MemoryCheckpointStore::new(), 100)
+        .run()
+        .unwrap()
+        .result
+}
+
+#[test]
+fn a_job_that_fails_resumes_from_its_last_checkpoint_with_the_fault_free_result() {
+    let expected = fault_free();
+    for (fail_at, every, resumed_from) in [(10, 4, 8), (9, 3, 6), (12, 1, 11), (5, 4, 4)] {
+        let store = MemoryCheckpointStore::keeping(2);
+        let err = job(master(Some(fail_at)), store.clone(), every)
+            .run()
+            .unwrap_err();
+        assert_eq!(err.iteration(), Some(fail_at), "{err}");
+        let outcome = job(master(None), store.clone(), every).run().unwrap();
+        assert_eq!(
+            *outcome.result, expected,
+            "failing at {fail_at}, every {every}"
+        );
+        assert_eq!(outcome.report.resumed_from, Some(resumed_from));
+        assert_eq!(outcome.iterations, 12);
+        let ran: Vec<_> = outcome
+            .report
+            .iterations
+            .iter()
+            .map(|i| i.iteration)
+            .collect();
+        assert_eq!(ran, (resumed_from + 1..=12).collect::<Vec<_>>());
+        assert!(store.checkpoints().len() <= 2, "keeps the last two");
+    }
+}
+
+#[test]
+fn a_failure_before_the_first_checkpoint_starts_over_instead_of_crashing() {
+    let store = MemoryCheckpointStore::new();
+    job(master(Some(2)), store.clone(), 5).run().unwrap_err();
+    assert!(store.checkpoints().is_empty());
+    let outcome = job(master(None), store, 5).run().unwrap();
+    assert_eq!(outcome.report.resumed_from, None);
+    assert_eq!(outcome.report.checkpoints, vec![5, 10]);
+    assert_eq!(*outcome.result, fault_free());
+}
+
+#[test]
+fn a_job_whose_checkpoint_covers_every_iteration_completes_at_once_with_its_result() {
+    let store = MemoryCheckpointStore::new();
+    let first = job(master(None), store.clone(), 4).run().unwrap();
+    let again = job(master(None), store, 4).run().unwrap();
+    assert_eq!(again.report.resumed_from, Some(12));
+    assert!(again.report.iterations.is_empty());
+    assert_eq!(again.result, first.result);
+    assert_eq!(again.iterations, 12);
+}
+
+#[test]
+fn on_disk_a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = || FsCheckpointStore::new(dir.path(), 3).unwrap();
+    job(master(Some(11)), store(), 2).run().unwrap_err();
+    let files = store().files().unwrap();
+    let iterations: Vec<_> = files.iter().map(|f| f.0).collect();
+    assert_eq!(iterations, vec![6, 8, 10]);
+    // A torn write of the newest: the job resumes from 8, not 10, and still ends right.
+    let newest = &files[2].1;
+    let bytes = fs::read(newest).unwrap();
+    fs::write(newest, &bytes[..bytes.len() - 3]).unwrap();
+    let outcome = job(master(None), store(), 2).run().unwrap();
+    assert_eq!(outcome.report.resumed_from, Some(8));
+    assert_eq!(*outcome.result, fault_free());
+}
+
+#[test]
+fn checkpoints_of_another_job_are_refused_naming_both_jobs() {
+    let mut store = MemoryCheckpointStore::new();
+    store
+        .save(&Checkpoint {
+            job_id: "someone-else".into(),
+            iteration: 3,
+            attempt: 0,
+            master_result: rmp_serde::to_vec(&(1u64, 2u64)).unwrap(),
+            master_state: Vec::new(),
+        })
+        .unwrap();
+    let err = job(master(None), store, 2).run().unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, JobError::Checkpoint { .. }), "{message}");
+    assert!(
+        message.contains("someone-else") && message.contains("ckpt"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_state_that_cannot_be_saved_skips_the_checkpoint_and_one_that_cannot_be_restored_fails() {
+    let store = MemoryCheckpointStore::new();
+    let mut m = master(None);
+    m.broken_save = true;
+    let outcome = job(m, store.clone(), 3).run().unwrap();
+    assert!(outcome.report.checkpoints.is_empty());
+    assert!(store.checkpoints().is_empty(), "nothing half-saved");
+
+    job(master(None), store.clone(), 3).run().unwrap();
+    let mut m = master(None);
+    m.broken_restore = true;
+    match job(m, store, 3).run().unwrap_err() {
+        JobError::Master {
+            iteration, phase, ..
+        } => {
+            assert_eq!(phase, Phase::Checkpoint);
+            assert_eq!(iteration, 12);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let err = job(master(None), MemoryCheckpointStore::new(), 0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting, "checkpoint");
+}

@@ -251,10 +251,7 @@ impl<W> Gate<W> {
             return Ok(());
         };
         while let Some((rank, report)) = self.round.take_next() {
-            self.halt_votes += report.halt_vote as usize;
-            if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
-                self.slowest = Some((rank, report.elapsed));
-            }
+            tally(&mut self.halt_votes, &mut self.slowest, rank, &report);
             match &mut fold.acc {
                 None => fold.acc = Some(report.result),
                 Some(acc) => {
@@ -279,10 +276,7 @@ impl<W> Gate<W> {
         self.stage = Stage::Idle;
         let mut results = Vec::new();
         for (rank, report) in self.round.close() {
-            self.halt_votes += report.halt_vote as usize;
-            if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
-                self.slowest = Some((rank, report.elapsed));
-            }
+            tally(&mut self.halt_votes, &mut self.slowest, rank, &report);
             results.push(report.result);
         }
         let gathered = Gathered {
@@ -417,6 +411,19 @@ impl<W> Gate<W> {
             duplicate: r.duplicate + o.duplicate,
             unknown_rank: r.unknown_rank + o.unknown_rank,
         }
+    }
+}
+
+/// Counts a rank's report into the round's halt votes and slowest rank.
+fn tally<W>(
+    halt_votes: &mut usize,
+    slowest: &mut Option<(Rank, Duration)>,
+    rank: Rank,
+    report: &Report<W>,
+) {
+    *halt_votes += report.halt_vote as usize;
+    if slowest.is_none_or(|(_, t)| report.elapsed > t) {
+        *slowest = Some((rank, report.elapsed));
     }
 }
 

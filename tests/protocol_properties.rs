@@ -142,11 +142,11 @@ proptest! {
                         prop_assert!(gathered.results.is_empty());
                         let folded = expected.iter().copied().reduce(order_sensitive);
                         prop_assert_eq!(gathered.combined, folded, "folded once each, in rank order");
-                        prop_assert!((1..=workers).contains(&gathered.peak_held));
+                        prop_assert!((1..=workers).contains(&gathered.tally.results_held));
                     } else {
                         prop_assert_eq!(gathered.results, expected);
                         prop_assert_eq!(gathered.combined, None);
-                        prop_assert_eq!(gathered.peak_held, workers);
+                        prop_assert_eq!(gathered.tally.results_held, workers);
                     }
                 }
                 other => prop_assert!(false, "unexpected {:?}", other),

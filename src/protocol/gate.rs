@@ -1,8 +1,7 @@
 //! The barrier's state machine: registration, rounds, the end of the job, and timeouts.
 
-use std::time::{Duration, Instant};
-
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use super::{Attempt, Drops, Envelope, Iteration, Rank, Report, Round, ToMaster};
 use crate::error::{Cause, JobError, Phase, Waiting};
@@ -19,6 +18,13 @@ pub struct Gathered<W> {
     pub results: Vec<W>,
     /// When the gate combines: every rank's result folded in rank order.
     pub combined: Option<W>,
+    /// What the round's reports add up to besides their results.
+    pub tally: Tally,
+}
+
+/// What a round's reports add up to, besides their results.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
     /// How many ranks voted to halt.
     pub halt_votes: usize,
     /// The slowest rank and its time.
@@ -26,13 +32,31 @@ pub struct Gathered<W> {
     /// The most worker results the gate held at once during the round (a fold counts as
     /// one): the workers' count without combining; with it, one more than the results that
     /// arrived ahead of a missing lower rank.
-    pub peak_held: usize,
+    pub results_held: usize,
+}
+
+impl Tally {
+    /// Counts rank `rank`'s report in.
+    fn count<W>(&mut self, rank: Rank, report: &Report<W>) {
+        self.halt_votes += report.halt_vote as usize;
+        if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
+            self.slowest = Some((rank, report.elapsed));
+        }
+    }
 }
 
 /// The fold of a round's prefix, kept while results are combined.
 struct Fold<W> {
     combine: Combiner<W>,
     acc: Option<W>,
+}
+
+impl<W: fmt::Debug> fmt::Debug for Fold<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fold")
+            .field("acc", &self.acc)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a [`Gate`] needs to know.
@@ -95,6 +119,7 @@ enum Stage {
 /// [`GateOutput::Failed`] it drains. Call [`handle_timeout`](Gate::handle_timeout) when the
 /// instant from [`poll_timeout`](Gate::poll_timeout) has passed (calling it early is
 /// harmless). [`GateOutput::Drained`] is the last output.
+#[derive(Debug)]
 pub struct Gate<W> {
     config: GateConfig,
     stage: Stage,
@@ -103,25 +128,10 @@ pub struct Gate<W> {
     registered_count: usize,
     round: Round<Report<W>>,
     fold: Option<Fold<W>>,
-    halt_votes: usize,
-    slowest: Option<(Rank, Duration)>,
-    peak_held: usize,
+    tally: Tally,
     done: Vec<bool>,
     done_count: usize,
     other_drops: Drops,
-}
-
-impl<W> fmt::Debug for Gate<W> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Gate")
-            .field("config", &self.config)
-            .field("stage", &self.stage)
-            .field("registered", &self.registered_count)
-            .field("round", &self.round.iteration())
-            .field("combining", &self.fold.is_some())
-            .field("done", &self.done_count)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<W> Gate<W> {
@@ -135,9 +145,7 @@ impl<W> Gate<W> {
             registered_count: 0,
             round: Round::new(n),
             fold: None,
-            halt_votes: 0,
-            slowest: None,
-            peak_held: 0,
+            tally: Tally::default(),
             done: vec![false; n],
             done_count: 0,
             other_drops: Drops::default(),
@@ -246,12 +254,12 @@ impl<W> Gate<W> {
     /// Tallies (and when combining, folds) the results that can be taken in rank order.
     fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
         let held = self.round.held() + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
-        self.peak_held = self.peak_held.max(held);
+        self.tally.results_held = self.tally.results_held.max(held);
         let Some(fold) = &mut self.fold else {
             return Ok(());
         };
         while let Some((rank, report)) = self.round.take_next() {
-            tally(&mut self.halt_votes, &mut self.slowest, rank, &report);
+            self.tally.count(rank, &report);
             match &mut fold.acc {
                 None => fold.acc = Some(report.result),
                 Some(acc) => {
@@ -276,15 +284,13 @@ impl<W> Gate<W> {
         self.stage = Stage::Idle;
         let mut results = Vec::new();
         for (rank, report) in self.round.close() {
-            tally(&mut self.halt_votes, &mut self.slowest, rank, &report);
+            self.tally.count(rank, &report);
             results.push(report.result);
         }
         let gathered = Gathered {
             results,
             combined: self.fold.as_mut().and_then(|f| f.acc.take()),
-            halt_votes: std::mem::take(&mut self.halt_votes),
-            slowest: self.slowest.take(),
-            peak_held: std::mem::take(&mut self.peak_held),
+            tally: std::mem::take(&mut self.tally),
         };
         GateOutput::RoundComplete {
             iteration,
@@ -310,9 +316,7 @@ impl<W> Gate<W> {
 
     /// Forgets what an unfinished round tallied and folded.
     fn reset_tally(&mut self) {
-        self.halt_votes = 0;
-        self.slowest = None;
-        self.peak_held = 0;
+        self.tally = Tally::default();
         if let Some(fold) = &mut self.fold {
             fold.acc = None;
         }
@@ -414,19 +418,6 @@ impl<W> Gate<W> {
     }
 }
 
-/// Counts a rank's report into the round's halt votes and slowest rank.
-fn tally<W>(
-    halt_votes: &mut usize,
-    slowest: &mut Option<(Rank, Duration)>,
-    rank: Rank,
-    report: &Report<W>,
-) {
-    *halt_votes += report.halt_vote as usize;
-    if slowest.is_none_or(|(_, t)| report.elapsed > t) {
-        *slowest = Some((rank, report.elapsed));
-    }
-}
-
 fn missing(flags: &[bool]) -> Vec<Rank> {
     flags
         .iter()
@@ -487,7 +478,7 @@ mod tests {
                 assert_eq!(iteration, 1);
                 assert_eq!(gathered.results, vec![10, 11]);
                 assert_eq!(gathered.combined, None);
-                assert_eq!(gathered.peak_held, 2);
+                assert_eq!(gathered.tally.results_held, 2);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -541,10 +532,10 @@ mod tests {
                 assert_eq!(iteration, 1);
                 assert_eq!(gathered.combined.as_deref(), Some("abbbc!d!"));
                 assert!(gathered.results.is_empty());
-                assert_eq!(gathered.halt_votes, 2);
-                assert_eq!(gathered.slowest, Some((1, Duration::from_millis(3))));
+                assert_eq!(gathered.tally.halt_votes, 2);
+                assert_eq!(gathered.tally.slowest, Some((1, Duration::from_millis(3))));
                 // When rank 1 arrived: the fold of rank 0, rank 1's and rank 2's (ahead).
-                assert_eq!(gathered.peak_held, 3);
+                assert_eq!(gathered.tally.results_held, 3);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -556,8 +547,8 @@ mod tests {
         match gate.on_message(t0, env(3, text(2, "y"))) {
             Some(GateOutput::RoundComplete { gathered, .. }) => {
                 assert_eq!(gathered.combined.as_deref(), Some("xxxy"), "a fresh fold");
-                assert_eq!(gathered.peak_held, 2);
-                assert_eq!(gathered.halt_votes, 0, "votes are counted per round");
+                assert_eq!(gathered.tally.results_held, 2);
+                assert_eq!(gathered.tally.halt_votes, 0, "votes are counted per round");
             }
             other => panic!("unexpected {other:?}"),
         }

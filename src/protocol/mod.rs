@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::JobError;
 
-pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered};
+pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};

@@ -17,7 +17,7 @@ use crate::compute::Payload;
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
-use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Rank, Schedule};
+use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Schedule, Tally};
 use crate::report::{IterationReport, JobOutcome, JobReport};
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -29,8 +29,6 @@ pub(crate) struct MasterTask<M, W> {
     checkpointing: Option<Checkpointing>,
     /// The computable's state to restore before the job starts, when it resumes.
     restore: Option<Vec<u8>>,
-    /// Whether the job resumed from a checkpoint.
-    resumed: bool,
     attempt: Attempt,
 }
 
@@ -57,14 +55,6 @@ struct Round<W> {
     span: tracing::Span,
 }
 
-/// What the schedule and the report need of a round, besides its results.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tally {
-    halt_votes: usize,
-    slowest: Option<(Rank, Duration)>,
-    results_held: usize,
-}
-
 enum Worked<M> {
     Started(Result<(), JobError>),
     Iterated {
@@ -82,21 +72,21 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         interceptors: MasterHooks<M, W>,
         mut ctx: MasterContext<M, W>,
         checkpointing: Option<Checkpointing>,
-        resume: Option<&Resume<M>>,
+        resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
-        if let Some(resume) = resume {
+        let restore = resume.map(|resume| {
             ctx.iteration = resume.iteration;
-            ctx.last = Some(Arc::clone(&resume.last));
-        }
+            ctx.last = Some(resume.last);
+            resume.state
+        });
         MasterTask {
             computable,
             interceptors,
             ctx,
             entered: 0,
             checkpointing,
-            restore: resume.map(|r| r.state.clone()),
-            resumed: resume.is_some(),
+            restore,
             attempt,
         }
     }
@@ -151,6 +141,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             }
             Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
         }
+    }
+
+    /// The checkpoint's iteration the task resumes from; known until it starts.
+    fn resumed_from(&self) -> Option<Iteration> {
+        self.restore.is_some().then_some(self.ctx.iteration)
     }
 
     fn start(&mut self) -> Result<(), JobError> {
@@ -303,7 +298,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     ) -> Self {
         let now = Instant::now();
         // A resumed task starts at its checkpoint's iteration and master result.
-        let resumed_from = task.resumed.then_some(task.ctx.iteration);
+        let resumed_from = task.resumed_from();
         let last = task.ctx.last.clone();
         let report = JobReport {
             resumed_from,
@@ -619,11 +614,6 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                 if self.ending.is_some() {
                     return;
                 }
-                let tally = Tally {
-                    halt_votes: gathered.halt_votes,
-                    slowest: gathered.slowest,
-                    results_held: gathered.peak_held,
-                };
                 let span = self.span.clone().unwrap_or_else(tracing::Span::none);
                 self.dispatch(
                     ctx,
@@ -631,7 +621,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                         iteration,
                         results: gathered.results,
                         combined: gathered.combined,
-                        tally,
+                        tally: gathered.tally,
                         span,
                     }),
                 );

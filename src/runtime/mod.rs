@@ -289,6 +289,13 @@ async fn launch<M: Payload, W: Payload>(
         let master_addr = master_ctx.address();
         let barrier_addr = barrier_ctx.address();
         let inbox = barrier_addr.clone();
+        // Read before anything binds or starts: checkpoints that cannot be used fail the
+        // job before a worker is told anything.
+        let mut checkpoint = checkpoint;
+        let resumed = match &mut checkpoint {
+            Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
+            None => None,
+        };
         let link = transport.bind_master(Box::new(move |env| {
             inbox.do_send(Arrived {
                 env,
@@ -322,17 +329,12 @@ async fn launch<M: Payload, W: Payload>(
             events.clone(),
             tick(&config),
         ));
-        let mut checkpoint = checkpoint;
-        let resumed = match &mut checkpoint {
-            Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
-            None => None,
-        };
         let master_task = MasterTask::new(
             master,
             master_hooks,
             MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
             checkpoint,
-            resumed.as_ref(),
+            resumed,
             attempt,
         );
         master_ctx.run(MasterActor::new(

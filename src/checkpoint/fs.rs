@@ -24,6 +24,9 @@ const TEMP_PREFIX: &str = ".checkpoint-";
 /// whole new checkpoint or none of it, and the previous one untouched. Each file carries a
 /// CRC-32 of its body: [`latest`](CheckpointStore::latest) skips a corrupt one with a
 /// warning and returns the one before. After each save only the newest `keep` are kept.
+///
+/// The directory belongs to one job: opening a store removes the temporary files it finds
+/// there, so two jobs running at once must not share a directory.
 #[derive(Debug, Clone)]
 pub struct FsCheckpointStore {
     dir: PathBuf,

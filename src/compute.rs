@@ -304,6 +304,8 @@ pub struct MasterContext<M, W> {
     pub(crate) results: Vec<W>,
     pub(crate) combined: Option<W>,
     pub(crate) halt_votes: usize,
+    pub(crate) reported: Vec<Rank>,
+    pub(crate) left_out: Vec<Rank>,
     pub(crate) last: Option<Arc<M>>,
     pub(crate) current: Option<Arc<M>>,
 }
@@ -318,6 +320,8 @@ impl<M, W> MasterContext<M, W> {
             results: Vec::new(),
             combined: None,
             halt_votes: 0,
+            reported: Vec::new(),
+            left_out: Vec::new(),
             last: None,
             current: None,
         }
@@ -348,8 +352,10 @@ impl<M, W> MasterContext<M, W> {
         self.iteration == 1
     }
 
-    /// Every worker's result of this iteration, in rank order: index `r` is rank `r`'s.
-    /// Empty before the first iteration and after an iteration completed; after a failed
+    /// Every worker's result of this iteration, in rank order: index `r` is rank `r`'s —
+    /// unless the iteration went on without some stragglers (see
+    /// [`reported_ranks`](MasterContext::reported_ranks)), when index `i` is the result
+    /// of `reported_ranks()[i]`. Empty before the first iteration and after an iteration completed; after a failed
     /// iteration, still that iteration's results. Empty too when the job combines results
     /// as they arrive: see [`combined_result`](MasterContext::combined_result).
     pub fn worker_results(&self) -> &[W] {
@@ -368,6 +374,19 @@ impl<M, W> MasterContext<M, W> {
     /// to reuse it without a copy (it is dropped after the iteration anyway).
     pub fn take_combined_result(&mut self) -> Option<W> {
         self.combined.take()
+    }
+
+    /// The ranks whose results this iteration has, in rank order: every rank, unless the
+    /// iteration completed with its quorum after the min-workers timeout
+    /// (`JobBuilder::min_workers`) and left the stragglers out.
+    pub fn reported_ranks(&self) -> &[Rank] {
+        &self.reported
+    }
+
+    /// The ranks this iteration went on without, in rank order (see
+    /// [`reported_ranks`](MasterContext::reported_ranks)); their late results are dropped.
+    pub fn left_out_ranks(&self) -> &[Rank] {
+        &self.left_out
     }
 
     /// How many workers voted to halt in this iteration.
@@ -397,6 +416,7 @@ impl<M, W> fmt::Debug for MasterContext<M, W> {
             .field("results", &self.results.len())
             .field("combined", &self.combined.is_some())
             .field("halt_votes", &self.halt_votes)
+            .field("left_out", &self.left_out)
             .finish()
     }
 }

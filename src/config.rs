@@ -79,6 +79,20 @@ pub struct JobConfig {
     /// 10 min; `Duration::MAX` means no limit. The iteration timeout still bounds the whole
     /// iteration; if it passes while an epoch gathers, the error is the epoch's timeout.
     pub sync_timeout: Duration,
+    /// The fraction of workers an iteration may go on with once
+    /// [`min_workers_timeout`](JobConfig::min_workers_timeout) has passed (Guagua's
+    /// `guagua.min.workers.ratio`): after it, the iteration completes as soon as
+    /// `ceil(ratio × workers)` results are in, and the ranks still missing are left out of
+    /// it — their late results are dropped as stale. In `(0, 1]`; default 1.0, which waits
+    /// for every worker (until the iteration timeout). Not with barrier mode, whose ranks
+    /// wait for each other. Below 1.0, workers never compute inline (see [`Placement`]):
+    /// a straggler must not hold the thread that is to go on without it.
+    pub min_workers_ratio: f64,
+    /// How long an iteration waits for every worker before it may go on with
+    /// `ceil(min_workers_ratio × workers)` (Guagua's `guagua.min.workers.timeout`). Measured
+    /// from the broadcast that starts the iteration. Default 5 s; unused while the ratio
+    /// is 1.0.
+    pub min_workers_timeout: Duration,
 }
 
 impl Default for JobConfig {
@@ -96,6 +110,8 @@ impl Default for JobConfig {
             compute_threads: None,
             barrier_mode: false,
             sync_timeout: Duration::from_secs(600),
+            min_workers_ratio: 1.0,
+            min_workers_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -130,6 +146,7 @@ impl JobConfig {
             ("iteration_timeout", self.iteration_timeout),
             ("shutdown_timeout", self.shutdown_timeout),
             ("sync_timeout", self.sync_timeout),
+            ("min_workers_timeout", self.min_workers_timeout),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(name, value, "must be longer than zero"));
@@ -142,6 +159,28 @@ impl JobConfig {
                 "cannot be Inline in barrier mode: ranks waiting for each other need threads of their own",
             ));
         }
+        let ratio = self.min_workers_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(ConfigError::new(
+                "min_workers_ratio",
+                ratio,
+                "must be more than 0 and at most 1",
+            ));
+        }
+        if self.barrier_mode && ratio < 1.0 {
+            return Err(ConfigError::new(
+                "min_workers_ratio",
+                ratio,
+                "must be 1.0 in barrier mode: every rank takes part in every barrier",
+            ));
+        }
+        if ratio < 1.0 && self.placement == Placement::Inline {
+            return Err(ConfigError::new(
+                "placement",
+                self.placement,
+                "cannot be Inline with a min-workers ratio below 1: a straggler computing inline would hold the thread that is to go on without it",
+            ));
+        }
         if self.compute_threads == Some(0) {
             return Err(ConfigError::new(
                 "compute_threads",
@@ -150,6 +189,15 @@ impl JobConfig {
             ));
         }
         Ok(())
+    }
+
+    /// How many results an iteration needs once the min-workers timeout has passed:
+    /// `ceil(min_workers_ratio × workers)`, at least 1.
+    pub fn quorum(&self) -> usize {
+        // Less a hair, so that a product a rounding error above a whole number (0.7 × 10
+        // is 7.000000000000001) does not round up past it.
+        let q = (self.min_workers_ratio * self.workers as f64 - 1e-9).ceil() as usize;
+        q.clamp(1, self.workers.max(1))
     }
 
     /// The number of compute-pool threads this configuration asks for.
@@ -193,5 +241,36 @@ mod tests {
             ..JobConfig::default()
         };
         assert_eq!(config.validate().unwrap_err().setting, "job_id");
+    }
+
+    #[test]
+    fn the_min_workers_ratio_is_a_fraction_and_its_quorum_rounds_up() {
+        for ratio in [0.0, -0.5, 1.5, f64::NAN] {
+            let config = JobConfig {
+                min_workers_ratio: ratio,
+                ..JobConfig::default()
+            };
+            assert_eq!(config.validate().unwrap_err().setting, "min_workers_ratio");
+        }
+        let config = JobConfig {
+            min_workers_ratio: 0.9,
+            barrier_mode: true,
+            ..JobConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().setting, "min_workers_ratio");
+        let quorum = |workers, ratio| {
+            JobConfig {
+                workers,
+                min_workers_ratio: ratio,
+                ..JobConfig::default()
+            }
+            .quorum()
+        };
+        assert_eq!(quorum(10, 0.95), 10);
+        assert_eq!(quorum(10, 0.9), 9);
+        assert_eq!(quorum(4, 0.6), 3);
+        assert_eq!(quorum(10, 0.7), 7, "not 8 from a rounding error");
+        assert_eq!(quorum(3, 0.01), 1);
+        assert_eq!(quorum(3, 1.0), 3);
     }
 }

@@ -21,6 +21,11 @@ pub struct IterationReport {
     /// (`JobBuilder::combine`), when it is one (the fold) plus those that arrived ahead of
     /// a lower rank still missing.
     pub results_held: usize,
+    /// The ranks this iteration went on without: stragglers still missing when it
+    /// completed with its quorum after the min-workers timeout
+    /// ([`JobConfig::min_workers_ratio`](crate::JobConfig::min_workers_ratio)). Empty when
+    /// every rank reported.
+    pub left_out: Vec<Rank>,
 }
 
 /// How a job went.

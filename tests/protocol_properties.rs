@@ -91,13 +91,7 @@ proptest! {
         combining in any::<bool>(),
     ) {
         let t0 = Instant::now();
-        let mut gate = Gate::new(GateConfig {
-            workers,
-            attempt: 0,
-            startup_timeout: Duration::from_secs(1),
-            iteration_timeout: Duration::from_secs(1),
-            shutdown_timeout: Duration::from_secs(1),
-        }, t0);
+        let mut gate = Gate::new(GateConfig::new(workers, 0, [Duration::from_secs(1); 3]), t0);
         if combining {
             gate = gate.combining(Box::new(|fold, next| {
                 *fold = order_sensitive(*fold, next);

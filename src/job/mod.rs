@@ -179,6 +179,16 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Stragglers: once `timeout` has passed in an iteration, go on as soon as
+    /// `ceil(ratio × workers)` results are in, leaving the slower ranks out of that
+    /// iteration (see [`JobConfig::min_workers_ratio`]). The master's code learns which
+    /// ranks reported from [`MasterContext::reported_ranks`](crate::MasterContext::reported_ranks).
+    pub fn min_workers(mut self, ratio: f64, timeout: Duration) -> Self {
+        self.config.min_workers_ratio = ratio;
+        self.config.min_workers_timeout = timeout;
+        self
+    }
+
     /// Replaces every setting at once.
     pub fn config(mut self, config: JobConfig) -> Self {
         self.config = config;

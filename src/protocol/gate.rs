@@ -20,6 +20,12 @@ pub struct Gathered<W> {
     pub combined: Option<W>,
     /// What the round's reports add up to besides their results.
     pub tally: Tally,
+    /// The ranks whose results are in `results` (or in the fold), in rank order: every
+    /// rank, unless some were left out.
+    pub reported: Vec<Rank>,
+    /// The ranks left out of the round, in rank order: stragglers when it completed with
+    /// its quorum after the min-workers timeout. Their late results are dropped as stale.
+    pub left_out: Vec<Rank>,
 }
 
 /// What a round's reports add up to, besides their results.
@@ -72,6 +78,36 @@ pub struct GateConfig {
     pub iteration_timeout: Duration,
     /// How long the end may wait for every worker's `Done`, counted from [`Gate::drain`].
     pub shutdown_timeout: Duration,
+    /// How many results a round needs once `min_workers_timeout` has passed; `workers`
+    /// waits for every rank.
+    pub quorum: usize,
+    /// How long a round waits for every rank before it may complete with its quorum,
+    /// counted from [`Gate::open`].
+    pub min_workers_timeout: Duration,
+}
+
+impl GateConfig {
+    /// A gate of `workers` ranks in `attempt` that waits for every rank, with these
+    /// timeouts (start-up, iteration, shutdown).
+    pub fn new(workers: usize, attempt: Attempt, timeouts: [Duration; 3]) -> Self {
+        let [startup_timeout, iteration_timeout, shutdown_timeout] = timeouts;
+        GateConfig {
+            workers,
+            attempt,
+            startup_timeout,
+            iteration_timeout,
+            shutdown_timeout,
+            quorum: workers,
+            min_workers_timeout: iteration_timeout,
+        }
+    }
+
+    /// Lets a round complete with `quorum` results once `after` has passed.
+    pub fn with_quorum(mut self, quorum: usize, after: Duration) -> Self {
+        self.quorum = quorum.clamp(1, self.workers.max(1));
+        self.min_workers_timeout = after;
+        self
+    }
 }
 
 /// What the gate tells its driver.
@@ -129,6 +165,8 @@ pub struct Gate<W> {
     round: Round<Report<W>>,
     fold: Option<Fold<W>>,
     tally: Tally,
+    /// Whether the current round's min-workers timeout has passed.
+    quorum_passed: bool,
     done: Vec<bool>,
     done_count: usize,
     other_drops: Drops,
@@ -146,6 +184,7 @@ impl<W> Gate<W> {
             round: Round::new(n),
             fold: None,
             tally: Tally::default(),
+            quorum_passed: false,
             done: vec![false; n],
             done_count: 0,
             other_drops: Drops::default(),
@@ -177,11 +216,15 @@ impl<W> Gate<W> {
         // A wait's deadline holds at arrival too, not only when the driver's timer fires:
         // a result or registration that arrives late fails the wait instead of ending it,
         // however coarse (or stalled) the timer is.
-        if matches!(
-            (&env.msg, self.stage),
-            (ToMaster::Registered { .. }, Stage::Registering)
-                | (ToMaster::Result(_), Stage::Gathering)
-        ) {
+        let due = match (&env.msg, self.stage) {
+            (ToMaster::Registered { .. }, Stage::Registering) => true,
+            (ToMaster::Result(_), Stage::Gathering) => self
+                .since
+                .checked_add(self.config.iteration_timeout)
+                .is_some_and(|deadline| now >= deadline),
+            _ => false,
+        };
+        if due {
             if let Some(timed_out) = self.handle_timeout(now) {
                 return Some(timed_out);
             }
@@ -214,7 +257,10 @@ impl<W> Gate<W> {
                 if let Err(failed) = self.take_ready() {
                     return Some(failed);
                 }
-                complete.then(|| self.complete(iteration))
+                if complete {
+                    return Some(self.complete(iteration));
+                }
+                self.complete_with_quorum(now)
             }
             ToMaster::Failed { attempt, error } => {
                 if attempt != self.config.attempt {
@@ -282,6 +328,8 @@ impl<W> Gate<W> {
     /// Closes the complete round and sums it up.
     fn complete(&mut self, iteration: Iteration) -> GateOutput<W> {
         self.stage = Stage::Idle;
+        let reported = self.round.reported();
+        let left_out = self.round.left_out();
         let mut results = Vec::new();
         for (rank, report) in self.round.close() {
             self.tally.count(rank, &report);
@@ -291,11 +339,37 @@ impl<W> Gate<W> {
             results,
             combined: self.fold.as_mut().and_then(|f| f.acc.take()),
             tally: std::mem::take(&mut self.tally),
+            reported,
+            left_out,
         };
         GateOutput::RoundComplete {
             iteration,
             gathered,
         }
+    }
+
+    /// When the round may complete with its quorum: `None` when it waits for every rank.
+    fn quorum_deadline(&self) -> Option<Instant> {
+        if self.stage != Stage::Gathering || self.config.quorum >= self.config.workers {
+            return None;
+        }
+        self.since.checked_add(self.config.min_workers_timeout)
+    }
+
+    /// Completes the round with the results in, if the min-workers timeout has passed and
+    /// they are its quorum: the ranks still missing are left out.
+    fn complete_with_quorum(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        let deadline = self.quorum_deadline()?;
+        if now < deadline || self.round.filled() < self.config.quorum {
+            return None;
+        }
+        for rank in self.round.missing() {
+            self.round.leave_out(rank);
+        }
+        if let Err(failed) = self.take_ready() {
+            return Some(failed);
+        }
+        Some(self.complete(self.round.iteration()))
     }
 
     /// Opens `iteration`: results for it are accepted from now on, and the iteration
@@ -309,6 +383,7 @@ impl<W> Gate<W> {
         }
         self.round.open(self.config.attempt, iteration);
         self.reset_tally();
+        self.quorum_passed = false;
         self.stage = Stage::Gathering;
         self.since = now;
         true
@@ -357,6 +432,10 @@ impl<W> Gate<W> {
 
     /// When the current wait times out, if the gate is waiting for workers (a timeout too
     /// long to add to `now`, such as `Duration::MAX`, never does).
+    ///
+    /// While a round gathers with a quorum below every rank, that is first the
+    /// min-workers timeout, then — once it passed without the quorum — the iteration
+    /// timeout.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let timeout = match self.stage {
             Stage::Registering => self.config.startup_timeout,
@@ -364,11 +443,27 @@ impl<W> Gate<W> {
             Stage::Draining => self.config.shutdown_timeout,
             Stage::Idle | Stage::Finished => return None,
         };
-        self.since.checked_add(timeout)
+        let hard = self.since.checked_add(timeout);
+        match (self.quorum_deadline(), hard) {
+            (Some(soft), Some(hard)) if !self.quorum_passed && soft < hard => Some(soft),
+            (Some(soft), None) if !self.quorum_passed => Some(soft),
+            _ => hard,
+        }
     }
 
     /// Fails the current wait if its timeout has passed at `now`, naming the missing ranks.
+    ///
+    /// A round past its min-workers timeout completes instead if its quorum is in (see
+    /// [`GateConfig::quorum`]), leaving out the ranks still missing.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        if let Some(soft) = self.quorum_deadline() {
+            if now >= soft {
+                self.quorum_passed = true;
+                if let Some(completed) = self.complete_with_quorum(now) {
+                    return Some(completed);
+                }
+            }
+        }
         let deadline = self.poll_timeout()?;
         if now < deadline {
             return None;
@@ -432,13 +527,15 @@ mod tests {
     use super::*;
 
     fn config(workers: usize) -> GateConfig {
-        GateConfig {
+        GateConfig::new(
             workers,
-            attempt: 0,
-            startup_timeout: Duration::from_secs(10),
-            iteration_timeout: Duration::from_secs(5),
-            shutdown_timeout: Duration::from_secs(1),
-        }
+            0,
+            [
+                Duration::from_secs(10),
+                Duration::from_secs(5),
+                Duration::from_secs(1),
+            ],
+        )
     }
 
     fn env<W>(from: Rank, msg: ToMaster<W>) -> Envelope<ToMaster<W>> {
@@ -707,5 +804,120 @@ mod tests {
         gate.on_message(t0, env(0, report(1, 1)));
         let drops = gate.drops();
         assert_eq!((drops.stale, drops.unknown_rank), (2, 1));
+    }
+
+    fn quorum_gate(workers: usize, quorum: usize, t0: Instant) -> Gate<u32> {
+        let config = config(workers).with_quorum(quorum, Duration::from_secs(1));
+        let mut gate = Gate::new(config, t0);
+        for r in 0..workers {
+            gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+        }
+        gate
+    }
+
+    #[test]
+    fn after_the_min_workers_timeout_a_round_goes_on_with_its_quorum_and_drops_the_stragglers() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut gate = quorum_gate(4, 3, t0);
+        assert!(gate.open(t0, 1));
+        assert_eq!(
+            gate.poll_timeout(),
+            Some(t0 + s(1)),
+            "the soft deadline first"
+        );
+        for r in [2, 0, 1] {
+            assert_eq!(gate.on_message(t0, env(r, report(1, r as u32))), None);
+        }
+        assert_eq!(
+            gate.handle_timeout(t0 + s(1) / 2),
+            None,
+            "waits for all before it"
+        );
+        let Some(GateOutput::RoundComplete { gathered, .. }) = gate.handle_timeout(t0 + s(1))
+        else {
+            panic!("the quorum is in once the min-workers timeout passed")
+        };
+        assert_eq!(gathered.results, vec![0, 1, 2]);
+        assert_eq!(gathered.reported, vec![0, 1, 2]);
+        assert_eq!(gathered.left_out, vec![3]);
+        let late = gate.on_message(t0 + s(2), env(3, report(1, 3)));
+        assert_eq!(late, None);
+        assert_eq!(
+            gate.drops().stale,
+            1,
+            "the straggler's late result is stale"
+        );
+        assert!(gate.open(t0 + s(2), 2));
+        assert_eq!(
+            gate.poll_timeout(),
+            Some(t0 + s(3)),
+            "each round waits anew"
+        );
+    }
+
+    #[test]
+    fn a_round_short_of_its_quorum_at_the_min_workers_timeout_completes_when_the_quorum_arrives() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut gate = quorum_gate(4, 3, t0);
+        gate.open(t0, 1);
+        gate.on_message(t0, env(1, report(1, 1)));
+        assert_eq!(
+            gate.handle_timeout(t0 + s(1)),
+            None,
+            "one result is short of three"
+        );
+        assert_eq!(
+            gate.poll_timeout(),
+            Some(t0 + s(5)),
+            "then the iteration deadline"
+        );
+        gate.on_message(t0 + s(2), env(3, report(1, 3)));
+        let Some(GateOutput::RoundComplete { gathered, .. }) =
+            gate.on_message(t0 + s(2), env(0, report(1, 0)))
+        else {
+            panic!("the third result completes the round")
+        };
+        assert_eq!(gathered.reported, vec![0, 1, 3]);
+        assert_eq!(
+            gathered.results,
+            vec![0, 1, 3],
+            "rank order, without rank 2"
+        );
+        assert_eq!(gathered.left_out, vec![2]);
+        gate.open(t0 + s(3), 2);
+        gate.on_message(t0 + s(3), env(1, report(2, 1)));
+        assert!(
+            matches!(
+                gate.handle_timeout(t0 + s(8)),
+                Some(GateOutput::Failed(JobError::WorkersTimedOut { ref missing, .. }))
+                    if *missing == vec![0, 2, 3]
+            ),
+            "no iteration completes without its quorum"
+        );
+    }
+
+    #[test]
+    fn a_combined_round_with_its_quorum_folds_the_reported_ranks_in_rank_order() {
+        let t0 = Instant::now();
+        let config = config(4).with_quorum(2, Duration::from_secs(1));
+        let mut gate = Gate::new(config, t0).combining(Box::new(|fold: &mut String, next| {
+            fold.push_str(&next);
+            Ok(())
+        }));
+        for r in 0..4 {
+            gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+        }
+        gate.open(t0, 1);
+        gate.on_message(t0, env(3, text(1, "d")));
+        gate.on_message(t0, env(1, text(1, "b")));
+        let Some(GateOutput::RoundComplete { gathered, .. }) =
+            gate.handle_timeout(t0 + Duration::from_secs(1))
+        else {
+            panic!("two of four is the quorum")
+        };
+        assert_eq!(gathered.combined.as_deref(), Some("bd"));
+        assert_eq!(gathered.left_out, vec![0, 2]);
     }
 }

@@ -46,6 +46,8 @@ enum Slot<T> {
     Held(T),
     /// Arrived and already handed out by [`Round::take_next`].
     Taken,
+    /// Left out of the round: not waited for, and an arrival from it is stale.
+    Out,
 }
 
 /// The results of one iteration of one attempt.
@@ -63,6 +65,7 @@ pub struct Round<T> {
     open: bool,
     slots: Vec<Slot<T>>,
     filled: usize,
+    out: usize,
     held: usize,
     next: Rank,
     drops: Drops,
@@ -77,6 +80,7 @@ impl<T> Round<T> {
             open: false,
             slots: (0..workers).map(|_| Slot::Empty).collect(),
             filled: 0,
+            out: 0,
             held: 0,
             next: 0,
             drops: Drops::default(),
@@ -90,6 +94,7 @@ impl<T> Round<T> {
         self.open = true;
         self.slots.iter_mut().for_each(|s| *s = Slot::Empty);
         self.filled = 0;
+        self.out = 0;
         self.held = 0;
         self.next = 0;
     }
@@ -106,6 +111,10 @@ impl<T> Round<T> {
             return Offer::Stale;
         }
         let slot = &mut self.slots[from];
+        if matches!(slot, Slot::Out) {
+            self.drops.stale += 1;
+            return Offer::Stale;
+        }
         if !matches!(slot, Slot::Empty) {
             self.drops.duplicate += 1;
             return Offer::Duplicate;
@@ -132,7 +141,42 @@ impl<T> Round<T> {
 
     /// Whether every rank delivered.
     pub fn is_complete(&self) -> bool {
-        self.filled == self.slots.len()
+        self.filled + self.out == self.slots.len()
+    }
+
+    /// Leaves `rank` out of this round, if nothing arrived from it yet: the round no
+    /// longer waits for it, [`take_next`](Round::take_next) passes over it, and its
+    /// arrival is stale. Returns whether it was left out. A lost worker's rank is left
+    /// out; so are the stragglers when a round completes with its quorum.
+    pub fn leave_out(&mut self, rank: Rank) -> bool {
+        match self.slots.get_mut(rank) {
+            Some(slot @ Slot::Empty) => {
+                *slot = Slot::Out;
+                self.out += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The ranks that delivered a result in this round, in rank order.
+    pub fn reported(&self) -> Vec<Rank> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::Held(_) | Slot::Taken))
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// The ranks left out of this round, in rank order.
+    pub fn left_out(&self) -> Vec<Rank> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::Out))
+            .map(|(r, _)| r)
+            .collect()
     }
 
     /// How many ranks delivered.
@@ -158,6 +202,9 @@ impl<T> Round<T> {
     /// Takes the next rank's result in rank order, if it arrived and every lower rank's was
     /// taken before; `None` while that rank is missing or after the last rank.
     pub fn take_next(&mut self) -> Option<(Rank, T)> {
+        while matches!(self.slots.get(self.next), Some(Slot::Out)) {
+            self.next += 1;
+        }
         let rank = self.next;
         let slot = self.slots.get_mut(rank)?;
         match std::mem::replace(slot, Slot::Taken) {
@@ -177,13 +224,14 @@ impl<T> Round<T> {
     pub fn close(&mut self) -> Vec<(Rank, T)> {
         self.open = false;
         self.filled = 0;
+        self.out = 0;
         self.held = 0;
         self.slots
             .iter_mut()
             .enumerate()
             .filter_map(|(r, s)| match std::mem::replace(s, Slot::Empty) {
                 Slot::Held(t) => Some((r, t)),
-                Slot::Empty | Slot::Taken => None,
+                Slot::Empty | Slot::Taken | Slot::Out => None,
             })
             .collect()
     }
@@ -263,5 +311,29 @@ mod tests {
         );
         round.offer(0, 0, 2, "a");
         assert_eq!(round.take_next(), Some((0, "a")));
+    }
+
+    #[test]
+    fn a_rank_left_out_is_not_waited_for_and_its_late_result_is_stale() {
+        let mut round = Round::new(4);
+        round.open(0, 1);
+        round.offer(2, 0, 1, "c");
+        round.offer(0, 0, 1, "a");
+        assert!(round.leave_out(1));
+        assert!(!round.leave_out(2), "rank 2 reported");
+        assert_eq!(round.take_next(), Some((0, "a")));
+        assert_eq!(round.take_next(), Some((2, "c")), "rank 1 is passed over");
+        assert_eq!(round.take_next(), None);
+        assert_eq!(round.missing(), vec![3]);
+        assert_eq!(round.offer(1, 0, 1, "late"), Offer::Stale);
+        assert_eq!(round.offer(3, 0, 1, "d"), Offer::Completed);
+        assert_eq!(round.reported(), vec![0, 2, 3]);
+        assert_eq!(round.left_out(), vec![1]);
+        assert_eq!(round.close(), vec![(3, "d")]);
+        round.open(0, 2);
+        assert!(
+            round.left_out().is_empty(),
+            "a new round waits for everyone"
+        );
     }
 }

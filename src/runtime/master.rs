@@ -17,7 +17,7 @@ use crate::compute::Payload;
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
-use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Schedule, Tally};
+use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Rank, Schedule, Tally};
 use crate::report::{IterationReport, JobOutcome, JobReport};
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -52,6 +52,8 @@ struct Round<W> {
     results: Vec<W>,
     combined: Option<W>,
     tally: Tally,
+    reported: Vec<Rank>,
+    left_out: Vec<Rank>,
     span: tracing::Span,
 }
 
@@ -60,6 +62,7 @@ enum Worked<M> {
     Iterated {
         iteration: Iteration,
         tally: Tally,
+        left_out: Vec<Rank>,
         elapsed: Duration,
         result: Result<Computed<M>, JobError>,
     },
@@ -116,6 +119,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     Phase::Compute => Worked::Iterated {
                         iteration,
                         tally: Tally::default(),
+                        left_out: Vec::new(),
                         elapsed: Duration::ZERO,
                         result: Err(error),
                     },
@@ -131,10 +135,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Work::Iterate(round) => {
                 let started = Instant::now();
                 let (iteration, tally) = (round.iteration, round.tally);
+                let left_out = round.left_out.clone();
                 let result = self.iterate(round);
                 Worked::Iterated {
                     iteration,
                     tally,
+                    left_out,
                     elapsed: started.elapsed(),
                     result,
                 }
@@ -170,6 +176,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         self.ctx.results = round.results;
         self.ctx.combined = round.combined;
         self.ctx.halt_votes = round.tally.halt_votes;
+        self.ctx.reported = round.reported;
+        self.ctx.left_out = round.left_out;
         self.ctx.current = None;
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
@@ -382,6 +390,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             Worked::Iterated {
                 iteration,
                 tally,
+                left_out,
                 elapsed,
                 result:
                     Ok(Computed {
@@ -402,7 +411,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     });
                 } else if self.ending.is_none() {
                     self.placer.observe(elapsed);
-                    self.iterated(iteration, tally, elapsed, result, halt);
+                    self.iterated(iteration, tally, left_out, elapsed, result, halt);
                 }
             }
             Worked::Stopped(result) => {
@@ -447,16 +456,25 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         &mut self,
         iteration: Iteration,
         tally: Tally,
+        left_out: Vec<Rank>,
         master_elapsed: Duration,
         result: Arc<M>,
         halt: bool,
     ) {
+        if !left_out.is_empty() {
+            tracing::warn!(
+                iteration,
+                ?left_out,
+                "the iteration went on without its stragglers (min-workers ratio)"
+            );
+        }
         let report = IterationReport {
             iteration,
             elapsed: self.iteration_started.elapsed(),
             master_elapsed,
             slowest: tally.slowest,
             results_held: tally.results_held,
+            left_out,
         };
         if let Some(span) = self.span.take() {
             span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
@@ -622,6 +640,8 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                         results: gathered.results,
                         combined: gathered.combined,
                         tally: gathered.tally,
+                        reported: gathered.reported,
+                        left_out: gathered.left_out,
                         span,
                     }),
                 );

@@ -166,6 +166,9 @@ pub(crate) fn tick(config: &JobConfig) -> Duration {
     if config.barrier_mode {
         shortest = shortest.min(config.sync_timeout);
     }
+    if config.min_workers_ratio < 1.0 {
+        shortest = shortest.min(config.min_workers_timeout);
+    }
     (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
 }
 
@@ -303,13 +306,16 @@ async fn launch<M: Payload, W: Payload>(
             })
         }))?;
         let mut gate = Gate::new(
-            GateConfig {
-                workers: config.workers,
+            GateConfig::new(
+                config.workers,
                 attempt,
-                startup_timeout: config.startup_timeout,
-                iteration_timeout: config.iteration_timeout,
-                shutdown_timeout: config.shutdown_timeout,
-            },
+                [
+                    config.startup_timeout,
+                    config.iteration_timeout,
+                    config.shutdown_timeout,
+                ],
+            )
+            .with_quorum(config.quorum(), config.min_workers_timeout),
             Instant::now(),
         );
         if let Some(combine) = combine {
@@ -385,6 +391,10 @@ async fn launch<M: Payload, W: Payload>(
                 Some(answers_tx),
                 Executor::own(name, &exits)?,
             )
+        } else if config.min_workers_ratio < 1.0 {
+            // A straggler computing inline would hold the thread that is to go on
+            // without it.
+            (Placement::Pool, None, Executor::Pool(Arc::clone(&pool)))
         } else {
             (config.placement, None, Executor::Pool(Arc::clone(&pool)))
         };

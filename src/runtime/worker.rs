@@ -200,6 +200,9 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     state: WorkerState,
     /// A stop that arrived while the task was away.
     pending_stop: Option<OwnedEnding<M>>,
+    /// The newest iteration that arrived while the task was away: a straggler the job
+    /// went on without skips to it, past any iteration it missed.
+    pending_iterate: Option<(Iteration, Option<Arc<M>>)>,
     /// How the job ended for this worker, once it began to stop.
     ending: Option<OwnedEnding<M>>,
     /// Where this worker reports its ending when it stops: a process without the master
@@ -237,6 +240,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             executor,
             placer,
             pending_stop: None,
+            pending_iterate: None,
         }
     }
 
@@ -389,9 +393,12 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             }
         }
         if let Some(ending) = self.pending_stop.take() {
+            self.pending_iterate = None;
             self.ending = Some(ending.clone());
             self.arm_stop_deadline(ctx);
             self.dispatch(ctx, Work::Stop(ending));
+        } else if let Some((iteration, last)) = self.pending_iterate.take() {
+            self.dispatch(ctx, Work::Iterate(iteration, last));
         }
     }
 
@@ -427,7 +434,19 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                 let ToWorker::Iterate { last, .. } = msg else {
                     unreachable!("only Iterate computes")
                 };
-                self.dispatch(ctx, Work::Iterate(iteration, last));
+                if self.task.is_some() {
+                    self.dispatch(ctx, Work::Iterate(iteration, last));
+                } else {
+                    // Still computing an iteration the job went on without: skip to this
+                    // one when it returns (its late result is dropped as stale).
+                    if let Some((skipped, _)) = self.pending_iterate.replace((iteration, last)) {
+                        tracing::debug!(
+                            rank = self.rank,
+                            skipped,
+                            "a straggler skips an iteration"
+                        );
+                    }
+                }
             }
             WorkerCommand::Stop => {
                 let ending = match msg {

@@ -122,7 +122,16 @@ pub enum GateOutput<W> {
         /// What the ranks delivered.
         gathered: Gathered<W>,
     },
-    /// The job must fail: a worker reported a failure, or a wait timed out.
+    /// A replacement worker registered mid-job (see [`Gate::rejoin`]): send it the
+    /// iteration gathering now, if any, to redo with the current master result.
+    Rejoined {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration the gate gathers, if it does.
+        iteration: Option<Iteration>,
+    },
+    /// The job must fail, or recover under its failure policy: a worker reported a
+    /// failure, or a wait timed out.
     Failed(JobError),
     /// The end of the job: every worker reported done, or the shutdown timeout passed.
     Drained {
@@ -169,6 +178,8 @@ pub struct Gate<W> {
     quorum_passed: bool,
     done: Vec<bool>,
     done_count: usize,
+    /// Ranks the job goes on without for good (`FailurePolicy::ContinueWithout`).
+    lost: Vec<bool>,
     other_drops: Drops,
 }
 
@@ -187,6 +198,7 @@ impl<W> Gate<W> {
             quorum_passed: false,
             done: vec![false; n],
             done_count: 0,
+            lost: vec![false; n],
             other_drops: Drops::default(),
             config,
         }
@@ -231,7 +243,12 @@ impl<W> Gate<W> {
         }
         match env.msg {
             ToMaster::Registered { attempt } => {
-                if attempt != self.config.attempt || self.stage != Stage::Registering {
+                let rejoining = matches!(self.stage, Stage::Idle | Stage::Gathering)
+                    && !self.registered[from]
+                    && !self.lost[from];
+                if attempt != self.config.attempt
+                    || !(self.stage == Stage::Registering || rejoining)
+                {
                     self.other_drops.stale += 1;
                     return None;
                 }
@@ -241,11 +258,13 @@ impl<W> Gate<W> {
                 }
                 self.registered[from] = true;
                 self.registered_count += 1;
-                if self.registered_count == self.config.workers {
-                    self.stage = Stage::Idle;
-                    return Some(GateOutput::AllRegistered);
+                if rejoining {
+                    return Some(GateOutput::Rejoined {
+                        rank: from,
+                        iteration: (self.stage == Stage::Gathering).then(|| self.round.iteration()),
+                    });
                 }
-                None
+                self.all_registered()
             }
             ToMaster::Result(report) => {
                 let (attempt, iteration) = (report.attempt, report.iteration);
@@ -298,6 +317,94 @@ impl<W> Gate<W> {
     }
 
     /// Tallies (and when combining, folds) the results that can be taken in rank order.
+    fn all_registered(&mut self) -> Option<GateOutput<W>> {
+        let lost = self.lost.iter().filter(|&&l| l).count();
+        if self.stage == Stage::Registering && self.registered_count + lost == self.config.workers {
+            self.stage = Stage::Idle;
+            return Some(GateOutput::AllRegistered);
+        }
+        None
+    }
+
+    /// A replacement for the worker of `rank` is on its way (`FailurePolicy::RestartWorker`):
+    /// its registration is accepted again, also mid-job, and answered with
+    /// [`GateOutput::Rejoined`]. The round still waits for the rank's result; one that
+    /// arrived already is kept (a redone iteration's result is then a duplicate).
+    pub fn rejoin(&mut self, rank: Rank) {
+        if self.registered.get(rank).copied().unwrap_or(false) {
+            self.registered[rank] = false;
+            self.registered_count -= 1;
+        }
+        if self.done.get(rank).copied().unwrap_or(false) {
+            self.done[rank] = false;
+            self.done_count -= 1;
+        }
+    }
+
+    /// The job goes on without the worker of `rank` for good
+    /// (`FailurePolicy::ContinueWithout`): no round waits for it from now on, nor does
+    /// registration or the end of the job. May complete the round that waited only for it.
+    pub fn lose(&mut self, now: Instant, rank: Rank) -> Option<GateOutput<W>> {
+        if self.lost.get(rank).copied().unwrap_or(true) {
+            return None;
+        }
+        self.lost[rank] = true;
+        if !self.done[rank] {
+            self.done[rank] = true;
+            self.done_count += 1;
+        }
+        match self.stage {
+            Stage::Registering => {
+                if self.registered[rank] {
+                    self.registered[rank] = false;
+                    self.registered_count -= 1;
+                }
+                self.all_registered()
+            }
+            Stage::Gathering => {
+                self.round.leave_out(rank);
+                if let Err(failed) = self.take_ready() {
+                    return Some(failed);
+                }
+                if self.round.is_complete() {
+                    return Some(self.complete(self.round.iteration()));
+                }
+                self.complete_with_quorum(now)
+            }
+            Stage::Draining => self.drained_if_all_done(now),
+            Stage::Idle | Stage::Finished => None,
+        }
+    }
+
+    /// The ranks the job goes on without for good, in rank order.
+    pub fn lost(&self) -> Vec<Rank> {
+        missing(&self.lost.iter().map(|l| !l).collect::<Vec<_>>())
+    }
+
+    /// Starts attempt `attempt` from registration (a gang restart, or a restarted master):
+    /// every message of an earlier attempt is stale from now on. Lost ranks are forgotten;
+    /// what was dropped so far stays counted.
+    pub fn restart(&mut self, now: Instant, attempt: Attempt) {
+        let n = self.config.workers;
+        self.config.attempt = attempt;
+        self.stage = Stage::Registering;
+        self.since = now;
+        self.registered = vec![false; n];
+        self.registered_count = 0;
+        if self.round.is_open() {
+            self.round.close();
+        }
+        self.reset_tally();
+        self.done = vec![false; n];
+        self.done_count = 0;
+        self.lost = vec![false; n];
+    }
+
+    /// The attempt whose messages the gate accepts.
+    pub fn attempt(&self) -> Attempt {
+        self.config.attempt
+    }
+
     fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
         let held = self.round.held() + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
         self.tally.results_held = self.tally.results_held.max(held);
@@ -382,6 +489,11 @@ impl<W> Gate<W> {
             return false;
         }
         self.round.open(self.config.attempt, iteration);
+        for rank in 0..self.config.workers {
+            if self.lost[rank] {
+                self.round.leave_out(rank);
+            }
+        }
         self.reset_tally();
         self.quorum_passed = false;
         self.stage = Stage::Gathering;
@@ -919,5 +1031,68 @@ mod tests {
         };
         assert_eq!(gathered.combined.as_deref(), Some("bd"));
         assert_eq!(gathered.left_out, vec![0, 2]);
+    }
+
+    #[test]
+    fn a_replaced_rank_registers_again_mid_round_and_a_lost_rank_is_not_waited_for() {
+        let t0 = Instant::now();
+        let mut gate = quorum_gate(3, 2, t0);
+        gate.open(t0, 4);
+        gate.on_message(t0, env(0, report(4, 0)));
+        gate.rejoin(1);
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+            Some(GateOutput::Rejoined {
+                rank: 1,
+                iteration: Some(4)
+            })
+        );
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+            None,
+            "once"
+        );
+        gate.on_message(t0, env(1, report(4, 1)));
+        let Some(GateOutput::RoundComplete { gathered, .. }) = gate.lose(t0, 2) else {
+            panic!("the round waited only for the lost rank")
+        };
+        assert_eq!(gathered.reported, vec![0, 1]);
+        assert_eq!(gathered.left_out, vec![2]);
+        assert_eq!(gate.lost(), vec![2]);
+        gate.open(t0, 5);
+        gate.on_message(t0, env(0, report(5, 0)));
+        assert!(
+            matches!(
+                gate.on_message(t0, env(1, report(5, 1))),
+                Some(GateOutput::RoundComplete { .. })
+            ),
+            "later rounds do not wait for it either"
+        );
+    }
+
+    #[test]
+    fn a_restart_is_a_new_attempt_from_registration_and_fences_off_the_old_one() {
+        let t0 = Instant::now();
+        let mut gate = quorum_gate(2, 2, t0);
+        gate.open(t0, 3);
+        gate.on_message(t0, env(0, report(3, 0)));
+        gate.restart(t0, 1);
+        assert_eq!(gate.attempt(), 1);
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+            None
+        );
+        gate.on_message(t0, env(0, ToMaster::Registered { attempt: 1 }));
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Registered { attempt: 1 })),
+            Some(GateOutput::AllRegistered)
+        );
+        gate.open(t0, 3);
+        assert_eq!(
+            gate.on_message(t0, env(1, report(3, 1))),
+            None,
+            "attempt 0's result"
+        );
+        assert_eq!(gate.drops().stale, 2);
     }
 }

@@ -13,8 +13,10 @@
 //! - [`SyncState`]: `barrier()` and `all_gather()` inside compute — epochs counted per
 //!   rank, mismatched calls, timeouts from the first arrival, ranks that never call.
 //! - [`WorkerState`]: a worker's view — which master messages to act on.
+//! - [`Recovery`]: what a job does when a worker fails, under its [`FailurePolicy`].
 
 mod gate;
+mod recovery;
 mod round;
 mod schedule;
 mod sync;
@@ -29,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::JobError;
 
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally};
+pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};

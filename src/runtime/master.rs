@@ -646,6 +646,8 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     }),
                 );
             }
+            // The runtime does not replace workers (yet), so no rank rejoins.
+            GateOutput::Rejoined { rank, .. } => tracing::debug!(rank, "a worker rejoined"),
             GateOutput::Failed(error) => self.fail(error),
             GateOutput::Drained {
                 missing,

@@ -1,0 +1,214 @@
+//! What a job does when a worker fails: the failure policies.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Attempt, Rank};
+use crate::error::{JobError, Phase};
+
+/// What a job does when one of its workers fails — its code returns an error or panics
+/// during start-up or an iteration, or it is lost (its process killed, its heartbeats gone).
+///
+/// A failure of the master, of a combiner, of configuration or in the end of the job
+/// (`post_application`) always fails the job: there is nothing to replace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailurePolicy {
+    /// Fail the job with the worker's failure. The default.
+    #[default]
+    Fail,
+    /// Replace the worker (Guagua's worker fail-over): a new one of the same rank runs its
+    /// start-up again (`init` reloads its shard) and redoes the current iteration with the
+    /// current master result. At most `max_restarts` replacements over the job; the next
+    /// failure fails it.
+    RestartWorker {
+        /// The most replacements over the whole job.
+        max_restarts: u32,
+    },
+    /// Go on without the worker for the rest of the job, as long as the workers left are
+    /// at least the quorum, `ceil(min_workers_ratio × workers)`; below it, fail the job.
+    ContinueWithout,
+    /// Restart every worker as a new attempt (Spark's barrier stages): the master resumes
+    /// from its last checkpoint (or from the start without one), messages of the old
+    /// attempt are fenced off as stale. At most `max_attempts` attempts in all.
+    RestartAll {
+        /// The most attempts, the first one included.
+        max_attempts: u32,
+    },
+}
+
+/// What to do about one failure, as [`Recovery::on_failure`] decides it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recover {
+    /// Fail the job with this error.
+    Fail(JobError),
+    /// Replace the worker of this rank ([`Gate::rejoin`](super::Gate::rejoin)).
+    RestartWorker(Rank),
+    /// Go on without the worker of this rank ([`Gate::lose`](super::Gate::lose)).
+    LeaveOut(Rank),
+    /// Restart every worker as this new attempt ([`Gate::restart`](super::Gate::restart)),
+    /// the master from its last checkpoint.
+    RestartAll(Attempt),
+}
+
+/// Applies a [`FailurePolicy`]: counts restarts and attempts, and knows which ranks are
+/// being replaced or were left for good.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    policy: FailurePolicy,
+    workers: usize,
+    quorum: usize,
+    attempt: Attempt,
+    restarts: u32,
+    replacing: Vec<bool>,
+    lost: Vec<bool>,
+}
+
+impl Recovery {
+    /// A recovery for `workers` workers in `attempt`, going on without a worker only while
+    /// `quorum` remain.
+    pub fn new(policy: FailurePolicy, workers: usize, quorum: usize, attempt: Attempt) -> Self {
+        Recovery {
+            policy,
+            workers,
+            quorum,
+            attempt,
+            restarts: 0,
+            replacing: vec![false; workers],
+            lost: vec![false; workers],
+        }
+    }
+
+    /// The rank a failure is a worker's recoverable failure of, if it is one.
+    pub fn recoverable(error: &JobError) -> Option<Rank> {
+        match error {
+            JobError::Worker { rank, phase, .. } => match phase {
+                Phase::PreApplication
+                | Phase::Init
+                | Phase::PreIteration
+                | Phase::Compute
+                | Phase::PostIteration => Some(*rank),
+                Phase::PostApplication | Phase::Combine | Phase::Checkpoint => None,
+            },
+            JobError::WorkerLost { rank, .. } => Some(*rank),
+            _ => None,
+        }
+    }
+
+    /// Decides what to do about `error`. A second report of a rank already being
+    /// replaced, or already left, is no new failure: it is answered `None`.
+    pub fn on_failure(&mut self, error: JobError) -> Option<Recover> {
+        let Some(rank) = Self::recoverable(&error).filter(|&r| r < self.workers) else {
+            return Some(Recover::Fail(error));
+        };
+        if self.replacing[rank] || self.lost[rank] {
+            return None;
+        }
+        Some(match self.policy {
+            FailurePolicy::Fail => Recover::Fail(error),
+            FailurePolicy::RestartWorker { max_restarts } => {
+                if self.restarts >= max_restarts {
+                    return Some(Recover::Fail(error));
+                }
+                self.restarts += 1;
+                self.replacing[rank] = true;
+                Recover::RestartWorker(rank)
+            }
+            FailurePolicy::ContinueWithout => {
+                let left = self.lost.iter().filter(|&&l| !l).count() - 1;
+                if left < self.quorum {
+                    return Some(Recover::Fail(error));
+                }
+                self.lost[rank] = true;
+                Recover::LeaveOut(rank)
+            }
+            FailurePolicy::RestartAll { max_attempts } => {
+                if self.attempt + 1 >= max_attempts {
+                    return Some(Recover::Fail(error));
+                }
+                self.restarted(self.attempt + 1);
+                Recover::RestartAll(self.attempt)
+            }
+        })
+    }
+
+    /// The replacement of `rank` registered: a failure of it is a new failure again.
+    pub fn rejoined(&mut self, rank: Rank) {
+        if let Some(r) = self.replacing.get_mut(rank) {
+            *r = false;
+        }
+    }
+
+    /// Every worker starts over as `attempt` (a gang restart, or a restarted master).
+    pub fn restarted(&mut self, attempt: Attempt) {
+        self.attempt = attempt;
+        self.replacing.iter_mut().for_each(|r| *r = false);
+        self.lost.iter_mut().for_each(|l| *l = false);
+    }
+
+    /// The current attempt.
+    pub fn attempt(&self) -> Attempt {
+        self.attempt
+    }
+
+    /// How many workers were replaced so far.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Cause;
+
+    fn crashed(rank: Rank) -> JobError {
+        JobError::WorkerLost {
+            rank,
+            reason: "killed".into(),
+        }
+    }
+
+    #[test]
+    fn restarts_are_counted_over_the_job_and_a_repeated_report_is_no_new_failure() {
+        let mut r = Recovery::new(FailurePolicy::RestartWorker { max_restarts: 2 }, 3, 3, 0);
+        assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartWorker(1)));
+        assert_eq!(r.on_failure(crashed(1)), None, "already being replaced");
+        r.rejoined(1);
+        assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartWorker(1)));
+        assert!(matches!(r.on_failure(crashed(2)), Some(Recover::Fail(_))));
+        assert_eq!(r.restarts(), 2);
+    }
+
+    #[test]
+    fn going_on_without_a_worker_stops_at_the_quorum() {
+        let mut r = Recovery::new(FailurePolicy::ContinueWithout, 4, 3, 0);
+        assert_eq!(r.on_failure(crashed(0)), Some(Recover::LeaveOut(0)));
+        assert_eq!(r.on_failure(crashed(0)), None);
+        assert!(matches!(r.on_failure(crashed(2)), Some(Recover::Fail(_))));
+    }
+
+    #[test]
+    fn a_gang_restart_is_a_new_attempt_up_to_the_most_attempts() {
+        let mut r = Recovery::new(FailurePolicy::RestartAll { max_attempts: 3 }, 2, 2, 0);
+        assert_eq!(r.on_failure(crashed(0)), Some(Recover::RestartAll(1)));
+        assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartAll(2)));
+        assert!(matches!(r.on_failure(crashed(1)), Some(Recover::Fail(_))));
+    }
+
+    #[test]
+    fn failures_of_the_master_and_at_the_end_are_never_recovered() {
+        let mut r = Recovery::new(FailurePolicy::RestartWorker { max_restarts: 9 }, 2, 2, 0);
+        let master = JobError::Master {
+            iteration: 1,
+            phase: Phase::Compute,
+            cause: Cause::from_error("x".into()),
+        };
+        assert!(matches!(r.on_failure(master), Some(Recover::Fail(_))));
+        let late = JobError::Worker {
+            rank: 0,
+            iteration: 3,
+            phase: Phase::PostApplication,
+            cause: Cause::from_error("x".into()),
+        };
+        assert!(matches!(r.on_failure(late), Some(Recover::Fail(_))));
+    }
+}

@@ -160,6 +160,7 @@ mod payload;
 pub mod protocol;
 mod report;
 mod runtime;
+pub mod sim;
 pub mod transport;
 
 pub use compute::{
@@ -173,7 +174,7 @@ pub use interceptor::{
 };
 pub use job::{Job, JobBuilder};
 pub use payload::Floats;
-pub use protocol::{HaltedBy, Iteration, Rank};
+pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
 pub use report::{IterationReport, JobOutcome, JobReport};
 
 /// The README's examples compile and pass as doctests.

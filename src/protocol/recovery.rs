@@ -137,6 +137,12 @@ impl Recovery {
         }
     }
 
+    /// Every worker registered (start-up of an attempt ended): replacements made during
+    /// it are up, and a failure of theirs is a new failure again.
+    pub fn all_registered(&mut self) {
+        self.replacing.iter_mut().for_each(|r| *r = false);
+    }
+
     /// Every worker starts over as `attempt` (a gang restart, or a restarted master).
     pub fn restarted(&mut self, attempt: Attempt) {
         self.attempt = attempt;

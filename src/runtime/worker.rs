@@ -120,9 +120,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         let _span = tracing::debug_span!("worker", rank = self.ctx.rank, iteration).entered();
         let started = Instant::now();
         self.ctx.iteration = iteration;
-        if last.is_some() {
-            self.ctx.last = last;
-        }
+        // `None` in iteration 1 — also when a restarted job starts over.
+        self.ctx.last = last;
         self.ctx.result = None;
         self.ctx.halt_vote = false;
         let ctx = &self.ctx;

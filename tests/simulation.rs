@@ -1,0 +1,262 @@
+//! The deterministic simulator over many seeds: under every failure policy the protocol's
+//! invariants hold (a folded result is of its round's attempt and iteration, one per rank;
+//! no round without its quorum; every run ends), and a run that recovers ends with the
+//! fault-free result. `SUPERSTEP_SIM_SEEDS=<n>` runs more seeds; `SUPERSTEP_SIM_SEED=<s>`
+//! replays one.
+
+use std::time::Duration;
+
+use superstep::prelude::*;
+use superstep::sim::{Faults, SimRun, Simulation};
+use superstep::FailurePolicy;
+
+fn mix(a: u64, b: u64) -> u64 {
+    (a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .rotate_left(17)
+        .wrapping_mul(0xBF58_476D_1CE4_E5B9)
+}
+
+/// A worker whose result depends on its shard (loaded in `init`), the iteration and the
+/// last master result: a replaced worker that skipped `init`, or a result of another
+/// iteration, would change the end result.
+struct Shard {
+    shard: Option<u64>,
+}
+
+impl WorkerComputable for Shard {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn init(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<(), BoxError> {
+        self.shard = Some(mix(ctx.rank() as u64, 7));
+        Ok(())
+    }
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        let shard = self
+            .shard
+            .ok_or("compute before init: the shard is not loaded")?;
+        let last = ctx.last_master_result().copied().unwrap_or(1);
+        Ok(mix(mix(shard, last), ctx.iteration()))
+    }
+}
+
+/// A master with state of its own beyond its result (how many results it folded), saved
+/// in checkpoints: a restarted master that lost it would end elsewhere.
+#[derive(Default)]
+struct Fold {
+    folded: u64,
+}
+
+impl MasterComputable for Fold {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        let mut acc = ctx.last_master_result().copied().unwrap_or(0);
+        for (&rank, &r) in ctx.reported_ranks().iter().zip(ctx.worker_results()) {
+            acc = mix(acc, mix(rank as u64, r));
+            self.folded += 1;
+        }
+        Ok(Step::Continue(mix(acc, self.folded)))
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        Ok(self.folded.to_le_bytes().to_vec())
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        self.folded = u64::from_le_bytes(state.try_into()?);
+        Ok(())
+    }
+}
+
+fn job(workers: usize, iterations: u64) -> Simulation<u64, u64> {
+    Simulation::new(Fold::default, |_| Shard { shard: None })
+        .workers(workers)
+        .iterations(iterations)
+}
+
+fn fault_free(workers: usize, iterations: u64) -> u64 {
+    let run = job(workers, iterations).run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    run.outcome.unwrap().result
+}
+
+fn ends_with(expected: u64) -> impl Fn(&SimRun<u64>) -> Result<(), String> {
+    move |run| match &run.outcome {
+        Ok(o) if o.result == expected => Ok(()),
+        Ok(o) => Err(format!("ended with {} instead of {expected}", o.result)),
+        Err(e) => Err(format!("failed: {e}")),
+    }
+}
+
+#[test]
+fn the_simulator_computes_what_the_runtime_computes() {
+    for workers in [1, 3, 5] {
+        let real = Job::builder(Fold::default(), |_| Shard { shard: None })
+            .workers(workers)
+            .iterations(7)
+            .run()
+            .unwrap();
+        assert_eq!(*real.result, fault_free(workers, 7), "{workers} workers");
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let sim = job(4, 8)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 50 })
+        .checkpoint_every(2)
+        .faults(Faults::all(0.1));
+    let a = sim.run(42);
+    let b = sim.run(42);
+    assert_eq!(a.trace, b.trace);
+    assert_eq!(a.stats, b.stats);
+    assert_ne!(a.trace, sim.run(43).trace, "another seed, another run");
+}
+
+#[test]
+fn replaced_workers_and_a_faulty_network_end_with_the_fault_free_result() {
+    let expected = fault_free(4, 10);
+    let sim = job(4, 10)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+        .faults(Faults {
+            worker_crash: 0.08,
+            ..Faults::network(0.1)
+        });
+    sim.check(0..1000, ends_with(expected));
+    let crashes: u32 = (0..50).map(|s| sim.run(s).stats.worker_crashes).sum();
+    assert!(crashes > 0, "the faults were drawn");
+}
+
+#[test]
+fn a_restarted_master_resumes_from_its_checkpoint_and_ends_with_the_fault_free_result() {
+    let expected = fault_free(3, 12);
+    let sim = job(3, 12)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+        .checkpoint_every(3)
+        .faults(Faults {
+            worker_crash: 0.03,
+            master_crash: 0.08,
+            ..Faults::network(0.05)
+        });
+    sim.check(0..1000, ends_with(expected));
+    let runs: Vec<_> = (0..100).map(|s| sim.run(s).stats).collect();
+    assert!(runs
+        .iter()
+        .any(|s| s.master_crashes > 0 && s.checkpoints > 0));
+    assert!(runs.iter().any(|s| s.new_attempts > 0));
+}
+
+#[test]
+fn a_master_crash_before_the_first_checkpoint_starts_over_instead_of_failing() {
+    let expected = fault_free(2, 6);
+    let sim = job(2, 6).faults(Faults::crashes(0.0, 0.3));
+    sim.check(0..300, ends_with(expected));
+}
+
+#[test]
+fn a_gang_restart_fences_off_the_old_attempt_and_ends_with_the_fault_free_result() {
+    let expected = fault_free(4, 10);
+    let sim = job(4, 10)
+        .policy(FailurePolicy::RestartAll { max_attempts: 100 })
+        .checkpoint_every(2)
+        .faults(Faults {
+            worker_crash: 0.05,
+            master_crash: 0.03,
+            ..Faults::network(0.1)
+        });
+    sim.check(0..1000, ends_with(expected));
+    let stale: u64 = (0..100).map(|s| sim.run(s).stats.drops.stale).sum();
+    assert!(
+        stale > 0,
+        "messages of old attempts were dropped, not folded"
+    );
+}
+
+#[test]
+fn going_on_without_lost_workers_keeps_the_quorum_or_fails_naming_the_lost() {
+    let sim = job(5, 10)
+        .policy(FailurePolicy::ContinueWithout)
+        .min_workers(0.6, Duration::from_millis(50))
+        .faults(Faults::crashes(0.05, 0.0));
+    sim.check(0..1000, |run| match &run.outcome {
+        Ok(_) => Ok(()),
+        Err(JobError::WorkerLost { .. }) if run.stats.lost.len() == 2 => Ok(()),
+        Err(e) => Err(format!("failed with {e} having lost {:?}", run.stats.lost)),
+    });
+    let runs: Vec<_> = (0..200).map(|s| sim.run(s)).collect();
+    assert!(runs
+        .iter()
+        .any(|r| r.outcome.is_ok() && !r.stats.lost.is_empty()));
+}
+
+#[test]
+fn stragglers_are_left_out_without_breaking_the_quorum() {
+    let sim = job(6, 10)
+        .min_workers(0.5, Duration::from_millis(30))
+        .faults(Faults {
+            slow: 0.1,
+            ..Faults::network(0.1)
+        });
+    sim.check(0..1000, |run| {
+        run.outcome.as_ref().map(|_| ()).map_err(|e| e.to_string())
+    });
+    let partial: u32 = (0..100).map(|s| sim.run(s).stats.partial_rounds).sum();
+    assert!(partial > 0, "some rounds went on without stragglers");
+}
+
+#[test]
+fn the_fail_policy_fails_the_job_naming_the_lost_worker() {
+    let run = (0..200)
+        .map(|s| job(3, 10).faults(Faults::crashes(0.2, 0.0)).run(s))
+        .find(|r| r.stats.worker_crashes > 0)
+        .expect("some seed crashes a worker");
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert!(
+        matches!(run.outcome, Err(JobError::WorkerLost { .. })),
+        "{:?}",
+        run.outcome
+    );
+}
+
+#[test]
+fn a_failing_seed_is_reported_with_the_command_that_replays_it() {
+    let sim = job(2, 3);
+    let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sim.check(0..10, |run| {
+            if run.seed == 3 {
+                Err("seed three is rejected".into())
+            } else {
+                Ok(())
+            }
+        })
+    }))
+    .expect_err("seed 3 fails the check");
+    let message = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        message.contains("seed 3 failed: seed three is rejected"),
+        "{message}"
+    );
+    assert!(
+        message.contains("SUPERSTEP_SIM_SEED=3 cargo test a_failing_seed_is_reported_with_the_command_that_replays_it -- --exact"),
+        "{message}"
+    );
+}
+
+#[test]
+fn every_fault_at_once_still_ends_with_the_fault_free_result() {
+    let expected = fault_free(4, 12);
+    let sim = job(4, 12)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
+        .checkpoint_every(2)
+        .faults(Faults {
+            max_crashes: 6,
+            ..Faults::all(0.15)
+        });
+    sim.check(0..1000, ends_with(expected));
+}

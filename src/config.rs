@@ -194,10 +194,7 @@ impl JobConfig {
     /// How many results an iteration needs once the min-workers timeout has passed:
     /// `ceil(min_workers_ratio × workers)`, at least 1.
     pub fn quorum(&self) -> usize {
-        // Less a hair, so that a product a rounding error above a whole number (0.7 × 10
-        // is 7.000000000000001) does not round up past it.
-        let q = (self.min_workers_ratio * self.workers as f64 - 1e-9).ceil() as usize;
-        q.clamp(1, self.workers.max(1))
+        quorum(self.min_workers_ratio, self.workers)
     }
 
     /// The number of compute-pool threads this configuration asks for.
@@ -208,6 +205,14 @@ impl JobConfig {
                 .unwrap_or(1)
         })
     }
+}
+
+/// `ceil(ratio × workers)`, at least 1 and at most `workers`.
+pub(crate) fn quorum(ratio: f64, workers: usize) -> usize {
+    // Less a hair, so that a product a rounding error above a whole number (0.7 × 10 is
+    // 7.000000000000001) does not round up past it.
+    let q = (ratio * workers as f64 - 1e-9).ceil() as usize;
+    q.clamp(1, workers.max(1))
 }
 
 #[cfg(test)]

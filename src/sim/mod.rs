@@ -6,12 +6,14 @@
 //! points, the same trace. A property test runs many seeds and, when one fails, prints it
 //! with the command that replays it (see [`Simulation::check`]).
 //!
-//! What the simulator does that the runtime does the same way: the [`Gate`] counts one
-//! result per rank of the current attempt and iteration and drops the rest; the
-//! [`Schedule`] decides the next iteration; a worker's [`WorkerState`] acts on each
-//! master message once, in increasing order, skipping ahead when it is late; the
-//! [`Recovery`] applies the [`FailurePolicy`]; the master checkpoints every k iterations
-//! (rmp-serde, as the runtime does) and a restarted master resumes from the newest one.
+//! The simulator drives the same state machines as the actor runtime: the [`Gate`]
+//! counts one result per rank of the current attempt and iteration and drops the rest;
+//! the [`Schedule`] decides the next iteration; a worker's [`WorkerState`] acts on each
+//! master message once, in increasing order, skipping ahead when it is late. The master
+//! checkpoints every k iterations (rmp-serde, as the runtime does) and a restarted master
+//! resumes from the newest one. The [`Recovery`] applies the [`FailurePolicy`] — which
+//! the simulator does and the actor runtime does not yet: there a worker's failure fails
+//! the job.
 //!
 //! The faults ([`Faults`]): a worker crashes during its compute or right after its result
 //! left; the master's process crashes while it gathers, before its compute, or before,
@@ -206,8 +208,7 @@ impl Default for SimConfig {
 
 impl SimConfig {
     fn quorum(&self) -> usize {
-        let q = (self.min_workers_ratio * self.workers as f64 - 1e-9).ceil() as usize;
-        q.clamp(1, self.workers.max(1))
+        crate::config::quorum(self.min_workers_ratio, self.workers)
     }
 }
 

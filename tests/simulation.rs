@@ -80,12 +80,12 @@ fn job(workers: usize, iterations: u64) -> Simulation<u64, u64> {
 fn fault_free(workers: usize, iterations: u64) -> u64 {
     let run = job(workers, iterations).run(0);
     assert!(run.violations.is_empty(), "{:?}", run.violations);
-    run.outcome.unwrap().result
+    *run.outcome.unwrap().result
 }
 
 fn ends_with(expected: u64) -> impl Fn(&SimRun<u64>) -> Result<(), String> {
     move |run| match &run.outcome {
-        Ok(o) if o.result == expected => Ok(()),
+        Ok(o) if *o.result == expected => Ok(()),
         Ok(o) => Err(format!("ended with {} instead of {expected}", o.result)),
         Err(e) => Err(format!("failed: {e}")),
     }

@@ -52,7 +52,7 @@
 //!     .faults(Faults::crashes(0.1, 0.05));
 //! faulty.check(0..50, |run| {
 //!     let got = run.outcome.as_ref().map_err(|e| e.to_string())?;
-//!     if got.result != expected {
+//!     if *got.result != *expected {
 //!         return Err(format!("{} instead of {expected}", got.result));
 //!     }
 //!     Ok(())
@@ -216,7 +216,7 @@ impl SimConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOutcome<M> {
     /// The final master result.
-    pub result: M,
+    pub result: Arc<M>,
     /// How many iterations ran.
     pub iterations: Iteration,
     /// Whether it halted before its iteration count.
@@ -1219,10 +1219,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             };
             self.send_to_worker(rank, msg);
         }
-        let result = Arc::try_unwrap(result).unwrap_or_else(|shared| {
-            rmp_serde::from_slice(&rmp_serde::to_vec(&*shared).expect("a payload encodes"))
-                .expect("a payload decodes")
-        });
         self.outcome = Some(Ok(SimOutcome {
             result,
             iterations,

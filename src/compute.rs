@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::BoxError;
-use crate::protocol::{Attempt, Epoch, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster};
+use crate::protocol::{
+    Attempt, Epoch, Gathered, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster,
+};
 use crate::transport::WorkerLink;
 
 /// A type that can travel as a master or worker result: the user's own serde type.
@@ -325,6 +327,18 @@ impl<M, W> MasterContext<M, W> {
             last: None,
             current: None,
         }
+    }
+
+    /// Enters `iteration` with what its round gathered, before the master's hooks and
+    /// compute see it.
+    pub(crate) fn enter(&mut self, iteration: Iteration, gathered: Gathered<W>) {
+        self.iteration = iteration;
+        self.results = gathered.results;
+        self.combined = gathered.combined;
+        self.halt_votes = gathered.tally.halt_votes;
+        self.reported = gathered.reported;
+        self.left_out = gathered.left_out;
+        self.current = None;
     }
 
     /// The number of workers in the job.

@@ -17,7 +17,9 @@ use crate::compute::Payload;
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
-use crate::protocol::{Attempt, GateOutput, HaltedBy, Iteration, Next, Rank, Schedule, Tally};
+use crate::protocol::{
+    Attempt, GateOutput, Gathered, HaltedBy, Iteration, Next, Rank, Schedule, Tally,
+};
 use crate::report::{IterationReport, JobOutcome, JobReport};
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -49,11 +51,7 @@ enum Work<M, W> {
 /// One iteration's input to the master, and what the report needs of it.
 struct Round<W> {
     iteration: Iteration,
-    results: Vec<W>,
-    combined: Option<W>,
-    tally: Tally,
-    reported: Vec<Rank>,
-    left_out: Vec<Rank>,
+    gathered: Gathered<W>,
     span: tracing::Span,
 }
 
@@ -134,8 +132,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Work::Start => Worked::Started(self.start()),
             Work::Iterate(round) => {
                 let started = Instant::now();
-                let (iteration, tally) = (round.iteration, round.tally);
-                let left_out = round.left_out.clone();
+                let (iteration, tally) = (round.iteration, round.gathered.tally);
+                let left_out = round.gathered.left_out.clone();
                 let result = self.iterate(round);
                 Worked::Iterated {
                     iteration,
@@ -172,13 +170,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     fn iterate(&mut self, round: Round<W>) -> Result<Computed<M>, JobError> {
         let _span = round.span.entered();
         let iteration = round.iteration;
-        self.ctx.iteration = iteration;
-        self.ctx.results = round.results;
-        self.ctx.combined = round.combined;
-        self.ctx.halt_votes = round.tally.halt_votes;
-        self.ctx.reported = round.reported;
-        self.ctx.left_out = round.left_out;
-        self.ctx.current = None;
+        self.ctx.enter(iteration, round.gathered);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
             guarded(|| hook.pre_iteration(ctx))
@@ -637,11 +629,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     ctx,
                     Work::Iterate(Round {
                         iteration,
-                        results: gathered.results,
-                        combined: gathered.combined,
-                        tally: gathered.tally,
-                        reported: gathered.reported,
-                        left_out: gathered.left_out,
+                        gathered,
                         span,
                     }),
                 );

@@ -1123,14 +1123,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             return self.crash_master("before its compute");
         }
         let m = &mut self.master;
-        m.ctx.iteration = iteration;
-        m.ctx.results = gathered.results;
-        m.ctx.combined = gathered.combined;
-        m.ctx.halt_votes = gathered.tally.halt_votes;
-        m.ctx.reported = gathered.reported;
-        m.ctx.left_out = gathered.left_out;
+        m.ctx.enter(iteration, gathered);
         m.ctx.last = m.last.clone();
-        m.ctx.current = None;
         let computed = m.computable.compute(&mut m.ctx);
         let step = match computed {
             Ok(step) => step,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
-use crate::protocol::Iteration;
+use crate::protocol::{FailurePolicy, Iteration};
 
 /// Where user compute runs.
 ///
@@ -93,6 +93,13 @@ pub struct JobConfig {
     /// from the broadcast that starts the iteration. Default 5 s; unused while the ratio
     /// is 1.0.
     pub min_workers_timeout: Duration,
+    /// What the job does when a worker fails — its code errs or panics in start-up or an
+    /// iteration, or it is lost (its process killed, its heartbeats gone). Default
+    /// [`FailurePolicy::Fail`]. [`FailurePolicy::ContinueWithout`] needs a
+    /// [`min_workers_ratio`](JobConfig::min_workers_ratio) below 1.0 (the quorum it may go
+    /// down to); in barrier mode only `Fail` and [`FailurePolicy::RestartAll`] are allowed,
+    /// since ranks wait for each other inside an iteration.
+    pub failure_policy: FailurePolicy,
 }
 
 impl Default for JobConfig {
@@ -112,6 +119,7 @@ impl Default for JobConfig {
             sync_timeout: Duration::from_secs(600),
             min_workers_ratio: 1.0,
             min_workers_timeout: Duration::from_secs(5),
+            failure_policy: FailurePolicy::Fail,
         }
     }
 }
@@ -180,6 +188,32 @@ impl JobConfig {
                 self.placement,
                 "cannot be Inline with a min-workers ratio below 1: a straggler computing inline would hold the thread that is to go on without it",
             ));
+        }
+        match self.failure_policy {
+            FailurePolicy::ContinueWithout if ratio >= 1.0 => {
+                return Err(ConfigError::new(
+                    "failure_policy",
+                    self.failure_policy,
+                    "needs a min_workers_ratio below 1.0: it goes on without a failed worker only while ceil(ratio × workers) remain",
+                ));
+            }
+            FailurePolicy::RestartWorker { .. } | FailurePolicy::ContinueWithout
+                if self.barrier_mode =>
+            {
+                return Err(ConfigError::new(
+                    "failure_policy",
+                    self.failure_policy,
+                    "must be Fail or RestartAll in barrier mode: ranks wait for each other inside an iteration, so one rank cannot be replaced or left out alone",
+                ));
+            }
+            FailurePolicy::RestartAll { max_attempts: 0 } => {
+                return Err(ConfigError::new(
+                    "failure_policy",
+                    self.failure_policy,
+                    "max_attempts must be at least 1 (the first attempt counts)",
+                ));
+            }
+            _ => {}
         }
         if self.compute_threads == Some(0) {
             return Err(ConfigError::new(

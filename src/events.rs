@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::error::JobError;
 use crate::protocol::{HaltedBy, Iteration, Rank};
-use crate::report::IterationReport;
+use crate::report::{IterationReport, Recovered};
 
 /// Something that happened in a job.
 #[derive(Debug, Clone)]
@@ -50,6 +50,9 @@ pub enum JobEvent {
         /// The worker's rank.
         rank: Rank,
     },
+    /// A worker failed and the job recovers from it under its failure policy: the worker
+    /// is replaced, left out, or every worker restarts.
+    Recovering(Recovered),
     /// The job completed.
     Completed {
         /// How many iterations ran.

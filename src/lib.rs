@@ -175,7 +175,7 @@ pub use interceptor::{
 pub use job::{Job, JobBuilder};
 pub use payload::Floats;
 pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
-pub use report::{IterationReport, JobOutcome, JobReport};
+pub use report::{IterationReport, JobOutcome, JobReport, Recovered};
 
 /// The README's examples compile and pass as doctests.
 #[cfg(doctest)]

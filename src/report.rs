@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocol::{Drops, HaltedBy, Iteration, Rank};
+use crate::error::JobError;
+use crate::protocol::{Drops, HaltedBy, Iteration, Rank, Recover};
 
 /// How one iteration went.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,20 @@ pub struct JobReport {
     pub resumed_from: Option<Iteration>,
     /// The iterations whose checkpoints were saved in this run.
     pub checkpoints: Vec<Iteration>,
+    /// Every worker failure the job recovered from under its failure policy
+    /// ([`JobConfig::failure_policy`](crate::JobConfig::failure_policy)), in order. An
+    /// iteration redone after a restart of every worker appears again in `iterations`.
+    pub recoveries: Vec<Recovered>,
+}
+
+/// A worker failure a job recovered from, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    /// The failure.
+    pub cause: JobError,
+    /// What the job did: replaced the worker, went on without it, or restarted every
+    /// worker as a new attempt (never [`Recover::Fail`]).
+    pub action: Recover,
 }
 
 impl JobReport {

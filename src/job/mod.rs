@@ -189,6 +189,18 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// What the job does when a worker fails (see [`FailurePolicy`](crate::FailurePolicy)
+    /// and [`JobConfig::failure_policy`]): fail (the default), replace the worker, go on
+    /// without it, or restart every worker from the newest checkpoint as a new attempt.
+    ///
+    /// A worker in this process is replaced by a new actor of the same rank; one in
+    /// another process by a process that connects again with its rank (see
+    /// `superstep-launch --restarts`).
+    pub fn failure_policy(mut self, policy: crate::FailurePolicy) -> Self {
+        self.config.failure_policy = policy;
+        self
+    }
+
     /// Replaces every setting at once.
     pub fn config(mut self, config: JobConfig) -> Self {
         self.config = config;

@@ -258,6 +258,12 @@ impl<W> Gate<W> {
                 }
                 self.registered[from] = true;
                 self.registered_count += 1;
+                // A replacement: what its rank's failed worker said before it (its `Done`
+                // after its failure) was about the old one.
+                if self.done[from] {
+                    self.done[from] = false;
+                    self.done_count -= 1;
+                }
                 if rejoining {
                     return Some(GateOutput::Rejoined {
                         rank: from,
@@ -329,7 +335,10 @@ impl<W> Gate<W> {
     /// A replacement for the worker of `rank` is on its way (`FailurePolicy::RestartWorker`):
     /// its registration is accepted again, also mid-job, and answered with
     /// [`GateOutput::Rejoined`]. The round still waits for the rank's result; one that
-    /// arrived already is kept (a redone iteration's result is then a duplicate).
+    /// arrived already is kept (a redone iteration's result is then a duplicate). The
+    /// failed worker's `Done`, if it comes after this call but before the replacement's
+    /// registration (messages of one rank arrive in order), is forgotten when the
+    /// replacement registers.
     pub fn rejoin(&mut self, rank: Rank) {
         if self.registered.get(rank).copied().unwrap_or(false) {
             self.registered[rank] = false;
@@ -1068,6 +1077,33 @@ mod tests {
             ),
             "later rounds do not wait for it either"
         );
+    }
+
+    #[test]
+    fn the_failed_workers_done_is_forgotten_when_its_replacement_registers() {
+        let t0 = Instant::now();
+        let mut gate = quorum_gate(2, 2, t0);
+        gate.open(t0, 1);
+        gate.on_message(t0, env(0, report(1, 0)));
+        gate.rejoin(1);
+        // The failed worker ran its post_application and said done after the rejoin.
+        assert_eq!(
+            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
+            None
+        );
+        assert!(gate.is_done(1));
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
+        assert!(!gate.is_done(1), "the replacement is not done");
+        assert!(matches!(
+            gate.on_message(t0, env(1, report(1, 1))),
+            Some(GateOutput::RoundComplete { .. })
+        ));
+        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        assert_eq!(gate.drain(t0), None, "the drain waits for the replacement");
+        assert!(matches!(
+            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
+            Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+        ));
     }
 
     #[test]

@@ -150,6 +150,11 @@ impl Recovery {
         self.lost.iter_mut().for_each(|l| *l = false);
     }
 
+    /// The number of workers.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// The current attempt.
     pub fn attempt(&self) -> Attempt {
         self.attempt

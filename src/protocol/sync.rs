@@ -175,6 +175,12 @@ impl SyncState {
         self.epoch
     }
 
+    /// Forgets every epoch, for a new attempt whose workers count their sync calls from
+    /// the start again. Release the old attempt's waiting ranks first ([`SyncState::abort`]).
+    pub fn restart(&mut self) {
+        *self = SyncState::new(self.workers, self.timeout);
+    }
+
     /// An iteration opened: every rank computes again.
     pub fn new_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;

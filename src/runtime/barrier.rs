@@ -10,9 +10,12 @@ use crate::compute::Payload;
 use crate::error::{Cause, JobError, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
-    Attempt, Envelope, Gate, GateOutput, Iteration, SyncState, SyncStep, ToMaster, ToWorker,
+    Attempt, Envelope, Gate, GateOutput, Iteration, Recover, Recovery, SyncState, SyncStep,
+    ToMaster, ToWorker,
 };
 use crate::transport::MasterLink;
+
+use super::local::LocalWorkers;
 
 /// What the gate said, for the master.
 pub(crate) struct FromGate<W>(pub(crate) GateOutput<W>);
@@ -21,10 +24,23 @@ impl<W: 'static> Message for FromGate<W> {
     type Result = ();
 }
 
-/// Open an iteration and broadcast it.
+/// Open an iteration and broadcast it. An `Open` of an attempt that ended (every worker
+/// restarted meanwhile) is dropped.
 pub(crate) struct Open<M> {
+    pub(crate) attempt: Attempt,
     pub(crate) iteration: Iteration,
     pub(crate) last: Option<Arc<M>>,
+}
+
+/// The barrier recovers from a worker's failure under the job's failure policy; after
+/// [`Recover::RestartAll`] the master starts over from its newest checkpoint.
+pub(crate) struct Recovering {
+    pub(crate) cause: JobError,
+    pub(crate) action: Recover,
+}
+
+impl Message for Recovering {
+    type Result = ();
 }
 
 /// The job completed: tell every worker and wait for them to be done.
@@ -60,12 +76,28 @@ impl<W: 'static> Message for Arrived<W> {
     type Result = ();
 }
 
+/// Who the barrier talks to besides the workers' transport.
+pub(crate) struct BarrierPeers<M: Payload, W: Payload> {
+    pub(crate) master: Recipient<FromGate<W>>,
+    pub(crate) recovering: Recipient<Recovering>,
+    /// The workers of this process, which the barrier starts again when the failure
+    /// policy replaces them.
+    pub(crate) local: LocalWorkers<M, W>,
+}
+
 pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     gate: Gate<W>,
     sync: SyncState,
     link: Box<dyn MasterLink<M>>,
     master: Recipient<FromGate<W>>,
-    attempt: Attempt,
+    recovering: Recipient<Recovering>,
+    local: LocalWorkers<M, W>,
+    recovery: Recovery,
+    /// The master result the current iteration computes with: a replacement that rejoins
+    /// mid-iteration redoes it with this.
+    last: Option<Arc<M>>,
+    /// The job is ending (finished or aborted): failures no longer recover.
+    ending: bool,
     events: Events,
     tick: Duration,
 }
@@ -75,8 +107,8 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         gate: Gate<W>,
         sync: SyncState,
         link: Box<dyn MasterLink<M>>,
-        master: Recipient<FromGate<W>>,
-        attempt: Attempt,
+        peers: BarrierPeers<M, W>,
+        recovery: Recovery,
         events: Events,
         tick: Duration,
     ) -> Self {
@@ -84,16 +116,114 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             gate,
             sync,
             link,
-            master,
-            attempt,
+            master: peers.master,
+            recovering: peers.recovering,
+            local: peers.local,
+            recovery,
+            last: None,
+            ending: false,
             events,
             tick,
         }
     }
 
-    fn forward(&self, output: Option<GateOutput<W>>) {
-        if let Some(output) = output {
-            self.master.do_send(FromGate(output));
+    fn attempt(&self) -> Attempt {
+        self.gate.attempt()
+    }
+
+    /// Acts on what the gate said: a failure goes to the failure policy, a rejoined
+    /// replacement gets the iteration under way; the master hears the rest.
+    fn forward(&mut self, output: Option<GateOutput<W>>) {
+        let Some(output) = output else {
+            return;
+        };
+        match output {
+            GateOutput::Failed(error) => return self.on_failure(error),
+            GateOutput::AllRegistered => self.recovery.all_registered(),
+            GateOutput::Rejoined { rank, iteration } => {
+                self.recovery.rejoined(rank);
+                tracing::info!(rank, ?iteration, "a replacement worker joined");
+                if let Some(iteration) = iteration {
+                    self.send(
+                        rank,
+                        ToWorker::Iterate {
+                            attempt: self.attempt(),
+                            iteration,
+                            last: self.last.clone(),
+                        },
+                    );
+                }
+            }
+            _ => {}
+        }
+        self.master.do_send(FromGate(output));
+    }
+
+    /// A failure: the job's end, or one the failure policy recovers from.
+    fn on_failure(&mut self, error: JobError) {
+        if self.ending {
+            self.master.do_send(FromGate(GateOutput::Failed(error)));
+            return;
+        }
+        let Some(action) = self.recovery.on_failure(error.clone()) else {
+            tracing::debug!(%error, "a further report of a failure being recovered from");
+            return;
+        };
+        let now = Instant::now();
+        match &action {
+            Recover::Fail(error) => {
+                self.master
+                    .do_send(FromGate(GateOutput::Failed(error.clone())));
+                return;
+            }
+            Recover::RestartWorker(rank) => {
+                let rank = *rank;
+                self.gate.rejoin(rank);
+                if self.local.is_local(rank) {
+                    if let Err(failed) = self.local.replace(rank, self.attempt(), &error) {
+                        self.master.do_send(FromGate(GateOutput::Failed(failed)));
+                        return;
+                    }
+                }
+                // A rank of another process is replaced by a new process, which connects
+                // with the rank and registers.
+            }
+            Recover::LeaveOut(_) => {}
+            Recover::RestartAll(attempt) => {
+                let attempt = *attempt;
+                // Release the old attempt's ranks waiting in a sync call first, while their
+                // links still reach them.
+                let step = self.sync.abort(&error);
+                self.apply(step);
+                self.gate.restart(now, attempt);
+                self.sync.restart();
+                self.last = None;
+                for rank in 0..self.recovery.workers() {
+                    if let Err(failed) = self.local.replace(rank, attempt, &error) {
+                        self.master.do_send(FromGate(GateOutput::Failed(failed)));
+                        return;
+                    }
+                }
+            }
+        }
+        self.recovering.do_send(Recovering {
+            cause: error,
+            action: action.clone(),
+        });
+        if let Recover::LeaveOut(rank) = action {
+            let output = self.gate.lose(now, rank);
+            self.forward_gate(now, output);
+        }
+    }
+
+    fn send(&mut self, rank: crate::protocol::Rank, msg: ToWorker<M>) {
+        let link = &self.link;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not reach a worker"),
+            Err(payload) => {
+                tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked sending to a worker")
+            }
         }
     }
 
@@ -119,18 +249,11 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
     fn apply(&mut self, step: SyncStep) {
         for (rank, epoch, result) in step.replies {
             let msg = ToWorker::SyncReply {
-                attempt: self.attempt,
+                attempt: self.attempt(),
                 epoch,
                 result,
             };
-            let link = &self.link;
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not answer a sync call"),
-                Err(payload) => {
-                    tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked answering a sync call")
-                }
-            }
+            self.send(rank, msg);
         }
         if let Some(error) = step.failed {
             self.forward(Some(GateOutput::Failed(JobError::Sync(error))));
@@ -182,13 +305,13 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
                 kind,
                 message,
             } => {
-                if attempt == self.attempt {
+                if attempt == self.attempt() {
                     let step = self.sync.on_call(msg.at, from, epoch, kind, message);
                     self.apply(step);
                 }
                 return;
             }
-            ToMaster::Result(ref report) if report.attempt == self.attempt => {
+            ToMaster::Result(ref report) if report.attempt == self.attempt() => {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration);
                 self.apply(step);
@@ -208,6 +331,11 @@ impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: Open<M>, _: &mut Context<Self>) {
+        if msg.attempt != self.attempt() {
+            // Every worker restarted while the master computed: it starts over.
+            return;
+        }
+        self.last = msg.last.clone();
         // Open before broadcasting, so no result can arrive before its round.
         self.sync.new_iteration(msg.iteration);
         if !self.gate.open(Instant::now(), msg.iteration) {
@@ -220,7 +348,7 @@ impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
             return;
         }
         self.broadcast(ToWorker::Iterate {
-            attempt: self.attempt,
+            attempt: self.attempt(),
             iteration: msg.iteration,
             last: msg.last,
         });
@@ -231,8 +359,9 @@ impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: FinishJob<M>, _: &mut Context<Self>) {
+        self.ending = true;
         self.broadcast(ToWorker::Finish {
-            attempt: self.attempt,
+            attempt: self.attempt(),
             iterations: msg.iterations,
             halted: msg.halted,
             last: msg.last,
@@ -246,11 +375,12 @@ impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: AbortJob, _: &mut Context<Self>) {
+        self.ending = true;
         // Release every rank waiting in a sync call at once, with the job's failure.
         let step = self.sync.abort(&msg.error);
         self.apply(step);
         self.broadcast(ToWorker::Abort {
-            attempt: self.attempt,
+            attempt: self.attempt(),
             error: msg.error,
         });
         let output = self.gate.drain(Instant::now());

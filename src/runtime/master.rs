@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use tokio::sync::oneshot;
 
-use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open};
+use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open, Recovering};
 use super::pool::{guarded, ComputePool, Placer};
 use super::watch::{Watch, Who};
 use super::{Checkpointing, DynMaster, MasterHooks, OwnedEnding, Resume};
@@ -18,9 +18,9 @@ use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
-    Attempt, GateOutput, Gathered, HaltedBy, Iteration, Next, Rank, Schedule, Tally,
+    Attempt, GateOutput, Gathered, HaltedBy, Iteration, Next, Rank, Recover, Schedule, Tally,
 };
-use crate::report::{IterationReport, JobOutcome, JobReport};
+use crate::report::{IterationReport, JobOutcome, JobReport, Recovered};
 
 /// The master's user code and context: moved to the pool and back as one value.
 pub(crate) struct MasterTask<M, W> {
@@ -31,6 +31,10 @@ pub(crate) struct MasterTask<M, W> {
     checkpointing: Option<Checkpointing>,
     /// The computable's state to restore before the job starts, when it resumes.
     restore: Option<Vec<u8>>,
+    /// Whether to keep the computable's state as it starts (`initial`), to start over
+    /// from when every worker restarts without a checkpoint.
+    keep_initial: bool,
+    initial: Option<Vec<u8>>,
     attempt: Attempt,
 }
 
@@ -88,8 +92,43 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             entered: 0,
             checkpointing,
             restore,
+            keep_initial: false,
+            initial: None,
             attempt,
         }
+    }
+
+    /// Keeps the computable's state as the job starts, to start over from when every
+    /// worker restarts before the first checkpoint (`FailurePolicy::RestartAll`).
+    pub(crate) fn keeping_initial_state(mut self, keep: bool) -> Self {
+        self.keep_initial = keep;
+        self
+    }
+
+    /// Starts over as `attempt`, every worker having restarted: from the newest usable
+    /// checkpoint, or from the start (the computable's state as the job started). Returns
+    /// the checkpoint's iteration, if there was one.
+    fn restart(&mut self, attempt: Attempt) -> Result<Option<Iteration>, JobError> {
+        self.attempt = attempt;
+        let ctx = &self.ctx;
+        let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
+        let resumed = match &mut self.checkpointing {
+            Some(c) => super::resume::<M>(c.store.as_mut(), &fresh.job_id)?,
+            None => None,
+        };
+        let (from, state) = match resumed {
+            Some(resume) => {
+                fresh.iteration = resume.iteration;
+                fresh.last = Some(resume.last);
+                (Some(resume.iteration), resume.state)
+            }
+            None => (None, self.initial.clone().unwrap_or_default()),
+        };
+        self.ctx = fresh;
+        let computable = &mut self.computable;
+        guarded(|| computable.restore_state(&state))
+            .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+        Ok(from)
     }
 
     fn fail(iteration: Iteration, phase: Phase, cause: Cause) -> JobError {
@@ -157,6 +196,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             let computable = &mut self.computable;
             guarded(|| computable.restore_state(&state))
                 .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+        }
+        if self.keep_initial {
+            let computable = &self.computable;
+            let state = guarded(|| computable.save_state())
+                .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+            self.initial = Some(state);
         }
         let ctx = &self.ctx;
         for (i, hook) in self.interceptors.iter_mut().enumerate() {
@@ -284,6 +329,14 @@ pub(crate) struct MasterActor<M: Payload, W: Payload> {
     /// The master's work outlived its deadline and may never come back.
     stuck: bool,
     watch: Arc<Watch>,
+    /// The attempt under way: every worker restarts as a new one under
+    /// `FailurePolicy::RestartAll`.
+    attempt: Attempt,
+    /// The checkpoint's iteration the current attempt starts after, if any.
+    start_after: Option<Iteration>,
+    /// Every worker restarted as this attempt while the master's code was away on the
+    /// pool: what it brings back is discarded, and the master starts over.
+    pending_restart: Option<Attempt>,
 }
 
 impl<M: Payload, W: Payload> MasterActor<M, W> {
@@ -300,6 +353,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         // A resumed task starts at its checkpoint's iteration and master result.
         let resumed_from = task.resumed_from();
         let last = task.ctx.last.clone();
+        let attempt = task.attempt;
         let report = JobReport {
             resumed_from,
             ..JobReport::default()
@@ -326,6 +380,9 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             stopping: false,
             deadline: None,
             stuck: false,
+            attempt,
+            start_after: resumed_from,
+            pending_restart: None,
         }
     }
 
@@ -421,7 +478,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         if !(self.master_ready && self.workers_ready && self.ending.is_none()) {
             return;
         }
-        match (self.report.resumed_from, self.last.clone()) {
+        match (self.start_after, self.last.clone()) {
             // The checkpoint covers every iteration: the job is complete.
             (Some(resumed), Some(last)) if resumed >= self.config.iterations => {
                 self.finish(resumed, None, last)
@@ -439,6 +496,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         self.events
             .emit(|| JobEvent::IterationStarted { iteration });
         self.barrier.do_send(Open {
+            attempt: self.attempt,
             iteration,
             last: self.last.clone(),
         });
@@ -634,8 +692,8 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     }),
                 );
             }
-            // The runtime does not replace workers (yet), so no rank rejoins.
-            GateOutput::Rejoined { rank, .. } => tracing::debug!(rank, "a worker rejoined"),
+            // The barrier sent the replacement the iteration under way.
+            GateOutput::Rejoined { .. } => {}
             GateOutput::Failed(error) => self.fail(error),
             GateOutput::Drained {
                 missing,
@@ -659,6 +717,57 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                 self.maybe_stop(ctx);
             }
         }
+    }
+}
+
+impl<M: Payload, W: Payload> MasterActor<M, W> {
+    /// The barrier recovers from a worker's failure: tell the user, and after a restart of
+    /// every worker start over from the newest checkpoint.
+    fn on_recovering(&mut self, recovering: Recovering) {
+        if self.ending.is_some() {
+            return;
+        }
+        let Recovering { cause, action } = recovering;
+        tracing::warn!(%cause, ?action, "recovering from a worker's failure");
+        let recovered = Recovered { cause, action };
+        self.events.emit(|| JobEvent::Recovering(recovered.clone()));
+        self.report.recoveries.push(recovered.clone());
+        if let Recover::RestartAll(attempt) = recovered.action {
+            self.attempt = attempt;
+            self.workers_ready = false;
+            self.span = None;
+            if self.task.is_some() {
+                self.restart(attempt);
+            } else {
+                self.master_ready = false;
+                self.pending_restart = Some(attempt);
+            }
+        }
+    }
+
+    /// Starts over as `attempt` once every worker registers again.
+    fn restart(&mut self, attempt: Attempt) {
+        let Some(task) = self.task.as_mut() else {
+            return;
+        };
+        match task.restart(attempt) {
+            Ok(from) => {
+                tracing::info!(attempt, resumed_from = ?from, "the job starts over as a new attempt");
+                self.start_after = from;
+                self.last = task.ctx.last.clone();
+                self.master_ready = true;
+                self.maybe_begin();
+            }
+            Err(error) => self.fail(error),
+        }
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Recovering> for MasterActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Recovering, _: &mut Context<Self>) {
+        self.on_recovering(msg);
     }
 }
 
@@ -704,6 +813,13 @@ impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for MasterActor<M, W> {
             self.stuck = false;
         }
         self.task = Some(done.task);
+        if let Some(attempt) = self.pending_restart.take() {
+            if self.ending.is_none() {
+                // The work was the old attempt's: discarded.
+                self.restart(attempt);
+                return;
+            }
+        }
         self.on_worked(ctx, done.worked);
     }
 }

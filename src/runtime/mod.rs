@@ -15,6 +15,7 @@
 //! pool and its workers' threads end with the job.
 
 mod barrier;
+mod local;
 mod master;
 mod pool;
 mod watch;
@@ -27,22 +28,20 @@ use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use crate::checkpoint::CheckpointStore;
-use crate::compute::{
-    MasterComputable, MasterContext, Payload, SyncLink, WorkerComputable, WorkerContext,
-};
-use crate::config::{JobConfig, Placement};
-use crate::error::{Cause, JobError, Phase};
+use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable};
+use crate::config::JobConfig;
+use crate::error::{Cause, JobError};
 use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
-use crate::protocol::{Gate, GateConfig, Iteration, Rank, SyncState};
+use crate::protocol::{FailurePolicy, Gate, GateConfig, Iteration, Rank, Recovery, SyncState};
 use crate::report::{JobOutcome, JobReport};
-use crate::transport::{LinkSpec, Transport, WorkerLink};
+use crate::transport::{LinkSpec, Transport};
 
-use barrier::{Arrived, BarrierActor};
+use barrier::{Arrived, BarrierActor, BarrierPeers};
+use local::{LocalParts, LocalWorkers};
 use master::{MasterActor, MasterTask};
-use pool::{guarded, ComputePool, Executor, Placer, PoolExits};
+use pool::{guarded, ComputePool, PoolExits};
 use watch::Watch;
-use worker::{EndingReport, WorkerActor, WorkerTask};
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
 pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, WorkerResult = W>>;
@@ -285,13 +284,23 @@ async fn launch<M: Payload, W: Payload>(
     let (outcome_tx, outcome_rx) = oneshot::channel();
 
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
+    let local_ranks = topology.workers.clone();
+    if topology.master
+        && matches!(config.failure_policy, FailurePolicy::RestartAll { .. })
+        && local_ranks.len() < config.workers
+    {
+        return Err(JobError::Config(crate::error::ConfigError::new(
+            "failure_policy",
+            config.failure_policy,
+            &format!("must not be RestartAll with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail"),
+        )));
+    }
+    // Contexts first: the barrier and the master each need the other's address, and the
+    // workers the barrier's, before any of them runs.
+    let master_ctx = Context::<MasterActor<M, W>>::new();
+    let barrier_ctx = Context::<BarrierActor<M, W>>::new();
+    let mut bound = None;
     if topology.master {
-        // The master and the barrier each need the other's address: make both contexts first.
-        let master_ctx = Context::<MasterActor<M, W>>::new();
-        let barrier_ctx = Context::<BarrierActor<M, W>>::new();
-        let master_addr = master_ctx.address();
-        let barrier_addr = barrier_ctx.address();
-        let inbox = barrier_addr.clone();
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
         let mut checkpoint = checkpoint;
@@ -299,12 +308,32 @@ async fn launch<M: Payload, W: Payload>(
             Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
             None => None,
         };
+        let inbox = barrier_ctx.address();
         let link = transport.bind_master(Box::new(move |env| {
             inbox.do_send(Arrived {
                 env,
                 at: Instant::now(),
             })
         }))?;
+        bound = Some((link, checkpoint, resumed));
+    }
+    let mut local = LocalWorkers::new(LocalParts {
+        config: Arc::clone(&config),
+        job_id: Arc::clone(&job_id),
+        factory: workers,
+        hooks: worker_hooks,
+        transport,
+        pool: Arc::clone(&pool),
+        exits,
+        watch: Arc::clone(&watch),
+        ended: ended_tx,
+    });
+    for &rank in &local_ranks {
+        local.start(rank, attempt)?;
+    }
+    let _transport = if let Some((link, checkpoint, resumed)) = bound {
+        let master_addr = master_ctx.address();
+        let barrier_addr = barrier_ctx.address();
         let mut gate = Gate::new(
             GateConfig::new(
                 config.workers,
@@ -330,8 +359,17 @@ async fn launch<M: Payload, W: Payload>(
             gate,
             SyncState::new(config.workers, config.sync_timeout),
             link,
-            master_addr.recipient(),
-            attempt,
+            BarrierPeers {
+                master: master_addr.clone().recipient(),
+                recovering: master_addr.recipient(),
+                local,
+            },
+            Recovery::new(
+                config.failure_policy,
+                config.workers,
+                config.quorum(),
+                attempt,
+            ),
             events.clone(),
             tick(&config),
         ));
@@ -342,7 +380,11 @@ async fn launch<M: Payload, W: Payload>(
             checkpoint,
             resumed,
             attempt,
-        );
+        )
+        .keeping_initial_state(matches!(
+            config.failure_policy,
+            FailurePolicy::RestartAll { .. }
+        ));
         master_ctx.run(MasterActor::new(
             Arc::clone(&config),
             master_task,
@@ -352,66 +394,14 @@ async fn launch<M: Payload, W: Payload>(
             outcome_tx,
             Arc::clone(&watch),
         ));
-    }
-
-    let local_workers = topology.workers.len();
-    for rank in topology.workers {
-        let worker_ctx = Context::<WorkerActor<M, W>>::new();
-        let addr = worker_ctx.address();
-        let link: Arc<dyn WorkerLink<W>> =
-            Arc::from(transport.connect_worker(rank, Box::new(move |msg| addr.do_send(msg)))?);
-        let (computable, hooks) = guarded(|| {
-            let hooks: WorkerHooks<M, W> = worker_hooks.iter().map(|make| make(rank)).collect();
-            Ok((workers(rank), hooks))
-        })
-        .map_err(|cause| JobError::Worker {
-            rank,
-            iteration: 0,
-            phase: Phase::Init,
-            cause,
-        })?;
-        let mut ctx =
-            WorkerContext::new(rank, config.workers, Arc::clone(&job_id), config.iterations);
-        // In barrier mode every worker computes on a thread of its own, so that ranks can
-        // wait for each other in sync calls.
-        let (placement, sync_answers, executor) = if config.barrier_mode {
-            let (answers_tx, answers) = std::sync::mpsc::channel();
-            ctx.sync = Some(SyncLink {
-                link: Arc::clone(&link),
-                answers,
-                attempt,
-                patience: config
-                    .sync_timeout
-                    .checked_add(Duration::from_secs(5))
-                    .unwrap_or(Duration::MAX),
-            });
-            let name = format!("superstep-{}-worker-{rank}", config.job_id);
-            (
-                Placement::Pool,
-                Some(answers_tx),
-                Executor::own(name, &exits)?,
-            )
-        } else if config.min_workers_ratio < 1.0 {
-            // A straggler computing inline would hold the thread that is to go on
-            // without it.
-            (Placement::Pool, None, Executor::Pool(Arc::clone(&pool)))
-        } else {
-            (config.placement, None, Executor::Pool(Arc::clone(&pool)))
-        };
-        worker_ctx.run(WorkerActor::new(
-            WorkerTask::new(computable, hooks, ctx, attempt),
-            link,
-            sync_answers,
-            executor,
-            Placer::new(placement, config.inline_threshold),
-            Arc::clone(&watch),
-            EndingReport {
-                to: ended_tx.clone(),
-                within: config.shutdown_timeout,
-            },
-        ));
-    }
-    drop((pool, ended_tx));
+        None
+    } else {
+        // Nothing restarts workers in a process without the master: a failed one's
+        // process ends, and a new one joins in its place.
+        Some(local.into_transport())
+    };
+    let local_workers = local_ranks.len();
+    drop(pool);
     if topology.master {
         return outcome_rx.await.unwrap_or_else(|_| {
             Err(JobError::Runtime {

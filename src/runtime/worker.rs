@@ -15,7 +15,7 @@ use crate::protocol::{
     Attempt, Epoch, Iteration, Rank, Report, SyncResult, ToMaster, ToWorker, WorkerCommand,
     WorkerState,
 };
-use crate::transport::WorkerLink;
+use crate::transport::{TransportError, WorkerLink};
 
 /// A worker's user code and context: moved to the pool and back as one value, so it is
 /// only ever touched by one thread at a time.
@@ -243,21 +243,25 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
     }
 
-    fn try_send(&self, msg: ToMaster<W>) -> Result<(), String> {
+    fn try_send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.link.send(msg))) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(payload) => Err(format!(
+            Ok(sent) => sent,
+            Err(payload) => Err(TransportError::Io(format!(
                 "the transport panicked: {}",
                 Cause::from_panic(payload)
-            )),
+            ))),
         }
     }
 
     fn send(&self, msg: ToMaster<W>) {
-        if let Err(error) = self.try_send(msg) {
+        match self.try_send(msg) {
+            Ok(()) => {}
+            // A replacement took this worker's rank: its link is closed on purpose.
+            Err(TransportError::Replaced { .. }) => {
+                tracing::debug!(rank = self.rank, "this worker's link is closed")
+            }
             // The master's node is gone: nothing is waiting for this worker any more.
-            tracing::warn!(rank = self.rank, %error, "could not reach the master");
+            Err(error) => tracing::warn!(rank = self.rank, %error, "could not reach the master"),
         }
     }
 

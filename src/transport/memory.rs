@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
 use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
@@ -19,7 +19,15 @@ pub struct MemoryTransport<M, W> {
 
 struct Hub<M, W> {
     master: OnceLock<Inbox<Envelope<ToMaster<W>>>>,
-    workers: Vec<OnceLock<Inbox<ToWorker<M>>>>,
+    workers: Vec<RwLock<Option<Connected<M>>>>,
+}
+
+/// The worker connected to a rank: its inbox, and which connection of the rank it is. A
+/// link of an earlier connection is closed: a replaced worker can no longer reach the
+/// master.
+struct Connected<M> {
+    inbox: Inbox<ToWorker<M>>,
+    generation: u64,
 }
 
 impl<M, W> MemoryTransport<M, W> {
@@ -55,7 +63,7 @@ impl<M: Send + Sync + 'static, W: Send + 'static> Transport<M, W> for MemoryTran
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
         self.hub = Some(Arc::new(Hub {
             master: OnceLock::new(),
-            workers: (0..spec.workers).map(|_| OnceLock::new()).collect(),
+            workers: (0..spec.workers).map(|_| RwLock::new(None)).collect(),
         }));
         Ok(Topology {
             master: true,
@@ -81,17 +89,56 @@ impl<M: Send + Sync + 'static, W: Send + 'static> Transport<M, W> for MemoryTran
         rank: Rank,
         inbox: Inbox<ToWorker<M>>,
     ) -> Result<Box<dyn WorkerLink<W>>, TransportError> {
+        self.attach(rank, inbox, false)
+    }
+
+    fn reconnect_worker(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError> {
+        self.attach(rank, inbox, true)
+    }
+}
+
+impl<M, W> MemoryTransport<M, W> {
+    /// Connects `inbox` to `rank`; `replace` closes the link of the worker connected to it
+    /// before, if any (a connected rank is refused otherwise).
+    fn attach(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+        replace: bool,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError>
+    where
+        M: Send + Sync + 'static,
+        W: Send + 'static,
+    {
         let hub = Arc::clone(self.hub()?);
         let workers = hub.workers.len();
         let slot = hub
             .workers
             .get(rank)
             .ok_or(TransportError::UnknownRank { rank, workers })?;
-        slot.set(inbox)
-            .map_err(|_| TransportError::AlreadyConnected {
-                what: format!("worker {rank}"),
-            })?;
-        Ok(Box::new(MemoryWorkerLink { rank, hub }))
+        let generation = {
+            let mut slot = slot.write().unwrap_or_else(|e| e.into_inner());
+            let generation = match &*slot {
+                Some(_) if !replace => {
+                    return Err(TransportError::AlreadyConnected {
+                        what: format!("worker {rank}"),
+                    })
+                }
+                Some(old) => old.generation + 1,
+                None => 0,
+            };
+            *slot = Some(Connected { inbox, generation });
+            generation
+        };
+        Ok(Box::new(MemoryWorkerLink {
+            rank,
+            generation,
+            hub,
+        }))
     }
 }
 
@@ -101,13 +148,17 @@ struct MemoryMasterLink<M, W> {
 
 impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMasterLink<M, W> {
     fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
-        let inbox = self
+        let slot = self
             .hub
             .workers
             .get(to)
-            .and_then(OnceLock::get)
+            .ok_or(TransportError::NotConnected { rank: to })?
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let connected = slot
+            .as_ref()
             .ok_or(TransportError::NotConnected { rank: to })?;
-        inbox(msg);
+        (connected.inbox)(msg);
         Ok(())
     }
 
@@ -128,12 +179,22 @@ impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMaster
 
 struct MemoryWorkerLink<M, W> {
     rank: Rank,
+    /// Which connection of the rank this link is.
+    generation: u64,
     hub: Arc<Hub<M, W>>,
 }
 
 impl<M: Send + Sync + 'static, W: Send + 'static> WorkerLink<W> for MemoryWorkerLink<M, W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let inbox = self.hub.master.get().ok_or(TransportError::NoMaster)?;
+        // Checked and sent under the rank's lock: once a replacement is connected, not one
+        // more message of this link reaches the master.
+        let slot = self.hub.workers[self.rank]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().map(|c| c.generation) != Some(self.generation) {
+            return Err(TransportError::Replaced { rank: self.rank });
+        }
         inbox(Envelope {
             from: self.rank,
             msg,
@@ -197,5 +258,52 @@ mod tests {
             t.connect_worker(7, Box::new(|_| {})),
             Err(TransportError::UnknownRank { rank: 7, .. })
         ));
+    }
+
+    #[test]
+    fn a_replacement_takes_the_rank_and_closes_the_old_link() {
+        let mut t = MemoryTransport::<String, u32>::new();
+        t.prepare(&LinkSpec {
+            job_id: "t".into(),
+            workers: 1,
+        })
+        .unwrap();
+        let at_master = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&at_master);
+        let master = t
+            .bind_master(Box::new(move |env| sink.lock().unwrap().push(env.msg)))
+            .unwrap();
+        let old_got = Arc::new(Mutex::new(0));
+        let sink = Arc::clone(&old_got);
+        let old = t
+            .connect_worker(0, Box::new(move |_| *sink.lock().unwrap() += 1))
+            .unwrap();
+        let new_got = Arc::new(Mutex::new(0));
+        let sink = Arc::clone(&new_got);
+        let new = t
+            .reconnect_worker(0, Box::new(move |_| *sink.lock().unwrap() += 1))
+            .unwrap();
+        assert_eq!(
+            old.send(ToMaster::Done { attempt: 0 }),
+            Err(TransportError::Replaced { rank: 0 })
+        );
+        new.send(ToMaster::Registered { attempt: 0 }).unwrap();
+        assert_eq!(
+            *at_master.lock().unwrap(),
+            vec![ToMaster::Registered { attempt: 0 }],
+            "only the replacement reaches the master"
+        );
+        master
+            .send(
+                0,
+                ToWorker::Abort {
+                    attempt: 0,
+                    error: crate::JobError::Runtime {
+                        message: "x".into(),
+                    },
+                },
+            )
+            .unwrap();
+        assert_eq!((*old_got.lock().unwrap(), *new_got.lock().unwrap()), (0, 1));
     }
 }

@@ -16,6 +16,9 @@
 //! 3. For each local worker rank, [`Transport::connect_worker`] gets that worker's inbox
 //!    and returns the [`WorkerLink`] it uses to reach the master's node.
 //!
+//! When a failure policy replaces a local worker, [`Transport::reconnect_worker`] connects
+//! its replacement and closes the old worker's link.
+//!
 //! Delivery rules the runtime relies on: messages between one worker and the master's
 //! node arrive in the order they were sent; an inbox may be called from any thread; a
 //! message may be lost only when its peer is gone (the protocol detects that by timeouts
@@ -107,6 +110,16 @@ pub enum TransportError {
         /// The address.
         addr: String,
     },
+    /// A replacement took this worker's rank ([`Transport::reconnect_worker`]): the old
+    /// worker's link is closed.
+    #[error("worker {rank} was replaced: this link is closed")]
+    Replaced {
+        /// The rank.
+        rank: Rank,
+    },
+    /// The transport cannot do what was asked of it.
+    #[error("{0}")]
+    Unsupported(String),
     /// The cluster environment is incomplete or invalid.
     #[error("cluster environment: {0}")]
     Env(String),
@@ -154,4 +167,22 @@ pub trait Transport<M, W>: Send + 'static {
         rank: Rank,
         inbox: Inbox<ToWorker<M>>,
     ) -> Result<Box<dyn WorkerLink<W>>, TransportError>;
+
+    /// Connects a replacement for the local worker of `rank`, which failed (a
+    /// [`FailurePolicy`](crate::FailurePolicy) replaces it): the master's messages to the
+    /// rank go to `inbox` from now on, and nothing the old worker sends after this call
+    /// may reach the master's node — its link is closed.
+    ///
+    /// The default refuses: such a transport's failed local workers cannot be replaced in
+    /// process (the job then fails with this error).
+    fn reconnect_worker(
+        &mut self,
+        rank: Rank,
+        inbox: Inbox<ToWorker<M>>,
+    ) -> Result<Box<dyn WorkerLink<W>>, TransportError> {
+        let _ = inbox;
+        Err(TransportError::Unsupported(format!(
+            "this transport cannot replace worker {rank} in process"
+        )))
+    }
 }

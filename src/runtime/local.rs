@@ -1,0 +1,170 @@
+//! The workers of this process: started when the job starts, and started again when a
+//! failure policy replaces one of them or restarts them all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Addr, AsyncContext, Context};
+
+use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
+use super::watch::Watch;
+use super::worker::{EndingReport, WorkerActor, WorkerTask};
+use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
+use crate::compute::{Payload, SyncLink, WorkerContext};
+use crate::config::{JobConfig, Placement};
+use crate::error::{JobError, Phase};
+use crate::protocol::{Attempt, Rank, ToWorker};
+use crate::transport::{Transport, WorkerLink};
+
+/// Everything it takes to start a worker of this process, and the actor of each rank
+/// running here.
+pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
+    parts: LocalParts<M, W>,
+    /// By rank; `None` for a rank that runs in another process.
+    actors: Vec<Option<Running<M, W>>>,
+}
+
+/// A worker actor running here, and its attempt.
+type Running<M, W> = (Addr<WorkerActor<M, W>>, Attempt);
+
+/// What it takes to start a worker of this process.
+pub(crate) struct LocalParts<M: Payload, W: Payload> {
+    pub(crate) config: Arc<JobConfig>,
+    pub(crate) job_id: Arc<str>,
+    pub(crate) factory: WorkerFactory<M, W>,
+    pub(crate) hooks: Vec<WorkerHookFactory<M, W>>,
+    pub(crate) transport: Box<dyn Transport<M, W>>,
+    pub(crate) pool: Arc<ComputePool>,
+    pub(crate) exits: PoolExits,
+    pub(crate) watch: Arc<Watch>,
+    pub(crate) ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+}
+
+impl<M: Payload, W: Payload> LocalWorkers<M, W> {
+    pub(crate) fn new(parts: LocalParts<M, W>) -> Self {
+        let actors = (0..parts.config.workers).map(|_| None).collect();
+        LocalWorkers { parts, actors }
+    }
+
+    /// Lets go of everything but the transport, which the workers' links need as long as
+    /// they run: a process without the master restarts no worker, and learns the job's
+    /// end from its workers' endings (whose channel closes once they are all gone).
+    pub(crate) fn into_transport(self) -> Box<dyn Transport<M, W>> {
+        self.parts.transport
+    }
+
+    /// Whether the worker of `rank` runs in this process.
+    pub(crate) fn is_local(&self, rank: Rank) -> bool {
+        self.actors.get(rank).is_some_and(Option::is_some)
+    }
+
+    /// Starts the worker of `rank` in `attempt`, for the first time.
+    pub(crate) fn start(&mut self, rank: Rank, attempt: Attempt) -> Result<(), JobError> {
+        self.spawn(rank, attempt, false)
+    }
+
+    /// Replaces the worker of `rank` by a new one in `attempt`: the new one's link closes
+    /// the old one's, and the old one, if it still runs, is told to stop with `cause`.
+    pub(crate) fn replace(
+        &mut self,
+        rank: Rank,
+        attempt: Attempt,
+        cause: &JobError,
+    ) -> Result<(), JobError> {
+        let old = self.actors.get_mut(rank).and_then(Option::take);
+        self.spawn(rank, attempt, true)
+            .map_err(|e| JobError::Runtime {
+                message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
+            })?;
+        if let Some((old, attempt)) = old {
+            // A worker that failed is stopping already and drops this; one of an attempt
+            // that ended stops with the failure that ended it.
+            old.do_send(ToWorker::Abort {
+                attempt,
+                error: cause.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn spawn(&mut self, rank: Rank, attempt: Attempt, replace: bool) -> Result<(), JobError> {
+        let parts = &mut self.parts;
+        let config = &parts.config;
+        let worker_ctx = Context::<WorkerActor<M, W>>::new();
+        let addr = worker_ctx.address();
+        let inbox = {
+            let addr = addr.clone();
+            Box::new(move |msg| addr.do_send(msg))
+        };
+        let link: Arc<dyn WorkerLink<W>> = Arc::from(if replace {
+            parts.transport.reconnect_worker(rank, inbox)?
+        } else {
+            parts.transport.connect_worker(rank, inbox)?
+        });
+        let (factory, hooks) = (&parts.factory, &parts.hooks);
+        let (computable, hooks) = guarded(|| {
+            let hooks: WorkerHooks<M, W> = hooks.iter().map(|make| make(rank)).collect();
+            Ok((factory(rank), hooks))
+        })
+        .map_err(|cause| JobError::Worker {
+            rank,
+            iteration: 0,
+            phase: Phase::Init,
+            cause,
+        })?;
+        let mut ctx = WorkerContext::new(
+            rank,
+            config.workers,
+            Arc::clone(&parts.job_id),
+            config.iterations,
+        );
+        // In barrier mode every worker computes on a thread of its own, so that ranks can
+        // wait for each other in sync calls.
+        let (placement, sync_answers, executor) = if config.barrier_mode {
+            let (answers_tx, answers) = std::sync::mpsc::channel();
+            ctx.sync = Some(SyncLink {
+                link: Arc::clone(&link),
+                answers,
+                attempt,
+                patience: config
+                    .sync_timeout
+                    .checked_add(Duration::from_secs(5))
+                    .unwrap_or(Duration::MAX),
+            });
+            let name = format!("superstep-{}-worker-{rank}", config.job_id);
+            (
+                Placement::Pool,
+                Some(answers_tx),
+                Executor::own(name, &parts.exits)?,
+            )
+        } else if config.min_workers_ratio < 1.0 {
+            // A straggler computing inline would hold the thread that is to go on
+            // without it.
+            (
+                Placement::Pool,
+                None,
+                Executor::Pool(Arc::clone(&parts.pool)),
+            )
+        } else {
+            (
+                config.placement,
+                None,
+                Executor::Pool(Arc::clone(&parts.pool)),
+            )
+        };
+        worker_ctx.run(WorkerActor::new(
+            WorkerTask::new(computable, hooks, ctx, attempt),
+            link,
+            sync_answers,
+            executor,
+            Placer::new(placement, config.inline_threshold),
+            Arc::clone(&parts.watch),
+            EndingReport {
+                to: parts.ended.clone(),
+                within: config.shutdown_timeout,
+            },
+        ));
+        self.actors[rank] = Some((addr, attempt));
+        Ok(())
+    }
+}

@@ -1,5 +1,8 @@
-//! Real processes on loopback, started by `superstep-launch`: the same result as in memory,
-//! and a worker process that dies or freezes is named as lost.
+//! Real processes on loopback, started by `superstep-launch`: the same result as in memory;
+//! a worker process that dies or freezes is named as lost; and under
+//! `FailurePolicy::RestartWorker` a worker process killed with SIGKILL — in its start-up,
+//! during a compute, or with its result in flight — is started again by the launcher,
+//! takes its rank back, and the job ends with the fault-free result.
 //!
 //! The processes are this test binary itself, running its ignored `child_process` test.
 
@@ -12,11 +15,14 @@ use std::time::{Duration, Instant};
 
 use superstep::prelude::*;
 use superstep::transport::{ClusterEnv, TcpSettings, TcpTransport};
+use superstep::FailurePolicy;
 
 const BEHAVIOUR: &str = "SUPERSTEP_TEST_BEHAVIOUR";
 const ROWS: usize = 6_000;
 const FEATURES: usize = 4;
 const ITERATIONS: u64 = 6;
+/// The behaviours a job recovers from: its worker processes are started again.
+const RECOVERED: [&str; 4] = ["kill-init", "kill-compute", "kill-in-flight", "fail"];
 
 fn data() -> Arc<lr::Dataset> {
     Arc::new(lr::Dataset::generate(ROWS, FEATURES, 5))
@@ -41,18 +47,32 @@ fn job(
     )
     .workers(workers)
     .iterations(ITERATIONS)
+    .iteration_timeout(Duration::from_secs(60))
     .shutdown_timeout(Duration::from_secs(2))
 }
 
-/// A worker that dies (as if killed) or freezes (as if hung) at iteration 3, on one rank.
+/// A worker that dies (as if killed) or freezes (as if hung) at iteration 3, on one rank;
+/// or, in its process's first life, is killed (SIGKILL) at a point of its work, or fails.
 struct Faulty {
     inner: lr::LrWorker,
     fault: Option<&'static str>,
 }
 
+/// Ends this process at once, as `kill -9` from outside would.
+fn kill_self() {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+}
+
 impl WorkerComputable for Faulty {
     type MasterResult = lr::Model;
     type WorkerResult = lr::Gradient;
+
+    fn init(&mut self, ctx: &mut WorkerContext<lr::Model, lr::Gradient>) -> Result<(), BoxError> {
+        if (self.fault, ctx.rank()) == (Some("kill-init"), 2) {
+            kill_self();
+        }
+        self.inner.init(ctx)
+    }
 
     fn compute(
         &mut self,
@@ -69,6 +89,16 @@ impl WorkerComputable for Faulty {
                         nix::sys::signal::Signal::SIGSTOP,
                     );
                 }
+                (Some("kill-compute"), 2) => kill_self(),
+                (Some("kill-in-flight"), 2) => {
+                    // Killed just after the result is handed over: it may be queued, on
+                    // the wire, or delivered.
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_micros(300));
+                        kill_self();
+                    });
+                }
+                (Some("fail"), 1) => return Err("worker 1 fails in iteration 3".into()),
                 _ => {}
             }
         }
@@ -94,13 +124,26 @@ fn child_process() {
     let mut settings = TcpSettings::from_cluster(&env).unwrap();
     settings.heartbeat_interval = Duration::from_millis(100);
     settings.heartbeat_timeout = Duration::from_secs(1);
-    let fault = match std::env::var(BEHAVIOUR).as_deref() {
-        Ok("die") => Some("die"),
-        Ok("freeze") => Some("freeze"),
+    let behaviour = std::env::var(BEHAVIOUR).unwrap_or_default();
+    // A process started again in the place of a killed one does not fail again.
+    let fault = match behaviour.as_str() {
+        "die" => Some("die"),
+        "freeze" => Some("freeze"),
+        _ if env.restart_count > 0 => None,
+        "kill-init" => Some("kill-init"),
+        "kill-compute" => Some("kill-compute"),
+        "kill-in-flight" => Some("kill-in-flight"),
+        "fail" => Some("fail"),
         _ => None,
+    };
+    let policy = if RECOVERED.contains(&behaviour.as_str()) {
+        FailurePolicy::RestartWorker { max_restarts: 1 }
+    } else {
+        FailurePolicy::Fail
     };
     let transport = TcpTransport::new(settings).unwrap();
     let outcome = job(&data(), env.world_size, fault)
+        .failure_policy(policy)
         .transport(transport)
         .run();
     match outcome {
@@ -116,8 +159,14 @@ fn child_process() {
 /// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
 /// launcher (and through it every child) is interrupted if the deadline passes.
 fn launch(n: usize, behaviour: &str) -> Output {
+    let restarts = if RECOVERED.contains(&behaviour) {
+        "1"
+    } else {
+        "0"
+    };
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
-        .args(["--nproc", &n.to_string(), "--grace-secs", "3", "--"])
+        .args(["--nproc", &n.to_string(), "--grace-secs", "3"])
+        .args(["--restarts", restarts, "--"])
         .arg(std::env::current_exe().unwrap())
         .args([
             "child_process",
@@ -164,6 +213,28 @@ fn four_processes_on_loopback_end_with_the_in_memory_result_bit_for_bit() {
         let result = line_of(&stdout, &format!("[{rank}] RESULT "))
             .unwrap_or_else(|| panic!("no result from rank {rank}: {stdout}"));
         assert_eq!(result, bits(&expected.result), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_worker_process_killed_at_any_point_is_started_again_and_the_job_ends_with_the_fault_free_result(
+) {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    for behaviour in RECOVERED {
+        let out = launch(3, behaviour);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
+        for rank in 0..3 {
+            let result = line_of(&stdout, &format!("[{rank}] RESULT "))
+                .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
+            assert_eq!(result, expected, "{behaviour}: rank {rank}");
+        }
+        let dead = if behaviour == "fail" { 1 } else { 2 };
+        assert!(
+            stderr.contains(&format!("rank {dead} exited with")),
+            "{behaviour}: the launcher started rank {dead} again: {stderr}"
+        );
     }
 }
 

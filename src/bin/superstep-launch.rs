@@ -12,12 +12,19 @@
 //! The launcher exits with the master's (rank 0's) exit code — 128 + the signal if it died
 //! of one — once every process has ended (those still running a grace period after the
 //! master are killed).
+//!
+//! With `--restarts K`, a worker process (rank 1 and up) that dies — killed, or exiting
+//! with a failure — while the master runs is started again with the same rank and
+//! `SUPERSTEP_RESTART_COUNT` one higher, at most K times over the job. It connects with its
+//! rank and takes the dead one's place when the job's failure policy replaces workers
+//! (`FailurePolicy::RestartWorker`); under another policy the master has failed the job
+//! already and the new process finds it gone.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -37,6 +44,10 @@ struct Args {
     /// The job id.
     #[arg(long, default_value = "superstep")]
     job_id: String,
+    /// How many times in all a dead worker process (rank 1 and up) is started again
+    /// while the master runs.
+    #[arg(long, default_value_t = 0)]
+    restarts: u32,
     /// How long the other processes may run on after the master ended.
     #[arg(long, default_value_t = 10)]
     grace_secs: u64,
@@ -109,26 +120,33 @@ fn main() -> ExitCode {
     };
     let secret = secret();
     let (program, program_args) = args.command.split_first().expect("clap requires a command");
-    let mut children = Vec::new();
-    let mut pipes = Vec::new();
-    for rank in 0..args.nproc {
-        let spawned = Command::new(program)
+    let start = |rank: usize, restart_count: u32| {
+        let mut child = Command::new(program)
             .args(program_args)
             .env("SUPERSTEP_RANK", rank.to_string())
             .env("SUPERSTEP_WORLD_SIZE", args.nproc.to_string())
             .env("SUPERSTEP_MASTER_ADDR", format!("127.0.0.1:{port}"))
             .env("SUPERSTEP_JOB_ID", &args.job_id)
             .env("SUPERSTEP_SECRET", &secret)
+            .env("SUPERSTEP_RESTART_COUNT", restart_count.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Their own group: a terminal's Ctrl-C reaches the launcher alone, which
             // forwards it once.
             .process_group(0)
-            .spawn();
-        match spawned {
-            Ok(mut child) => {
-                pipes.push(forward(rank, child.stdout.take().expect("piped"), false));
-                pipes.push(forward(rank, child.stderr.take().expect("piped"), true));
+            .spawn()?;
+        let pipes = [
+            forward(rank, child.stdout.take().expect("piped"), false),
+            forward(rank, child.stderr.take().expect("piped"), true),
+        ];
+        Ok::<_, std::io::Error>((child, pipes))
+    };
+    let mut children = Vec::new();
+    let mut pipes = Vec::new();
+    for rank in 0..args.nproc {
+        match start(rank, 0) {
+            Ok((child, forwarding)) => {
+                pipes.extend(forwarding);
                 children.push(child);
             }
             Err(e) => {
@@ -141,7 +159,10 @@ fn main() -> ExitCode {
 
     let interrupts = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&interrupts);
-    let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
+    // Shared with the handler: a process started again replaces its rank's pid.
+    let pids: Arc<Mutex<Vec<i32>>> =
+        Arc::new(Mutex::new(children.iter().map(|c| c.id() as i32).collect()));
+    let signalled = Arc::clone(&pids);
     let _ = ctrlc::set_handler(move || {
         // The first interrupt asks every process to stop; the next ones kill them.
         let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -149,12 +170,47 @@ fn main() -> ExitCode {
         } else {
             Signal::SIGKILL
         };
-        for pid in &pids {
+        for pid in signalled.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = kill(Pid::from_raw(*pid), signal);
         }
     });
 
-    let master = children[0].wait();
+    // Wait for the master, starting dead workers again while restarts are left.
+    let mut restarts_left = args.restarts;
+    let mut restart_counts = vec![0u32; args.nproc];
+    let master = loop {
+        match children[0].try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        for rank in 1..args.nproc {
+            if restarts_left == 0 || interrupts.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            let Ok(Some(status)) = children[rank].try_wait() else {
+                continue;
+            };
+            if status.success() {
+                continue;
+            }
+            restarts_left -= 1;
+            restart_counts[rank] += 1;
+            eprintln!(
+                "superstep-launch: rank {rank} exited with {status}; starting it again ({} left)",
+                restarts_left
+            );
+            match start(rank, restart_counts[rank]) {
+                Ok((child, forwarding)) => {
+                    pipes.extend(forwarding);
+                    pids.lock().unwrap_or_else(|e| e.into_inner())[rank] = child.id() as i32;
+                    children[rank] = child;
+                }
+                Err(e) => eprintln!("superstep-launch: cannot start rank {rank} again: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let code = match master {
         Ok(status) => status
             .code()

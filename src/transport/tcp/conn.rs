@@ -351,7 +351,6 @@ impl<M: Payload, W: Payload> Server<M, W> {
             s.heartbeat_interval,
         ));
         let lost = self.read_loop(rank, &mut frames).await;
-        drop(claim);
         if let Some(reason) = lost {
             tracing::warn!(rank, %peer, %reason, "worker lost");
             (self.inbox)(Envelope {
@@ -362,6 +361,9 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 },
             });
         }
+        // Released only now: a new process of the rank (one started again in its place)
+        // can connect, and what it says reaches the master after everything of this one.
+        drop(claim);
     }
 
     /// Checks a new connection: hello (version, job id, rank), then the secret's proof,

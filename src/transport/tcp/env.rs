@@ -32,6 +32,11 @@ pub struct ClusterEnv {
     pub secret: Option<Vec<u8>>,
     /// Where rank 0 listens, if not `127.0.0.1` and the master address's port.
     pub bind: Option<String>,
+    /// How many times this rank's process was started again after it died
+    /// (`SUPERSTEP_RESTART_COUNT`, or Slurm's `SLURM_RESTART_COUNT`): 0 for the first.
+    /// A process started again connects with its rank and takes the place of the one
+    /// that died, when the job's failure policy replaces workers.
+    pub restart_count: u32,
 }
 
 impl ClusterEnv {
@@ -85,6 +90,10 @@ impl ClusterEnv {
                 .filter(|s| !s.is_empty())
                 .map(String::into_bytes),
             bind: get("SUPERSTEP_BIND"),
+            restart_count: match first(&["SUPERSTEP_RESTART_COUNT", "SLURM_RESTART_COUNT"]) {
+                Some((var, count)) => parse(var, &count)?,
+                None => 0,
+            },
         }))
     }
 }
@@ -130,10 +139,12 @@ mod tests {
             (2, 4, "lr")
         );
         assert_eq!(own.secret.as_deref(), Some(&b"s3"[..]));
+        assert_eq!(own.restart_count, 0);
         let slurm = env(&[
             ("SLURM_PROCID", "3"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_JOB_ID", "4711"),
+            ("SLURM_RESTART_COUNT", "2"),
             ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
         ])
         .unwrap()
@@ -142,6 +153,7 @@ mod tests {
             (slurm.rank, slurm.world_size, slurm.job_id.as_str()),
             (3, 8, "4711")
         );
+        assert_eq!(slurm.restart_count, 2);
         let k8s = env(&[
             ("JOB_COMPLETION_INDEX", "0"),
             ("SUPERSTEP_WORLD_SIZE", "4"),

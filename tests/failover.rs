@@ -483,3 +483,37 @@ fn a_policy_that_cannot_apply_is_refused_naming_it() {
     assert_eq!(err.setting, "failure_policy");
     assert!(err.to_string().contains("barrier mode"), "{err}");
 }
+
+/// Votes to halt from iteration 5; rank 1 fails in iteration 3.
+struct Voter {
+    rank: Rank,
+}
+
+impl WorkerComputable for Voter {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        if self.rank == 1 && ctx.iteration() == 3 {
+            return Err("rank 1 fails".into());
+        }
+        if ctx.iteration() >= 5 {
+            ctx.vote_halt();
+        }
+        Ok(1)
+    }
+}
+
+#[test]
+fn without_a_lost_worker_a_unanimous_halt_vote_is_that_of_the_workers_left() {
+    let outcome = Job::builder(Master { folded: 0 }, |rank| Voter { rank })
+        .workers(4)
+        .iterations(ITERATIONS)
+        .worker_halt(true)
+        .min_workers(0.5, Duration::from_secs(10))
+        .failure_policy(FailurePolicy::ContinueWithout)
+        .run()
+        .unwrap();
+    assert_eq!((outcome.iterations, outcome.halted), (5, true));
+    assert_eq!(outcome.report.halted_by, Some(superstep::HaltedBy::Workers));
+}

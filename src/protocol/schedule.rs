@@ -51,6 +51,12 @@ impl Schedule {
         1
     }
 
+    /// A worker is gone for good (`FailurePolicy::ContinueWithout`): a unanimous halt vote
+    /// is that of the workers left.
+    pub fn leave_out(&mut self) {
+        self.workers = self.workers.saturating_sub(1);
+    }
+
     /// Decides what follows `iteration`, given the master's own halt and the number of
     /// workers that voted to halt in it.
     pub fn decide(&self, iteration: Iteration, master_halt: bool, halt_votes: usize) -> Next {
@@ -75,6 +81,20 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unanimous_vote_is_that_of_the_workers_left() {
+        let mut s = Schedule::new(10, 3, true);
+        assert_eq!(s.decide(2, false, 2), Next::Iterate(3));
+        s.leave_out();
+        assert_eq!(
+            s.decide(2, false, 2),
+            Next::Finish {
+                iterations: 2,
+                halted: Some(HaltedBy::Workers)
+            }
+        );
+    }
 
     #[test]
     fn the_iteration_count_ends_the_loop() {

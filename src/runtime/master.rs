@@ -732,7 +732,13 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         let recovered = Recovered { cause, action };
         self.events.emit(|| JobEvent::Recovering(recovered.clone()));
         self.report.recoveries.push(recovered.clone());
+        if let Recover::LeaveOut(_) = recovered.action {
+            self.schedule.leave_out();
+        }
         if let Recover::RestartAll(attempt) = recovered.action {
+            // Every rank is back.
+            let c = &self.config;
+            self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
             self.attempt = attempt;
             self.workers_ready = false;
             self.span = None;

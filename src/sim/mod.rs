@@ -1238,6 +1238,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             }
             Recover::LeaveOut(rank) => {
                 self.nodes[rank].alive = false;
+                self.master.schedule.leave_out();
                 self.log(|| format!("the job goes on without worker {rank}"));
                 let now = self.instant();
                 if let Some(output) = self.master.gate.lose(now, rank) {
@@ -1272,6 +1273,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let now = self.instant();
         self.master.gate = Gate::new(Self::gate_config(self.config, attempt), now);
         self.master.recovery.restarted(attempt);
+        let c = self.config;
+        self.master.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
         self.master.timer = None;
         self.master.in_round = None;
         if fresh {

@@ -98,15 +98,20 @@ pub trait MasterComputable: Send + 'static {
     /// `JobBuilder::checkpoint`): called after each checkpointed iteration's compute. The
     /// default saves nothing, for a master whose state is its result.
     ///
-    /// An `Err` or a panic skips that checkpoint (logged), it does not fail the job.
+    /// An `Err` or a panic skips that checkpoint (logged), it does not fail the job —
+    /// except under `FailurePolicy::RestartAll`, which also keeps the state as the job
+    /// starts (after any restore) to start over from when no checkpoint was saved yet:
+    /// a failure then fails the job in `Phase::Checkpoint`.
     fn save_state(&self) -> Result<Vec<u8>, BoxError> {
         Ok(Vec::new())
     }
 
     /// Restores what [`save_state`](MasterComputable::save_state) saved, when a job resumes
-    /// from a checkpoint: called once, before `pre_application`, and before the first
-    /// compute, which then runs the iteration after the checkpoint's with
-    /// [`last_master_result`](MasterContext::last_master_result) restored.
+    /// from a checkpoint: called before `pre_application`, and before the first compute,
+    /// which then runs the iteration after the checkpoint's with
+    /// [`last_master_result`](MasterContext::last_master_result) restored. Under
+    /// `FailurePolicy::RestartAll` it is also called mid-job, when every worker restarts:
+    /// with the newest checkpoint's state, or the state the job started with.
     ///
     /// An `Err` or a panic fails the job as the master's failure in `Phase::Checkpoint`.
     fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {

@@ -190,11 +190,15 @@ impl JobConfig {
             ));
         }
         match self.failure_policy {
-            FailurePolicy::ContinueWithout if ratio >= 1.0 => {
+            FailurePolicy::ContinueWithout if self.quorum() >= self.workers => {
                 return Err(ConfigError::new(
                     "failure_policy",
                     self.failure_policy,
-                    "needs a min_workers_ratio below 1.0: it goes on without a failed worker only while ceil(ratio × workers) remain",
+                    &format!(
+                        "needs a min_workers_ratio whose quorum ceil(ratio × workers) is below the {} workers (it is {}): it goes on without a failed worker only while the quorum remains",
+                        self.workers,
+                        self.quorum()
+                    ),
                 ));
             }
             FailurePolicy::RestartWorker { .. } | FailurePolicy::ContinueWithout

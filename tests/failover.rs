@@ -294,6 +294,36 @@ fn replacements_are_counted_over_the_job_and_the_next_failure_fails_it() {
 }
 
 #[test]
+fn a_replacement_that_fails_too_is_a_new_failure() {
+    let mut f = fault(3, Phase::Init, 0);
+    f.times = 2;
+    let run = job(Some(f), FailurePolicy::RestartWorker { max_restarts: 2 });
+    let outcome = run.job.run().unwrap();
+    assert_eq!(*outcome.result, fault_free());
+    assert_eq!(outcome.report.recoveries.len(), 2);
+    assert_eq!(run.made.of(3), 3);
+
+    // One replacement allowed: the replacement's own failure is the job's error, at once
+    // (not a start-up timeout).
+    let err = job(Some(f), FailurePolicy::RestartWorker { max_restarts: 1 })
+        .job
+        .startup_timeout(Duration::from_secs(60))
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JobError::Worker {
+                rank: 3,
+                phase: Phase::Init,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_job_goes_on_without_a_failed_worker_down_to_its_quorum() {
     let run = job(
         Some(fault(1, Phase::Compute, 3)),
@@ -482,6 +512,19 @@ fn a_policy_that_cannot_apply_is_refused_naming_it() {
         .unwrap_err();
     assert_eq!(err.setting, "failure_policy");
     assert!(err.to_string().contains("barrier mode"), "{err}");
+    // A ratio whose quorum is every worker leaves no one out.
+    let err = job(None, FailurePolicy::ContinueWithout)
+        .job
+        .workers(2)
+        .min_workers(0.9, Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("quorum"), "{err}");
+    let err = job(None, FailurePolicy::RestartAll { max_attempts: 0 })
+        .job
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
 }
 
 /// Votes to halt from iteration 5; rank 1 fails in iteration 3.

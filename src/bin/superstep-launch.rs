@@ -17,8 +17,8 @@
 //! with a failure — while the master runs is started again with the same rank and
 //! `SUPERSTEP_RESTART_COUNT` one higher, at most K times over the job. It connects with its
 //! rank and takes the dead one's place when the job's failure policy replaces workers
-//! (`FailurePolicy::RestartWorker`); under another policy the master has failed the job
-//! already and the new process finds it gone.
+//! (`FailurePolicy::RestartWorker`); under another policy the master refuses it or ignores
+//! it, and it ends with the job.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -159,18 +159,21 @@ fn main() -> ExitCode {
 
     let interrupts = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&interrupts);
-    // Shared with the handler: a process started again replaces its rank's pid.
-    let pids: Arc<Mutex<Vec<i32>>> =
-        Arc::new(Mutex::new(children.iter().map(|c| c.id() as i32).collect()));
+    // Shared with the handler: a process started again replaces its rank's pid, and one
+    // that ended (reaped, so its pid may be reused) is not signalled.
+    let pids: Arc<Mutex<Vec<Option<i32>>>> = Arc::new(Mutex::new(
+        children.iter().map(|c| Some(c.id() as i32)).collect(),
+    ));
     let signalled = Arc::clone(&pids);
     let _ = ctrlc::set_handler(move || {
+        let pids = signalled.lock().unwrap_or_else(|e| e.into_inner());
         // The first interrupt asks every process to stop; the next ones kill them.
         let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {
             Signal::SIGINT
         } else {
             Signal::SIGKILL
         };
-        for pid in signalled.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for pid in pids.iter().flatten() {
             let _ = kill(Pid::from_raw(*pid), signal);
         }
     });
@@ -178,6 +181,7 @@ fn main() -> ExitCode {
     // Wait for the master, starting dead workers again while restarts are left.
     let mut restarts_left = args.restarts;
     let mut restart_counts = vec![0u32; args.nproc];
+    let mut ended = vec![false; args.nproc];
     let master = loop {
         match children[0].try_wait() {
             Ok(Some(status)) => break Ok(status),
@@ -185,25 +189,30 @@ fn main() -> ExitCode {
             Err(e) => break Err(e),
         }
         for rank in 1..args.nproc {
-            if restarts_left == 0 || interrupts.load(Ordering::SeqCst) > 0 {
-                break;
+            if ended[rank] {
+                continue;
             }
             let Ok(Some(status)) = children[rank].try_wait() else {
                 continue;
             };
-            if status.success() {
+            // Under the lock the interrupt handler takes: a process started here is either
+            // signalled by an interrupt, or not started after one.
+            let mut pids = pids.lock().unwrap_or_else(|e| e.into_inner());
+            pids[rank] = None;
+            ended[rank] = true;
+            if status.success() || restarts_left == 0 || interrupts.load(Ordering::SeqCst) > 0 {
                 continue;
             }
-            restarts_left -= 1;
-            restart_counts[rank] += 1;
-            eprintln!(
-                "superstep-launch: rank {rank} exited with {status}; starting it again ({} left)",
-                restarts_left
-            );
-            match start(rank, restart_counts[rank]) {
+            match start(rank, restart_counts[rank] + 1) {
                 Ok((child, forwarding)) => {
+                    restarts_left -= 1;
+                    restart_counts[rank] += 1;
+                    eprintln!(
+                        "superstep-launch: rank {rank} exited with {status}; starting it again ({restarts_left} restarts left)"
+                    );
                     pipes.extend(forwarding);
-                    pids.lock().unwrap_or_else(|e| e.into_inner())[rank] = child.id() as i32;
+                    pids[rank] = Some(child.id() as i32);
+                    ended[rank] = false;
                     children[rank] = child;
                 }
                 Err(e) => eprintln!("superstep-launch: cannot start rank {rank} again: {e}"),

@@ -150,6 +150,11 @@ impl Recovery {
         self.lost.iter_mut().for_each(|l| *l = false);
     }
 
+    /// The policy.
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
+    }
+
     /// The number of workers.
     pub fn workers(&self) -> usize {
         self.workers

@@ -10,8 +10,8 @@ use crate::compute::Payload;
 use crate::error::{Cause, JobError, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
-    Attempt, Envelope, Gate, GateOutput, Iteration, Recover, Recovery, SyncState, SyncStep,
-    ToMaster, ToWorker,
+    Attempt, Envelope, FailurePolicy, Gate, GateOutput, Iteration, Recover, Recovery, SyncState,
+    SyncStep, ToMaster, ToWorker,
 };
 use crate::transport::MasterLink;
 
@@ -85,6 +85,17 @@ pub(crate) struct BarrierPeers<M: Payload, W: Payload> {
     pub(crate) local: LocalWorkers<M, W>,
 }
 
+/// Where the replacement of a rank of another process stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    None,
+    /// The old process still talks (it failed but runs on to its `Done`): its messages
+    /// are the old one's until its connection ends.
+    OldEnd,
+    /// The old connection ended: the next messages of the rank are the new process's.
+    Replacement,
+}
+
 pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     gate: Gate<W>,
     sync: SyncState,
@@ -98,6 +109,9 @@ pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     last: Option<Arc<M>>,
     /// The job is ending (finished or aborted): failures no longer recover.
     ending: bool,
+    /// By rank: a new process of the rank is awaited (another process's worker was
+    /// replaced).
+    awaiting: Vec<Awaiting>,
     events: Events,
     tick: Duration,
 }
@@ -112,6 +126,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         events: Events,
         tick: Duration,
     ) -> Self {
+        let gate_workers = recovery.workers();
         BarrierActor {
             gate,
             sync,
@@ -122,6 +137,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             recovery,
             last: None,
             ending: false,
+            awaiting: vec![Awaiting::None; gate_workers],
             events,
             tick,
         }
@@ -142,6 +158,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             GateOutput::AllRegistered => self.recovery.all_registered(),
             GateOutput::Rejoined { rank, iteration } => {
                 self.recovery.rejoined(rank);
+                self.awaiting[rank] = Awaiting::None;
                 tracing::info!(rank, ?iteration, "a replacement worker joined");
                 if let Some(iteration) = iteration {
                     self.send(
@@ -161,15 +178,25 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
 
     /// A failure: the job's end, or one the failure policy recovers from.
     fn on_failure(&mut self, error: JobError) {
+        let now = Instant::now();
         if self.ending {
-            self.master.do_send(FromGate(GateOutput::Failed(error)));
+            // A worker the job can do without (a straggler of the last round, say) that
+            // fails while the job ends is not waited for; any other failure is the job's.
+            let rank = Recovery::recoverable(&error);
+            match rank {
+                Some(rank) if self.recovery.policy() != FailurePolicy::Fail => {
+                    tracing::warn!(rank, %error, "a worker failed while the job ended");
+                    let output = self.gate.lose(now, rank);
+                    self.forward(output);
+                }
+                _ => self.master.do_send(FromGate(GateOutput::Failed(error))),
+            }
             return;
         }
         let Some(action) = self.recovery.on_failure(error.clone()) else {
             tracing::debug!(%error, "a further report of a failure being recovered from");
             return;
         };
-        let now = Instant::now();
         match &action {
             Recover::Fail(error) => {
                 self.master
@@ -178,15 +205,28 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             }
             Recover::RestartWorker(rank) => {
                 let rank = *rank;
-                self.gate.rejoin(rank);
                 if self.local.is_local(rank) {
                     if let Err(failed) = self.local.replace(rank, self.attempt(), &error) {
                         self.master.do_send(FromGate(GateOutput::Failed(failed)));
                         return;
                     }
+                    // The old worker's link is closed: whatever the rank says from now on
+                    // is the replacement's, and a failure of it is a new one.
+                    self.recovery.rejoined(rank);
+                } else {
+                    // A new process of the rank connects and registers. Until the old
+                    // one's connection ended (its `Done`, or lost), what the rank says is
+                    // still the old one's.
+                    self.awaiting[rank] = if matches!(error, JobError::WorkerLost { .. }) {
+                        Awaiting::Replacement
+                    } else {
+                        Awaiting::OldEnd
+                    };
+                    if self.awaiting[rank] == Awaiting::Replacement {
+                        self.recovery.rejoined(rank);
+                    }
                 }
-                // A rank of another process is replaced by a new process, which connects
-                // with the rank and registers.
+                self.gate.rejoin(rank);
             }
             Recover::LeaveOut(_) => {}
             Recover::RestartAll(attempt) => {
@@ -198,11 +238,9 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                 self.gate.restart(now, attempt);
                 self.sync.restart();
                 self.last = None;
-                for rank in 0..self.recovery.workers() {
-                    if let Err(failed) = self.local.replace(rank, attempt, &error) {
-                        self.master.do_send(FromGate(GateOutput::Failed(failed)));
-                        return;
-                    }
+                if let Err(failed) = self.local.replace_all(attempt, &error) {
+                    self.master.do_send(FromGate(GateOutput::Failed(failed)));
+                    return;
                 }
             }
         }
@@ -213,6 +251,23 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         if let Recover::LeaveOut(rank) = action {
             let output = self.gate.lose(now, rank);
             self.forward_gate(now, output);
+        }
+    }
+
+    /// The job ends: a rank whose new process has not registered yet is not waited for
+    /// (nothing would tell it the job ended).
+    fn forget_awaited(&mut self) {
+        let now = Instant::now();
+        for rank in 0..self.awaiting.len() {
+            if self.awaiting[rank] != Awaiting::None {
+                self.awaiting[rank] = Awaiting::None;
+                tracing::warn!(
+                    rank,
+                    "the job ended before a new process of the rank joined"
+                );
+                let output = self.gate.lose(now, rank);
+                self.forward(output);
+            }
         }
     }
 
@@ -318,12 +373,25 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
             }
             _ => {}
         }
+        // The last message of a connection: its `Done`, or its loss.
+        let ends_connection = matches!(
+            msg.env.msg,
+            ToMaster::Done { .. }
+                | ToMaster::Failed {
+                    error: JobError::WorkerLost { .. },
+                    ..
+                }
+        );
         let done_before = self.gate.is_done(from);
         let output = self.gate.on_message(msg.at, msg.env);
         if !done_before && self.gate.is_done(from) {
             self.events.emit(|| JobEvent::WorkerDone { rank: from });
         }
         self.forward_gate(msg.at, output);
+        if ends_connection && self.awaiting.get(from) == Some(&Awaiting::OldEnd) {
+            self.awaiting[from] = Awaiting::Replacement;
+            self.recovery.rejoined(from);
+        }
     }
 }
 
@@ -360,6 +428,7 @@ impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
 
     fn handle(&mut self, msg: FinishJob<M>, _: &mut Context<Self>) {
         self.ending = true;
+        self.forget_awaited();
         self.broadcast(ToWorker::Finish {
             attempt: self.attempt(),
             iterations: msg.iterations,
@@ -376,6 +445,7 @@ impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
 
     fn handle(&mut self, msg: AbortJob, _: &mut Context<Self>) {
         self.ending = true;
+        self.forget_awaited();
         // Release every rank waiting in a sync call at once, with the job's failure.
         let step = self.sync.abort(&msg.error);
         self.apply(step);

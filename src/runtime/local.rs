@@ -60,7 +60,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
 
     /// Starts the worker of `rank` in `attempt`, for the first time.
     pub(crate) fn start(&mut self, rank: Rank, attempt: Attempt) -> Result<(), JobError> {
-        self.spawn(rank, attempt, false)
+        let started = self.spawn(rank, attempt, false)?;
+        self.actors[rank] = Some(started);
+        Ok(())
     }
 
     /// Replaces the worker of `rank` by a new one in `attempt`: the new one's link closes
@@ -71,12 +73,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         attempt: Attempt,
         cause: &JobError,
     ) -> Result<(), JobError> {
-        let old = self.actors.get_mut(rank).and_then(Option::take);
-        self.spawn(rank, attempt, true)
-            .map_err(|e| JobError::Runtime {
-                message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
-            })?;
-        if let Some((old, attempt)) = old {
+        let spawned = self.spawn(rank, attempt, true);
+        // Told to stop also when its replacement could not be made: the job fails then.
+        if let Some((old, attempt)) = self.actors.get_mut(rank).and_then(Option::take) {
             // A worker that failed is stopping already and drops this; one of an attempt
             // that ended stops with the failure that ended it.
             old.do_send(ToWorker::Abort {
@@ -84,11 +83,58 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 error: cause.clone(),
             });
         }
+        let new = spawned.map_err(|e| JobError::Runtime {
+            message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
+        })?;
+        self.actors[rank] = Some(new);
         Ok(())
     }
 
-    fn spawn(&mut self, rank: Rank, attempt: Attempt, replace: bool) -> Result<(), JobError> {
+    /// Replaces every worker of this process by a new one in `attempt`. If one cannot be
+    /// made, every worker not yet replaced is still told to stop.
+    pub(crate) fn replace_all(
+        &mut self,
+        attempt: Attempt,
+        cause: &JobError,
+    ) -> Result<(), JobError> {
+        let ranks: Vec<Rank> = (0..self.actors.len())
+            .filter(|&r| self.is_local(r))
+            .collect();
+        let mut first = Ok(());
+        for rank in ranks {
+            if first.is_ok() {
+                first = self.replace(rank, attempt, cause);
+            } else if let Some((old, attempt)) = self.actors[rank].take() {
+                old.do_send(ToWorker::Abort {
+                    attempt,
+                    error: cause.clone(),
+                });
+            }
+        }
+        first
+    }
+
+    /// Makes and starts a worker of `rank` in `attempt`: its code first, then its link
+    /// (which, when it `replace`s, closes the old worker's), so that a factory that fails
+    /// leaves the old link as it was.
+    fn spawn(
+        &mut self,
+        rank: Rank,
+        attempt: Attempt,
+        replace: bool,
+    ) -> Result<Running<M, W>, JobError> {
         let parts = &mut self.parts;
+        let (factory, hooks) = (&parts.factory, &parts.hooks);
+        let (computable, hooks) = guarded(|| {
+            let hooks: WorkerHooks<M, W> = hooks.iter().map(|make| make(rank)).collect();
+            Ok((factory(rank), hooks))
+        })
+        .map_err(|cause| JobError::Worker {
+            rank,
+            iteration: 0,
+            phase: Phase::Init,
+            cause,
+        })?;
         let config = &parts.config;
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
         let addr = worker_ctx.address();
@@ -101,17 +147,6 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         } else {
             parts.transport.connect_worker(rank, inbox)?
         });
-        let (factory, hooks) = (&parts.factory, &parts.hooks);
-        let (computable, hooks) = guarded(|| {
-            let hooks: WorkerHooks<M, W> = hooks.iter().map(|make| make(rank)).collect();
-            Ok((factory(rank), hooks))
-        })
-        .map_err(|cause| JobError::Worker {
-            rank,
-            iteration: 0,
-            phase: Phase::Init,
-            cause,
-        })?;
         let mut ctx = WorkerContext::new(
             rank,
             config.workers,
@@ -164,7 +199,6 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 within: config.shutdown_timeout,
             },
         ));
-        self.actors[rank] = Some((addr, attempt));
-        Ok(())
+        Ok((addr, attempt))
     }
 }

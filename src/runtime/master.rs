@@ -724,9 +724,6 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     /// The barrier recovers from a worker's failure: tell the user, and after a restart of
     /// every worker start over from the newest checkpoint.
     fn on_recovering(&mut self, recovering: Recovering) {
-        if self.ending.is_some() {
-            return;
-        }
         let Recovering { cause, action } = recovering;
         tracing::warn!(%cause, ?action, "recovering from a worker's failure");
         let recovered = Recovered { cause, action };
@@ -735,7 +732,8 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         if let Recover::LeaveOut(_) = recovered.action {
             self.schedule.leave_out();
         }
-        if let Recover::RestartAll(attempt) = recovered.action {
+        if let (Recover::RestartAll(attempt), None) = (&recovered.action, &self.ending) {
+            let attempt = *attempt;
             // Every rank is back.
             let c = &self.config;
             self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);

@@ -362,15 +362,25 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             Worked::Iterated(Ok(report)) => {
                 self.placer.observe(report.elapsed);
                 let iteration = report.iteration;
-                if let Err(e) = self.try_send(ToMaster::Result(report)) {
+                match self.try_send(ToMaster::Result(report)) {
+                    Ok(()) => {}
+                    // Replaced: its replacement redoes the iteration, and this worker is
+                    // told to stop.
+                    Err(TransportError::Replaced { .. }) => {
+                        tracing::debug!(
+                            rank = self.rank,
+                            iteration,
+                            "a replaced worker's result is dropped"
+                        )
+                    }
                     // A result that cannot be sent (too large for a frame, say) must not
                     // leave the master waiting for it.
-                    self.fail(JobError::Transport {
+                    Err(e) => self.fail(JobError::Transport {
                         message: format!(
                             "worker {} could not send its result of iteration {iteration}: {e}",
                             self.rank
                         ),
-                    });
+                    }),
                 }
             }
             Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(error),

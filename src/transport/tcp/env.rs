@@ -33,7 +33,7 @@ pub struct ClusterEnv {
     /// Where rank 0 listens, if not `127.0.0.1` and the master address's port.
     pub bind: Option<String>,
     /// How many times this rank's process was started again after it died
-    /// (`SUPERSTEP_RESTART_COUNT`, or Slurm's `SLURM_RESTART_COUNT`): 0 for the first.
+    /// (`SUPERSTEP_RESTART_COUNT`, which `superstep-launch --restarts` sets): 0 for the first.
     /// A process started again connects with its rank and takes the place of the one
     /// that died, when the job's failure policy replaces workers.
     pub restart_count: u32,
@@ -90,8 +90,8 @@ impl ClusterEnv {
                 .filter(|s| !s.is_empty())
                 .map(String::into_bytes),
             bind: get("SUPERSTEP_BIND"),
-            restart_count: match first(&["SUPERSTEP_RESTART_COUNT", "SLURM_RESTART_COUNT"]) {
-                Some((var, count)) => parse(var, &count)?,
+            restart_count: match get("SUPERSTEP_RESTART_COUNT") {
+                Some(count) => parse("SUPERSTEP_RESTART_COUNT", &count)?,
                 None => 0,
             },
         }))
@@ -144,7 +144,6 @@ mod tests {
             ("SLURM_PROCID", "3"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_JOB_ID", "4711"),
-            ("SLURM_RESTART_COUNT", "2"),
             ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
         ])
         .unwrap()
@@ -153,7 +152,7 @@ mod tests {
             (slurm.rank, slurm.world_size, slurm.job_id.as_str()),
             (3, 8, "4711")
         );
-        assert_eq!(slurm.restart_count, 2);
+        assert_eq!(slurm.restart_count, 0);
         let k8s = env(&[
             ("JOB_COMPLETION_INDEX", "0"),
             ("SUPERSTEP_WORLD_SIZE", "4"),

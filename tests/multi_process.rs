@@ -102,6 +102,12 @@ impl WorkerComputable for Faulty {
                         nix::unistd::Pid::this(),
                         nix::sys::signal::Signal::SIGSTOP,
                     );
+                    // The stop takes effect when a thread of this process next runs, which
+                    // on a loaded machine may be milliseconds away: this compute must not
+                    // return meanwhile.
+                    loop {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
                 }
                 (Some("kill-compute"), 2) => kill_self(),
                 (Some("kill-in-flight"), 2) => {

@@ -189,7 +189,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                     let output = self.gate.lose(now, rank);
                     self.forward(output);
                 }
-                _ => self.master.do_send(FromGate(GateOutput::Failed(error))),
+                _ => self.fail_job(error),
             }
             return;
         }
@@ -198,33 +198,22 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             return;
         };
         match &action {
-            Recover::Fail(error) => {
-                self.master
-                    .do_send(FromGate(GateOutput::Failed(error.clone())));
-                return;
-            }
+            Recover::Fail(error) => return self.fail_job(error.clone()),
             Recover::RestartWorker(rank) => {
                 let rank = *rank;
                 if self.local.is_local(rank) {
                     if let Err(failed) = self.local.replace(rank, self.attempt(), &error) {
-                        self.master.do_send(FromGate(GateOutput::Failed(failed)));
-                        return;
+                        return self.fail_job(failed);
                     }
                     // The old worker's link is closed: whatever the rank says from now on
                     // is the replacement's, and a failure of it is a new one.
                     self.recovery.rejoined(rank);
                 } else {
                     // A new process of the rank connects and registers. Until the old
-                    // one's connection ended (its `Done`, or lost), what the rank says is
+                    // one's connection ended (its `Done`, or its loss — which may be this
+                    // very failure: see the `Arrived` handler), what the rank says is
                     // still the old one's.
-                    self.awaiting[rank] = if matches!(error, JobError::WorkerLost { .. }) {
-                        Awaiting::Replacement
-                    } else {
-                        Awaiting::OldEnd
-                    };
-                    if self.awaiting[rank] == Awaiting::Replacement {
-                        self.recovery.rejoined(rank);
-                    }
+                    self.awaiting[rank] = Awaiting::OldEnd;
                 }
                 self.gate.rejoin(rank);
             }
@@ -239,8 +228,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                 self.sync.restart();
                 self.last = None;
                 if let Err(failed) = self.local.replace_all(attempt, &error) {
-                    self.master.do_send(FromGate(GateOutput::Failed(failed)));
-                    return;
+                    return self.fail_job(failed);
                 }
             }
         }
@@ -252,6 +240,11 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             let output = self.gate.lose(now, rank);
             self.forward_gate(now, output);
         }
+    }
+
+    /// Fails the job: the master ends it with `error`.
+    fn fail_job(&self, error: JobError) {
+        self.master.do_send(FromGate(GateOutput::Failed(error)));
     }
 
     /// The job ends: a rank whose new process has not registered yet is not waited for

@@ -75,14 +75,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     ) -> Result<(), JobError> {
         let spawned = self.spawn(rank, attempt, true);
         // Told to stop also when its replacement could not be made: the job fails then.
-        if let Some((old, attempt)) = self.actors.get_mut(rank).and_then(Option::take) {
-            // A worker that failed is stopping already and drops this; one of an attempt
-            // that ended stops with the failure that ended it.
-            old.do_send(ToWorker::Abort {
-                attempt,
-                error: cause.clone(),
-            });
-        }
+        self.retire(rank, cause);
         let new = spawned.map_err(|e| JobError::Runtime {
             message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
         })?;
@@ -104,14 +97,23 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         for rank in ranks {
             if first.is_ok() {
                 first = self.replace(rank, attempt, cause);
-            } else if let Some((old, attempt)) = self.actors[rank].take() {
-                old.do_send(ToWorker::Abort {
-                    attempt,
-                    error: cause.clone(),
-                });
+            } else {
+                self.retire(rank, cause);
             }
         }
         first
+    }
+
+    /// Tells the worker of `rank`, if it still runs, to stop with `cause`. A worker that
+    /// failed is stopping already and drops this; one of an attempt that ended stops with
+    /// the failure that ended it.
+    fn retire(&mut self, rank: Rank, cause: &JobError) {
+        if let Some((old, attempt)) = self.actors.get_mut(rank).and_then(Option::take) {
+            old.do_send(ToWorker::Abort {
+                attempt,
+                error: cause.clone(),
+            });
+        }
     }
 
     /// Makes and starts a worker of `rank` in `attempt`: its code first, then its link

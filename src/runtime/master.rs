@@ -80,11 +80,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
-        let restore = resume.map(|resume| {
-            ctx.iteration = resume.iteration;
-            ctx.last = Some(resume.last);
-            resume.state
-        });
+        let restore = resume.map(|resume| resume.into_context(&mut ctx));
         MasterTask {
             computable,
             interceptors,
@@ -117,18 +113,19 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             None => None,
         };
         let (from, state) = match resumed {
-            Some(resume) => {
-                fresh.iteration = resume.iteration;
-                fresh.last = Some(resume.last);
-                (Some(resume.iteration), resume.state)
-            }
+            Some(resume) => (Some(resume.iteration), resume.into_context(&mut fresh)),
             None => (None, self.initial.clone().unwrap_or_default()),
         };
         self.ctx = fresh;
-        let computable = &mut self.computable;
-        guarded(|| computable.restore_state(&state))
-            .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+        self.restore_state(&state)?;
         Ok(from)
+    }
+
+    /// Restores the computable's own state (`MasterComputable::restore_state`).
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), JobError> {
+        let computable = &mut self.computable;
+        guarded(|| computable.restore_state(state))
+            .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))
     }
 
     fn fail(iteration: Iteration, phase: Phase, cause: Cause) -> JobError {
@@ -193,9 +190,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
 
     fn start(&mut self) -> Result<(), JobError> {
         if let Some(state) = self.restore.take() {
-            let computable = &mut self.computable;
-            guarded(|| computable.restore_state(&state))
-                .map_err(|c| Self::fail(self.ctx.iteration, Phase::Checkpoint, c))?;
+            self.restore_state(&state)?;
         }
         if self.keep_initial {
             let computable = &self.computable;
@@ -334,9 +329,9 @@ pub(crate) struct MasterActor<M: Payload, W: Payload> {
     attempt: Attempt,
     /// The checkpoint's iteration the current attempt starts after, if any.
     start_after: Option<Iteration>,
-    /// Every worker restarted as this attempt while the master's code was away on the
+    /// Every worker restarted (as `attempt`) while the master's code was away on the
     /// pool: what it brings back is discarded, and the master starts over.
-    pending_restart: Option<Attempt>,
+    pending_restart: bool,
 }
 
 impl<M: Payload, W: Payload> MasterActor<M, W> {
@@ -382,7 +377,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             stuck: false,
             attempt,
             start_after: resumed_from,
-            pending_restart: None,
+            pending_restart: false,
         }
     }
 
@@ -741,16 +736,17 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             self.workers_ready = false;
             self.span = None;
             if self.task.is_some() {
-                self.restart(attempt);
+                self.restart();
             } else {
                 self.master_ready = false;
-                self.pending_restart = Some(attempt);
+                self.pending_restart = true;
             }
         }
     }
 
-    /// Starts over as `attempt` once every worker registers again.
-    fn restart(&mut self, attempt: Attempt) {
+    /// Starts over as the current attempt once every worker registers again.
+    fn restart(&mut self) {
+        let attempt = self.attempt;
         let Some(task) = self.task.as_mut() else {
             return;
         };
@@ -817,12 +813,10 @@ impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for MasterActor<M, W> {
             self.stuck = false;
         }
         self.task = Some(done.task);
-        if let Some(attempt) = self.pending_restart.take() {
-            if self.ending.is_none() {
-                // The work was the old attempt's: discarded.
-                self.restart(attempt);
-                return;
-            }
+        if std::mem::take(&mut self.pending_restart) && self.ending.is_none() {
+            // The work was the old attempt's: discarded.
+            self.restart();
+            return;
         }
         self.on_worked(ctx, done.worked);
     }

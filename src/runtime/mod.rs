@@ -118,6 +118,16 @@ pub(crate) struct Resume<M> {
     pub(crate) state: Vec<u8>,
 }
 
+impl<M> Resume<M> {
+    /// Puts the checkpoint's iteration and master result into `ctx`; returns the master
+    /// computable's state to restore.
+    pub(crate) fn into_context<W>(self, ctx: &mut MasterContext<M, W>) -> Vec<u8> {
+        ctx.iteration = self.iteration;
+        ctx.last = Some(self.last);
+        self.state
+    }
+}
+
 /// Reads the newest usable checkpoint of job `job_id`, if any.
 fn resume<M: Payload>(
     store: &mut dyn CheckpointStore,

@@ -16,6 +16,14 @@
 //! cargo build --release --example logistic_regression
 //! cargo run --release --bin superstep-launch -- --nproc 4 -- target/release/examples/logistic_regression
 //! ```
+//!
+//! With checkpoints, a process that dies is started again (the master resumes from its
+//! newest checkpoint; the workers reach it again and carry on):
+//!
+//! ```text
+//! cargo run --release --bin superstep-launch -- --nproc 4 --restarts 2 -- \
+//!     target/release/examples/logistic_regression --checkpoint-dir /tmp/lr-checkpoints
+//! ```
 
 #[path = "support/lr.rs"]
 mod lr;
@@ -26,6 +34,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use superstep::checkpoint::FsCheckpointStore;
 use superstep::prelude::*;
 use superstep::transport::TcpTransport;
 
@@ -55,6 +64,13 @@ struct Args {
     /// Skip the check against the sequential implementation.
     #[arg(long)]
     no_check: bool,
+    /// Save the master's checkpoints here (the last 3), every `--checkpoint-every`
+    /// iterations; a run on a directory with a checkpoint of this job resumes from it.
+    #[arg(long)]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Every how many iterations a checkpoint is saved.
+    #[arg(long, default_value_t = 5)]
+    checkpoint_every: u64,
 }
 
 /// Prints the loss of each iteration above the progress bar.
@@ -138,6 +154,17 @@ fn main() -> ExitCode {
     let builder = match cluster {
         Some(transport) => builder.transport(transport),
         None => builder,
+    };
+    // Only the master's process saves and reads checkpoints.
+    let builder = match (&args.checkpoint_dir, runs_master) {
+        (Some(dir), true) => match FsCheckpointStore::new(dir, 3) {
+            Ok(store) => builder.checkpoint(store, args.checkpoint_every),
+            Err(error) => {
+                eprintln!("cannot use the checkpoint directory: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => builder,
     };
     let outcome = builder
         .job_id("logistic-regression")

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::JobError;
-use crate::protocol::{Drops, HaltedBy, Iteration, Rank, Recover};
+use crate::protocol::{Attempt, Drops, HaltedBy, Iteration, Rank, Recover};
 
 /// How one iteration went.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,7 +29,8 @@ pub struct IterationReport {
     pub left_out: Vec<Rank>,
 }
 
-/// How a job went.
+/// How a job went, as the master saw it. In a process without the master (a worker's
+/// process over TCP) only `elapsed` is filled in.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobReport {
     /// From the start of the job until every worker registered.
@@ -51,6 +52,10 @@ pub struct JobReport {
     /// ([`JobConfig::failure_policy`](crate::JobConfig::failure_policy)), in order. An
     /// iteration redone after a restart of every worker appears again in `iterations`.
     pub recoveries: Vec<Recovered>,
+    /// The attempt the job ended in: 0 unless every worker was restarted
+    /// ([`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll)) or the master's
+    /// process was started again in the place of one that died.
+    pub attempt: Attempt,
 }
 
 /// A worker failure a job recovered from, and how.

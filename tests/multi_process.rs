@@ -2,7 +2,11 @@
 //! a worker process that dies or freezes is named as lost; and under
 //! `FailurePolicy::RestartWorker` a worker process killed with SIGKILL — in its start-up,
 //! during a compute, or with its result in flight — is started again by the launcher,
-//! takes its rank back, and the job ends with the fault-free result.
+//! takes its rank back, and the job ends with the fault-free result. A master process
+//! killed the same way — during its compute, during a checkpoint write (its own state
+//! being saved, or the file half written), or with a worker's result in flight — is
+//! started again, resumes from its newest usable checkpoint as a new attempt, the workers
+//! reach it again, and the job ends with the fault-free result.
 //!
 //! The processes are this test binary itself, running its ignored `child_process` test.
 
@@ -13,6 +17,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use superstep::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, FsCheckpointStore, Loaded,
+};
 use superstep::prelude::*;
 use superstep::transport::{ClusterEnv, TcpSettings, TcpTransport};
 use superstep::FailurePolicy;
@@ -30,6 +37,19 @@ const RECOVERED: [&str; 5] = [
     "fail",
 ];
 
+/// The behaviours that kill the master's process; it is started again.
+const MASTER_KILLED: [&str; 4] = [
+    "kill-master-compute",
+    "kill-master-checkpoint",
+    "kill-master-torn-checkpoint",
+    "kill-master-in-flight",
+];
+/// Where the master's checkpoints go, and the master's pid for a worker to kill it by.
+const CHECKPOINTS: &str = "SUPERSTEP_TEST_CHECKPOINTS";
+/// The iteration at which the master is killed, and every how many a checkpoint is saved.
+const KILL_MASTER_AT: u64 = 4;
+const CHECKPOINT_EVERY: u64 = 2;
+
 fn data() -> Arc<lr::Dataset> {
     Arc::new(lr::Dataset::generate(ROWS, FEATURES, 5))
 }
@@ -42,9 +62,13 @@ fn job(
     let ranges = lr::split(data.rows, workers);
     let shared = Arc::clone(data);
     Job::builder(
-        lr::LrMaster {
-            features: FEATURES,
-            rate: 0.5,
+        FaultyMaster {
+            inner: lr::LrMaster {
+                features: FEATURES,
+                rate: 0.5,
+            },
+            fault,
+            iteration: 0,
         },
         move |rank| Faulty {
             inner: lr::LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
@@ -67,6 +91,83 @@ struct Faulty {
 /// Ends this process at once, as `kill -9` from outside would.
 fn kill_self() {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// The master, which in its process's first life is killed in its compute or while its
+/// checkpoint is made at iteration `KILL_MASTER_AT`.
+struct FaultyMaster {
+    inner: lr::LrMaster,
+    fault: Option<&'static str>,
+    /// The iteration it computed last: the one a checkpoint is saved for.
+    iteration: u64,
+}
+
+impl MasterComputable for FaultyMaster {
+    type MasterResult = lr::Model;
+    type WorkerResult = lr::Gradient;
+
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<lr::Model, lr::Gradient>,
+    ) -> Result<Step<lr::Model>, BoxError> {
+        self.iteration = ctx.iteration();
+        if (self.fault, self.iteration) == (Some("kill-master-compute"), KILL_MASTER_AT) {
+            kill_self();
+        }
+        self.inner.compute(ctx)
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        if (self.fault, self.iteration) == (Some("kill-master-checkpoint"), KILL_MASTER_AT) {
+            kill_self();
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// A filesystem store that, for `kill-master-torn-checkpoint`, dies in the middle of
+/// writing the checkpoint of `KILL_MASTER_AT`: half a temporary file, and a torn file
+/// where the checkpoint goes (as a disk that lost power may leave it).
+struct DyingStore {
+    inner: FsCheckpointStore,
+    torn: bool,
+}
+
+impl CheckpointStore for DyingStore {
+    fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        if self.torn && checkpoint.iteration == KILL_MASTER_AT {
+            let dir = self.inner.dir().to_path_buf();
+            std::fs::write(dir.join(".checkpoint-half"), b"half a checkp").unwrap();
+            std::fs::write(self.inner.path_of(checkpoint.iteration), b"torn").unwrap();
+            kill_self();
+        }
+        self.inner.save(checkpoint)
+    }
+
+    fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
+        self.inner.latest()
+    }
+}
+
+/// Kills the master's process (whose pid its first life wrote) 300 µs from now, once.
+fn kill_master_soon() {
+    let Some(dir) = std::env::var_os(CHECKPOINTS) else {
+        return;
+    };
+    let pid_file = std::path::Path::new(&dir).join("master.pid");
+    let taken = pid_file.with_extension("killed");
+    // Renamed first: a worker computing the iteration again kills nobody.
+    if std::fs::rename(&pid_file, &taken).is_err() {
+        return;
+    }
+    let pid: i32 = std::fs::read_to_string(&taken).unwrap().parse().unwrap();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_micros(300));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    });
 }
 
 impl WorkerComputable for Faulty {
@@ -119,6 +220,12 @@ impl WorkerComputable for Faulty {
                     });
                 }
                 (Some("fail"), 1) => return Err("worker 1 fails in iteration 3".into()),
+                // The master dies with this result on its way to it.
+                (Some("kill-master-in-flight"), 2) => {
+                    let result = self.inner.compute(ctx);
+                    kill_master_soon();
+                    return result;
+                }
                 _ => {}
             }
         }
@@ -141,6 +248,13 @@ fn child_process() {
     let Some(env) = ClusterEnv::from_env().unwrap() else {
         return;
     };
+    // Warnings (a lost master, a corrupt checkpoint) on stderr, which the launcher
+    // prefixes with the rank.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter("warn")
+        .with_ansi(false)
+        .try_init();
     let mut settings = TcpSettings::from_cluster(&env).unwrap();
     settings.heartbeat_interval = Duration::from_millis(100);
     settings.heartbeat_timeout = Duration::from_secs(1);
@@ -155,7 +269,7 @@ fn child_process() {
         "kill-in-flight" => Some("kill-in-flight"),
         "kill-last" => Some("kill-last"),
         "fail" => Some("fail"),
-        _ => None,
+        _ => MASTER_KILLED.iter().copied().find(|&b| b == behaviour),
     };
     let policy = if RECOVERED.contains(&behaviour.as_str()) {
         FailurePolicy::RestartWorker { max_restarts: 1 }
@@ -163,13 +277,31 @@ fn child_process() {
         FailurePolicy::Fail
     };
     let transport = TcpTransport::new(settings).unwrap();
-    let outcome = job(&data(), env.world_size, fault)
+    let mut job = job(&data(), env.world_size, fault)
         .failure_policy(policy)
-        .transport(transport)
-        .run();
-    match outcome {
+        .transport(transport);
+    if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
+        if env.restart_count == 0 {
+            std::fs::write(
+                std::path::Path::new(&dir).join("master.pid"),
+                std::process::id().to_string(),
+            )
+            .unwrap();
+        }
+        let store = DyingStore {
+            inner: FsCheckpointStore::new(&dir, 3).unwrap(),
+            torn: fault == Some("kill-master-torn-checkpoint"),
+        };
+        job = job.checkpoint(store, CHECKPOINT_EVERY);
+    }
+    match job.run() {
         // A line of its own: the test harness prints the test's name before it.
-        Ok(outcome) => println!("\nRESULT {}", bits(&outcome.result)),
+        Ok(outcome) => println!(
+            "\nRESULT {}\nATTEMPT {} RESUMED {:?}",
+            bits(&outcome.result),
+            outcome.report.attempt,
+            outcome.report.resumed_from
+        ),
         Err(error) => {
             println!("\nFAILED {error}");
             std::process::exit(3);
@@ -180,11 +312,12 @@ fn child_process() {
 /// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
 /// launcher (and through it every child) is interrupted if the deadline passes.
 fn launch(n: usize, behaviour: &str) -> Output {
-    let restarts = if RECOVERED.contains(&behaviour) {
+    let restarts = if RECOVERED.contains(&behaviour) || MASTER_KILLED.contains(&behaviour) {
         "1"
     } else {
         "0"
     };
+    let checkpoints = tempfile::tempdir().unwrap();
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
         .args(["--nproc", &n.to_string(), "--grace-secs", "3"])
         .args(["--restarts", restarts, "--"])
@@ -198,6 +331,7 @@ fn launch(n: usize, behaviour: &str) -> Output {
             "1",
         ])
         .env(BEHAVIOUR, behaviour)
+        .env(CHECKPOINTS, checkpoints.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -262,6 +396,40 @@ fn a_worker_process_killed_at_any_point_is_started_again_and_the_job_ends_with_t
                 && stderr.contains("starting it again"),
             "{behaviour}: the launcher started rank {dead} again: {stderr}"
         );
+    }
+}
+
+#[test]
+fn a_master_process_killed_at_any_point_is_started_again_resumes_and_the_job_ends_with_the_fault_free_result(
+) {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    for behaviour in MASTER_KILLED {
+        let out = launch(3, behaviour);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
+        for rank in 0..3 {
+            let result = line_of(&stdout, &format!("[{rank}] RESULT "))
+                .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
+            assert_eq!(result, expected, "{behaviour}: rank {rank}");
+        }
+        assert!(
+            stderr.contains("rank 0 exited with") && stderr.contains("starting it again"),
+            "{behaviour}: the launcher started the master again: {stderr}"
+        );
+        // The checkpoint of 4 was never written whole: the master resumed from that of 2
+        // (with its result in flight, the master may have died a little later).
+        let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+        let from_two = resumed == "1 RESUMED Some(2)";
+        let in_flight_later =
+            behaviour == "kill-master-in-flight" && resumed == "1 RESUMED Some(4)";
+        assert!(from_two || in_flight_later, "{behaviour}: {resumed}");
+        if behaviour == "kill-master-torn-checkpoint" {
+            assert!(
+                stderr.contains("is corrupt"),
+                "{behaviour}: the torn checkpoint is named: {stderr}"
+            );
+        }
     }
 }
 

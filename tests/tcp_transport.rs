@@ -13,8 +13,11 @@ use std::time::Duration;
 
 use common::{summing_master, FnWorker};
 use superstep::prelude::*;
+use superstep::protocol::{Envelope, Report, ToMaster, ToWorker};
 use superstep::transport::tcp::wire;
-use superstep::transport::{TcpSettings, TcpTransport, TransportError};
+use superstep::transport::{
+    LinkSpec, MasterLink, TcpSettings, TcpTransport, Transport, TransportError, WorkerLink,
+};
 use superstep::JobOutcome;
 
 fn settings(rank: usize, world: usize, master: &str, job: &str) -> TcpSettings {
@@ -199,12 +202,16 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
 
     // Bytes that are no frame, a truncated frame, a 4 GiB length prefix, a frame of
     // another protocol version: each gets the connection refused with the reason.
-    let garbage = refusal(&poke(socket, &[0, 0, 0, 5, 0, 1, 0xc1, 0xc1, 0xc1]));
+    let [v0, v1] = wire::PROTOCOL_VERSION.to_be_bytes();
+    let garbage = refusal(&poke(socket, &[0, 0, 0, 5, v0, v1, 0xc1, 0xc1, 0xc1]));
     assert!(garbage.contains("could not decode"), "{garbage}");
     // A truncated frame: the master waits for the rest until the handshake timeout, then
     // hangs up (poke returns only once the master closed the connection).
-    assert_eq!(poke(socket, &[0, 0, 0, 100, 0, 1, 0x92]), Vec::<u8>::new());
-    let huge = refusal(&poke(socket, &[0xff, 0xff, 0xff, 0xff, 0, 1, 2]));
+    assert_eq!(
+        poke(socket, &[0, 0, 0, 100, v0, v1, 0x92]),
+        Vec::<u8>::new()
+    );
+    let huge = refusal(&poke(socket, &[0xff, 0xff, 0xff, 0xff, v0, v1, 2]));
     assert!(huge.contains("frame size too big"), "{huge}");
     let version = refusal(&poke(socket, &[0, 0, 0, 3, 0, 99, 0xc0]));
     assert!(
@@ -352,4 +359,118 @@ fn a_result_too_large_for_a_frame_fails_the_job_at_once_naming_it() {
         "{err}"
     );
     assert!(worker.join().unwrap().is_err());
+}
+
+/// A transport used directly, without a job: the transport, its link, and what reaches it.
+type Bare<L, T> = (TcpTransport<u64, u64>, Box<L>, mpsc::Receiver<T>);
+
+/// A transport of the two-rank job "reconnect", prepared, and an inbox that collects.
+fn prepared<T: Send + 'static>(s: TcpSettings) -> Bare<dyn Fn(T) + Send + Sync, T> {
+    let mut t = TcpTransport::<u64, u64>::new(s).unwrap();
+    t.prepare(&LinkSpec {
+        job_id: "reconnect".into(),
+        workers: 2,
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let inbox = Box::new(move |msg| {
+        let _ = tx.lock().unwrap().send(msg);
+    });
+    (t, inbox, rx)
+}
+
+/// A master's node of attempt `attempt` listening on `bind`, its messages collected.
+fn bare_master(bind: &str, attempt: u32) -> Bare<dyn MasterLink<u64>, ToMaster<u64>> {
+    let mut s = settings(0, 2, "127.0.0.1:0", "reconnect");
+    s.bind = Some(bind.parse().unwrap());
+    let (mut t, inbox, rx) = prepared::<ToMaster<u64>>(s);
+    let link = t
+        .bind_master(
+            attempt,
+            Box::new(move |env: Envelope<ToMaster<u64>>| inbox(env.msg)),
+        )
+        .unwrap();
+    (t, link, rx)
+}
+
+/// Worker 1's transport, reconnecting for `reconnect`; what the master's node tells it is
+/// collected.
+fn bare_worker(addr: &str, reconnect: Duration) -> Bare<dyn WorkerLink<u64>, ToWorker<u64>> {
+    let mut s = settings(1, 2, addr, "reconnect");
+    s.reconnect_timeout = reconnect;
+    s.heartbeat_timeout = Duration::from_millis(500);
+    let (mut t, inbox, rx) = prepared::<ToWorker<u64>>(s);
+    let link = t.connect_worker(1, inbox).unwrap();
+    (t, link, rx)
+}
+
+fn next<T>(rx: &mpsc::Receiver<T>) -> T {
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("a message within 10 s")
+}
+
+#[test]
+fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_reaches_it() {
+    let (first, _link, from_worker) = bare_master("127.0.0.1:0", 0);
+    let addr = first.local_addr().unwrap().to_string();
+    let (_worker, link, to_worker) = bare_worker(&addr, Duration::from_secs(20));
+    assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 0 });
+    link.send(ToMaster::Registered { attempt: 0 }).unwrap();
+    assert_eq!(next(&from_worker), ToMaster::Registered { attempt: 0 });
+
+    // The master's node goes away; the worker goes on sending for a moment.
+    drop(first);
+    let old = |iteration| {
+        ToMaster::Result(Report {
+            attempt: 0,
+            iteration,
+            result: 7,
+            halt_vote: false,
+            elapsed: Duration::ZERO,
+        })
+    };
+    link.send(old(1)).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    link.send(old(2)).unwrap();
+
+    // A new master's node on the same address, as a process started again would bind it.
+    let (_second, _link, from_worker) = bare_master(&addr, 3);
+    assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 3 });
+    link.send(ToMaster::Registered { attempt: 3 }).unwrap();
+    assert_eq!(
+        next(&from_worker),
+        ToMaster::Registered { attempt: 3 },
+        "what was queued for the master that went away does not reach the new one"
+    );
+}
+
+#[test]
+fn a_worker_gives_up_on_a_lost_master_after_its_reconnect_timeout_naming_it() {
+    for reconnect in [Duration::ZERO, Duration::from_millis(300)] {
+        let (master, _link, _from_worker) = bare_master("127.0.0.1:0", 2);
+        let addr = master.local_addr().unwrap().to_string();
+        let (_worker, _link, to_worker) = bare_worker(&addr, reconnect);
+        assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 2 });
+        drop(master);
+        // A reconnect that raced the node's shutdown may have been welcomed once more.
+        let mut told = next(&to_worker);
+        while told == (ToWorker::Connected { attempt: 2 }) {
+            told = next(&to_worker);
+        }
+        match told {
+            ToWorker::Abort {
+                attempt: 2,
+                error: JobError::MasterLost { reason },
+            } => {
+                assert!(reason.contains("closed"), "{reason}");
+                assert_eq!(
+                    reason.contains("not reached again within 300ms"),
+                    !reconnect.is_zero(),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected the master lost, got {other:?}"),
+        }
+    }
 }

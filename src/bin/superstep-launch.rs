@@ -13,12 +13,19 @@
 //! of one — once every process has ended (those still running a grace period after the
 //! master are killed).
 //!
-//! With `--restarts K`, a worker process (rank 1 and up) that dies — killed, or exiting
-//! with a failure — while the master runs is started again with the same rank and
-//! `SUPERSTEP_RESTART_COUNT` one higher, at most K times over the job. It connects with its
-//! rank and takes the dead one's place when the job's failure policy replaces workers
-//! (`FailurePolicy::RestartWorker`); under another policy the master refuses it or ignores
-//! it, and it ends with the job.
+//! With `--restarts K`, a process that dies — killed, or exiting with a failure — is
+//! started again with the same rank and `SUPERSTEP_RESTART_COUNT` one higher, at most K
+//! times over the job, and every process gets `SUPERSTEP_RECONNECT_TIMEOUT`
+//! (`--reconnect-secs`, unless set already):
+//!
+//! - a worker process (rank 1 and up) started again connects with its rank and takes the
+//!   dead one's place when the job's failure policy replaces workers
+//!   (`FailurePolicy::RestartWorker`); under another policy the master refuses it or
+//!   ignores it, and it ends with the job;
+//! - the master's process (rank 0) started again resumes the job from its newest
+//!   checkpoint as a new attempt; the workers, which lost it, reach it again within the
+//!   reconnect timeout and carry on. A master that exited because its job failed is
+//!   started again too, and fails again unless the failure has passed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -44,10 +51,14 @@ struct Args {
     /// The job id.
     #[arg(long, default_value = "superstep")]
     job_id: String,
-    /// How many times in all a dead worker process (rank 1 and up) is started again
-    /// while the master runs.
+    /// How many times in all a dead process is started again (the master's included,
+    /// which resumes from its newest checkpoint).
     #[arg(long, default_value_t = 0)]
     restarts: u32,
+    /// With --restarts: how long (seconds) a worker that lost the master tries to reach
+    /// it again, started again, before it gives up (SUPERSTEP_RECONNECT_TIMEOUT).
+    #[arg(long, default_value_t = 60.0)]
+    reconnect_secs: f64,
     /// How long the other processes may run on after the master ended.
     #[arg(long, default_value_t = 10)]
     grace_secs: u64,
@@ -118,10 +129,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if !(args.reconnect_secs.is_finite() && args.reconnect_secs >= 0.0) {
+        eprintln!("superstep-launch: --reconnect-secs must be 0 or more");
+        return ExitCode::from(2);
+    }
     let secret = secret();
     let (program, program_args) = args.command.split_first().expect("clap requires a command");
+    // Workers wait for a master started again only when one may be.
+    let reconnect = (args.restarts > 0
+        && std::env::var_os("SUPERSTEP_RECONNECT_TIMEOUT").is_none())
+    .then(|| args.reconnect_secs.to_string());
     let start = |rank: usize, restart_count: u32| {
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        if let Some(secs) = &reconnect {
+            command.env("SUPERSTEP_RECONNECT_TIMEOUT", secs);
+        }
+        let mut child = command
             .args(program_args)
             .env("SUPERSTEP_RANK", rank.to_string())
             .env("SUPERSTEP_WORLD_SIZE", args.nproc.to_string())
@@ -178,22 +201,20 @@ fn main() -> ExitCode {
         }
     });
 
-    // Wait for the master, starting dead workers again while restarts are left.
+    // Wait for the master, starting dead processes again while restarts are left.
     let mut restarts_left = args.restarts;
     let mut restart_counts = vec![0u32; args.nproc];
     let mut ended = vec![false; args.nproc];
-    let master = loop {
-        match children[0].try_wait() {
-            Ok(Some(status)) => break Ok(status),
-            Ok(None) => {}
-            Err(e) => break Err(e),
-        }
-        for rank in 1..args.nproc {
+    let master = 'wait: loop {
+        for rank in 0..args.nproc {
             if ended[rank] {
                 continue;
             }
-            let Ok(Some(status)) = children[rank].try_wait() else {
-                continue;
+            let status = match children[rank].try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                Err(e) if rank == 0 => break 'wait Err(e),
+                Err(_) => continue,
             };
             // Under the lock the interrupt handler takes: a process started here is either
             // signalled by an interrupt, or not started after one.
@@ -201,6 +222,9 @@ fn main() -> ExitCode {
             pids[rank] = None;
             ended[rank] = true;
             if status.success() || restarts_left == 0 || interrupts.load(Ordering::SeqCst) > 0 {
+                if rank == 0 {
+                    break 'wait Ok(status);
+                }
                 continue;
             }
             match start(rank, restart_counts[rank] + 1) {
@@ -215,7 +239,12 @@ fn main() -> ExitCode {
                     ended[rank] = false;
                     children[rank] = child;
                 }
-                Err(e) => eprintln!("superstep-launch: cannot start rank {rank} again: {e}"),
+                Err(e) => {
+                    eprintln!("superstep-launch: cannot start rank {rank} again: {e}");
+                    if rank == 0 {
+                        break 'wait Ok(status);
+                    }
+                }
             }
         }
         std::thread::sleep(Duration::from_millis(20));

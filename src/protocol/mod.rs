@@ -143,6 +143,14 @@ pub enum ToWorker<M> {
         /// Every rank's message in rank order, or why the epoch failed.
         result: SyncResult,
     },
+    /// The worker's link reached a master's node that runs `attempt` — at start, or again
+    /// after it lost the master (a master process started again, say). Not sent by the
+    /// master: the worker's transport delivers it after each handshake. A worker that was
+    /// connected before registers again, in `attempt`, and waits for its next iteration.
+    Connected {
+        /// The attempt the master's node runs.
+        attempt: Attempt,
+    },
 }
 
 // Not derived: a derive would ask for `M: Clone`, but only the `Arc` is cloned.
@@ -182,6 +190,7 @@ impl<M> Clone for ToWorker<M> {
                 epoch: *epoch,
                 result: result.clone(),
             },
+            ToWorker::Connected { attempt } => ToWorker::Connected { attempt: *attempt },
         }
     }
 }
@@ -193,6 +202,7 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Finish { iterations, .. } => write!(f, "finish after {iterations}"),
             ToWorker::Abort { error, .. } => write!(f, "abort: {error}"),
             ToWorker::SyncReply { epoch, .. } => write!(f, "answer to sync call {epoch}"),
+            ToWorker::Connected { attempt } => write!(f, "connected in attempt {attempt}"),
         }
     }
 }

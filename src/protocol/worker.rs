@@ -9,12 +9,17 @@ use super::{Attempt, Iteration, ToWorker};
 /// or anything after it began to stop, is dropped and counted. It may skip ahead: a job
 /// resumed from a checkpoint starts after the checkpoint's iteration, and each `Iterate`
 /// carries the master result to compute with, so nothing in between is needed.
+///
+/// A worker whose link reaches a master's node again ([`ToWorker::Connected`] after the
+/// first) — a master process started again, say — starts over in the attempt that node
+/// runs: it registers again and computes whatever iteration it is sent next.
 #[derive(Debug, Clone)]
 pub struct WorkerState {
     attempt: Attempt,
     iteration: Iteration,
     stopping: bool,
     dropped: u64,
+    connections: u32,
 }
 
 /// What a worker should do with a message from the master.
@@ -27,6 +32,11 @@ pub enum WorkerCommand {
     /// Hand the answer to the compute waiting in its sync call (even while stopping: the
     /// compute may be waiting for exactly this).
     Answer,
+    /// Register again, in this attempt, and drop any work under way: the link reached a
+    /// master's node that has not seen this worker.
+    Register(Attempt),
+    /// Nothing to do: the link reached the master the worker started with.
+    Proceed,
     /// Drop the message: stale, duplicate, or after the worker began to stop.
     Drop,
 }
@@ -39,6 +49,7 @@ impl WorkerState {
             iteration: 0,
             stopping: false,
             dropped: 0,
+            connections: 0,
         }
     }
 
@@ -48,6 +59,16 @@ impl WorkerState {
             ToWorker::SyncReply { attempt, .. } if attempt == self.attempt => WorkerCommand::Answer,
             ToWorker::SyncReply { .. } => WorkerCommand::Drop,
             _ if self.stopping => WorkerCommand::Drop,
+            ToWorker::Connected { attempt } => {
+                self.connections += 1;
+                if self.connections == 1 && attempt == self.attempt {
+                    WorkerCommand::Proceed
+                } else {
+                    self.attempt = attempt;
+                    self.iteration = 0;
+                    WorkerCommand::Register(attempt)
+                }
+            }
             ToWorker::Iterate {
                 attempt, iteration, ..
             } => {
@@ -81,6 +102,11 @@ impl WorkerState {
     /// Whether the worker began to stop.
     pub fn is_stopping(&self) -> bool {
         self.stopping
+    }
+
+    /// The attempt the worker runs in.
+    pub fn attempt(&self) -> Attempt {
+        self.attempt
     }
 
     /// The last iteration the worker was told to compute.
@@ -138,5 +164,33 @@ mod tests {
         assert_eq!(w.on_message(&abort), WorkerCommand::Stop);
         assert_eq!(w.on_message(&abort), WorkerCommand::Drop);
         assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Drop);
+    }
+
+    #[test]
+    fn a_worker_that_reaches_a_master_again_starts_over_in_its_attempt() {
+        let mut w = WorkerState::new(0);
+        let connected = |attempt| ToWorker::<()>::Connected { attempt };
+        assert_eq!(w.on_message(&connected(0)), WorkerCommand::Proceed);
+        assert_eq!(w.on_message(&iterate(0, 1)), WorkerCommand::Compute(1));
+        assert_eq!(w.on_message(&iterate(0, 2)), WorkerCommand::Compute(2));
+        // The master process was started again: attempt 1, from its checkpoint of 1.
+        assert_eq!(w.on_message(&connected(1)), WorkerCommand::Register(1));
+        assert_eq!(w.attempt(), 1);
+        assert_eq!(
+            w.on_message(&iterate(0, 3)),
+            WorkerCommand::Drop,
+            "old attempt"
+        );
+        assert_eq!(w.on_message(&iterate(1, 2)), WorkerCommand::Compute(2));
+        // Reaching the same master again (a connection lost and made again) also starts over.
+        assert_eq!(w.on_message(&connected(1)), WorkerCommand::Register(1));
+        assert_eq!(w.on_message(&iterate(1, 2)), WorkerCommand::Compute(2));
+        // A worker started in attempt 0 whose first master runs attempt 2.
+        let mut late = WorkerState::new(0);
+        assert_eq!(late.on_message(&connected(2)), WorkerCommand::Register(2));
+        assert_eq!(late.on_message(&iterate(2, 5)), WorkerCommand::Compute(5));
+        // A stopping worker registers nowhere.
+        late.stop();
+        assert_eq!(late.on_message(&connected(3)), WorkerCommand::Drop);
     }
 }

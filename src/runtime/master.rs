@@ -630,6 +630,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             return;
         };
         self.report.elapsed = self.started.elapsed();
+        self.report.attempt = self.attempt;
         let result = match self.ending.take() {
             Some(OwnedEnding::Completed {
                 iterations,

@@ -33,7 +33,9 @@ use crate::config::JobConfig;
 use crate::error::{Cause, JobError};
 use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
-use crate::protocol::{FailurePolicy, Gate, GateConfig, Iteration, Rank, Recovery, SyncState};
+use crate::protocol::{
+    Attempt, FailurePolicy, Gate, GateConfig, Iteration, Rank, Recovery, SyncState,
+};
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport};
 
@@ -114,6 +116,8 @@ pub(crate) struct Checkpointing {
 /// What a job resumes from: the newest usable checkpoint, decoded.
 pub(crate) struct Resume<M> {
     pub(crate) iteration: Iteration,
+    /// The attempt that wrote the checkpoint.
+    pub(crate) attempt: Attempt,
     pub(crate) last: Arc<M>,
     pub(crate) state: Vec<u8>,
 }
@@ -157,9 +161,22 @@ fn resume<M: Payload>(
     );
     Ok(Some(Resume {
         iteration: c.iteration,
+        attempt: c.attempt,
         last: Arc::new(last),
         state: c.master_state,
     }))
+}
+
+/// The attempt a master's node starts in: 0 in the first process; in one started again
+/// in the place of one that died (for the `restarted`-th time), the newest checkpoint's
+/// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
+/// before (its own checkpoint's, no newer, plus one less), so messages of the attempt the
+/// workers ran before are stale to the new one.
+fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
+    if restarted == 0 {
+        return 0;
+    }
+    checkpoint.unwrap_or(0).saturating_add(restarted)
 }
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).
@@ -279,7 +296,6 @@ async fn launch<M: Payload, W: Payload>(
         checkpoint,
     } = plan;
     let config = Arc::new(config);
-    let attempt = 0;
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
     let topology = transport.prepare(&LinkSpec {
         job_id: config.job_id.clone(),
@@ -310,6 +326,9 @@ async fn launch<M: Payload, W: Payload>(
     let master_ctx = Context::<MasterActor<M, W>>::new();
     let barrier_ctx = Context::<BarrierActor<M, W>>::new();
     let mut bound = None;
+    // A process without the master learns the attempt from the master's node when its
+    // workers connect (`ToWorker::Connected`).
+    let mut attempt = 0;
     if topology.master {
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
@@ -318,13 +337,25 @@ async fn launch<M: Payload, W: Payload>(
             Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
             None => None,
         };
+        attempt = start_attempt(topology.restarted, resumed.as_ref().map(|r| r.attempt));
+        if topology.restarted > 0 {
+            tracing::warn!(
+                restarted = topology.restarted,
+                attempt,
+                resumed_from = ?resumed.as_ref().map(|r| r.iteration),
+                "the master's process was started again; the job goes on as a new attempt"
+            );
+        }
         let inbox = barrier_ctx.address();
-        let link = transport.bind_master(Box::new(move |env| {
-            inbox.do_send(Arrived {
-                env,
-                at: Instant::now(),
-            })
-        }))?;
+        let link = transport.bind_master(
+            attempt,
+            Box::new(move |env| {
+                inbox.do_send(Arrived {
+                    env,
+                    at: Instant::now(),
+                })
+            }),
+        )?;
         bound = Some((link, checkpoint, resumed));
     }
     let mut local = LocalWorkers::new(LocalParts {
@@ -454,4 +485,27 @@ async fn launch<M: Payload, W: Payload>(
             message: "this process runs neither the master nor any worker".into(),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_attempt;
+
+    #[test]
+    fn a_master_started_again_runs_an_attempt_past_every_earlier_one() {
+        assert_eq!(start_attempt(0, None), 0);
+        assert_eq!(start_attempt(0, Some(4)), 0, "a first process starts at 0");
+        // Restarts with checkpoints no newer each time: strictly increasing, and past
+        // the checkpoint's attempt.
+        let mut before = 0;
+        for (restarted, checkpoint) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(3))] {
+            let attempt = start_attempt(restarted, checkpoint);
+            assert!(
+                attempt > before,
+                "restart {restarted}: {attempt} after {before}"
+            );
+            assert!(checkpoint.is_none_or(|c| attempt > c));
+            before = attempt;
+        }
+    }
 }

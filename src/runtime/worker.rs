@@ -204,6 +204,13 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     pending_iterate: Option<(Iteration, Option<Arc<M>>)>,
     /// How the job ended for this worker, once it began to stop.
     ending: Option<OwnedEnding<M>>,
+    /// Whether `init` returned: the worker registers (again) only after it.
+    started: bool,
+    /// The iteration away on the pool belongs to a master this worker left behind (it
+    /// registered with a master process started again meanwhile): its outcome is dropped.
+    stale_iteration: bool,
+    /// Whether the work away on the pool is an iteration.
+    iterating: bool,
     /// Where this worker reports its ending when it stops: a process without the master
     /// takes its outcome from its workers.
     ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
@@ -225,6 +232,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     ) -> Self {
         WorkerActor {
             ending: None,
+            started: false,
+            stale_iteration: false,
+            iterating: false,
             ended: ending.to,
             reported: false,
             shutdown_timeout: ending.within,
@@ -328,6 +338,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             });
             return;
         };
+        self.iterating = matches!(work, Work::Iterate(..));
         let (inline, during) = match work {
             Work::Iterate(i, _) => (self.placer.inline_iteration(), Waiting::Iteration(i)),
             Work::Start => (self.placer.inline_lifecycle(), Waiting::Registration),
@@ -351,8 +362,20 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     }
 
     fn on_worked(&mut self, ctx: &mut Context<Self>, worked: Worked<W>) {
+        if let Some(task) = &mut self.task {
+            task.attempt = self.attempt;
+        }
+        self.iterating = false;
+        if std::mem::take(&mut self.stale_iteration) && matches!(worked, Worked::Iterated(_)) {
+            tracing::debug!(
+                rank = self.rank,
+                "dropped the outcome of an iteration of the master this worker left behind"
+            );
+            return self.after_work(ctx);
+        }
         match worked {
             Worked::Started(Ok(())) => {
+                self.started = true;
                 if self.pending_stop.is_none() {
                     self.send(ToMaster::Registered {
                         attempt: self.attempt,
@@ -405,6 +428,11 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 return;
             }
         }
+        self.after_work(ctx);
+    }
+
+    /// Starts what waited for the task to come home: a stop, or the newest iteration.
+    fn after_work(&mut self, ctx: &mut Context<Self>) {
         if let Some(ending) = self.pending_stop.take() {
             self.pending_iterate = None;
             self.ending = Some(ending.clone());
@@ -412,6 +440,35 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             self.dispatch(ctx, Work::Stop(ending));
         } else if let Some((iteration, last)) = self.pending_iterate.take() {
             self.dispatch(ctx, Work::Iterate(iteration, last));
+        }
+    }
+
+    /// Registers with a master's node that has not seen this worker (a master process
+    /// started again): in its attempt, keeping the shard `init` loaded, and dropping what
+    /// was under way for the master left behind.
+    fn register_again(&mut self, attempt: Attempt) {
+        tracing::info!(
+            rank = self.rank,
+            attempt,
+            "reached the master again; registering in its attempt"
+        );
+        self.attempt = attempt;
+        self.pending_iterate = None;
+        if self.sync_answers.is_some() {
+            // A compute may be waiting in a sync call the new master never saw.
+            return self.fail(JobError::MasterLost {
+                reason: format!(
+                    "worker {} reached a master started again (attempt {attempt}), and a job in barrier mode cannot carry its sync calls over to it",
+                    self.rank
+                ),
+            });
+        }
+        match &mut self.task {
+            Some(task) => task.attempt = attempt,
+            None => self.stale_iteration = self.iterating,
+        }
+        if self.started {
+            self.send(ToMaster::Registered { attempt });
         }
     }
 
@@ -474,7 +531,9 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                         last,
                     },
                     ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
-                    ToWorker::Iterate { .. } | ToWorker::SyncReply { .. } => {
+                    ToWorker::Iterate { .. }
+                    | ToWorker::SyncReply { .. }
+                    | ToWorker::Connected { .. } => {
                         unreachable!("WorkerState stops only on Finish or Abort")
                     }
                 };
@@ -488,6 +547,8 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                     let _ = answers.send((epoch, result));
                 }
             }
+            WorkerCommand::Register(attempt) => self.register_again(attempt),
+            WorkerCommand::Proceed => {}
             WorkerCommand::Drop => {
                 tracing::trace!(rank = self.rank, %msg, "dropped a message from the master");
             }

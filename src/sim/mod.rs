@@ -869,9 +869,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
                 let attempt = self.master.gate.attempt();
                 let node = &mut self.nodes[rank];
-                node.attempt = attempt;
-                node.state = WorkerState::new(attempt);
                 node.mailbox.clear();
+                // As a worker's transport tells it after each handshake; only a stopping
+                // worker (whose job ended) does not register again.
+                let connected = ToWorker::<M>::Connected { attempt };
+                if node.state.on_message(&connected) != WorkerCommand::Register(attempt) {
+                    return;
+                }
+                node.attempt = attempt;
                 if !node.ready {
                     // Still starting: it registers in the new attempt once started.
                     return;
@@ -906,7 +911,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     node.mailbox.clear();
                     return;
                 }
-                WorkerCommand::Answer | WorkerCommand::Drop => {}
+                // `Connected` comes with a reconnect, never through the mailbox.
+                WorkerCommand::Answer
+                | WorkerCommand::Register(_)
+                | WorkerCommand::Proceed
+                | WorkerCommand::Drop => {}
             }
         }
         if let Some((iteration, last)) = compute {

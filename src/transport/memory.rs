@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
-use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 /// Runs the master and every worker in this process. Messages are handed over as typed
 /// values; a broadcast master result is one `Arc` shared by every worker.
@@ -68,11 +68,13 @@ impl<M: Send + Sync + 'static, W: Send + 'static> Transport<M, W> for MemoryTran
         Ok(Topology {
             master: true,
             workers: (0..spec.workers).collect(),
+            restarted: 0,
         })
     }
 
     fn bind_master(
         &mut self,
+        _attempt: Attempt,
         inbox: Inbox<Envelope<ToMaster<W>>>,
     ) -> Result<Box<dyn MasterLink<M>>, TransportError> {
         let hub = Arc::clone(self.hub()?);
@@ -221,7 +223,7 @@ mod tests {
         let at_master = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&at_master);
         let master = t
-            .bind_master(Box::new(move |env| sink.lock().unwrap().push(env)))
+            .bind_master(0, Box::new(move |env| sink.lock().unwrap().push(env)))
             .unwrap();
         let mut received = Vec::new();
         let mut links = Vec::new();
@@ -271,7 +273,7 @@ mod tests {
         let at_master = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&at_master);
         let master = t
-            .bind_master(Box::new(move |env| sink.lock().unwrap().push(env.msg)))
+            .bind_master(0, Box::new(move |env| sink.lock().unwrap().push(env.msg)))
             .unwrap();
         let old_got = Arc::new(Mutex::new(0));
         let sink = Arc::clone(&old_got);

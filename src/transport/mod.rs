@@ -10,7 +10,8 @@
 //!
 //! 1. [`Transport::prepare`] learns the job (its id and worker count) and answers which
 //!    parts of the job run in this process: the master's node and/or which worker ranks.
-//! 2. If the master's node is here, [`Transport::bind_master`] gets the [`Inbox`] into which
+//! 2. If the master's node is here, [`Transport::bind_master`] gets the attempt it runs
+//!    (not 0 when it was started again: [`Topology::restarted`]) and the [`Inbox`] into which
 //!    every message from any worker must be delivered, stamped with that worker's rank
 //!    (an [`Envelope`]); it returns the [`MasterLink`] the master uses to reach workers.
 //! 3. For each local worker rank, [`Transport::connect_worker`] gets that worker's inbox
@@ -28,7 +29,7 @@
 mod memory;
 pub mod tcp;
 
-use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 pub use memory::MemoryTransport;
 pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
@@ -53,6 +54,10 @@ pub struct Topology {
     pub master: bool,
     /// The worker ranks that run here.
     pub workers: Vec<Rank>,
+    /// How many times this process was started again in the place of one that died (0
+    /// for the first). A master's node started again resumes the job from its newest
+    /// checkpoint as a new attempt, which the workers that reconnect learn.
+    pub restarted: u32,
 }
 
 /// Why a message could not be sent or a link could not be made.
@@ -155,9 +160,12 @@ pub trait Transport<M, W>: Send + 'static {
     /// Learns the job and answers which parts of it run in this process.
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError>;
 
-    /// Binds the master's node: every worker's messages go to `inbox`.
+    /// Binds the master's node, which runs `attempt`: every worker's messages go to
+    /// `inbox`. A transport whose workers can connect (or reconnect) at any time tells
+    /// each the attempt with [`ToWorker::Connected`].
     fn bind_master(
         &mut self,
+        attempt: Attempt,
         inbox: Inbox<Envelope<ToMaster<W>>>,
     ) -> Result<Box<dyn MasterLink<M>>, TransportError>;
 

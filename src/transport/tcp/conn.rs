@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -25,11 +25,11 @@ use super::wire::{self, Wire};
 use super::{Conns, TcpSettings};
 use crate::compute::Payload;
 use crate::error::{Cause, JobError};
-use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 use crate::transport::Inbox;
 
-/// The first attempt: the only one until attempts are restarted.
-const ATTEMPT: u32 = 0;
+/// The attempt a worker starts in, until a master's node tells it another.
+const FIRST_ATTEMPT: Attempt = 0;
 
 /// How many connections may be in their handshake at once; more are closed at once, so
 /// that unauthenticated peers cannot hold much of the master's memory or time.
@@ -102,7 +102,10 @@ impl Frames {
             let wait = timeout.saturating_sub(self.silent_for());
             match tokio::time::timeout(wait, self.frames.next()).await {
                 Ok(Some(Ok(frame))) => return Ok(Some(frame)),
-                Ok(Some(Err(e))) => return Err(format!("unreadable frame: {e}")),
+                Ok(Some(Err(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    return Err(format!("unreadable frame: {e}"))
+                }
+                Ok(Some(Err(e))) => return Err(format!("its connection failed: {e}")),
                 Ok(None) => return Ok(None),
                 // Bytes of a large frame may have arrived meanwhile: wait on from them.
                 Err(_) if self.silent_for() < timeout => continue,
@@ -158,40 +161,35 @@ async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> std::io::Resu
 }
 
 /// Writes queued frames, and a heartbeat whenever nothing else went out for a heartbeat
-/// interval. When the transport stops, writes what is still queued, then ends.
+/// interval. When the transport stops, writes what is still queued, then ends. Returns
+/// why a write failed, if one did.
 async fn write_loop(
     mut writer: OwnedWriteHalf,
-    mut queue: mpsc::UnboundedReceiver<Bytes>,
+    queue: &mut mpsc::UnboundedReceiver<Bytes>,
     mut stop: watch::Receiver<bool>,
     heartbeat: Bytes,
     interval: Duration,
-) {
+) -> Result<(), String> {
+    let failed = |e: std::io::Error| format!("could not write to it: {e}");
     loop {
         tokio::select! {
             frame = queue.recv() => match frame {
-                Some(frame) => {
-                    if write_frame(&mut writer, &frame).await.is_err() {
-                        return;
-                    }
-                }
+                Some(frame) => write_frame(&mut writer, &frame).await.map_err(failed)?,
                 None => break,
             },
             _ = tokio::time::sleep(interval) => {
-                if write_frame(&mut writer, &heartbeat).await.is_err() {
-                    return;
-                }
+                write_frame(&mut writer, &heartbeat).await.map_err(failed)?;
             }
             _ = stop.changed() => {
                 while let Ok(frame) = queue.try_recv() {
-                    if write_frame(&mut writer, &frame).await.is_err() {
-                        return;
-                    }
+                    write_frame(&mut writer, &frame).await.map_err(failed)?;
                 }
                 break;
             }
         }
     }
     let _ = writer.shutdown().await;
+    Ok(())
 }
 
 fn heartbeat_frame(max: usize) -> Bytes {
@@ -256,6 +254,8 @@ pub(super) struct Server<M, W> {
     pub(super) settings: Arc<TcpSettings>,
     pub(super) inbox: Arc<Inbox<Envelope<ToMaster<W>>>>,
     pub(super) conns: Conns,
+    /// The attempt this master's node runs: every worker that connects is told it.
+    pub(super) attempt: Attempt,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) tracker: TaskTracker,
     pub(super) _types: PhantomData<fn() -> M>,
@@ -267,6 +267,7 @@ impl<M, W> Clone for Server<M, W> {
             settings: Arc::clone(&self.settings),
             inbox: Arc::clone(&self.inbox),
             conns: Arc::clone(&self.conns),
+            attempt: self.attempt,
             stop: self.stop.clone(),
             tracker: self.tracker.clone(),
             _types: PhantomData,
@@ -343,20 +344,20 @@ impl<M: Payload, W: Payload> Server<M, W> {
         tracing::debug!(%peer, rank, "worker connected");
         // Proven: from now on frames up to the full limit.
         frames.allow(s.max_frame);
-        self.tracker.spawn(write_loop(
-            writer,
-            queue,
-            self.stop.clone(),
-            heartbeat_frame(s.max_frame),
-            s.heartbeat_interval,
-        ));
+        let (stop, heartbeat) = (self.stop.clone(), heartbeat_frame(s.max_frame));
+        let interval = s.heartbeat_interval;
+        self.tracker.spawn(async move {
+            let mut queue = queue;
+            // A failed write shows as a closed connection to the reader.
+            let _ = write_loop(writer, &mut queue, stop, heartbeat, interval).await;
+        });
         let lost = self.read_loop(rank, &mut frames).await;
         if let Some(reason) = lost {
             tracing::warn!(rank, %peer, %reason, "worker lost");
             (self.inbox)(Envelope {
                 from: rank,
                 msg: ToMaster::Failed {
-                    attempt: ATTEMPT,
+                    attempt: self.attempt,
                     error: JobError::WorkerLost { rank, reason },
                 },
             });
@@ -400,6 +401,9 @@ impl<M: Payload, W: Payload> Server<M, W> {
         proof(secret, &nonce, &job_id, rank)
             .verify_slice(&mac)
             .map_err(|_| format!("wrong secret: rank {rank}'s proof did not verify"))?;
+        if *self.stop.borrow() {
+            return Err("the master's node is stopping".into());
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let claim = {
             let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -412,8 +416,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 rank,
             }
         };
-        let welcome =
-            wire::encode(&Wire::<(), ()>::Welcome, s.max_frame).map_err(|e| e.to_string())?;
+        let welcome = Wire::<(), ()>::Welcome {
+            attempt: self.attempt,
+        };
+        let welcome = wire::encode(&welcome, s.max_frame).map_err(|e| e.to_string())?;
         write_frame(writer, &welcome)
             .await
             .map_err(|e| e.to_string())?;
@@ -445,75 +451,222 @@ pub(super) struct Client<M, W> {
     pub(super) settings: Arc<TcpSettings>,
     pub(super) target: String,
     pub(super) inbox: Inbox<ToWorker<M>>,
+    /// Whether the worker queued its last message: after it, a lost master is no loss.
+    pub(super) said_done: Arc<AtomicBool>,
     pub(super) stop: watch::Receiver<bool>,
-    pub(super) tracker: TaskTracker,
     pub(super) _types: PhantomData<fn() -> W>,
 }
 
+/// How a worker's attempt to reach the master failed.
+enum Unreached {
+    /// Not reached (no connection, or no answer to the handshake): the master is lost.
+    Lost(String),
+    /// The master refused this worker.
+    Refused(String),
+}
+
+/// How a connection to the master ended.
+enum SessionEnd {
+    /// The job ended for this worker (its finish or abort arrived), or the transport
+    /// stopped.
+    Over,
+    /// The master was lost, and why.
+    Lost(String),
+}
+
 impl<M: Payload, W: Payload> Client<M, W> {
-    fn abort(&self, error: JobError) {
-        (self.inbox)(ToWorker::Abort {
-            attempt: ATTEMPT,
-            error,
-        });
+    /// Connects to the master, and again whenever it is lost while reconnecting is on
+    /// (`reconnect_timeout`), until the job ends for this worker. After each handshake the
+    /// worker learns the master's attempt (`ToWorker::Connected`); after a reconnect,
+    /// what it queued for the master it lost is dropped, so the new one hears nothing of
+    /// it.
+    pub(super) async fn run(self, mut queue: mpsc::UnboundedReceiver<Bytes>) {
+        let s = Arc::clone(&self.settings);
+        let mut attempt = FIRST_ATTEMPT;
+        let mut lost: Option<String> = None;
+        loop {
+            let joined = match &lost {
+                None => self.join().await,
+                Some(reason) => self.rejoin(reason).await,
+            };
+            let (mut frames, writer, joined_attempt) = match joined {
+                Ok(joined) => joined,
+                Err(Unreached::Lost(reason)) => {
+                    tracing::error!(rank = s.rank, %reason, "cannot reach the master");
+                    return self.abort(attempt, JobError::MasterLost { reason });
+                }
+                Err(Unreached::Refused(reason)) => {
+                    tracing::error!(rank = s.rank, %reason, "the master refused this worker");
+                    return self.abort(
+                        attempt,
+                        JobError::Transport {
+                            message: format!(
+                                "the master at {} refused worker {}: {reason}",
+                                self.target, s.rank
+                            ),
+                        },
+                    );
+                }
+            };
+            if lost.is_some() {
+                let mut dropped = 0;
+                while queue.try_recv().is_ok() {
+                    dropped += 1;
+                }
+                tracing::info!(
+                    rank = s.rank,
+                    attempt = joined_attempt,
+                    dropped,
+                    "reached the master again"
+                );
+            }
+            attempt = joined_attempt;
+            (self.inbox)(ToWorker::Connected { attempt });
+            match self.session(&mut frames, writer, &mut queue).await {
+                SessionEnd::Over => return,
+                // The worker said its last word, or the job is over for this process: a
+                // new connection would only look like a worker lost.
+                SessionEnd::Lost(_)
+                    if self.said_done.load(Ordering::SeqCst) || *self.stop.borrow() =>
+                {
+                    return
+                }
+                SessionEnd::Lost(reason) if !s.reconnect_timeout.is_zero() => {
+                    tracing::warn!(
+                        rank = s.rank,
+                        %reason,
+                        within = ?s.reconnect_timeout,
+                        "master lost; trying to reach it again"
+                    );
+                    lost = Some(reason);
+                }
+                SessionEnd::Lost(reason) => {
+                    tracing::error!(rank = s.rank, %reason, "master lost");
+                    return self.abort(attempt, JobError::MasterLost { reason });
+                }
+            }
+        }
     }
 
-    pub(super) async fn run(self, queue: mpsc::UnboundedReceiver<Bytes>) {
-        let s = Arc::clone(&self.settings);
-        let stream = match self.connect().await {
-            Ok(stream) => stream,
-            Err(reason) => {
-                tracing::error!(rank = s.rank, %reason, "cannot reach the master");
-                return self.abort(JobError::MasterLost { reason });
+    fn abort(&self, attempt: Attempt, error: JobError) {
+        (self.inbox)(ToWorker::Abort { attempt, error });
+    }
+
+    /// The first connection: retried until the connect timeout (the master may start
+    /// after its workers); a refusal is final.
+    async fn join(&self) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
+        let s = &self.settings;
+        let stream = self
+            .connect(Instant::now() + s.connect_timeout)
+            .await
+            .map_err(|e| Unreached::Lost(format!("{e} (tried for {:?})", s.connect_timeout)))?;
+        self.greet(stream).await
+    }
+
+    /// A connection after the master was lost (for `reason`): connection and handshake
+    /// retried, refusals included (the master's node may still hold this rank's old
+    /// connection), until the reconnect timeout.
+    async fn rejoin(&self, reason: &str) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
+        let s = &self.settings;
+        let deadline = Instant::now() + s.reconnect_timeout;
+        let mut backoff = Duration::from_millis(20);
+        let mut stop = self.stop.clone();
+        loop {
+            if *stop.borrow() {
+                return Err(Unreached::Lost(format!(
+                    "{reason}; this process ended before the master was reached again"
+                )));
             }
-        };
+            let last = match self.connect(deadline).await {
+                Ok(stream) => match self.greet(stream).await {
+                    Ok(joined) => return Ok(joined),
+                    Err(Unreached::Lost(e) | Unreached::Refused(e)) => e,
+                },
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline || *stop.borrow() {
+                return Err(Unreached::Lost(format!(
+                    "{reason}; not reached again within {:?}: {last}",
+                    s.reconnect_timeout
+                )));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The handshake on a new connection, within the handshake timeout.
+    async fn greet(
+        &self,
+        stream: TcpStream,
+    ) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
+        let s = &self.settings;
         let (reader, mut writer) = stream.into_split();
         let mut frames = Frames::new(reader);
         let handshake = self.handshake(&mut frames, &mut writer);
         match tokio::time::timeout(s.handshake_timeout, handshake).await {
-            Ok(Ok(())) => frames.allow(s.max_frame),
-            Ok(Err(reason)) => {
-                tracing::error!(rank = s.rank, %reason, "the master refused this worker");
-                return self.abort(JobError::Transport {
-                    message: format!(
-                        "the master at {} refused worker {}: {reason}",
-                        self.target, s.rank
-                    ),
-                });
+            Ok(Ok(attempt)) => {
+                frames.allow(s.max_frame);
+                Ok((frames, writer, attempt))
             }
-            Err(_) => {
-                return self.abort(JobError::MasterLost {
-                    reason: format!(
-                        "no answer to the handshake within {:?}",
-                        s.handshake_timeout
-                    ),
-                })
-            }
+            Ok(Err(reason)) => Err(Unreached::Refused(reason)),
+            Err(_) => Err(Unreached::Lost(format!(
+                "no answer to the handshake within {:?}",
+                s.handshake_timeout
+            ))),
         }
-        self.tracker.spawn(write_loop(
+    }
+
+    /// Carries one connection's messages both ways until the job ends for this worker or
+    /// the master is lost.
+    async fn session(
+        &self,
+        frames: &mut Frames,
+        writer: OwnedWriteHalf,
+        queue: &mut mpsc::UnboundedReceiver<Bytes>,
+    ) -> SessionEnd {
+        let s = &self.settings;
+        let write = write_loop(
             writer,
             queue,
             self.stop.clone(),
             heartbeat_frame(s.max_frame),
             s.heartbeat_interval,
-        ));
-        if let Some(reason) = self.read_loop(&mut frames).await {
-            tracing::error!(rank = s.rank, %reason, "master lost");
-            self.abort(JobError::MasterLost { reason });
+        );
+        tokio::pin!(write);
+        let read = self.read_loop(frames);
+        tokio::pin!(read);
+        tokio::select! {
+            lost = &mut read => match lost {
+                Some(reason) => SessionEnd::Lost(reason),
+                // The job ended for this worker: what it still sends (its done) goes out
+                // until the transport stops.
+                None => {
+                    let _ = write.await;
+                    SessionEnd::Over
+                }
+            },
+            written = &mut write => match written {
+                Err(reason) => SessionEnd::Lost(reason),
+                // The transport stopped, or this worker's link is gone: messages from the
+                // master may still be on their way.
+                Ok(()) => match read.await {
+                    Some(reason) => SessionEnd::Lost(reason),
+                    None => SessionEnd::Over,
+                },
+            },
         }
     }
 
-    /// Connects to the master, retrying with backoff until the connect timeout: the master
-    /// may start after its workers.
-    async fn connect(&self) -> Result<TcpStream, String> {
-        let started = Instant::now();
+    /// Connects to the master, retrying with backoff until `deadline`.
+    async fn connect(&self, deadline: Instant) -> Result<TcpStream, String> {
         let mut backoff = Duration::from_millis(20);
         let mut stop = self.stop.clone();
         loop {
-            let left = self
-                .settings
-                .connect_timeout
-                .saturating_sub(started.elapsed());
+            let left = deadline.saturating_duration_since(Instant::now());
             let attempt = tokio::time::timeout(left, TcpStream::connect(&self.target));
             let error = tokio::select! {
                 attempt = attempt => match attempt {
@@ -526,22 +679,20 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 },
                 _ = stop.changed() => return Err("the job ended before the master could be reached".into()),
             };
-            if started.elapsed() >= self.settings.connect_timeout {
-                return Err(format!(
-                    "could not connect to {} within {:?}: {error}",
-                    self.target, self.settings.connect_timeout
-                ));
+            if Instant::now() >= deadline {
+                return Err(format!("could not connect to {}: {error}", self.target));
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 
+    /// Hello, proof of the secret, welcome: returns the attempt the master's node runs.
     async fn handshake(
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<(), String> {
+    ) -> Result<Attempt, String> {
         let s = &self.settings;
         let hello = Wire::<(), ()>::Hello {
             job_id: s.job_id.clone(),
@@ -567,7 +718,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             .await
             .map_err(|e| e.to_string())?;
         match frames.handshake().await? {
-            Wire::Welcome => Ok(()),
+            Wire::Welcome { attempt } => Ok(attempt),
             Wire::Refused { reason } => Err(reason),
             _ => Err("the master did not answer the proof".into()),
         }

@@ -9,10 +9,14 @@
 //! | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
 //! | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
 //! | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
+//! | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`; default 0 |
+//! | how long a worker tries to reach a lost master again, in seconds | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
 //!
 //! **Ranks**: process rank `r` runs worker `r`; process rank 0 also runs the master (and the
 //! barrier). So a scheduler that starts N identical tasks gets N workers, and the master's
 //! address is that of the task with rank 0.
+
+use std::time::Duration;
 
 use crate::protocol::Rank;
 use crate::transport::TransportError;
@@ -37,6 +41,11 @@ pub struct ClusterEnv {
     /// A process started again connects with its rank and takes the place of the one
     /// that died, when the job's failure policy replaces workers.
     pub restart_count: u32,
+    /// How long a worker that lost the master tries to reach it again
+    /// (`SUPERSTEP_RECONNECT_TIMEOUT`, in seconds; `superstep-launch --restarts` sets it),
+    /// if set: a master process started again in the place of one that died resumes the
+    /// job from its newest checkpoint, and the workers that reach it carry on.
+    pub reconnect_timeout: Option<Duration>,
 }
 
 impl ClusterEnv {
@@ -94,8 +103,26 @@ impl ClusterEnv {
                 Some(count) => parse("SUPERSTEP_RESTART_COUNT", &count)?,
                 None => 0,
             },
+            reconnect_timeout: match get("SUPERSTEP_RECONNECT_TIMEOUT") {
+                Some(secs) => Some(seconds("SUPERSTEP_RECONNECT_TIMEOUT", &secs)?),
+                None => None,
+            },
         }))
     }
+}
+
+/// A duration in seconds, fractions allowed.
+fn seconds(var: &str, value: &str) -> Result<Duration, TransportError> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+        .ok_or_else(|| {
+            TransportError::Env(format!(
+                "{var} = {value:?} is not a number of seconds (0 or more)"
+            ))
+        })
 }
 
 fn parse<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, TransportError> {
@@ -140,6 +167,7 @@ mod tests {
         );
         assert_eq!(own.secret.as_deref(), Some(&b"s3"[..]));
         assert_eq!(own.restart_count, 0);
+        assert_eq!(own.reconnect_timeout, None);
         let slurm = env(&[
             ("SLURM_PROCID", "3"),
             ("SLURM_NTASKS", "8"),
@@ -173,5 +201,31 @@ mod tests {
         assert!(err.to_string().contains("is not a number"), "{err}");
         let err = env(&[("SUPERSTEP_RANK", "0"), ("SUPERSTEP_WORLD_SIZE", "4")]).unwrap_err();
         assert!(err.to_string().contains("SUPERSTEP_MASTER_ADDR"), "{err}");
+        let base = [
+            ("SUPERSTEP_RANK", "1"),
+            ("SUPERSTEP_WORLD_SIZE", "4"),
+            ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1"),
+        ];
+        let err = env(&[&base[..], &[("SUPERSTEP_RECONNECT_TIMEOUT", "-1")]].concat()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("SUPERSTEP_RECONNECT_TIMEOUT = \"-1\" is not a number of seconds"),
+            "{err}"
+        );
+        let restarted = env(&[
+            &base[..],
+            &[
+                ("SUPERSTEP_RECONNECT_TIMEOUT", "2.5"),
+                ("SUPERSTEP_RESTART_COUNT", "3"),
+            ],
+        ]
+        .concat())
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            restarted.reconnect_timeout,
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(restarted.restart_count, 3);
     }
 }

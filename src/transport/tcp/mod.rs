@@ -22,6 +22,7 @@ pub mod wire;
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
 use crate::compute::Payload;
-use crate::protocol::{Envelope, Rank, ToMaster, ToWorker};
+use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 pub use env::ClusterEnv;
 use wire::Wire;
@@ -66,6 +67,14 @@ pub struct TcpSettings {
     pub heartbeat_timeout: Duration,
     /// How long a worker keeps trying to reach the master at start-up. Default 10 min.
     pub connect_timeout: Duration,
+    /// How long a worker that lost the master keeps trying to reach it again — a master
+    /// process started again in its place, say — before the job fails for it with
+    /// `JobError::MasterLost`. Zero (the default) never tries: the loss is final at once.
+    pub reconnect_timeout: Duration,
+    /// How many times this process was started again in the place of one that died
+    /// ([`ClusterEnv::restart_count`]). A master's node started again resumes from its
+    /// newest checkpoint as a new attempt.
+    pub restart_count: u32,
 }
 
 impl fmt::Debug for TcpSettings {
@@ -82,6 +91,8 @@ impl fmt::Debug for TcpSettings {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("reconnect_timeout", &self.reconnect_timeout)
+            .field("restart_count", &self.restart_count)
             .finish()
     }
 }
@@ -102,6 +113,8 @@ impl TcpSettings {
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(600),
+            reconnect_timeout: Duration::ZERO,
+            restart_count: 0,
         }
     }
 
@@ -110,6 +123,10 @@ impl TcpSettings {
         let mut settings = TcpSettings::new(env.rank, env.world_size, env.master_addr.clone());
         settings.job_id = env.job_id.clone();
         settings.secret = env.secret.clone();
+        settings.restart_count = env.restart_count;
+        if let Some(reconnect) = env.reconnect_timeout {
+            settings.reconnect_timeout = reconnect;
+        }
         if let Some(bind) = &env.bind {
             settings.bind = Some(resolve(bind)?);
         }
@@ -339,11 +356,13 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         Ok(Topology {
             master: self.settings.rank == 0,
             workers: vec![self.settings.rank],
+            restarted: self.settings.restart_count,
         })
     }
 
     fn bind_master(
         &mut self,
+        attempt: Attempt,
         inbox: Inbox<Envelope<ToMaster<W>>>,
     ) -> Result<Box<dyn MasterLink<M>>, TransportError> {
         let listener = self
@@ -358,6 +377,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             settings: Arc::clone(&self.settings),
             inbox: Arc::new(inbox),
             conns: Arc::clone(&conns),
+            attempt,
             stop: io.stop.subscribe(),
             tracker: io.tracker.clone(),
             _types: PhantomData,
@@ -391,17 +411,19 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             None => self.settings.master_addr.clone(),
         };
         let (tx, rx) = mpsc::unbounded_channel();
+        let said_done = Arc::new(AtomicBool::new(false));
         let client = conn::Client::<M, W> {
             settings: Arc::clone(&self.settings),
             target,
             inbox,
+            said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
-            tracker: io.tracker.clone(),
             _types: PhantomData,
         };
         io.spawn(client.run(rx));
         Ok(Box::new(TcpWorkerLink::<W> {
             tx,
+            said_done,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
         }))
@@ -450,14 +472,21 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
 
 struct TcpWorkerLink<W> {
     tx: mpsc::UnboundedSender<Bytes>,
+    /// Set once the worker queued its last message (`Done`): its connection is then not
+    /// made again.
+    said_done: Arc<AtomicBool>,
     max_frame: usize,
     _types: PhantomData<fn() -> W>,
 }
 
 impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let done = matches!(msg, ToMaster::Done { .. });
         let frame = wire::encode(&Wire::<(), W>::ToMaster(msg), self.max_frame)
             .map_err(|e| TransportError::Encode(e.to_string()))?;
+        if done {
+            self.said_done.store(true, Ordering::SeqCst);
+        }
         self.tx.send(frame).map_err(|_| TransportError::Closed)
     }
 }

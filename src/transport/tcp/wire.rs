@@ -18,11 +18,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
-use crate::protocol::{Rank, ToMaster, ToWorker};
+use crate::protocol::{Attempt, Rank, ToMaster, ToWorker};
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 const HEADER: usize = 4 + 2;
 
@@ -39,8 +39,9 @@ pub(crate) enum Wire<M, W> {
     Challenge { nonce: [u8; 32] },
     /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank).
     Proof { mac: Vec<u8> },
-    /// Master → worker: the connection is accepted.
-    Welcome,
+    /// Master → worker: the connection is accepted; the master's node runs `attempt`, in
+    /// which the worker registers.
+    Welcome { attempt: Attempt },
     /// Either way: the connection is refused, and why. Then it is closed.
     Refused { reason: String },
     /// Either way: still here.

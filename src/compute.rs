@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::coordinator::{MalformedRows, RowCounts, Shard};
 use crate::error::BoxError;
 use crate::protocol::{
     Attempt, Epoch, Gathered, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster,
@@ -133,6 +134,11 @@ pub struct WorkerContext<M, W> {
     /// This rank's count of sync calls so far: the epoch of its next call.
     pub(crate) epoch: Epoch,
     pub(crate) sync: Option<SyncLink<W>>,
+    /// This worker's part of the input, if the job has one.
+    pub(crate) shard: Option<Shard>,
+    /// What this worker read, wrote and rejected, reported when it stops.
+    pub(crate) rows: RowCounts,
+    pub(crate) malformed_rows: MalformedRows,
 }
 
 /// A worker's way to make sync calls from its compute thread: send on the shared link,
@@ -160,6 +166,9 @@ impl<M, W> WorkerContext<M, W> {
             halt_vote: false,
             epoch: 0,
             sync: None,
+            shard: None,
+            rows: RowCounts::default(),
+            malformed_rows: MalformedRows::Fail,
         }
     }
 
@@ -213,6 +222,26 @@ impl<M, W> WorkerContext<M, W> {
     /// Whether this worker voted to halt in this iteration.
     pub fn voted_halt(&self) -> bool {
         self.halt_vote
+    }
+
+    /// This worker's part of the job's input (`JobBuilder::input`, or a coordinator's
+    /// `prepare_shards`); `None` when the job has no input.
+    pub fn shard(&self) -> Option<&Shard> {
+        self.shard.as_ref()
+    }
+
+    /// What this worker read, wrote and rejected so far. Count here as you go (or add
+    /// a [`RowSource`](crate::coordinator::RowSource)'s counts): the worker reports it
+    /// when it stops, and the job report totals every worker's
+    /// ([`JobReport::rows`](crate::JobReport::rows)).
+    pub fn rows(&mut self) -> &mut RowCounts {
+        &mut self.rows
+    }
+
+    /// The job's policy for malformed rows (`JobBuilder::malformed_rows`), to open a
+    /// [`RowSource`](crate::coordinator::RowSource) with.
+    pub fn malformed_rows(&self) -> MalformedRows {
+        self.malformed_rows
     }
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
 use crate::protocol::{FailurePolicy, Iteration};
 
@@ -100,6 +101,11 @@ pub struct JobConfig {
     /// down to); in barrier mode only `Fail` and [`FailurePolicy::RestartAll`] are allowed,
     /// since ranks wait for each other inside an iteration.
     pub failure_policy: FailurePolicy,
+    /// What a malformed CSV or JSONL row does to a worker that reads it with
+    /// [`RowSource`](crate::coordinator::RowSource) (through
+    /// [`WorkerContext::malformed_rows`](crate::WorkerContext::malformed_rows)): fail it,
+    /// naming the file and line (the default), or skip and record it.
+    pub malformed_rows: MalformedRows,
 }
 
 impl Default for JobConfig {
@@ -120,6 +126,7 @@ impl Default for JobConfig {
             min_workers_ratio: 1.0,
             min_workers_timeout: Duration::from_secs(5),
             failure_policy: FailurePolicy::Fail,
+            malformed_rows: MalformedRows::Fail,
         }
     }
 }

@@ -310,6 +310,22 @@ pub enum JobError {
         /// What went wrong, naming the file or the job.
         message: String,
     },
+    /// A job coordinator's hook returned an error or panicked (see
+    /// [`Coordinator`](crate::coordinator::Coordinator)). After a failed `on_start` or
+    /// `on_finish`, `on_error` ran.
+    ///
+    /// Remedy: the cause names what the hook could not do (a directory, a file).
+    #[error("coordinator failed in {hook}: {cause}")]
+    Coordinator {
+        /// The hook.
+        hook: Hook,
+        /// The error or panic.
+        #[source]
+        cause: Cause,
+    },
+    /// The job was cancelled ([`Cancel::cancel`](crate::Cancel::cancel)).
+    #[error("the job was cancelled")]
+    Cancelled,
     /// A message could not be delivered.
     #[error("transport failed: {message}")]
     Transport {
@@ -322,6 +338,30 @@ pub enum JobError {
         /// What was observed.
         message: String,
     },
+}
+
+/// A hook of a job [`Coordinator`](crate::coordinator::Coordinator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hook {
+    /// `prepare_shards`.
+    PrepareShards,
+    /// `on_start`.
+    OnStart,
+    /// `on_finish`.
+    OnFinish,
+    /// `on_error`.
+    OnError,
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hook::PrepareShards => "prepare_shards",
+            Hook::OnStart => "on_start",
+            Hook::OnFinish => "on_finish",
+            Hook::OnError => "on_error",
+        })
+    }
 }
 
 impl JobError {

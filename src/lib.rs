@@ -143,7 +143,9 @@
 //! [`transport`] (in memory by default; [`transport::TcpTransport`] runs the same job across
 //! processes and hosts, its roles read from the environment by
 //! [`TcpTransport::from_env`](transport::TcpTransport::from_env)) — with [`events`] on the
-//! side. See `ARCHITECTURE.md` for the message flow and the semantics users can rely on.
+//! side, and [`coordinator`] (sharding, merged or atomically committed output, row counts)
+//! around a job's life. See `ARCHITECTURE.md` for the message flow and the semantics users
+//! can rely on.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
@@ -152,6 +154,7 @@
 pub mod checkpoint;
 mod compute;
 mod config;
+pub mod coordinator;
 mod error;
 pub mod events;
 pub mod interceptor;
@@ -167,12 +170,12 @@ pub use compute::{
     MasterComputable, MasterContext, Payload, Step, WorkerComputable, WorkerContext,
 };
 pub use config::{JobConfig, Placement};
-pub use error::{BoxError, Cause, CauseKind, ConfigError, JobError, Phase, Waiting};
+pub use error::{BoxError, Cause, CauseKind, ConfigError, Hook, JobError, Phase, Waiting};
 pub use events::JobEvent;
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
-pub use job::{Job, JobBuilder};
+pub use job::{Cancel, Job, JobBuilder};
 pub use payload::Floats;
 pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
 pub use report::{IterationReport, JobOutcome, JobReport, Recovered};

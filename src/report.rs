@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::coordinator::{RowCounts, WorkerReport};
 use crate::error::JobError;
 use crate::protocol::{Attempt, Drops, HaltedBy, Iteration, Rank, Recover};
 
@@ -56,6 +57,11 @@ pub struct JobReport {
     /// ([`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll)) or the master's
     /// process was started again in the place of one that died.
     pub attempt: Attempt,
+    /// The rows every worker read, wrote and rejected, totalled (see
+    /// [`WorkerContext::rows`](crate::WorkerContext::rows)); the rejected rows recorded.
+    pub rows: RowCounts,
+    /// What each worker reported when it stopped, in rank order (those that reported).
+    pub workers: Vec<WorkerReport>,
 }
 
 /// A worker failure a job recovered from, and how.

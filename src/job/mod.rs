@@ -1,12 +1,14 @@
 //! What a user touches: build a job, choose its transport, run it.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointStore;
 use crate::compute::{MasterComputable, Payload, WorkerComputable};
 use crate::config::{JobConfig, Placement};
+use crate::coordinator::{Coordinator, Input, MalformedRows};
 use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
@@ -50,6 +52,9 @@ impl<M: Payload, W: Payload> Job<M, W> {
             transport: None,
             combine: None,
             checkpoint: None,
+            coordinator: None,
+            input: None,
+            cancel: None,
         }
     }
 
@@ -107,6 +112,9 @@ pub struct JobBuilder<M, W> {
     transport: Option<Box<dyn Transport<M, W>>>,
     combine: Option<CombineFn<W>>,
     checkpoint: Option<Checkpointing>,
+    coordinator: Option<Box<dyn Coordinator>>,
+    input: Option<Input>,
+    cancel: Option<Cancel>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -336,6 +344,37 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// The job's coordinator: hooks run with the master before the job starts and when it
+    /// ends — sharding, staging, merging or committing the output, cleaning up after a
+    /// failure (see [`crate::coordinator`]; [`Composite`](crate::coordinator::Composite)
+    /// runs several).
+    pub fn coordinator(mut self, coordinator: impl Coordinator) -> Self {
+        self.coordinator = Some(Box::new(coordinator));
+        self
+    }
+
+    /// What the job reads: split into one shard per worker — by the coordinator's
+    /// `prepare_shards` if it shards, else by [`Input::split`] — which each worker finds
+    /// in [`WorkerContext::shard`](crate::WorkerContext::shard).
+    pub fn input(mut self, input: Input) -> Self {
+        self.input = Some(input);
+        self
+    }
+
+    /// What a malformed CSV or JSONL row does (see [`JobConfig::malformed_rows`]).
+    pub fn malformed_rows(mut self, policy: MalformedRows) -> Self {
+        self.config.malformed_rows = policy;
+        self
+    }
+
+    /// A handle that cancels the job from any thread: the job then fails with
+    /// [`JobError::Cancelled`] — every worker is stopped, and the coordinator's `on_error`
+    /// runs.
+    pub fn cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
     /// The transport that connects master and workers. Default: [`MemoryTransport`].
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
@@ -364,6 +403,9 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 events: self.events,
                 combine: self.combine,
                 checkpoint: self.checkpoint,
+                coordinator: self.coordinator,
+                input: self.input,
+                cancel: self.cancel,
                 transport: self
                     .transport
                     .unwrap_or_else(|| Box::new(MemoryTransport::new())),
@@ -374,6 +416,30 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Builds and runs the job: [`build`](Self::build) then [`Job::run`].
     pub fn run(self) -> Result<JobOutcome<M>, JobError> {
         self.build()?.run()
+    }
+}
+
+/// Cancels a running job ([`JobBuilder::cancel`]); clones share the same job. Cancelling
+/// before the job starts cancels it as soon as it starts.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+}
+
+impl Cancel {
+    /// A handle not cancelled yet.
+    pub fn new() -> Self {
+        Cancel::default()
+    }
+
+    /// Cancels the job: noticed within the job's timeout tick (at most 100 ms).
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
     }
 }
 

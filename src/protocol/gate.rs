@@ -306,7 +306,7 @@ impl<W> Gate<W> {
             }
             // Sync calls are the barrier's `SyncState`'s, not the gate's.
             ToMaster::Sync { .. } => None,
-            ToMaster::Done { attempt } => {
+            ToMaster::Done { attempt, .. } => {
                 if attempt != self.config.attempt {
                     self.other_drops.stale += 1;
                     return None;
@@ -663,6 +663,16 @@ mod tests {
         Envelope { from, msg }
     }
 
+    fn done(from: Rank) -> Envelope<ToMaster<u32>> {
+        env(
+            from,
+            ToMaster::Done {
+                attempt: 0,
+                rows: Default::default(),
+            },
+        )
+    }
+
     fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
         ToMaster::Result(Report {
             attempt: 0,
@@ -701,9 +711,9 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(gate.drain(t0), None);
-        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        gate.on_message(t0, done(0));
         assert!(matches!(
-            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
+            gate.on_message(t0, done(1)),
             Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
         ));
     }
@@ -892,7 +902,7 @@ mod tests {
         ));
         assert_eq!(gate.drain(t0), None);
         assert!(matches!(
-            gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 })),
+            gate.on_message(t0, done(0)),
             Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
         ));
     }
@@ -901,7 +911,7 @@ mod tests {
     fn a_drain_timeout_names_the_ranks_not_done() {
         let t0 = Instant::now();
         let mut gate: Gate<u32> = Gate::new(config(2), t0);
-        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        gate.on_message(t0, done(0));
         gate.drain(t0);
         match gate.handle_timeout(t0 + Duration::from_secs(1)) {
             Some(GateOutput::Drained { missing, .. }) => assert_eq!(missing, vec![1]),
@@ -1087,10 +1097,7 @@ mod tests {
         gate.on_message(t0, env(0, report(1, 0)));
         gate.rejoin(1);
         // The failed worker ran its post_application and said done after the rejoin.
-        assert_eq!(
-            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
-            None
-        );
+        assert_eq!(gate.on_message(t0, done(1)), None);
         assert!(gate.is_done(1));
         gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
         assert!(!gate.is_done(1), "the replacement is not done");
@@ -1098,10 +1105,10 @@ mod tests {
             gate.on_message(t0, env(1, report(1, 1))),
             Some(GateOutput::RoundComplete { .. })
         ));
-        gate.on_message(t0, env(0, ToMaster::Done { attempt: 0 }));
+        gate.on_message(t0, done(0));
         assert_eq!(gate.drain(t0), None, "the drain waits for the replacement");
         assert!(matches!(
-            gate.on_message(t0, env(1, ToMaster::Done { attempt: 0 })),
+            gate.on_message(t0, done(1)),
             Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
         ));
     }

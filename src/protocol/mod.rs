@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::coordinator::RowCounts;
 use crate::error::JobError;
 
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally};
@@ -89,6 +90,8 @@ pub enum ToMaster<W> {
     Done {
         /// The attempt the worker ran in.
         attempt: Attempt,
+        /// What it read, wrote and rejected over the job.
+        rows: RowCounts,
     },
     /// The worker's compute called `barrier()` or `all_gather()`, and waits for the answer.
     Sync {

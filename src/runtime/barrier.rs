@@ -16,6 +16,8 @@ use crate::protocol::{
 use crate::transport::MasterLink;
 
 use super::local::LocalWorkers;
+use crate::coordinator::{RowCounts, WorkerReport};
+use crate::job::Cancel;
 
 /// What the gate said, for the master.
 pub(crate) struct FromGate<W>(pub(crate) GateOutput<W>);
@@ -40,6 +42,14 @@ pub(crate) struct Recovering {
 }
 
 impl Message for Recovering {
+    type Result = ();
+}
+
+/// Every worker's report of what it did, sent to the master just before the end of the
+/// drain (only those that reported done, in rank order).
+pub(crate) struct WorkerReports(pub(crate) Vec<WorkerReport>);
+
+impl Message for WorkerReports {
     type Result = ();
 }
 
@@ -80,9 +90,12 @@ impl<W: 'static> Message for Arrived<W> {
 pub(crate) struct BarrierPeers<M: Payload, W: Payload> {
     pub(crate) master: Recipient<FromGate<W>>,
     pub(crate) recovering: Recipient<Recovering>,
+    pub(crate) reports: Recipient<WorkerReports>,
     /// The workers of this process, which the barrier starts again when the failure
     /// policy replaces them.
     pub(crate) local: LocalWorkers<M, W>,
+    /// Cancels the job when set.
+    pub(crate) cancel: Option<Cancel>,
 }
 
 /// Where the replacement of a rank of another process stands.
@@ -102,8 +115,13 @@ pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     link: Box<dyn MasterLink<M>>,
     master: Recipient<FromGate<W>>,
     recovering: Recipient<Recovering>,
+    reports: Recipient<WorkerReports>,
     local: LocalWorkers<M, W>,
     recovery: Recovery,
+    /// By rank: what its worker reported with its `Done` (the newest of the attempt).
+    rows: Vec<Option<RowCounts>>,
+    cancel: Option<Cancel>,
+    cancelled: bool,
     /// The master result the current iteration computes with: a replacement that rejoins
     /// mid-iteration redoes it with this.
     last: Option<Arc<M>>,
@@ -133,7 +151,11 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             link,
             master: peers.master,
             recovering: peers.recovering,
+            reports: peers.reports,
             local: peers.local,
+            rows: vec![None; gate_workers],
+            cancel: peers.cancel,
+            cancelled: false,
             recovery,
             last: None,
             ending: false,
@@ -170,6 +192,15 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                         },
                     );
                 }
+            }
+            GateOutput::Drained { .. } => {
+                let reports = (0..self.rows.len())
+                    .filter_map(|rank| {
+                        let rows = self.rows[rank].take()?;
+                        Some(WorkerReport { rank, rows })
+                    })
+                    .collect();
+                self.reports.do_send(WorkerReports(reports));
             }
             _ => {}
         }
@@ -332,6 +363,11 @@ impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
         // Timeouts are checked on a coarse tick rather than one timer per wait: arming and
         // cancelling a timer each round would cost more than the round itself.
         ctx.run_interval(self.tick, |act, _| {
+            if !act.cancelled && act.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+                act.cancelled = true;
+                tracing::warn!("the job was cancelled");
+                act.fail_job(JobError::Cancelled);
+            }
             let now = Instant::now();
             let step = act.sync.handle_timeout(now);
             act.apply(step);
@@ -363,6 +399,13 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration);
                 self.apply(step);
+            }
+            ToMaster::Done {
+                attempt, ref rows, ..
+            } if attempt == self.attempt() => {
+                if let Some(slot) = self.rows.get_mut(from) {
+                    *slot = Some(rows.clone());
+                }
             }
             _ => {}
         }

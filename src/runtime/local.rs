@@ -12,6 +12,7 @@ use super::worker::{EndingReport, WorkerActor, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::{Payload, SyncLink, WorkerContext};
 use crate::config::{JobConfig, Placement};
+use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
 use crate::protocol::{Attempt, Rank, ToWorker};
 use crate::transport::{Transport, WorkerLink};
@@ -38,6 +39,8 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) exits: PoolExits,
     pub(crate) watch: Arc<Watch>,
     pub(crate) ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    /// Each rank's shard of the input, if the job has one.
+    pub(crate) shards: Option<Arc<Vec<Shard>>>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -155,6 +158,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             Arc::clone(&parts.job_id),
             config.iterations,
         );
+        ctx.shard = parts.shards.as_ref().map(|s| s[rank].clone());
+        ctx.malformed_rows = config.malformed_rows;
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use tokio::sync::oneshot;
 
-use super::barrier::{AbortJob, BarrierActor, FinishJob, FromGate, Open, Recovering};
+use super::barrier::{
+    AbortJob, BarrierActor, FinishJob, FromGate, Open, Recovering, WorkerReports,
+};
+use super::coordination::Coordination;
 use super::pool::{guarded, ComputePool, Placer};
 use super::watch::{Watch, Who};
 use super::{Checkpointing, DynMaster, MasterHooks, OwnedEnding, Resume};
@@ -15,7 +18,7 @@ use crate::checkpoint::Checkpoint;
 use crate::compute::MasterContext;
 use crate::compute::Payload;
 use crate::config::JobConfig;
-use crate::error::{Cause, JobError, Phase, Waiting};
+use crate::error::{Cause, Hook, JobError, Phase, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
     Attempt, GateOutput, Gathered, HaltedBy, Iteration, Next, Rank, Recover, Schedule, Tally,
@@ -332,6 +335,8 @@ pub(crate) struct MasterActor<M: Payload, W: Payload> {
     /// Every worker restarted (as `attempt`) while the master's code was away on the
     /// pool: what it brings back is discarded, and the master starts over.
     pending_restart: bool,
+    /// The job's coordinator: `on_finish` or `on_error` when the job ends.
+    coordination: Option<Coordination>,
 }
 
 impl<M: Payload, W: Payload> MasterActor<M, W> {
@@ -378,7 +383,14 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             attempt,
             start_after: resumed_from,
             pending_restart: false,
+            coordination: None,
         }
+    }
+
+    /// With the job's coordinator, whose `on_finish` or `on_error` runs when the job ends.
+    pub(crate) fn coordinated_by(mut self, coordination: Option<Coordination>) -> Self {
+        self.coordination = coordination;
+        self
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>, work: Work<M, W>) {
@@ -629,9 +641,41 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         let Some(outcome) = self.outcome.take() else {
             return;
         };
-        self.report.elapsed = self.started.elapsed();
         self.report.attempt = self.attempt;
-        let result = match self.ending.take() {
+        // Every worker stopped by now (or the shutdown timeout passed): the coordinator
+        // commits only what every worker completed, and cleans up after anything else.
+        let ending = match (self.ending.take(), self.coordination.as_mut()) {
+            (Some(OwnedEnding::Completed { .. }), Some(c))
+                if self.report.workers.len() < self.config.workers =>
+            {
+                let reported: Vec<Rank> = self.report.workers.iter().map(|w| w.rank).collect();
+                let error = JobError::Coordinator {
+                    hook: Hook::OnFinish,
+                    cause: Cause::from_error(
+                        format!(
+                            "not run: only worker(s) {reported:?} of {} completed, so nothing is committed",
+                            self.config.workers
+                        )
+                        .into(),
+                    ),
+                };
+                c.fail(&error);
+                Some(OwnedEnding::Failed(error))
+            }
+            (Some(completed @ OwnedEnding::Completed { .. }), Some(c)) => {
+                match c.finish(&self.report.workers) {
+                    Ok(()) => Some(completed),
+                    Err(error) => Some(OwnedEnding::Failed(error)),
+                }
+            }
+            (Some(OwnedEnding::Failed(error)), Some(c)) => {
+                c.fail(&error);
+                Some(OwnedEnding::Failed(error))
+            }
+            (ending, _) => ending,
+        };
+        self.report.elapsed = self.started.elapsed();
+        let result = match ending {
             Some(OwnedEnding::Completed {
                 iterations,
                 halted,
@@ -820,5 +864,16 @@ impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for MasterActor<M, W> {
             return;
         }
         self.on_worked(ctx, done.worked);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<WorkerReports> for MasterActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, reports: WorkerReports, _: &mut Context<Self>) {
+        for worker in &reports.0 {
+            self.report.rows.add(&worker.rows);
+        }
+        self.report.workers = reports.0;
     }
 }

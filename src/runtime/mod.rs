@@ -15,6 +15,7 @@
 //! pool and its workers' threads end with the job.
 
 mod barrier;
+mod coordination;
 mod local;
 mod master;
 mod pool;
@@ -30,9 +31,11 @@ use tokio::sync::oneshot;
 use crate::checkpoint::CheckpointStore;
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable};
 use crate::config::JobConfig;
+use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
 use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
+use crate::job::Cancel;
 use crate::protocol::{
     Attempt, FailurePolicy, Gate, GateConfig, Iteration, Rank, Recovery, SyncState,
 };
@@ -40,6 +43,7 @@ use crate::report::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport};
 
 use barrier::{Arrived, BarrierActor, BarrierPeers};
+use coordination::Coordination;
 use local::{LocalParts, LocalWorkers};
 use master::{MasterActor, MasterTask};
 use pool::{guarded, ComputePool, PoolExits};
@@ -105,6 +109,9 @@ pub(crate) struct Plan<M, W> {
     pub(crate) transport: Box<dyn Transport<M, W>>,
     pub(crate) combine: Option<CombineFn<W>>,
     pub(crate) checkpoint: Option<Checkpointing>,
+    pub(crate) coordinator: Option<Box<dyn Coordinator>>,
+    pub(crate) input: Option<Input>,
+    pub(crate) cancel: Option<Cancel>,
 }
 
 /// Where the master saves its checkpoints, and every how many iterations.
@@ -294,6 +301,9 @@ async fn launch<M: Payload, W: Payload>(
         mut transport,
         combine,
         checkpoint,
+        mut coordinator,
+        input,
+        cancel,
     } = plan;
     let config = Arc::new(config);
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
@@ -311,6 +321,9 @@ async fn launch<M: Payload, W: Payload>(
 
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
     let local_ranks = topology.workers.clone();
+    // Every process shards alike: each of its workers takes its own.
+    let shards =
+        coordination::shards(coordinator.as_mut(), input.as_ref(), config.workers)?.map(Arc::new);
     if topology.master
         && matches!(config.failure_policy, FailurePolicy::RestartAll { .. })
         && local_ranks.len() < config.workers
@@ -356,7 +369,12 @@ async fn launch<M: Payload, W: Payload>(
                 })
             }),
         )?;
-        bound = Some((link, checkpoint, resumed));
+        // Before any worker of this process starts, and before any iteration anywhere.
+        let mut coordination = coordinator.take().map(Coordination::new);
+        if let Some(c) = &mut coordination {
+            c.start()?;
+        }
+        bound = Some((link, checkpoint, resumed, coordination));
     }
     let mut local = LocalWorkers::new(LocalParts {
         config: Arc::clone(&config),
@@ -368,11 +386,17 @@ async fn launch<M: Payload, W: Payload>(
         exits,
         watch: Arc::clone(&watch),
         ended: ended_tx,
+        shards,
     });
     for &rank in &local_ranks {
-        local.start(rank, attempt)?;
+        if let Err(error) = local.start(rank, attempt) {
+            if let Some((.., Some(c))) = &mut bound {
+                c.fail(&error);
+            }
+            return Err(error);
+        }
     }
-    let _transport = if let Some((link, checkpoint, resumed)) = bound {
+    let _transport = if let Some((link, checkpoint, resumed, coordination)) = bound {
         let master_addr = master_ctx.address();
         let barrier_addr = barrier_ctx.address();
         let mut gate = Gate::new(
@@ -402,8 +426,10 @@ async fn launch<M: Payload, W: Payload>(
             link,
             BarrierPeers {
                 master: master_addr.clone().recipient(),
-                recovering: master_addr.recipient(),
+                recovering: master_addr.clone().recipient(),
+                reports: master_addr.recipient(),
                 local,
+                cancel,
             },
             Recovery::new(
                 config.failure_policy,
@@ -426,15 +452,18 @@ async fn launch<M: Payload, W: Payload>(
             config.failure_policy,
             FailurePolicy::RestartAll { .. }
         ));
-        master_ctx.run(MasterActor::new(
-            Arc::clone(&config),
-            master_task,
-            barrier_addr,
-            Arc::clone(&pool),
-            events,
-            outcome_tx,
-            Arc::clone(&watch),
-        ));
+        master_ctx.run(
+            MasterActor::new(
+                Arc::clone(&config),
+                master_task,
+                barrier_addr,
+                Arc::clone(&pool),
+                events,
+                outcome_tx,
+                Arc::clone(&watch),
+            )
+            .coordinated_by(coordination),
+        );
         None
     } else {
         // Nothing restarts workers in a process without the master: a failed one's

@@ -421,8 +421,14 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 if let Some(ending) = ending {
                     self.report(ending);
                 }
+                let rows = self
+                    .task
+                    .as_mut()
+                    .map(|task| std::mem::take(&mut task.ctx.rows))
+                    .unwrap_or_default();
                 self.send(ToMaster::Done {
                     attempt: self.attempt,
+                    rows,
                 });
                 ctx.stop();
                 return;

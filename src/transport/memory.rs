@@ -236,7 +236,12 @@ mod tests {
             );
             received.push(got);
         }
-        links[1].send(ToMaster::Done { attempt: 0 }).unwrap();
+        links[1]
+            .send(ToMaster::Done {
+                attempt: 0,
+                rows: Default::default(),
+            })
+            .unwrap();
         assert_eq!(at_master.lock().unwrap()[0].from, 1);
         let shared = Arc::new("weights".to_string());
         master
@@ -286,7 +291,10 @@ mod tests {
             .reconnect_worker(0, Box::new(move |_| *sink.lock().unwrap() += 1))
             .unwrap();
         assert_eq!(
-            old.send(ToMaster::Done { attempt: 0 }),
+            old.send(ToMaster::Done {
+                attempt: 0,
+                rows: Default::default()
+            }),
             Err(TransportError::Replaced { rank: 0 })
         );
         new.send(ToMaster::Registered { attempt: 0 }).unwrap();

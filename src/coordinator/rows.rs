@@ -1,0 +1,378 @@
+//! Rows: reading CSV and JSONL lines into the user's types, with a count of what was read,
+//! written and rejected, and a policy for malformed rows.
+
+use std::io;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::shard::{LineCounter, LineRange, LineReader};
+
+/// The most rejected rows a worker records one by one; past it they are only counted.
+pub const MAX_RECORDED_REJECTS: usize = 1_000;
+
+/// What a malformed row does ([`JobBuilder::malformed_rows`](crate::JobBuilder::malformed_rows)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum MalformedRows {
+    /// The row fails the worker (and the job), naming its file and line. The default.
+    #[default]
+    Fail,
+    /// The row is skipped, counted as rejected, and recorded with its file, line and why.
+    Skip,
+}
+
+/// A row that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejected {
+    /// The file.
+    pub file: PathBuf,
+    /// Its 1-based line number.
+    pub line: u64,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.file.display(), self.line, self.reason)
+    }
+}
+
+/// How many rows a worker (or the job) read, wrote and rejected, and the rejected ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowCounts {
+    /// Rows read (rejected ones included).
+    pub read: u64,
+    /// Rows written.
+    pub written: u64,
+    /// Rows rejected as malformed.
+    pub rejected: u64,
+    /// The rejected rows, up to [`MAX_RECORDED_REJECTS`] per worker; `rejected` counts
+    /// them all.
+    pub rejects: Vec<Rejected>,
+}
+
+impl RowCounts {
+    /// Adds `other`'s counts and records.
+    pub fn add(&mut self, other: &RowCounts) {
+        self.read += other.read;
+        self.written += other.written;
+        self.rejected += other.rejected;
+        self.rejects.extend(other.rejects.iter().cloned());
+    }
+
+    /// Counts a rejected row, recording it while there is room.
+    pub fn reject(&mut self, rejected: Rejected) {
+        self.rejected += 1;
+        if self.rejects.len() < MAX_RECORDED_REJECTS {
+            self.rejects.push(rejected);
+        }
+    }
+}
+
+/// Why a row could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RowError {
+    /// The file could not be read.
+    #[error("reading {file}: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+    /// A malformed row, under [`MalformedRows::Fail`].
+    #[error("malformed row at {0}")]
+    Malformed(Rejected),
+}
+
+/// The format of a file of rows, one per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowFormat {
+    /// Comma-separated values; the range's file has a header line naming the fields.
+    Csv,
+    /// One JSON value per line.
+    Jsonl,
+}
+
+/// The rows of a [`LineRange`], deserialized into `T`, as an iterator. Malformed rows — not
+/// UTF-8, not valid JSON, the wrong number of fields, a field of the wrong type — are
+/// handled by the [`MalformedRows`] policy; [`counts`](RowSource::counts) says how many
+/// were read and rejected. Empty lines are skipped.
+#[derive(Debug)]
+pub struct RowSource<T> {
+    lines: Lines,
+    path: PathBuf,
+    policy: MalformedRows,
+    counts: RowCounts,
+    counter: LineCounter,
+    _row: PhantomData<fn() -> T>,
+}
+
+/// A row's file offset, and the row or why it is malformed.
+type Parsed<T> = (u64, Result<T, String>);
+
+/// Where the rows come from.
+#[derive(Debug)]
+enum Lines {
+    Csv {
+        reader: Box<csv::Reader<LineReader>>,
+        headers: csv::StringRecord,
+        /// The range's first byte: csv positions count from it.
+        start: u64,
+        record: csv::ByteRecord,
+    },
+    Jsonl {
+        reader: LineReader,
+        line: Vec<u8>,
+    },
+}
+
+impl<T: DeserializeOwned> RowSource<T> {
+    /// Opens `range` as rows of `format`. CSV needs the file's header (a range of an input
+    /// with `header: true`).
+    pub fn open(
+        range: &LineRange,
+        format: RowFormat,
+        policy: MalformedRows,
+    ) -> Result<Self, RowError> {
+        let reader = range.open().map_err(|source| RowError::Io {
+            file: range.path.clone(),
+            source,
+        })?;
+        let header_error = |reason: String| {
+            RowError::Malformed(Rejected {
+                file: range.path.clone(),
+                line: 1,
+                reason,
+            })
+        };
+        let lines = match format {
+            RowFormat::Jsonl => Lines::Jsonl {
+                reader,
+                line: Vec::new(),
+            },
+            RowFormat::Csv => {
+                let header = reader.header().ok_or_else(|| {
+                    header_error(
+                        "CSV rows need the file's header (a range with header = true)".into(),
+                    )
+                })?;
+                let headers = csv::ReaderBuilder::new()
+                    .has_headers(false)
+                    .from_reader(header)
+                    .records()
+                    .next()
+                    .unwrap_or_else(|| Ok(csv::StringRecord::new()))
+                    .map_err(|e| header_error(format!("the header: {e}")))?;
+                Lines::Csv {
+                    reader: Box::new(
+                        csv::ReaderBuilder::new()
+                            .has_headers(false)
+                            .flexible(true)
+                            .from_reader(reader),
+                    ),
+                    headers,
+                    start: range.start,
+                    record: csv::ByteRecord::new(),
+                }
+            }
+        };
+        Ok(RowSource {
+            lines,
+            path: range.path.clone(),
+            policy,
+            counts: RowCounts::default(),
+            counter: LineCounter::new(range.path.clone()),
+            _row: PhantomData,
+        })
+    }
+
+    /// The file offset up to which the range has been read.
+    pub fn offset(&self) -> u64 {
+        match &self.lines {
+            Lines::Csv { reader, start, .. } => start + reader.position().byte(),
+            Lines::Jsonl { reader, .. } => reader.offset(),
+        }
+    }
+
+    /// What was read and rejected so far.
+    pub fn counts(&self) -> &RowCounts {
+        &self.counts
+    }
+
+    /// The counts, when done reading.
+    pub fn into_counts(self) -> RowCounts {
+        self.counts
+    }
+
+    /// The next non-empty row: its file offset and what parsing it gave.
+    fn next_row(&mut self) -> Option<io::Result<Parsed<T>>> {
+        match &mut self.lines {
+            Lines::Jsonl { reader, line } => loop {
+                match reader.next_line(line) {
+                    Ok(Some(_)) if line.is_empty() => continue,
+                    Ok(Some(offset)) => {
+                        let parsed = serde_json::from_slice(line).map_err(|e| e.to_string());
+                        return Some(Ok((offset, parsed)));
+                    }
+                    Ok(None) => return None,
+                    Err(e) => return Some(Err(e)),
+                }
+            },
+            Lines::Csv {
+                reader,
+                headers,
+                start,
+                record,
+            } => match reader.read_byte_record(record) {
+                Ok(false) => None,
+                Ok(true) => {
+                    let offset = *start + record.position().map_or(0, |p| p.byte());
+                    Some(Ok((offset, parse_record(record, headers))))
+                }
+                Err(e) => match e.into_kind() {
+                    csv::ErrorKind::Io(e) => Some(Err(e)),
+                    other => Some(Err(io::Error::other(format!("{other:?}")))),
+                },
+            },
+        }
+    }
+}
+
+/// One CSV record as a `T`, or why not.
+fn parse_record<T: DeserializeOwned>(
+    record: &csv::ByteRecord,
+    headers: &csv::StringRecord,
+) -> Result<T, String> {
+    let record =
+        csv::StringRecord::from_byte_record(record.clone()).map_err(|_| "not UTF-8".to_string())?;
+    if record.len() != headers.len() {
+        return Err(format!(
+            "{} fields where the header has {}",
+            record.len(),
+            headers.len()
+        ));
+    }
+    record
+        .deserialize(Some(headers))
+        .map_err(|e| match e.kind() {
+            csv::ErrorKind::Deserialize { err, .. } => err.to_string(),
+            _ => e.to_string(),
+        })
+}
+
+impl<T: DeserializeOwned> Iterator for RowSource<T> {
+    type Item = Result<T, RowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let (offset, parsed) = match self.next_row()? {
+                Ok(row) => row,
+                Err(source) => {
+                    return Some(Err(RowError::Io {
+                        file: self.path.clone(),
+                        source,
+                    }))
+                }
+            };
+            self.counts.read += 1;
+            let reason = match parsed {
+                Ok(row) => return Some(Ok(row)),
+                Err(reason) => reason,
+            };
+            let line = match self.counter.line_at(offset) {
+                Ok(line) => line,
+                Err(source) => {
+                    return Some(Err(RowError::Io {
+                        file: self.path.clone(),
+                        source,
+                    }))
+                }
+            };
+            let rejected = Rejected {
+                file: self.path.clone(),
+                line,
+                reason,
+            };
+            match self.policy {
+                MalformedRows::Fail => return Some(Err(RowError::Malformed(rejected))),
+                MalformedRows::Skip => {
+                    tracing::debug!(%rejected, "skipped a malformed row");
+                    self.counts.reject(rejected);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::shard::split_lines;
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Row {
+        id: u32,
+        name: String,
+    }
+
+    #[test]
+    fn malformed_rows_are_skipped_and_recorded_with_file_and_line_or_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.csv");
+        let mut bytes = b"id,name\n1,a\nx,b\n3,c,extra\n4,d\n".to_vec();
+        bytes.extend_from_slice(b"5,\xff\n\n6,f\n");
+        std::fs::write(&path, bytes).unwrap();
+        let range = split_lines(&path, true, 1).unwrap().remove(0);
+        let mut skipped =
+            RowSource::<Row>::open(&range, RowFormat::Csv, MalformedRows::Skip).unwrap();
+        let ids: Vec<u32> = skipped.by_ref().map(|r| r.unwrap().id).collect();
+        assert_eq!(ids, vec![1, 4, 6]);
+        let counts = skipped.into_counts();
+        assert_eq!((counts.read, counts.rejected), (6, 3));
+        let lines: Vec<u64> = counts.rejects.iter().map(|r| r.line).collect();
+        assert_eq!(lines, vec![3, 4, 6]);
+        assert!(counts.rejects[1]
+            .reason
+            .contains("3 fields where the header has 2"));
+        assert!(
+            counts.rejects[2].reason.contains("UTF-8"),
+            "{:?}",
+            counts.rejects[2]
+        );
+
+        let mut failing =
+            RowSource::<Row>::open(&range, RowFormat::Csv, MalformedRows::Fail).unwrap();
+        assert_eq!(
+            failing.next().unwrap().unwrap(),
+            Row {
+                id: 1,
+                name: "a".into()
+            }
+        );
+        let error = failing.next().unwrap().unwrap_err().to_string();
+        assert!(error.contains("in.csv:3: "), "{error}");
+    }
+
+    #[test]
+    fn jsonl_rows_are_read_and_bad_json_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"id\":1,\"name\":\"a\"}\r\n{\"id\":2\n{\"id\":3,\"name\":\"c\"}",
+        )
+        .unwrap();
+        let range = split_lines(&path, false, 1).unwrap().remove(0);
+        let mut rows =
+            RowSource::<Row>::open(&range, RowFormat::Jsonl, MalformedRows::Skip).unwrap();
+        let ids: Vec<u32> = rows.by_ref().map(|r| r.unwrap().id).collect();
+        assert_eq!(ids, vec![1, 3]);
+        assert_eq!(rows.counts().rejects[0].line, 2);
+    }
+}

@@ -1,0 +1,95 @@
+//! Runs a job's coordinator hooks, guarded: an `Err` or a panic becomes the job's
+//! `JobError::Coordinator`, and a failed start or finish is followed by `on_error`.
+
+use super::pool::guarded;
+use crate::coordinator::{Coordinator, Input, Shard, WorkerReport};
+use crate::error::{Cause, Hook, JobError};
+
+/// Each worker's shard: the coordinator's, if it shards, else the input's own split; `None`
+/// when the job has no input.
+pub(crate) fn shards(
+    coordinator: Option<&mut Box<dyn Coordinator>>,
+    input: Option<&Input>,
+    workers: usize,
+) -> Result<Option<Vec<Shard>>, JobError> {
+    let Some(input) = input else {
+        return Ok(None);
+    };
+    let failed = |cause: Cause| JobError::Coordinator {
+        hook: Hook::PrepareShards,
+        cause,
+    };
+    let prepared = match coordinator {
+        Some(c) => guarded(|| c.prepare_shards(input, workers)).map_err(failed)?,
+        None => None,
+    };
+    let shards = match prepared {
+        Some(shards) => shards,
+        None => input.split(workers).map_err(|e| {
+            failed(Cause::from_error(
+                format!("cannot split {input:?}: {e}").into(),
+            ))
+        })?,
+    };
+    if shards.len() != workers {
+        return Err(failed(Cause::from_error(
+            format!(
+                "{} shards for {workers} workers: one per worker",
+                shards.len()
+            )
+            .into(),
+        )));
+    }
+    Ok(Some(shards))
+}
+
+/// The job's coordinator, once the master's process has it.
+pub(crate) struct Coordination {
+    coordinator: Box<dyn Coordinator>,
+}
+
+impl Coordination {
+    pub(crate) fn new(coordinator: Box<dyn Coordinator>) -> Self {
+        Coordination { coordinator }
+    }
+
+    /// `on_start`; when it fails, `on_error` with that failure, which is returned.
+    pub(crate) fn start(&mut self) -> Result<(), JobError> {
+        let c = &mut self.coordinator;
+        guarded(|| c.on_start()).map_err(|cause| {
+            let error = JobError::Coordinator {
+                hook: Hook::OnStart,
+                cause,
+            };
+            self.fail(&error);
+            error
+        })
+    }
+
+    /// `on_finish` with every worker's report; when it fails, `on_error` with that
+    /// failure, which is returned.
+    pub(crate) fn finish(&mut self, reports: &[WorkerReport]) -> Result<(), JobError> {
+        let c = &mut self.coordinator;
+        guarded(|| c.on_finish(reports)).map_err(|cause| {
+            let error = JobError::Coordinator {
+                hook: Hook::OnFinish,
+                cause,
+            };
+            self.fail(&error);
+            error
+        })
+    }
+
+    /// `on_error`: the job failed with `error` (which stays its error; a failure here is
+    /// logged).
+    pub(crate) fn fail(&mut self, error: &JobError) {
+        let c = &mut self.coordinator;
+        if let Err(cause) = guarded(|| c.on_error(error)) {
+            let failed = JobError::Coordinator {
+                hook: Hook::OnError,
+                cause,
+            };
+            tracing::error!(%failed, job_error = %error, "cleaning up after the job's failure failed");
+        }
+    }
+}

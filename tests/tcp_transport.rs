@@ -474,3 +474,52 @@ fn a_worker_gives_up_on_a_lost_master_after_its_reconnect_timeout_naming_it() {
         }
     }
 }
+
+#[path = "../examples/support/pipeline.rs"]
+mod pipeline;
+
+#[test]
+fn a_pipeline_over_tcp_merges_every_process_part_and_totals_their_rows() {
+    use superstep::coordinator::{FileMerge, MalformedRows, MergeFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("sales.csv");
+    pipeline::generate(&input, 4_000, Some(500)).unwrap();
+    let output = dir.path().join("sales.jsonl");
+    let workers = 3;
+    let merge = FileMerge::new(&output, MergeFormat::Lines);
+    let staging = merge.staging().clone();
+    let (master, addr) = master_transport(workers, "pipeline");
+    let job = |transport: TcpTransport<u64, u64>| {
+        pipeline::job(&input, staging.clone(), workers, 300, MalformedRows::Skip)
+            .job_id("pipeline")
+            .transport(transport)
+    };
+    let ranks: Vec<TcpTransport<u64, u64>> = (1..workers)
+        .map(|rank| TcpTransport::new(settings(rank, workers, &addr, "pipeline")).unwrap())
+        .collect();
+    let outcome = thread::scope(|s| {
+        let others: Vec<_> = ranks
+            .into_iter()
+            .map(|t| {
+                let job = job(t);
+                s.spawn(move || job.run())
+            })
+            .collect();
+        let outcome = job(master).coordinator(merge).run();
+        for other in others {
+            other.join().unwrap().unwrap();
+        }
+        outcome.unwrap()
+    });
+    let lines: Vec<pipeline::Line> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, pipeline::sequential(&input));
+    let rows = &outcome.report.rows;
+    assert_eq!((rows.read, rows.written, rows.rejected), (4_000, 3_992, 8));
+    assert_eq!(outcome.report.workers.len(), workers);
+    assert_eq!(rows.rejects.len(), 8, "the rejected rows cross the wire");
+    assert!(!staging.dir().exists());
+}

@@ -130,8 +130,6 @@ impl WorkerComputable for Transform {
             RowFormat::Csv,
             ctx.malformed_rows(),
         )?);
-        let part = self.staging.part(ctx.rank(), "jsonl");
-        self.out = Some(BufWriter::new(File::create(part)?));
         Ok(())
     }
 
@@ -143,8 +141,15 @@ impl WorkerComputable for Transform {
             ctx.vote_halt();
             return Ok(0);
         }
+        // The part is made in the first iteration, not in `init`: the staging directory
+        // exists once the coordinator started, which may be after a worker of another
+        // process ran its `init`, but is always before the first iteration.
+        if self.out.is_none() {
+            let part = self.staging.part(ctx.rank(), "jsonl");
+            self.out = Some(BufWriter::new(File::create(part)?));
+        }
         let source = self.source.as_mut().expect("opened in init");
-        let out = self.out.as_mut().expect("opened in init");
+        let out = self.out.as_mut().expect("made above");
         let before = source.offset();
         let mut written = 0;
         for _ in 0..self.batch {

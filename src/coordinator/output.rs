@@ -13,7 +13,9 @@ use crate::protocol::Rank;
 
 /// A job's staging directory, where each worker writes its part files
 /// (`part-00003.jsonl` for rank 3). Clone it into the worker factory; the coordinator that
-/// owns it creates it at the start and removes it at the end.
+/// owns it creates it at the start and removes it at the end. Write parts in `compute`, not
+/// in `init`: the directory is made in `on_start`, which comes before the first iteration
+/// but, over TCP, not necessarily before another process's `init`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Staging {
     dir: PathBuf,

@@ -22,7 +22,10 @@ use superstep::coordinator::{FileMerge, MalformedRows, MergeFormat};
 
 /// CSV → JSONL on superstep.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "A generated CSV file transformed to JSONL by every worker, merged into one file"
+)]
 struct Args {
     /// Rows of the generated CSV file.
     #[arg(long, default_value_t = 500_000)]
@@ -31,7 +34,7 @@ struct Args {
     #[arg(long)]
     workers: Option<usize>,
     /// Rows each worker transforms per iteration.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: usize,
     /// Make every N-th row malformed.
     #[arg(long)]

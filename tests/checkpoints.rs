@@ -10,7 +10,7 @@ use superstep::checkpoint::{
     Checkpoint, CheckpointStore, FsCheckpointStore, MemoryCheckpointStore,
 };
 use superstep::prelude::*;
-use superstep::{Iteration, JobBuilder, Phase};
+use superstep::{HaltedBy, Iteration, JobBuilder, Phase};
 
 /// A master with state of its own beyond its result: how many iterations it folded and a
 /// running checksum of the workers' results. Fails once at `fail_at`, if set.
@@ -21,6 +21,8 @@ struct Stateful {
     failed: Arc<AtomicU64>,
     broken_save: bool,
     broken_restore: bool,
+    /// Halts the job after this iteration.
+    halt_at: Option<Iteration>,
 }
 
 impl MasterComputable for Stateful {
@@ -41,7 +43,11 @@ impl MasterComputable for Stateful {
         }
         let (sum, _) = ctx.last_master_result().copied().unwrap_or((0, 0));
         let total: u64 = ctx.worker_results().iter().sum();
-        Ok(Step::Continue((sum + total, self.checksum ^ self.folded)))
+        let result = (sum + total, self.checksum ^ self.folded);
+        if Some(ctx.iteration()) == self.halt_at {
+            return Ok(Step::Halt(result));
+        }
+        Ok(Step::Continue(result))
     }
 
     fn save_state(&self) -> Result<Vec<u8>, BoxError> {
@@ -68,9 +74,30 @@ impl WorkerComputable for Worker {
     type WorkerResult = u64;
 
     fn compute(&mut self, ctx: &mut WorkerContext<(u64, u64), u64>) -> Result<u64, BoxError> {
-        let (sum, check) = ctx.last_master_result().copied().unwrap_or((0, 0));
-        Ok((sum % 1_000) + (check % 7) + ctx.rank() as u64 * 10 + ctx.iteration())
+        worker_result(ctx)
     }
+}
+
+/// Every one votes to halt at iteration `at`.
+struct Voting {
+    at: Iteration,
+}
+
+impl WorkerComputable for Voting {
+    type MasterResult = (u64, u64);
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<(u64, u64), u64>) -> Result<u64, BoxError> {
+        if ctx.iteration() == self.at {
+            ctx.vote_halt();
+        }
+        worker_result(ctx)
+    }
+}
+
+fn worker_result(ctx: &WorkerContext<(u64, u64), u64>) -> Result<u64, BoxError> {
+    let (sum, check) = ctx.last_master_result().copied().unwrap_or((0, 0));
+    Ok((sum % 1_000) + (check % 7) + ctx.rank() as u64 * 10 + ctx.iteration())
 }
 
 fn master(fail_at: Option<Iteration>) -> Stateful {
@@ -81,6 +108,7 @@ fn master(fail_at: Option<Iteration>) -> Stateful {
         failed: Arc::new(AtomicU64::new(0)),
         broken_save: false,
         broken_restore: false,
+        halt_at: None,
     }
 }
 
@@ -150,6 +178,39 @@ fn a_job_whose_checkpoint_covers_every_iteration_completes_at_once_with_its_resu
 }
 
 #[test]
+fn a_job_resumed_from_the_checkpoint_of_its_halt_completes_at_once_halted() {
+    // Halted by the master, and by the workers' vote, at a checkpointed iteration: a
+    // master started again from that checkpoint must not run on past the halt.
+    for by in [HaltedBy::Master, HaltedBy::Workers] {
+        let run = |store: MemoryCheckpointStore| {
+            let mut m = master(None);
+            if by == HaltedBy::Master {
+                m.halt_at = Some(6);
+            }
+            Job::builder(m, move |_| Voting {
+                at: if by == HaltedBy::Workers { 6 } else { 0 },
+            })
+            .workers(3)
+            .iterations(12)
+            .job_id("ckpt")
+            .worker_halt(true)
+            .checkpoint(store, 3)
+            .run()
+            .unwrap()
+        };
+        let store = MemoryCheckpointStore::new();
+        let first = run(store.clone());
+        assert_eq!((first.iterations, first.report.halted_by), (6, Some(by)));
+        assert_eq!(store.checkpoints().last().unwrap().halted, Some(by));
+        let again = run(store);
+        assert_eq!(again.report.resumed_from, Some(6), "{by:?}");
+        assert!(again.report.iterations.is_empty(), "{by:?}");
+        assert_eq!(again.result, first.result, "{by:?}");
+        assert_eq!((again.iterations, again.report.halted_by), (6, Some(by)));
+    }
+}
+
+#[test]
 fn on_disk_a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
     let dir = tempfile::tempdir().unwrap();
     let store = || FsCheckpointStore::new(dir.path(), 3).unwrap();
@@ -176,6 +237,7 @@ fn checkpoints_of_another_job_are_refused_naming_both_jobs() {
             attempt: 0,
             master_result: rmp_serde::to_vec(&(1u64, 2u64)).unwrap(),
             master_state: Vec::new(),
+            halted: None,
         })
         .unwrap();
     let err = job(master(None), store, 2).run().unwrap_err();

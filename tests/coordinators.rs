@@ -17,7 +17,7 @@ use superstep::coordinator::{
     MergeFormat, Staging, WorkerReport,
 };
 use superstep::prelude::*;
-use superstep::{Cancel, Hook};
+use superstep::{Cancel, FailurePolicy, Hook};
 
 fn read_lines(path: &Path) -> Vec<pipeline::Line> {
     std::fs::read_to_string(path)
@@ -255,15 +255,16 @@ fn malformed_rows_are_skipped_and_named_or_fail_the_job_leaving_the_old_output()
     assert!(!staging.dir().exists());
 }
 
-#[test]
-fn a_failed_worker_is_never_reported_done_and_the_job_leaves_no_output() {
-    let f = files(2_000, None);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let merge = FileMerge::new(&f.output, MergeFormat::Lines);
+/// The pipeline of `f` on 3 workers merged by `merge`, audited into `log`; worker 1 fails
+/// in its second iteration, after writing part of its part file.
+fn rank_1_fails_at_2(
+    f: &Files,
+    merge: FileMerge,
+    log: &Arc<Mutex<Vec<String>>>,
+) -> superstep::JobBuilder<u64, u64> {
     let staging = merge.staging().clone();
-    let worker_staging = staging.clone();
-    let error = Job::builder(pipeline::Progress, move |rank| {
-        let mut t = pipeline::Transform::new(worker_staging.clone(), 300);
+    Job::builder(pipeline::Progress, move |rank| {
+        let mut t = pipeline::Transform::new(staging.clone(), 300);
         t.fail_at = (rank == 1).then_some(2);
         t
     })
@@ -276,11 +277,18 @@ fn a_failed_worker_is_never_reported_done_and_the_job_leaves_no_output() {
     })
     .coordinator(
         Composite::new()
-            .with(Recorder::new("audit", &log))
+            .with(Recorder::new("audit", log))
             .with(merge),
     )
-    .run()
-    .unwrap_err();
+}
+
+#[test]
+fn a_failed_worker_is_never_reported_done_and_the_job_leaves_no_output() {
+    let f = files(2_000, None);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let merge = FileMerge::new(&f.output, MergeFormat::Lines);
+    let staging = merge.staging().clone();
+    let error = rank_1_fails_at_2(&f, merge, &log).run().unwrap_err();
     assert_eq!(error.rank(), Some(1), "{error}");
     let log = log_of(&log);
     assert_eq!(log.len(), 2, "{log:?}");
@@ -289,6 +297,37 @@ fn a_failed_worker_is_never_reported_done_and_the_job_leaves_no_output() {
         log[1].starts_with("audit on_error: worker 1 failed"),
         "{log:?}"
     );
+    assert!(!f.output.exists(), "nothing is merged");
+    assert!(!staging.dir().exists(), "the staging directory is removed");
+}
+
+#[test]
+fn a_worker_left_out_after_it_failed_is_not_reported_completed_and_nothing_is_merged() {
+    let f = files(2_000, None);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let merge = FileMerge::new(&f.output, MergeFormat::Lines);
+    let staging = merge.staging().clone();
+    // The job itself goes on without rank 1, which wrote part of its part file and then
+    // ran on to its end: its rows must not be committed as if it had completed.
+    let error = rank_1_fails_at_2(&f, merge, &log)
+        .failure_policy(FailurePolicy::ContinueWithout)
+        .min_workers(0.6, Duration::from_secs(10))
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JobError::Coordinator {
+                hook: Hook::OnFinish,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("[0, 2] of 3"), "{error}");
+    let log = log_of(&log);
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(log[1].starts_with("audit on_error: "), "{log:?}");
     assert!(!f.output.exists(), "nothing is merged");
     assert!(!staging.dir().exists(), "the staging directory is removed");
 }
@@ -498,4 +537,45 @@ fn a_csv_merge_keeps_a_single_header() {
         "id,v\n1,a\n2,b\n3,c\n",
         "the target is left as it was"
     );
+}
+
+#[test]
+fn only_files_named_as_parts_are_merged_and_the_target_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("out.jsonl");
+    std::fs::write(&target, "old\n").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut merge = FileMerge::new(&target, MergeFormat::Lines);
+    merge.on_start().unwrap();
+    let staging = merge.staging().clone();
+    std::fs::write(staging.part(0, "jsonl"), "0\n").unwrap();
+    std::fs::write(staging.part(1, "jsonl"), "1\n").unwrap();
+    // A worker's unfinished write, and files that only look like parts.
+    std::fs::write(staging.dir().join("part-00001.jsonl.tmp"), "half").unwrap();
+    std::fs::write(staging.dir().join("part-.jsonl"), "x\n").unwrap();
+    std::fs::write(staging.dir().join("part-00002"), "x\n").unwrap();
+    merge.on_finish(&[]).unwrap();
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "0\n1\n");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o640,
+        "the merged file keeps the target's permissions"
+    );
+}
+
+#[test]
+fn a_commit_starts_by_clearing_the_temporary_files_a_crash_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("table");
+    std::fs::create_dir_all(&output).unwrap();
+    let leftover = output.join(".superstep-AbC123");
+    std::fs::write(&leftover, "half a manifest").unwrap();
+    let mut commit = AtomicCommit::new(&output, "job");
+    commit.on_start().unwrap();
+    assert!(!leftover.exists());
+    stage(commit.staging(), 1, 2);
+    commit.on_finish(&[]).unwrap();
+    let (manifest, files) = AtomicCommit::committed(&output).unwrap().unwrap();
+    assert_eq!((manifest.version, files.len()), (1, 2));
 }

@@ -44,6 +44,9 @@ const MASTER_KILLED: [&str; 4] = [
     "kill-master-torn-checkpoint",
     "kill-master-in-flight",
 ];
+/// The master of a job in barrier mode is killed in its compute: its workers cannot carry
+/// their sync calls over to the master started again, and fail instead of waiting.
+const KILL_MASTER_BARRIER: &str = "kill-master-barrier";
 /// Where the master's checkpoints go, and the master's pid for a worker to kill it by.
 const CHECKPOINTS: &str = "SUPERSTEP_TEST_CHECKPOINTS";
 /// The iteration at which the master is killed, and every how many a checkpoint is saved.
@@ -111,7 +114,11 @@ impl MasterComputable for FaultyMaster {
         ctx: &mut MasterContext<lr::Model, lr::Gradient>,
     ) -> Result<Step<lr::Model>, BoxError> {
         self.iteration = ctx.iteration();
-        if (self.fault, self.iteration) == (Some("kill-master-compute"), KILL_MASTER_AT) {
+        let killed = matches!(
+            self.fault,
+            Some("kill-master-compute" | KILL_MASTER_BARRIER)
+        );
+        if killed && self.iteration == KILL_MASTER_AT {
             kill_self();
         }
         self.inner.compute(ctx)
@@ -269,6 +276,7 @@ fn child_process() {
         "kill-in-flight" => Some("kill-in-flight"),
         "kill-last" => Some("kill-last"),
         "fail" => Some("fail"),
+        KILL_MASTER_BARRIER => Some(KILL_MASTER_BARRIER),
         _ => MASTER_KILLED.iter().copied().find(|&b| b == behaviour),
     };
     let policy = if RECOVERED.contains(&behaviour.as_str()) {
@@ -279,6 +287,7 @@ fn child_process() {
     let transport = TcpTransport::new(settings).unwrap();
     let mut job = job(&data(), env.world_size, fault)
         .failure_policy(policy)
+        .barrier_mode(behaviour == KILL_MASTER_BARRIER)
         .transport(transport);
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
@@ -312,7 +321,10 @@ fn child_process() {
 /// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
 /// launcher (and through it every child) is interrupted if the deadline passes.
 fn launch(n: usize, behaviour: &str) -> Output {
-    let restarts = if RECOVERED.contains(&behaviour) || MASTER_KILLED.contains(&behaviour) {
+    let restarts = if RECOVERED.contains(&behaviour)
+        || MASTER_KILLED.contains(&behaviour)
+        || behaviour == KILL_MASTER_BARRIER
+    {
         "1"
     } else {
         "0"
@@ -431,6 +443,44 @@ fn a_master_process_killed_at_any_point_is_started_again_resumes_and_the_job_end
             );
         }
     }
+}
+
+#[test]
+fn workers_of_a_barrier_mode_job_whose_master_is_started_again_fail_saying_why() {
+    let out = launch(3, KILL_MASTER_BARRIER);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    // Idle between iterations when their master died, they still end on their own, with
+    // the reason, rather than waiting to be killed.
+    for rank in 1..3 {
+        let failed = line_of(&stdout, &format!("[{rank}] FAILED "))
+            .unwrap_or_else(|| panic!("rank {rank} did not fail on its own: {stdout}\n{stderr}"));
+        assert!(failed.contains("barrier mode"), "rank {rank}: {failed}");
+    }
+}
+
+#[test]
+fn the_launcher_starts_again_a_master_killed_by_a_signal_but_not_one_that_exited() {
+    let run = |script: &str| {
+        Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
+            .args(["--nproc", "1", "--restarts", "1", "--", "sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    // Its job failed, its workers were told: starting it again would only wait for them.
+    let exited = run("exit 3");
+    let stderr = String::from_utf8_lossy(&exited.stderr);
+    assert_eq!(exited.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("starting it again"), "{stderr}");
+    // Killed: started again, told it is its first restart.
+    let killed = run(r#"[ "$SUPERSTEP_RESTART_COUNT" = 1 ] && exit 0; kill -9 $$"#);
+    let stderr = String::from_utf8_lossy(&killed.stderr);
+    assert!(killed.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 exited with signal: 9") && stderr.contains("starting it again"),
+        "{stderr}"
+    );
 }
 
 #[test]

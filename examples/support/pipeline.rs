@@ -166,10 +166,8 @@ impl WorkerComputable for Transform {
         if self.done {
             out.flush()?;
             out.get_ref().sync_all()?;
-            let counts = source.counts().clone();
-            ctx.rows().read += counts.read;
-            ctx.rows().rejected += counts.rejected;
-            ctx.rows().rejects.extend(counts.rejects);
+            // Rows read and rejected, the rejected ones with their file and line.
+            ctx.rows().add(source.counts());
             ctx.vote_halt();
         }
         Ok(read)

@@ -24,8 +24,8 @@
 //!   ignores it, and it ends with the job;
 //! - the master's process (rank 0) started again resumes the job from its newest
 //!   checkpoint as a new attempt; the workers, which lost it, reach it again within the
-//!   reconnect timeout and carry on. A master that exited because its job failed is
-//!   started again too, and fails again unless the failure has passed.
+//!   reconnect timeout and carry on. Only a master killed by a signal is started again:
+//!   one that exited on its own ended its job (its workers were told when it failed).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -221,7 +221,14 @@ fn main() -> ExitCode {
             let mut pids = pids.lock().unwrap_or_else(|e| e.into_inner());
             pids[rank] = None;
             ended[rank] = true;
-            if status.success() || restarts_left == 0 || interrupts.load(Ordering::SeqCst) > 0 {
+            // A master that exited on its own ended its job (a failed job's workers were
+            // told): only one that died — killed by a signal — is started again.
+            let master_exited = rank == 0 && status.signal().is_none();
+            if status.success()
+                || master_exited
+                || restarts_left == 0
+                || interrupts.load(Ordering::SeqCst) > 0
+            {
                 if rank == 0 {
                     break 'wait Ok(status);
                 }

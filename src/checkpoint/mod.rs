@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Attempt, Iteration};
+use crate::protocol::{Attempt, HaltedBy, Iteration};
 
 pub use fs::FsCheckpointStore;
 
@@ -32,6 +32,10 @@ pub struct Checkpoint {
     pub master_result: Vec<u8>,
     /// The master computable's own state, as it saved it.
     pub master_state: Vec<u8>,
+    /// Whether `iteration` halted the job: a job resumed from it finishes at once with
+    /// its master result instead of going on past the halt.
+    #[serde(default)]
+    pub halted: Option<HaltedBy>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -48,6 +52,7 @@ impl fmt::Debug for Checkpoint {
                 "master_state",
                 &format_args!("{} bytes", self.master_state.len()),
             )
+            .field("halted", &self.halted)
             .finish()
     }
 }
@@ -175,6 +180,7 @@ mod tests {
             attempt: 0,
             master_result: vec![iteration as u8; 3],
             master_state: b"state".to_vec(),
+            halted: None,
         }
     }
 

@@ -4,7 +4,8 @@
 //! ([`Coordinator::prepare_shards`]; by default [`Input::split`] does); `on_start` runs
 //! before any worker starts; when the job ends, `on_finish` runs with every worker's report
 //! if — and only if — every worker succeeded, and `on_error` otherwise (a failure, a
-//! timeout, a cancellation), after every worker was stopped. [`Composite`] runs several.
+//! timeout, a cancellation), after every worker stopped or the shutdown timeout passed.
+//! [`Composite`] runs several.
 //!
 //! Built in: [`FileMerge`] (the parts into one CSV or JSONL file, atomically) and
 //! [`AtomicCommit`] (the parts into a new version of an output directory, switched by a
@@ -67,7 +68,8 @@ pub trait Coordinator: Send + 'static {
         Ok(())
     }
 
-    /// When the job failed, timed out or was cancelled — after every worker stopped:
+    /// When the job failed, timed out or was cancelled — after every worker stopped, or
+    /// the shutdown timeout passed (a worker stuck in its code may still run then):
     /// clean up, roll back. It may run without `on_start` having run (a failure before the
     /// job started), so it must not assume what that created exists.
     fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
@@ -80,6 +82,11 @@ pub trait Coordinator: Send + 'static {
 /// runs in order, `on_finish` in reverse (output before input), and `on_error` runs every
 /// one, in reverse, even when some fail (the first failure is returned, the others
 /// logged). A failed `on_start` stops the ones after it from starting.
+///
+/// Each member's `on_finish` is atomic on its own, but the members together are not: when
+/// one fails, the ones that finished before it (those added after it) keep what they
+/// committed, and `on_error` runs for every member. Put at most one committing coordinator
+/// in a composite, or make the later ones tolerate an earlier one's commit.
 #[derive(Default)]
 pub struct Composite {
     parts: Vec<Box<dyn Coordinator>>,

@@ -37,19 +37,25 @@ impl Staging {
         self.dir.join(format!("part-{rank:05}.{ext}"))
     }
 
-    /// The part files there, in rank order (by name).
+    /// The part files there, in rank order (by name): the files named as
+    /// [`part`](Staging::part) names them (`part-00003.jsonl`), so a worker's
+    /// `part-00003.jsonl.tmp` or any other file is never taken for a part.
     pub fn parts(&self) -> io::Result<Vec<PathBuf>> {
         let mut parts: Vec<PathBuf> = fs::read_dir(&self.dir)?
             .filter_map(|e| e.ok())
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("part-"))
-            })
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(is_part))
             .collect();
         parts.sort();
         Ok(parts)
+    }
+
+    /// Flushes every part, and the directory, to disk.
+    fn sync(&self) -> io::Result<()> {
+        for part in self.parts()? {
+            File::open(part)?.sync_all()?;
+        }
+        sync_dir(&self.dir)
     }
 
     /// An empty directory: what an earlier run left there is removed.
@@ -67,6 +73,17 @@ impl Staging {
     }
 }
 
+/// Whether `name` is a part's: `part-`, the rank's digits, `.`, an extension without dots.
+fn is_part(name: &str) -> bool {
+    let Some((rank, ext)) = name.strip_prefix("part-").and_then(|n| n.split_once('.')) else {
+        return false;
+    };
+    !rank.is_empty()
+        && rank.bytes().all(|b| b.is_ascii_digit())
+        && !ext.is_empty()
+        && !ext.contains('.')
+}
+
 /// Writes `bytes` to `target` atomically: a temporary file in the same directory, flushed
 /// to disk, renamed over the target, and the directory flushed.
 fn write_atomically(
@@ -74,14 +91,27 @@ fn write_atomically(
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
     let dir = parent(target);
-    let mut temp = tempfile::Builder::new()
-        .prefix(".superstep-")
-        .tempfile_in(dir)?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(TEMP_PREFIX);
+    // A file readers can read, as the one it replaces: the temporary file's own 0600 would
+    // be kept by the rename.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(fs::Permissions::from_mode(0o666));
+    }
+    let mut temp = builder.tempfile_in(dir)?;
+    if let Ok(old) = fs::metadata(target) {
+        temp.as_file().set_permissions(old.permissions())?;
+    }
     write(temp.as_file_mut())?;
     temp.as_file().sync_all()?;
     temp.persist(target).map_err(|e| e.error)?;
     sync_dir(dir)
 }
+
+/// The prefix of [`write_atomically`]'s temporary files.
+const TEMP_PREFIX: &str = ".superstep-";
 
 fn parent(path: &Path) -> &Path {
     match path.parent() {
@@ -196,7 +226,10 @@ impl Coordinator for FileMerge {
         write_atomically(&self.target, |out| self.merge(out))
             .map_err(|e| format!("merging the parts into {}: {e}", self.target.display()))?;
         tracing::info!(target = %self.target.display(), "merged the parts");
-        self.staging.remove()?;
+        // The merged file is in place: the job's output is done, whatever the cleanup says.
+        if let Err(error) = self.staging.remove() {
+            tracing::warn!(staging = %self.staging.dir().display(), %error, "could not remove the staging directory");
+        }
         Ok(())
     }
 
@@ -306,6 +339,8 @@ impl AtomicCommit {
         let version = current(&self.output)?.unwrap_or(0) + 1;
         let dir = self.output.join(version_dir(version));
         remove_dir(&dir)?;
+        // The parts are on disk before anything names them.
+        self.staging.sync()?;
         fs::rename(self.staging.dir(), &dir)?;
         sync_dir(&self.output)?;
         self.step(CommitStep::Staged)?;
@@ -328,21 +363,25 @@ impl AtomicCommit {
         self.step(CommitStep::Manifest)?;
         write_atomically(&self.output.join("CURRENT"), |f| writeln!(f, "{version}"))?;
         self.step(CommitStep::Switched)?;
-        self.clean(version, false)?;
+        // Committed: removing old versions is housekeeping, never the job's failure.
+        if let Err(error) = self.clean(version, false) {
+            tracing::warn!(output = %self.output.display(), %error, "could not remove old versions");
+        }
         self.step(CommitStep::Cleaned)?;
         Ok(version)
     }
 
     /// Removes versions older than the kept ones, and with `uncommitted` also those newer
-    /// than `current` (what a crashed commit left).
+    /// than `current` and temporary files (what a crashed commit left).
     fn clean(&self, current: u64, uncommitted: bool) -> io::Result<()> {
         for entry in fs::read_dir(&self.output)? {
             let path = entry?.path();
-            let Some(version) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(parse_version)
-            else {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if uncommitted && name.starts_with(TEMP_PREFIX) && path.is_file() {
+                fs::remove_file(&path)?;
+                continue;
+            }
+            let Some(version) = parse_version(name) else {
                 continue;
             };
             let old = version + (self.keep as u64) <= current;

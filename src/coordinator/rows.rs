@@ -116,20 +116,20 @@ pub struct RowSource<T> {
 /// A row's file offset, and the row or why it is malformed.
 type Parsed<T> = (u64, Result<T, String>);
 
-/// Where the rows come from.
+/// Where the rows come from: whole lines of the range, whatever the format, so a row is
+/// always one line — a malformed one (an unclosed quote included) is that line alone.
 #[derive(Debug)]
-enum Lines {
-    Csv {
-        reader: Box<csv::Reader<LineReader>>,
-        headers: csv::StringRecord,
-        /// The range's first byte: csv positions count from it.
-        start: u64,
-        record: csv::ByteRecord,
-    },
-    Jsonl {
-        reader: LineReader,
-        line: Vec<u8>,
-    },
+struct Lines {
+    reader: LineReader,
+    line: Vec<u8>,
+    format: Format,
+}
+
+/// How a line is parsed.
+#[derive(Debug)]
+enum Format {
+    Csv(Box<CsvLine>),
+    Jsonl,
 }
 
 impl<T: DeserializeOwned> RowSource<T> {
@@ -151,11 +151,8 @@ impl<T: DeserializeOwned> RowSource<T> {
                 reason,
             })
         };
-        let lines = match format {
-            RowFormat::Jsonl => Lines::Jsonl {
-                reader,
-                line: Vec::new(),
-            },
+        let format = match format {
+            RowFormat::Jsonl => Format::Jsonl,
             RowFormat::Csv => {
                 let header = reader.header().ok_or_else(|| {
                     header_error(
@@ -169,18 +166,13 @@ impl<T: DeserializeOwned> RowSource<T> {
                     .next()
                     .unwrap_or_else(|| Ok(csv::StringRecord::new()))
                     .map_err(|e| header_error(format!("the header: {e}")))?;
-                Lines::Csv {
-                    reader: Box::new(
-                        csv::ReaderBuilder::new()
-                            .has_headers(false)
-                            .flexible(true)
-                            .from_reader(reader),
-                    ),
-                    headers,
-                    start: range.start,
-                    record: csv::ByteRecord::new(),
-                }
+                Format::Csv(Box::new(CsvLine::new(headers)))
             }
+        };
+        let lines = Lines {
+            reader,
+            line: Vec::new(),
+            format,
         };
         Ok(RowSource {
             lines,
@@ -194,10 +186,7 @@ impl<T: DeserializeOwned> RowSource<T> {
 
     /// The file offset up to which the range has been read.
     pub fn offset(&self) -> u64 {
-        match &self.lines {
-            Lines::Csv { reader, start, .. } => start + reader.position().byte(),
-            Lines::Jsonl { reader, .. } => reader.offset(),
-        }
+        self.lines.reader.offset()
     }
 
     /// What was read and rejected so far.
@@ -212,45 +201,101 @@ impl<T: DeserializeOwned> RowSource<T> {
 
     /// The next non-empty row: its file offset and what parsing it gave.
     fn next_row(&mut self) -> Option<io::Result<Parsed<T>>> {
-        match &mut self.lines {
-            Lines::Jsonl { reader, line } => loop {
-                match reader.next_line(line) {
-                    Ok(Some(_)) if line.is_empty() => continue,
-                    Ok(Some(offset)) => {
-                        let parsed = serde_json::from_slice(line).map_err(|e| e.to_string());
-                        return Some(Ok((offset, parsed)));
-                    }
-                    Ok(None) => return None,
-                    Err(e) => return Some(Err(e)),
+        let Lines {
+            reader,
+            line,
+            format,
+        } = &mut self.lines;
+        loop {
+            match reader.next_line(line) {
+                Ok(Some(_)) if line.is_empty() => continue,
+                Ok(Some(offset)) => {
+                    let parsed = match format {
+                        Format::Jsonl => serde_json::from_slice(line).map_err(|e| e.to_string()),
+                        Format::Csv(csv) => csv.parse(line),
+                    };
+                    return Some(Ok((offset, parsed)));
                 }
-            },
-            Lines::Csv {
-                reader,
-                headers,
-                start,
-                record,
-            } => match reader.read_byte_record(record) {
-                Ok(false) => None,
-                Ok(true) => {
-                    let offset = *start + record.position().map_or(0, |p| p.byte());
-                    Some(Ok((offset, parse_record(record, headers))))
-                }
-                Err(e) => match e.into_kind() {
-                    csv::ErrorKind::Io(e) => Some(Err(e)),
-                    other => Some(Err(io::Error::other(format!("{other:?}")))),
-                },
-            },
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            }
         }
+    }
+}
+
+/// Parses one CSV line (its terminator removed) into a record: a quoted field may hold
+/// commas and doubled quotes, but not a line break, so a quote left open is that line's
+/// fault and never swallows the lines after it.
+#[derive(Debug)]
+struct CsvLine {
+    core: csv_core::Reader,
+    headers: csv::StringRecord,
+    fields: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl CsvLine {
+    fn new(headers: csv::StringRecord) -> Self {
+        CsvLine {
+            // Only `\n` ends a record: a `\r` inside a line is a byte like any other.
+            core: csv_core::ReaderBuilder::new()
+                .terminator(csv_core::Terminator::Any(b'\n'))
+                .build(),
+            headers,
+            fields: vec![0; 256],
+            ends: vec![0; 16],
+        }
+    }
+
+    fn parse<T: DeserializeOwned>(&mut self, line: &[u8]) -> Result<T, String> {
+        self.core.reset();
+        let (mut input, mut out, mut nends) = (line, 0, 0);
+        let mut terminated = false;
+        loop {
+            let (result, nin, nout, nend) =
+                self.core
+                    .read_record(input, &mut self.fields[out..], &mut self.ends[nends..]);
+            input = &input[nin..];
+            out += nout;
+            nends += nend;
+            match result {
+                csv_core::ReadRecordResult::OutputFull => {
+                    let len = self.fields.len();
+                    self.fields.resize(len * 2, 0);
+                }
+                csv_core::ReadRecordResult::OutputEndsFull => {
+                    let len = self.ends.len();
+                    self.ends.resize(len * 2, 0);
+                }
+                // The line is all in: the terminator ends the record, unless a quote is open.
+                csv_core::ReadRecordResult::InputEmpty if !terminated => {
+                    terminated = true;
+                    input = b"\n";
+                }
+                csv_core::ReadRecordResult::InputEmpty => {
+                    return Err("a quoted field is not closed on its line".into())
+                }
+                csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
+            }
+        }
+        // Field ends are relative to the output the record was read into, in order.
+        let mut record = csv::ByteRecord::with_capacity(out, nends);
+        let mut start = 0;
+        for &end in &self.ends[..nends] {
+            record.push_field(&self.fields[start..end]);
+            start = end;
+        }
+        parse_record(record, &self.headers)
     }
 }
 
 /// One CSV record as a `T`, or why not.
 fn parse_record<T: DeserializeOwned>(
-    record: &csv::ByteRecord,
+    record: csv::ByteRecord,
     headers: &csv::StringRecord,
 ) -> Result<T, String> {
     let record =
-        csv::StringRecord::from_byte_record(record.clone()).map_err(|_| "not UTF-8".to_string())?;
+        csv::StringRecord::from_byte_record(record).map_err(|_| "not UTF-8".to_string())?;
     if record.len() != headers.len() {
         return Err(format!(
             "{} fields where the header has {}",
@@ -357,6 +402,35 @@ mod tests {
         );
         let error = failing.next().unwrap().unwrap_err().to_string();
         assert!(error.contains("in.csv:3: "), "{error}");
+    }
+
+    #[test]
+    fn a_csv_row_is_one_line_an_unclosed_quote_rejects_that_line_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.csv");
+        std::fs::write(
+            &path,
+            "id,name\r\n1,\"a, \"\"b\"\"\"\r\n\r\nx,b\r\n2,\"bob\n3,carl\r\n4,\"d\rd\"\n",
+        )
+        .unwrap();
+        let range = split_lines(&path, true, 1).unwrap().remove(0);
+        let mut rows = RowSource::<Row>::open(&range, RowFormat::Csv, MalformedRows::Skip).unwrap();
+        let read: Vec<Row> = rows.by_ref().map(Result::unwrap).collect();
+        let names: Vec<(u32, &str)> = read.iter().map(|r| (r.id, r.name.as_str())).collect();
+        assert_eq!(names, vec![(1, "a, \"b\""), (3, "carl"), (4, "d\rd")]);
+        let counts = rows.into_counts();
+        assert_eq!((counts.read, counts.rejected), (5, 2));
+        let lines: Vec<(u64, &str)> = counts
+            .rejects
+            .iter()
+            .map(|r| (r.line, r.reason.as_str()))
+            .collect();
+        assert_eq!(lines[0].0, 4, "after a CRLF line and an empty one");
+        assert_eq!(
+            lines[1],
+            (5, "a quoted field is not closed on its line"),
+            "{lines:?}"
+        );
     }
 
     #[test]

@@ -385,6 +385,11 @@ impl<W> Gate<W> {
         }
     }
 
+    /// Whether the job goes on without the worker of `rank` for good.
+    pub fn is_lost(&self, rank: Rank) -> bool {
+        self.lost.get(rank).copied().unwrap_or(false)
+    }
+
     /// The ranks the job goes on without for good, in rank order.
     pub fn lost(&self) -> Vec<Rank> {
         missing(&self.lost.iter().map(|l| !l).collect::<Vec<_>>())

@@ -403,7 +403,11 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
             ToMaster::Done {
                 attempt, ref rows, ..
             } if attempt == self.attempt() => {
-                if let Some(slot) = self.rows.get_mut(from) {
+                // A worker that failed runs on to its `Done`: a rank left out, or one whose
+                // failed process is still the one talking, never reports as completed.
+                let failed =
+                    self.gate.is_lost(from) || self.awaiting.get(from) == Some(&Awaiting::OldEnd);
+                if let Some(slot) = self.rows.get_mut(from).filter(|_| !failed) {
                     *slot = Some(rows.clone());
                 }
             }

@@ -34,6 +34,8 @@ pub(crate) struct MasterTask<M, W> {
     checkpointing: Option<Checkpointing>,
     /// The computable's state to restore before the job starts, when it resumes.
     restore: Option<Vec<u8>>,
+    /// Whether the checkpoint resumed from halted the job.
+    resumed_halt: Option<HaltedBy>,
     /// Whether to keep the computable's state as it starts (`initial`), to start over
     /// from when every worker restarts without a checkpoint.
     keep_initial: bool,
@@ -60,6 +62,9 @@ struct Round<W> {
     iteration: Iteration,
     gathered: Gathered<W>,
     span: tracing::Span,
+    /// Whether the workers' votes halt the job after this iteration (the master's own
+    /// halt is known once it computed): a checkpoint of it says so.
+    workers_halt: bool,
 }
 
 enum Worked<M> {
@@ -83,7 +88,10 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
-        let restore = resume.map(|resume| resume.into_context(&mut ctx));
+        let (restore, resumed_halt) = match resume.map(|r| r.into_context(&mut ctx)) {
+            Some((state, halted)) => (Some(state), halted),
+            None => (None, None),
+        };
         MasterTask {
             computable,
             interceptors,
@@ -91,6 +99,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             entered: 0,
             checkpointing,
             restore,
+            resumed_halt,
             keep_initial: false,
             initial: None,
             attempt,
@@ -106,8 +115,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
 
     /// Starts over as `attempt`, every worker having restarted: from the newest usable
     /// checkpoint, or from the start (the computable's state as the job started). Returns
-    /// the checkpoint's iteration, if there was one.
-    fn restart(&mut self, attempt: Attempt) -> Result<Option<Iteration>, JobError> {
+    /// the checkpoint's iteration, if there was one (and whether it halted the job).
+    fn restart(
+        &mut self,
+        attempt: Attempt,
+    ) -> Result<Option<(Iteration, Option<HaltedBy>)>, JobError> {
         self.attempt = attempt;
         let ctx = &self.ctx;
         let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
@@ -116,7 +128,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             None => None,
         };
         let (from, state) = match resumed {
-            Some(resume) => (Some(resume.iteration), resume.into_context(&mut fresh)),
+            Some(resume) => {
+                let iteration = resume.iteration;
+                let (state, halted) = resume.into_context(&mut fresh);
+                (Some((iteration, halted)), state)
+            }
             None => (None, self.initial.clone().unwrap_or_default()),
         };
         self.ctx = fresh;
@@ -213,6 +229,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     fn iterate(&mut self, round: Round<W>) -> Result<Computed<M>, JobError> {
         let _span = round.span.entered();
         let iteration = round.iteration;
+        let workers_halt = round.workers_halt;
         self.ctx.enter(iteration, round.gathered);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
@@ -234,7 +251,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         self.ctx.results = Vec::new();
         self.ctx.combined = None;
         self.ctx.last = Some(Arc::clone(&result));
-        let checkpointed = self.save_checkpoint(iteration, &result);
+        let halted = if halt {
+            Some(HaltedBy::Master)
+        } else {
+            workers_halt.then_some(HaltedBy::Workers)
+        };
+        let checkpointed = self.save_checkpoint(iteration, &result, halted);
         Ok(Computed {
             result,
             halt,
@@ -244,7 +266,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
 
     /// Saves a checkpoint of `iteration` if one is due. A checkpoint that cannot be made
     /// or written is logged and skipped: the job goes on, and the one before stays.
-    fn save_checkpoint(&mut self, iteration: Iteration, result: &M) -> bool {
+    fn save_checkpoint(
+        &mut self,
+        iteration: Iteration,
+        result: &M,
+        halted: Option<HaltedBy>,
+    ) -> bool {
         let Some(checkpointing) = &mut self.checkpointing else {
             return false;
         };
@@ -263,6 +290,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     attempt: self.attempt,
                     master_result,
                     master_state,
+                    halted,
                 })
             });
         let saved = made.and_then(|c| checkpointing.store.save(&c).map_err(|e| e.to_string()));
@@ -332,6 +360,8 @@ pub(crate) struct MasterActor<M: Payload, W: Payload> {
     attempt: Attempt,
     /// The checkpoint's iteration the current attempt starts after, if any.
     start_after: Option<Iteration>,
+    /// Whether that checkpoint's iteration halted the job.
+    resumed_halt: Option<HaltedBy>,
     /// Every worker restarted (as `attempt`) while the master's code was away on the
     /// pool: what it brings back is discarded, and the master starts over.
     pending_restart: bool,
@@ -352,6 +382,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         let now = Instant::now();
         // A resumed task starts at its checkpoint's iteration and master result.
         let resumed_from = task.resumed_from();
+        let resumed_halt = task.resumed_halt;
         let last = task.ctx.last.clone();
         let attempt = task.attempt;
         let report = JobReport {
@@ -382,6 +413,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             stuck: false,
             attempt,
             start_after: resumed_from,
+            resumed_halt,
             pending_restart: false,
             coordination: None,
         }
@@ -486,9 +518,12 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
             return;
         }
         match (self.start_after, self.last.clone()) {
-            // The checkpoint covers every iteration: the job is complete.
-            (Some(resumed), Some(last)) if resumed >= self.config.iterations => {
-                self.finish(resumed, None, last)
+            // The checkpoint covers every iteration, or its iteration halted: the job is
+            // complete.
+            (Some(resumed), Some(last))
+                if resumed >= self.config.iterations || self.resumed_halt.is_some() =>
+            {
+                self.finish(resumed, self.resumed_halt, last)
             }
             (Some(resumed), _) => self.begin(resumed + 1),
             (None, _) => self.begin(self.schedule.first()),
@@ -723,12 +758,21 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                     return;
                 }
                 let span = self.span.clone().unwrap_or_else(tracing::Span::none);
+                let workers_halt = matches!(
+                    self.schedule
+                        .decide(iteration, false, gathered.tally.halt_votes),
+                    Next::Finish {
+                        halted: Some(HaltedBy::Workers),
+                        ..
+                    }
+                );
                 self.dispatch(
                     ctx,
                     Work::Iterate(Round {
                         iteration,
                         gathered,
                         span,
+                        workers_halt,
                     }),
                 );
             }
@@ -797,8 +841,9 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         };
         match task.restart(attempt) {
             Ok(from) => {
-                tracing::info!(attempt, resumed_from = ?from, "the job starts over as a new attempt");
-                self.start_after = from;
+                tracing::info!(attempt, resumed_from = ?from.map(|(i, _)| i), "the job starts over as a new attempt");
+                self.start_after = from.map(|(iteration, _)| iteration);
+                self.resumed_halt = from.and_then(|(_, halted)| halted);
                 self.last = task.ctx.last.clone();
                 self.master_ready = true;
                 self.maybe_begin();

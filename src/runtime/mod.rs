@@ -37,7 +37,7 @@ use crate::events::Events;
 use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
 use crate::job::Cancel;
 use crate::protocol::{
-    Attempt, FailurePolicy, Gate, GateConfig, Iteration, Rank, Recovery, SyncState,
+    Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, Rank, Recovery, SyncState,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport};
@@ -127,15 +127,20 @@ pub(crate) struct Resume<M> {
     pub(crate) attempt: Attempt,
     pub(crate) last: Arc<M>,
     pub(crate) state: Vec<u8>,
+    /// Whether the checkpoint's iteration halted the job.
+    pub(crate) halted: Option<HaltedBy>,
 }
 
 impl<M> Resume<M> {
     /// Puts the checkpoint's iteration and master result into `ctx`; returns the master
-    /// computable's state to restore.
-    pub(crate) fn into_context<W>(self, ctx: &mut MasterContext<M, W>) -> Vec<u8> {
+    /// computable's state to restore, and whether the checkpoint's iteration halted.
+    pub(crate) fn into_context<W>(
+        self,
+        ctx: &mut MasterContext<M, W>,
+    ) -> (Vec<u8>, Option<HaltedBy>) {
         ctx.iteration = self.iteration;
         ctx.last = Some(self.last);
-        self.state
+        (self.state, self.halted)
     }
 }
 
@@ -171,6 +176,7 @@ fn resume<M: Payload>(
         attempt: c.attempt,
         last: Arc::new(last),
         state: c.master_state,
+        halted: c.halted,
     }))
 }
 

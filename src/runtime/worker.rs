@@ -452,7 +452,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     /// Registers with a master's node that has not seen this worker (a master process
     /// started again): in its attempt, keeping the shard `init` loaded, and dropping what
     /// was under way for the master left behind.
-    fn register_again(&mut self, attempt: Attempt) {
+    fn register_again(&mut self, ctx: &mut Context<Self>, attempt: Attempt) {
         tracing::info!(
             rank = self.rank,
             attempt,
@@ -462,12 +462,17 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         self.pending_iterate = None;
         if self.sync_answers.is_some() {
             // A compute may be waiting in a sync call the new master never saw.
-            return self.fail(JobError::MasterLost {
+            self.fail(JobError::MasterLost {
                 reason: format!(
                     "worker {} reached a master started again (attempt {attempt}), and a job in barrier mode cannot carry its sync calls over to it",
                     self.rank
                 ),
             });
+            // Idle between iterations, nothing else would start the stop.
+            if self.task.is_some() {
+                self.after_work(ctx);
+            }
+            return;
         }
         match &mut self.task {
             Some(task) => task.attempt = attempt,
@@ -553,7 +558,7 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                     let _ = answers.send((epoch, result));
                 }
             }
-            WorkerCommand::Register(attempt) => self.register_again(attempt),
+            WorkerCommand::Register(attempt) => self.register_again(ctx, attempt),
             WorkerCommand::Proceed => {}
             WorkerCommand::Drop => {
                 tracing::trace!(rank = self.rank, %msg, "dropped a message from the master");

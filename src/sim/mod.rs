@@ -73,8 +73,9 @@ use crate::checkpoint::{Checkpoint, CheckpointStore, MemoryCheckpointStore};
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
 use crate::error::{Cause, JobError, Phase};
 use crate::protocol::{
-    Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, GateOutput, Iteration, Next, Rank,
-    Recover, Recovery, Report, Schedule, ToMaster, ToWorker, WorkerCommand, WorkerState,
+    Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, GateOutput, HaltedBy, Iteration,
+    Next, Rank, Recover, Recovery, Report, Schedule, ToMaster, ToWorker, WorkerCommand,
+    WorkerState,
 };
 use crate::runtime::{DynMaster, DynWorker};
 
@@ -497,6 +498,8 @@ struct Master<M, W> {
     ctx: MasterContext<M, W>,
     last: Option<Arc<M>>,
     resumed: Iteration,
+    /// Whether the checkpoint resumed from halted the job.
+    resumed_halted: bool,
     timer: Option<Instant>,
     /// The iteration the gate gathers, if it does.
     in_round: Option<Iteration>,
@@ -545,6 +548,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             ctx: MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
             last: None,
             resumed: 0,
+            resumed_halted: false,
             timer: None,
             in_round: None,
         };
@@ -1034,10 +1038,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let attempt = self.master.gate.attempt();
                 self.log(|| format!("every worker registered in attempt {attempt}"));
                 let next = self.master.resumed + 1;
-                if self.master.resumed >= self.config.iterations {
+                if self.master.resumed >= self.config.iterations || self.master.resumed_halted {
                     let last = self.master.last.clone();
                     if let Some(last) = last {
-                        self.finish(self.master.resumed, false, last);
+                        let halted = self.master.resumed_halted;
+                        self.finish(self.master.resumed, halted, last);
                         return;
                     }
                 }
@@ -1157,6 +1162,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         if crash_at == Some(1) {
             return self.crash_master("before its checkpoint write");
         }
+        let votes = self.master.ctx.halt_votes;
+        let next = self.master.schedule.decide(iteration, halt, votes);
         let due = self
             .config
             .checkpoint_every
@@ -1165,13 +1172,16 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             if crash_at == Some(2) {
                 return self.crash_master("during its checkpoint write");
             }
-            self.save_checkpoint(iteration, &result);
+            let halted = match next {
+                Next::Finish { halted, .. } => halted,
+                Next::Iterate(_) => None,
+            };
+            self.save_checkpoint(iteration, &result, halted);
         }
         if crash_at == Some(3) {
             return self.crash_master("after its checkpoint write");
         }
-        let votes = self.master.ctx.halt_votes;
-        match self.master.schedule.decide(iteration, halt, votes) {
+        match next {
             Next::Iterate(next) => self.begin(next),
             Next::Finish { iterations, halted } => {
                 self.finish(iterations, halted.is_some(), result)
@@ -1179,7 +1189,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
     }
 
-    fn save_checkpoint(&mut self, iteration: Iteration, result: &M) {
+    fn save_checkpoint(&mut self, iteration: Iteration, result: &M, halted: Option<HaltedBy>) {
         let encoded = match rmp_serde::to_vec(result) {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -1200,6 +1210,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             attempt: self.master.gate.attempt(),
             master_result: encoded,
             master_state: state,
+            halted,
         };
         match self.store.save(&checkpoint) {
             Ok(()) => {
@@ -1296,6 +1307,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         );
         self.master.last = None;
         self.master.resumed = 0;
+        self.master.resumed_halted = false;
         let latest = self.store.latest();
         if let Ok(Some(loaded)) = latest {
             let c = loaded.checkpoint;
@@ -1304,6 +1316,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 (Ok(last), Ok(())) => {
                     self.master.last = Some(Arc::new(last));
                     self.master.resumed = c.iteration;
+                    self.master.resumed_halted = c.halted.is_some();
                     self.master.ctx.iteration = c.iteration;
                     self.log(|| {
                         format!(

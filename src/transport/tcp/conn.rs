@@ -29,7 +29,7 @@ use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 use crate::transport::Inbox;
 
 /// The attempt a worker starts in, until a master's node tells it another.
-const FIRST_ATTEMPT: Attempt = 0;
+pub(super) const FIRST_ATTEMPT: Attempt = 0;
 
 /// How many connections may be in their handshake at once; more are closed at once, so
 /// that unauthenticated peers cannot hold much of the master's memory or time.
@@ -432,7 +432,9 @@ impl<M: Payload, W: Payload> Server<M, W> {
         let timeout = self.settings.heartbeat_timeout;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
             Wire::ToMaster(msg) => {
-                let last = matches!(msg, ToMaster::Done { .. });
+                // Only a `Done` of this node's attempt ends the connection: one the worker
+                // queued for a master before this one is dropped by the gate as stale.
+                let last = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt);
                 (self.inbox)(Envelope { from: rank, msg });
                 Ok(if last {
                     Delivered::Last
@@ -454,6 +456,9 @@ pub(super) struct Client<M, W> {
     /// Whether the worker queued its last message: after it, a lost master is no loss.
     pub(super) said_done: Arc<AtomicBool>,
     pub(super) stop: watch::Receiver<bool>,
+    /// The attempt the worker starts in, until a welcome says another: what an abort
+    /// before the first welcome is for.
+    pub(super) first_attempt: Attempt,
     pub(super) _types: PhantomData<fn() -> W>,
 }
 
@@ -482,7 +487,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
     /// it.
     pub(super) async fn run(self, mut queue: mpsc::UnboundedReceiver<Bytes>) {
         let s = Arc::clone(&self.settings);
-        let mut attempt = FIRST_ATTEMPT;
+        let mut attempt = self.first_attempt;
         let mut lost: Option<String> = None;
         loop {
             let joined = match &lost {
@@ -548,6 +553,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
         }
     }
 
+    /// Ends the job for this worker, in the attempt it runs.
     fn abort(&self, attempt: Attempt, error: JobError) {
         (self.inbox)(ToWorker::Abort { attempt, error });
     }
@@ -557,7 +563,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
     async fn join(&self) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
         let s = &self.settings;
         let stream = self
-            .connect(Instant::now() + s.connect_timeout)
+            .connect(deadline_after(s.connect_timeout))
             .await
             .map_err(|e| Unreached::Lost(format!("{e} (tried for {:?})", s.connect_timeout)))?;
         self.greet(stream).await
@@ -568,7 +574,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
     /// connection), until the reconnect timeout.
     async fn rejoin(&self, reason: &str) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
         let s = &self.settings;
-        let deadline = Instant::now() + s.reconnect_timeout;
+        let deadline = deadline_after(s.reconnect_timeout);
         let mut backoff = Duration::from_millis(20);
         let mut stop = self.stop.clone();
         loop {
@@ -743,4 +749,12 @@ impl<M: Payload, W: Payload> Client<M, W> {
         })
         .await
     }
+}
+
+/// `timeout` from now; a timeout too long to add (`Duration::MAX`) is a deadline that never
+/// comes.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }

@@ -201,6 +201,8 @@ pub struct TcpTransport<M, W> {
     listener: Option<std::net::TcpListener>,
     local_addr: Option<SocketAddr>,
     io: Option<IoThread>,
+    /// The attempt the master's node runs, once bound: rank 0's own worker starts in it.
+    attempt: Option<Attempt>,
     _types: PhantomData<fn() -> (M, W)>,
 }
 
@@ -246,6 +248,7 @@ impl<M, W> TcpTransport<M, W> {
             listener,
             local_addr,
             io: None,
+            attempt: None,
             _types: PhantomData,
         })
     }
@@ -365,6 +368,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         attempt: Attempt,
         inbox: Inbox<Envelope<ToMaster<W>>>,
     ) -> Result<Box<dyn MasterLink<M>>, TransportError> {
+        self.attempt = Some(attempt);
         let listener = self
             .listener
             .take()
@@ -418,6 +422,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             inbox,
             said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
+            first_attempt: self.attempt.unwrap_or(conn::FIRST_ATTEMPT),
             _types: PhantomData,
         };
         io.spawn(client.run(rx));

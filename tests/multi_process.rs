@@ -451,13 +451,20 @@ fn workers_of_a_barrier_mode_job_whose_master_is_started_again_fail_saying_why()
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
-    // Idle between iterations when their master died, they still end on their own, with
-    // the reason, rather than waiting to be killed.
-    for rank in 1..3 {
-        let failed = line_of(&stdout, &format!("[{rank}] FAILED "))
-            .unwrap_or_else(|| panic!("rank {rank} did not fail on its own: {stdout}\n{stderr}"));
-        assert!(failed.contains("barrier mode"), "rank {rank}: {failed}");
-    }
+    // Idle between iterations when their master died, they still end on their own rather
+    // than waiting to be killed: the first to reach the new master fails saying why (one
+    // reaching it after the job failed finds it ending, and ends as a lost master).
+    let failed: Vec<&str> = (1..3)
+        .map(|rank| {
+            line_of(&stdout, &format!("[{rank}] FAILED ")).unwrap_or_else(|| {
+                panic!("rank {rank} did not fail on its own: {stdout}\n{stderr}")
+            })
+        })
+        .collect();
+    assert!(
+        failed.iter().any(|f| f.contains("barrier mode")),
+        "{failed:?}"
+    );
 }
 
 #[test]

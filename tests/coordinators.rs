@@ -255,17 +255,18 @@ fn malformed_rows_are_skipped_and_named_or_fail_the_job_leaving_the_old_output()
     assert!(!staging.dir().exists());
 }
 
-/// The pipeline of `f` on 3 workers merged by `merge`, audited into `log`; worker 1 fails
-/// in its second iteration, after writing part of its part file.
-fn rank_1_fails_at_2(
+/// The pipeline of `f` on 3 workers, `batch` rows per iteration into parts in `staging`;
+/// worker `rank` fails in iteration `at`, after writing part of its part file.
+fn fails_at(
     f: &Files,
-    merge: FileMerge,
-    log: &Arc<Mutex<Vec<String>>>,
+    staging: Staging,
+    batch: usize,
+    rank: usize,
+    at: u64,
 ) -> superstep::JobBuilder<u64, u64> {
-    let staging = merge.staging().clone();
-    Job::builder(pipeline::Progress, move |rank| {
-        let mut t = pipeline::Transform::new(staging.clone(), 300);
-        t.fail_at = (rank == 1).then_some(2);
+    Job::builder(pipeline::Progress, move |r| {
+        let mut t = pipeline::Transform::new(staging.clone(), batch);
+        t.fail_at = (r == rank).then_some(at);
         t
     })
     .workers(3)
@@ -275,7 +276,16 @@ fn rank_1_fails_at_2(
         path: f.input.clone(),
         header: true,
     })
-    .coordinator(
+}
+
+/// The pipeline of `f` on 3 workers merged by `merge`, audited into `log`; worker 1 fails
+/// in its second iteration, after writing part of its part file.
+fn rank_1_fails_at_2(
+    f: &Files,
+    merge: FileMerge,
+    log: &Arc<Mutex<Vec<String>>>,
+) -> superstep::JobBuilder<u64, u64> {
+    fails_at(f, merge.staging().clone(), 300, 1, 2).coordinator(
         Composite::new()
             .with(Recorder::new("audit", log))
             .with(merge),
@@ -488,21 +498,9 @@ fn a_job_commits_atomically_and_a_failed_one_commits_nothing() {
     let lines: Vec<pipeline::Line> = files.iter().flat_map(|p| read_lines(p)).collect();
     assert_eq!(lines, pipeline::sequential(&f.input));
 
-    let worker_staging = staging.clone();
-    let failed = Job::builder(pipeline::Progress, move |rank| {
-        let mut t = pipeline::Transform::new(worker_staging.clone(), 400);
-        t.fail_at = (rank == 0).then_some(1);
-        t
-    })
-    .workers(3)
-    .iterations(100)
-    .worker_halt(true)
-    .input(superstep::coordinator::Input::Lines {
-        path: f.input.clone(),
-        header: true,
-    })
-    .coordinator(AtomicCommit::new(&dir, "sales"))
-    .run();
+    let failed = fails_at(&f, staging.clone(), 400, 0, 1)
+        .coordinator(AtomicCommit::new(&dir, "sales"))
+        .run();
     assert!(failed.is_err());
     let (manifest, _) = AtomicCommit::committed(&dir).unwrap().unwrap();
     assert_eq!(manifest.version, 1, "the failed job committed nothing");

@@ -366,6 +366,15 @@ fn line_of<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
     stdout.lines().find_map(|l| l.strip_prefix(prefix))
 }
 
+/// Asserts that every rank of `ranks` printed `expected` as its result (in `behaviour`).
+fn assert_results(stdout: &str, ranks: std::ops::Range<usize>, expected: &str, behaviour: &str) {
+    for rank in ranks {
+        let result = line_of(stdout, &format!("[{rank}] RESULT "))
+            .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
+        assert_eq!(result, expected, "{behaviour}: rank {rank}");
+    }
+}
+
 #[test]
 fn four_processes_on_loopback_end_with_the_in_memory_result_bit_for_bit() {
     let expected = job(&data(), 4, None).run().unwrap();
@@ -376,11 +385,7 @@ fn four_processes_on_loopback_end_with_the_in_memory_result_bit_for_bit() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for rank in 0..4 {
-        let result = line_of(&stdout, &format!("[{rank}] RESULT "))
-            .unwrap_or_else(|| panic!("no result from rank {rank}: {stdout}"));
-        assert_eq!(result, bits(&expected.result), "rank {rank}");
-    }
+    assert_results(&stdout, 0..4, &bits(&expected.result), "normal");
 }
 
 #[test]
@@ -394,11 +399,7 @@ fn a_worker_process_killed_at_any_point_is_started_again_and_the_job_ends_with_t
         assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
         // Killed after its last result, rank 2's new process may find the job over.
         let ranks = if behaviour == "kill-last" { 0..2 } else { 0..3 };
-        for rank in ranks {
-            let result = line_of(&stdout, &format!("[{rank}] RESULT "))
-                .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
-            assert_eq!(result, expected, "{behaviour}: rank {rank}");
-        }
+        assert_results(&stdout, ranks, &expected, behaviour);
         if behaviour == "kill-last" {
             continue;
         }
@@ -420,11 +421,7 @@ fn a_master_process_killed_at_any_point_is_started_again_resumes_and_the_job_end
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
-        for rank in 0..3 {
-            let result = line_of(&stdout, &format!("[{rank}] RESULT "))
-                .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
-            assert_eq!(result, expected, "{behaviour}: rank {rank}");
-        }
+        assert_results(&stdout, 0..3, &expected, behaviour);
         assert!(
             stderr.contains("rank 0 exited with") && stderr.contains("starting it again"),
             "{behaviour}: the launcher started the master again: {stderr}"

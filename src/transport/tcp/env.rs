@@ -1,20 +1,38 @@
 //! Where a process learns its part of a cluster job: environment variables, as set by
-//! `superstep-launch`, by hand, by Slurm, or by a Kubernetes Indexed Job.
+//! `superstep-launch`, by hand, or by the launcher the job runs under — torchrun, Open MPI's
+//! `mpirun`, an MPICH / Intel MPI (PMI) launcher, Slurm's `srun`, or a Kubernetes Indexed
+//! Job.
 //!
 //! | what | read from, first found |
 //! |---|---|
-//! | this process's rank | `SUPERSTEP_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` |
-//! | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, `SLURM_NTASKS` |
-//! | the master's address (`host:port`) | `SUPERSTEP_MASTER_ADDR` |
+//! | this process's rank | `SUPERSTEP_RANK`, `RANK` (torchrun), `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` (Kubernetes) |
+//! | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
+//! | the master's address | `SUPERSTEP_MASTER_ADDR` (`host:port`), else `MASTER_ADDR` and `MASTER_PORT` (torchrun's) |
 //! | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
 //! | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
 //! | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
-//! | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`; default 0 |
+//! | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
+//! | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect, in seconds | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 |
 //! | how long a worker tries to reach a lost master again, in seconds | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
+//!
+//! The world size is taken from the same launcher as the rank (torchrun's `WORLD_SIZE`
+//! with its `RANK`, not the `SLURM_NTASKS` of the allocation torchrun runs in).
+//!
+//! **When a process is part of a cluster job.** When any of `SUPERSTEP_RANK`,
+//! `SUPERSTEP_WORLD_SIZE`, `SUPERSTEP_MASTER_ADDR` or `MASTER_ADDR` is set, the process is
+//! part of one, and the rank, the world size and the master's address must all be known:
+//! a partial environment is an error naming what is missing, never a job run in memory
+//! in every process. A launcher's own variables alone (an `srun` or `mpirun` of several
+//! processes with no master address) are an error too; only a single process (world size
+//! 1, or none known) without a master address runs in memory.
 //!
 //! **Ranks**: process rank `r` runs worker `r`; process rank 0 also runs the master (and the
 //! barrier). So a scheduler that starts N identical tasks gets N workers, and the master's
 //! address is that of the task with rank 0.
+//!
+//! Every value is checked before anything connects: numbers are numbers, the rank is below
+//! the world size, and the master's address is `host:port` with a port in 1–65535 and no
+//! scheme (`http://…`) or path; an error names the variable and its value.
 
 use std::time::Duration;
 
@@ -23,6 +41,7 @@ use crate::transport::TransportError;
 
 /// A process's part of a cluster job, from its environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClusterEnv {
     /// This process's rank: it runs worker `rank`, and the master if `rank == 0`.
     pub rank: Rank,
@@ -36,79 +55,268 @@ pub struct ClusterEnv {
     pub secret: Option<Vec<u8>>,
     /// Where rank 0 listens, if not `127.0.0.1` and the master address's port.
     pub bind: Option<String>,
-    /// How many times this rank's process was started again after it died
-    /// (`SUPERSTEP_RESTART_COUNT`, which `superstep-launch --restarts` sets): 0 for the first.
-    /// A process started again connects with its rank and takes the place of the one
-    /// that died, when the job's failure policy replaces workers.
+    /// How many times this rank's process was started again after it died: 0 for the
+    /// first. `SUPERSTEP_RESTART_COUNT` (which `superstep-launch --restarts` sets), else
+    /// the sum of torchrun's `TORCHELASTIC_RESTART_COUNT` and Slurm's
+    /// `SLURM_RESTART_COUNT` (a job requeued with `--requeue`). A master's process
+    /// started again resumes the job from its newest checkpoint as a new attempt; a
+    /// worker's connects with its rank and takes the place of the one that died, when the
+    /// job's failure policy replaces workers.
     pub restart_count: u32,
+    /// How long a worker tries to reach the master at start-up, and the master's node
+    /// waits for every rank to connect (`SUPERSTEP_CONNECT_TIMEOUT`, in seconds), if set.
+    pub connect_timeout: Option<Duration>,
     /// How long a worker that lost the master tries to reach it again
     /// (`SUPERSTEP_RECONNECT_TIMEOUT`, in seconds; `superstep-launch --restarts` sets it),
     /// if set: a master process started again in the place of one that died resumes the
     /// job from its newest checkpoint, and the workers that reach it carry on.
     pub reconnect_timeout: Option<Duration>,
+    /// Which launcher's variables gave the rank: `superstep`, `torchrun`, `Open MPI`,
+    /// `PMI`, `Slurm` or `Kubernetes`.
+    pub launcher: &'static str,
 }
 
+/// A launcher's variables: its rank, its world size, and its restart count.
+struct Launcher {
+    name: &'static str,
+    rank: &'static str,
+    world_size: Option<&'static str>,
+}
+
+/// In the order they are looked for: ours first, then launchers that may run inside
+/// another (torchrun or `mpirun` inside a Slurm allocation), then schedulers.
+const LAUNCHERS: [Launcher; 6] = [
+    Launcher {
+        name: "superstep",
+        rank: "SUPERSTEP_RANK",
+        world_size: Some("SUPERSTEP_WORLD_SIZE"),
+    },
+    Launcher {
+        name: "torchrun",
+        rank: "RANK",
+        world_size: Some("WORLD_SIZE"),
+    },
+    Launcher {
+        name: "Open MPI",
+        rank: "OMPI_COMM_WORLD_RANK",
+        world_size: Some("OMPI_COMM_WORLD_SIZE"),
+    },
+    Launcher {
+        name: "PMI",
+        rank: "PMI_RANK",
+        world_size: Some("PMI_SIZE"),
+    },
+    Launcher {
+        name: "Slurm",
+        rank: "SLURM_PROCID",
+        world_size: Some("SLURM_NTASKS"),
+    },
+    Launcher {
+        name: "Kubernetes",
+        rank: "JOB_COMPLETION_INDEX",
+        world_size: None,
+    },
+];
+
+/// Variables that say a process is meant to be part of a cluster job.
+const INTENT: [&str; 4] = [
+    "SUPERSTEP_RANK",
+    "SUPERSTEP_WORLD_SIZE",
+    "SUPERSTEP_MASTER_ADDR",
+    "MASTER_ADDR",
+];
+
+/// The restart counts launchers give, added when several are set.
+const RESTART_COUNTS: [&str; 2] = ["TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"];
+
 impl ClusterEnv {
-    /// Reads this process's environment. `Ok(None)` when no rank variable is set: the
-    /// process is not part of a cluster job.
+    /// Reads this process's environment. `Ok(None)` when the process is not part of a
+    /// cluster job (see the [module docs](self) for when it is); an error names what is
+    /// missing or wrong.
     pub fn from_env() -> Result<Option<Self>, TransportError> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
     /// Reads the variables through `get` (for tests and for embedding).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, TransportError> {
-        let first = |names: &[&'static str]| -> Option<(&'static str, String)> {
-            names.iter().find_map(|&n| get(n).map(|v| (n, v)))
+        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let launcher = LAUNCHERS.iter().find(|l| get(l.rank).is_some());
+        let rank = match launcher {
+            Some(l) => Some((
+                l.rank,
+                parse::<Rank>(l.rank, &get(l.rank).unwrap_or_default())?,
+            )),
+            None => None,
         };
-        let Some((rank_var, rank)) =
-            first(&["SUPERSTEP_RANK", "SLURM_PROCID", "JOB_COMPLETION_INDEX"])
+        let size_var = get("SUPERSTEP_WORLD_SIZE")
+            .map(|_| "SUPERSTEP_WORLD_SIZE")
+            .or_else(|| {
+                launcher
+                    .and_then(|l| l.world_size)
+                    .filter(|v| get(v).is_some())
+            });
+        let world = match size_var {
+            Some(var) => Some((var, parse::<usize>(var, &get(var).unwrap_or_default())?)),
+            None => None,
+        };
+        let master = master_addr(&get)?;
+        let intended: Vec<&str> = INTENT
+            .iter()
+            .copied()
+            .filter(|v| get(v).is_some())
+            .collect();
+        if intended.is_empty() {
+            match (rank, world) {
+                // Not a cluster, or a single process of one: the job runs in memory.
+                (None, _) | (Some(_), None | Some((_, 0 | 1))) => return Ok(None),
+                // Several processes with no master to meet at: each would run the whole
+                // job on its own.
+                (Some((rank_var, _)), Some((size_var, size))) => {
+                    return Err(TransportError::Env(format!(
+                        "{rank_var} and {size_var} = {size} say this is one of {size} processes, but no master address is set: set SUPERSTEP_MASTER_ADDR to host:port of rank 0 (or MASTER_ADDR and MASTER_PORT)"
+                    )))
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        if rank.is_none() {
+            missing.push("a rank (SUPERSTEP_RANK, or a launcher's RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX)");
+        }
+        if world.is_none() {
+            missing.push("the world size (SUPERSTEP_WORLD_SIZE, or the rank's launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)");
+        }
+        if master.is_none() {
+            missing.push("the master's address (SUPERSTEP_MASTER_ADDR as host:port, or MASTER_ADDR and MASTER_PORT)");
+        }
+        let (Some((rank_var, rank)), Some((size_var, world_size)), Some(master_addr)) =
+            (rank, world, master)
         else {
-            return Ok(None);
+            return Err(TransportError::Env(format!(
+                "a partial cluster environment: {} set, but {} missing",
+                set_vars(&get),
+                missing.join(", and ")
+            )));
         };
-        let rank: Rank = parse(rank_var, &rank)?;
-        let (size_var, size) = first(&["SUPERSTEP_WORLD_SIZE", "SLURM_NTASKS"]).ok_or_else(|| {
-            TransportError::Env(format!(
-                "{rank_var} is set but the world size is not: set SUPERSTEP_WORLD_SIZE (or SLURM_NTASKS)"
-            ))
-        })?;
-        let world_size: usize = parse(size_var, &size)?;
         if world_size == 0 || rank >= world_size {
             return Err(TransportError::Env(format!(
                 "rank {rank} ({rank_var}) is outside 0..{world_size} ({size_var})"
             )));
         }
-        let master_addr = get("SUPERSTEP_MASTER_ADDR").ok_or_else(|| {
-            TransportError::Env(
-                "SUPERSTEP_MASTER_ADDR is not set: give every process the host:port of rank 0"
-                    .into(),
-            )
-        })?;
-        if !master_addr.contains(':') {
-            return Err(TransportError::Env(format!(
-                "SUPERSTEP_MASTER_ADDR = {master_addr:?} is not host:port"
-            )));
-        }
+        let restart_count = match get("SUPERSTEP_RESTART_COUNT") {
+            Some(count) => parse("SUPERSTEP_RESTART_COUNT", &count)?,
+            None => RESTART_COUNTS.iter().try_fold(0u32, |sum, var| {
+                Ok::<u32, TransportError>(match get(var) {
+                    Some(count) => sum.saturating_add(parse(var, &count)?),
+                    None => sum,
+                })
+            })?,
+        };
+        let seconds_of = |var: &str| get(var).map(|v| seconds(var, &v)).transpose();
         Ok(Some(ClusterEnv {
             rank,
             world_size,
             master_addr,
-            job_id: first(&["SUPERSTEP_JOB_ID", "SLURM_JOB_ID"])
-                .map(|(_, v)| v)
+            job_id: get("SUPERSTEP_JOB_ID")
+                .or_else(|| get("SLURM_JOB_ID"))
                 .unwrap_or_else(|| "superstep".into()),
-            secret: get("SUPERSTEP_SECRET")
-                .filter(|s| !s.is_empty())
-                .map(String::into_bytes),
+            secret: get("SUPERSTEP_SECRET").map(String::into_bytes),
             bind: get("SUPERSTEP_BIND"),
-            restart_count: match get("SUPERSTEP_RESTART_COUNT") {
-                Some(count) => parse("SUPERSTEP_RESTART_COUNT", &count)?,
-                None => 0,
-            },
-            reconnect_timeout: match get("SUPERSTEP_RECONNECT_TIMEOUT") {
-                Some(secs) => Some(seconds("SUPERSTEP_RECONNECT_TIMEOUT", &secs)?),
-                None => None,
-            },
+            restart_count,
+            connect_timeout: seconds_of("SUPERSTEP_CONNECT_TIMEOUT")?,
+            reconnect_timeout: seconds_of("SUPERSTEP_RECONNECT_TIMEOUT")?,
+            launcher: launcher.map_or("superstep", |l| l.name),
         }))
     }
+}
+
+/// The cluster variables that are set, for an error about those that are not.
+fn set_vars(get: &impl Fn(&str) -> Option<String>) -> String {
+    let names: Vec<String> = LAUNCHERS
+        .iter()
+        .flat_map(|l| [Some(l.rank), l.world_size])
+        .flatten()
+        .chain(INTENT)
+        .chain(["MASTER_PORT"])
+        .filter_map(|v| get(v).map(|value| format!("{v} = {value:?}")))
+        .collect();
+    if names.is_empty() {
+        "nothing is".into()
+    } else {
+        format!(
+            "{} {}",
+            names.join(", "),
+            if names.len() == 1 { "is" } else { "are" }
+        )
+    }
+}
+
+/// The master's address from `SUPERSTEP_MASTER_ADDR`, or from torchrun's `MASTER_ADDR` and
+/// `MASTER_PORT`; checked to be `host:port`.
+fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, TransportError> {
+    if let Some(addr) = get("SUPERSTEP_MASTER_ADDR") {
+        let addr = addr.trim().to_string();
+        check_addr(&addr)
+            .map_err(|e| TransportError::Env(format!("SUPERSTEP_MASTER_ADDR = {addr:?} {e}")))?;
+        return Ok(Some(addr));
+    }
+    let Some(host) = get("MASTER_ADDR") else {
+        return Ok(None);
+    };
+    let host = host.trim();
+    let Some(port) = get("MASTER_PORT") else {
+        return Err(TransportError::Env(format!(
+            "MASTER_ADDR = {host:?} is set but MASTER_PORT is not: set both (torchrun does), or SUPERSTEP_MASTER_ADDR as host:port"
+        )));
+    };
+    let port = port.trim();
+    // An IPv6 address needs brackets before its port.
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    check_addr(&addr).map_err(|e| {
+        TransportError::Env(format!(
+            "MASTER_ADDR = {host:?} with MASTER_PORT = {port:?} gives {addr:?}, which {e}"
+        ))
+    })?;
+    Ok(Some(addr))
+}
+
+/// Checks that `addr` is `host:port` with a port in 1–65535: no scheme, no path, a host,
+/// brackets around an IPv6 address. The error says what is wrong, to follow the value.
+pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
+    check_addr_port(addr, 1).map(|_| ())
+}
+
+/// Like [`check_addr`], with ports from `lowest` (0 lets the system choose one, for a
+/// listener); returns the port.
+pub(crate) fn check_addr_port(addr: &str, lowest: u32) -> Result<u16, String> {
+    if let Some((scheme, _)) = addr.split_once("://") {
+        return Err(format!(
+            "is not host:port: drop the scheme {:?}",
+            format!("{scheme}://")
+        ));
+    }
+    if addr.contains('/') {
+        return Err("is not host:port: it has a path".into());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err("is not host:port: it has no port".into());
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("is not host:port: it has no host".into());
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err("is not host:port: an IPv6 address goes in brackets, as [::1]:29400".into());
+    }
+    let port: u32 = port
+        .parse()
+        .map_err(|_| format!("is not host:port: its port {port:?} is not a number"))?;
+    if port < lowest || port > u16::MAX as u32 {
+        return Err(format!("has port {port}, outside {lowest}..=65535"));
+    }
+    Ok(port as u16)
 }
 
 /// A duration in seconds, fractions allowed.
@@ -145,87 +353,267 @@ mod tests {
         ClusterEnv::from_vars(|n| map.get(n).cloned())
     }
 
-    #[test]
-    fn no_rank_means_no_cluster() {
-        assert_eq!(env(&[("SUPERSTEP_WORLD_SIZE", "4")]).unwrap(), None);
+    fn cluster(vars: &[(&str, &str)]) -> ClusterEnv {
+        env(vars).unwrap().expect("a cluster environment")
+    }
+
+    fn error(vars: &[(&str, &str)]) -> String {
+        env(vars).unwrap_err().to_string()
     }
 
     #[test]
-    fn superstep_slurm_and_kubernetes_variables_are_understood() {
-        let own = env(&[
+    fn nothing_set_or_a_single_process_of_a_launcher_runs_in_memory() {
+        assert_eq!(env(&[]).unwrap(), None);
+        // A Slurm or MPI job of one task, or a Kubernetes pod of an Indexed Job with no
+        // world size: one process, which runs the job in memory.
+        assert_eq!(
+            env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]).unwrap(),
+            None
+        );
+        assert_eq!(env(&[("JOB_COMPLETION_INDEX", "3")]).unwrap(), None);
+        assert_eq!(env(&[("PMI_RANK", "0")]).unwrap(), None);
+    }
+
+    #[test]
+    fn superstep_variables_are_understood() {
+        let own = cluster(&[
             ("SUPERSTEP_RANK", "2"),
             ("SUPERSTEP_WORLD_SIZE", "4"),
             ("SUPERSTEP_MASTER_ADDR", "10.0.0.1:29400"),
             ("SUPERSTEP_JOB_ID", "lr"),
             ("SUPERSTEP_SECRET", "s3"),
-        ])
-        .unwrap()
-        .unwrap();
+        ]);
         assert_eq!(
-            (own.rank, own.world_size, own.job_id.as_str()),
-            (2, 4, "lr")
+            (own.rank, own.world_size, own.job_id.as_str(), own.launcher),
+            (2, 4, "lr", "superstep")
         );
+        assert_eq!(own.master_addr, "10.0.0.1:29400");
         assert_eq!(own.secret.as_deref(), Some(&b"s3"[..]));
         assert_eq!(own.restart_count, 0);
-        assert_eq!(own.reconnect_timeout, None);
-        let slurm = env(&[
+        assert_eq!((own.reconnect_timeout, own.connect_timeout), (None, None));
+    }
+
+    /// What `torchrun --nnodes 2 --nproc-per-node 2 … job` gives the process of global
+    /// rank 3 on its second start (one restart of the worker group), inside a Slurm
+    /// allocation whose own task ids must not be taken for ranks.
+    #[test]
+    fn torchrun_variables_are_understood_over_the_slurm_allocation_they_run_in() {
+        let torch = cluster(&[
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node01"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_RESTART_COUNT", "1"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_ID", "4711"),
+        ]);
+        assert_eq!(
+            (torch.rank, torch.world_size, torch.launcher),
+            (3, 4, "torchrun")
+        );
+        assert_eq!(torch.master_addr, "node01:29500");
+        assert_eq!(torch.restart_count, 1);
+        assert_eq!(torch.job_id, "4711");
+        let v6 = cluster(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "fd00::1"),
+            ("MASTER_PORT", "29500"),
+        ]);
+        assert_eq!(v6.master_addr, "[fd00::1]:29500");
+    }
+
+    /// `mpirun -np 4 -x SUPERSTEP_MASTER_ADDR=… job` (Open MPI) and `mpiexec -n 4` of
+    /// MPICH or Intel MPI (PMI).
+    #[test]
+    fn open_mpi_and_pmi_variables_are_understood() {
+        let ompi = cluster(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
+        ]);
+        assert_eq!(
+            (ompi.rank, ompi.world_size, ompi.launcher),
+            (1, 4, "Open MPI")
+        );
+        let pmi = cluster(&[
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "3"),
+            ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
+        ]);
+        assert_eq!((pmi.rank, pmi.world_size, pmi.launcher), (2, 3, "PMI"));
+    }
+
+    /// `sbatch --requeue` with `srun job`: a requeued job's processes start again with
+    /// `SLURM_RESTART_COUNT` one higher.
+    #[test]
+    fn slurm_variables_and_its_requeue_count_are_understood() {
+        let slurm = cluster(&[
             ("SLURM_PROCID", "3"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_JOB_ID", "4711"),
+            ("SLURM_RESTART_COUNT", "2"),
             ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
-        ])
-        .unwrap()
-        .unwrap();
+        ]);
         assert_eq!(
-            (slurm.rank, slurm.world_size, slurm.job_id.as_str()),
-            (3, 8, "4711")
+            (
+                slurm.rank,
+                slurm.world_size,
+                slurm.job_id.as_str(),
+                slurm.launcher
+            ),
+            (3, 8, "4711", "Slurm")
         );
-        assert_eq!(slurm.restart_count, 0);
-        let k8s = env(&[
-            ("JOB_COMPLETION_INDEX", "0"),
+        assert_eq!(slurm.restart_count, 2);
+        // Our own count wins over the launcher's.
+        let own = cluster(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_RESTART_COUNT", "2"),
+            ("SUPERSTEP_RESTART_COUNT", "5"),
+            ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
+        ]);
+        assert_eq!(own.restart_count, 5);
+    }
+
+    /// A Kubernetes Indexed Job: the index from the job controller, the world size and the
+    /// master's address (rank 0's pod behind a headless service) from the pod spec, and the
+    /// restart count from the pod's `batch.kubernetes.io/job-index-failure-count`
+    /// annotation through the downward API.
+    #[test]
+    fn kubernetes_indexed_job_variables_are_understood() {
+        let k8s = cluster(&[
+            ("JOB_COMPLETION_INDEX", "2"),
             ("SUPERSTEP_WORLD_SIZE", "4"),
             ("SUPERSTEP_MASTER_ADDR", "lr-0.lr:29400"),
-        ])
-        .unwrap()
-        .unwrap();
-        assert_eq!((k8s.rank, k8s.job_id.as_str()), (0, "superstep"));
+            ("SUPERSTEP_RESTART_COUNT", "1"),
+        ]);
+        assert_eq!(
+            (k8s.rank, k8s.world_size, k8s.job_id.as_str(), k8s.launcher),
+            (2, 4, "superstep", "Kubernetes")
+        );
+        assert_eq!(k8s.restart_count, 1);
     }
 
     #[test]
-    fn an_incomplete_or_wrong_environment_is_named() {
-        let err = env(&[("SUPERSTEP_RANK", "1")]).unwrap_err();
-        assert!(err.to_string().contains("SUPERSTEP_WORLD_SIZE"), "{err}");
-        let err = env(&[("SUPERSTEP_RANK", "4"), ("SUPERSTEP_WORLD_SIZE", "4")]).unwrap_err();
-        assert!(err.to_string().contains("outside 0..4"), "{err}");
-        let err = env(&[("SUPERSTEP_RANK", "x"), ("SUPERSTEP_WORLD_SIZE", "4")]).unwrap_err();
-        assert!(err.to_string().contains("is not a number"), "{err}");
-        let err = env(&[("SUPERSTEP_RANK", "0"), ("SUPERSTEP_WORLD_SIZE", "4")]).unwrap_err();
-        assert!(err.to_string().contains("SUPERSTEP_MASTER_ADDR"), "{err}");
-        let base = [
-            ("SUPERSTEP_RANK", "1"),
+    fn a_partial_cluster_environment_names_what_is_missing() {
+        let err = error(&[
+            ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:29400"),
             ("SUPERSTEP_WORLD_SIZE", "4"),
-            ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1"),
-        ];
-        let err = env(&[&base[..], &[("SUPERSTEP_RECONNECT_TIMEOUT", "-1")]].concat()).unwrap_err();
+        ]);
+        assert!(err.contains("a partial cluster environment"), "{err}");
+        assert!(err.contains("SUPERSTEP_WORLD_SIZE = \"4\""), "{err}");
         assert!(
-            err.to_string()
-                .contains("SUPERSTEP_RECONNECT_TIMEOUT = \"-1\" is not a number of seconds"),
+            err.contains("missing") && err.contains("a rank (SUPERSTEP_RANK"),
             "{err}"
         );
-        let restarted = env(&[
-            &base[..],
+        let err = error(&[("SUPERSTEP_RANK", "1")]);
+        assert!(
+            err.contains("the world size") && err.contains("the master's address"),
+            "{err}"
+        );
+        let err = error(&[("SUPERSTEP_RANK", "0"), ("SUPERSTEP_WORLD_SIZE", "4")]);
+        assert!(err.contains("SUPERSTEP_MASTER_ADDR"), "{err}");
+        assert!(!err.contains("the world size ("), "{err}");
+        // Kubernetes gives no world size.
+        let err = error(&[
+            ("JOB_COMPLETION_INDEX", "1"),
+            ("SUPERSTEP_MASTER_ADDR", "lr-0.lr:29400"),
+        ]);
+        assert!(err.contains("the world size"), "{err}");
+        // Several processes of a launcher with nowhere to meet.
+        let err = error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4")]);
+        assert!(
+            err.contains("one of 4 processes") && err.contains("SUPERSTEP_MASTER_ADDR"),
+            "{err}"
+        );
+        let err = error(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "n1")]);
+        assert!(err.contains("MASTER_PORT is not"), "{err}");
+    }
+
+    #[test]
+    fn a_wrong_value_names_its_variable_and_what_is_wrong() {
+        let base = [("SUPERSTEP_RANK", "1"), ("SUPERSTEP_WORLD_SIZE", "4")];
+        let with = |extra: &[(&str, &str)]| error(&[&base[..], extra].concat());
+        let addr = |a: &str| with(&[("SUPERSTEP_MASTER_ADDR", a)]);
+        let err = addr("http://node01:1");
+        assert!(
+            err.contains("SUPERSTEP_MASTER_ADDR = \"http://node01:1\"")
+                && err.contains("drop the scheme \"http://\""),
+            "{err}"
+        );
+        let err = addr("node01:99999");
+        assert!(err.contains("port 99999, outside 1..=65535"), "{err}");
+        let err = addr("node01:0");
+        assert!(err.contains("port 0, outside 1..=65535"), "{err}");
+        let err = addr("node01");
+        assert!(err.contains("it has no port"), "{err}");
+        let err = addr("node01:http");
+        assert!(err.contains("its port \"http\" is not a number"), "{err}");
+        let err = addr(":29400");
+        assert!(err.contains("it has no host"), "{err}");
+        let err = addr("::1:29400");
+        assert!(err.contains("IPv6 address goes in brackets"), "{err}");
+        let err = addr("node01:29400/job");
+        assert!(err.contains("it has a path"), "{err}");
+        cluster(&[&base[..], &[("SUPERSTEP_MASTER_ADDR", "[::1]:29400")]].concat());
+        let err = error(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "n1"),
+            ("MASTER_PORT", "70000"),
+        ]);
+        assert!(
+            err.contains("MASTER_PORT = \"70000\"") && err.contains("port 70000, outside"),
+            "{err}"
+        );
+        let with_addr = |extra: &[(&str, &str)]| {
+            with(&[&[("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1")][..], extra].concat())
+        };
+        let err = error(&[
+            ("SUPERSTEP_RANK", "4"),
+            ("SUPERSTEP_WORLD_SIZE", "4"),
+            ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1"),
+        ]);
+        assert!(err.contains("outside 0..4"), "{err}");
+        let err = error(&[
+            ("SUPERSTEP_RANK", "x"),
+            ("SUPERSTEP_WORLD_SIZE", "4"),
+            ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1"),
+        ]);
+        assert!(
+            err.contains("SUPERSTEP_RANK = \"x\" is not a number"),
+            "{err}"
+        );
+        let err = with_addr(&[("SUPERSTEP_RECONNECT_TIMEOUT", "-1")]);
+        assert!(
+            err.contains("SUPERSTEP_RECONNECT_TIMEOUT = \"-1\" is not a number of seconds"),
+            "{err}"
+        );
+        let err = with_addr(&[("SLURM_RESTART_COUNT", "twice")]);
+        assert!(err.contains("SLURM_RESTART_COUNT"), "{err}");
+        let restarted = cluster(
             &[
-                ("SUPERSTEP_RECONNECT_TIMEOUT", "2.5"),
-                ("SUPERSTEP_RESTART_COUNT", "3"),
-            ],
-        ]
-        .concat())
-        .unwrap()
-        .unwrap();
+                &base[..],
+                &[
+                    ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:1"),
+                    ("SUPERSTEP_RECONNECT_TIMEOUT", "2.5"),
+                    ("SUPERSTEP_CONNECT_TIMEOUT", "120"),
+                    ("SUPERSTEP_RESTART_COUNT", "3"),
+                ],
+            ]
+            .concat(),
+        );
         assert_eq!(
             restarted.reconnect_timeout,
             Some(Duration::from_millis(2500))
         );
+        assert_eq!(restarted.connect_timeout, Some(Duration::from_secs(120)));
         assert_eq!(restarted.restart_count, 3);
     }
 }

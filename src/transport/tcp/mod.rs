@@ -58,14 +58,22 @@ pub struct TcpSettings {
     pub secret: Option<Vec<u8>>,
     /// The largest frame accepted or sent. Default 256 MiB.
     pub max_frame: usize,
-    /// How long a new connection may take to complete the handshake. Default 10 s.
+    /// How long a new connection may take to complete the handshake. Default 5 s: a
+    /// handshake is two round trips, and a peer that is slower than that holds a slot an
+    /// authenticated worker may need.
     pub handshake_timeout: Duration,
     /// How often a side that has nothing else to send sends a heartbeat. Default 1 s.
     pub heartbeat_interval: Duration,
     /// How long a side may hear nothing from its peer before declaring it lost.
     /// Default 30 s.
     pub heartbeat_timeout: Duration,
-    /// How long a worker keeps trying to reach the master at start-up. Default 10 min.
+    /// How long a worker keeps trying to reach the master at start-up, and how long the
+    /// master's node waits for every rank's first connection before it fails the job
+    /// naming the ranks that never connected (and the peers it refused, and why).
+    /// Default 60 s: long enough for processes a scheduler starts together, short enough
+    /// that a misconfigured job (a wrong address, a wrong secret, a process that never
+    /// started) fails in about a minute. Raise it when processes may start far apart
+    /// (pods waiting for a node, say): `SUPERSTEP_CONNECT_TIMEOUT`.
     pub connect_timeout: Duration,
     /// How long a worker that lost the master keeps trying to reach it again — a master
     /// process started again in its place, say — before the job fails for it with
@@ -109,10 +117,10 @@ impl TcpSettings {
             job_id: "superstep".into(),
             secret: None,
             max_frame: 256 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(60),
             reconnect_timeout: Duration::ZERO,
             restart_count: 0,
         }
@@ -127,8 +135,16 @@ impl TcpSettings {
         if let Some(reconnect) = env.reconnect_timeout {
             settings.reconnect_timeout = reconnect;
         }
+        if let Some(connect) = env.connect_timeout {
+            settings.connect_timeout = connect;
+        }
         if let Some(bind) = &env.bind {
-            settings.bind = Some(resolve(bind)?);
+            env::check_addr_port(bind, 0)
+                .map_err(|e| TransportError::Env(format!("SUPERSTEP_BIND = {bind:?} {e}")))?;
+            settings.bind = Some(
+                resolve(bind)
+                    .map_err(|e| TransportError::Env(format!("SUPERSTEP_BIND = {bind:?}: {e}")))?,
+            );
         }
         Ok(settings)
     }
@@ -165,7 +181,16 @@ impl TcpSettings {
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
             return invalid("handshake_timeout and connect_timeout must be above zero".into());
         }
+        self.master_port()?;
         Ok(())
+    }
+
+    /// The master address's port, checked: `host:port` with a port in 1–65535 (rank 0,
+    /// which listens on it, may ask for 0: a port the system chooses).
+    fn master_port(&self) -> Result<u16, TransportError> {
+        let lowest = if self.rank == 0 { 0 } else { 1 };
+        env::check_addr_port(&self.master_addr, lowest)
+            .map_err(|e| TransportError::Env(format!("master address {:?} {e}", self.master_addr)))
     }
 
     /// Where rank 0 listens: `bind`, or loopback on the master address's port.
@@ -173,14 +198,10 @@ impl TcpSettings {
         if let Some(bind) = self.bind {
             return Ok(bind);
         }
-        let port = self
-            .master_addr
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .ok_or_else(|| {
-                TransportError::Env(format!("master address {:?} has no port", self.master_addr))
-            })?;
-        Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
+        Ok(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            self.master_port()?,
+        ))
     }
 }
 

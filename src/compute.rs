@@ -268,10 +268,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         message: &T,
     ) -> Result<Vec<T>, SyncError> {
-        let bytes = rmp_serde::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
+        let bytes = crate::codec::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
         self.sync_call(SyncKind::AllGather, bytes)?
             .iter()
-            .map(|m| rmp_serde::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
+            .map(|m| crate::codec::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
             .collect()
     }
 

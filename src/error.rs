@@ -326,6 +326,26 @@ pub enum JobError {
     /// The job was cancelled ([`Cancel::cancel`](crate::Cancel::cancel)).
     #[error("the job was cancelled")]
     Cancelled,
+    /// A message of the job's own types could not be decoded where it arrived: the type's
+    /// serde form does not survive the encoding (a `Deserialize` that does not read what
+    /// its `Serialize` wrote, say), or the two processes run different builds of it.
+    ///
+    /// Remedy: make the named type round-trip through serde. The in-memory transport
+    /// checks every message this way in debug builds (see
+    /// [`MemoryTransport::wire_check`](crate::transport::MemoryTransport::wire_check)), so
+    /// such a type fails the job's own unit tests; over TCP, run one build everywhere.
+    #[error("could not decode a message {direction} as `{type_name}` (from {peer}): {message}")]
+    Decode {
+        /// Which way the message went: `worker 2 → master`, `master → worker 2`.
+        direction: String,
+        /// The type it was to be decoded as.
+        type_name: String,
+        /// Where it came from: the peer's address, or `this process` for the in-memory
+        /// transport's wire check.
+        peer: String,
+        /// What the decoder said.
+        message: String,
+    },
     /// A message could not be delivered.
     #[error("transport failed: {message}")]
     Transport {

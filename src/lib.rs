@@ -152,6 +152,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+mod codec;
 mod compute;
 mod config;
 pub mod coordinator;

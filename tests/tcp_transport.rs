@@ -20,33 +20,11 @@ use superstep::transport::{
 };
 use superstep::JobOutcome;
 
-fn settings(rank: usize, world: usize, master: &str, job: &str) -> TcpSettings {
-    let mut s = TcpSettings::new(rank, world, master);
-    s.job_id = job.into();
-    s.secret = Some(b"s3cret".to_vec());
-    s.handshake_timeout = Duration::from_millis(500);
-    s.heartbeat_interval = Duration::from_millis(50);
-    s.heartbeat_timeout = Duration::from_secs(5);
-    s.connect_timeout = Duration::from_secs(20);
-    s
-}
+use common::{tcp_master as master_transport_with, tcp_settings as settings};
 
 /// Rank 0 on a free loopback port: its transport, and the address workers dial.
 fn master_transport<M, W>(world: usize, job: &str) -> (TcpTransport<M, W>, String) {
     master_transport_with(world, job, |_| {})
-}
-
-fn master_transport_with<M, W>(
-    world: usize,
-    job: &str,
-    adjust: impl FnOnce(&mut TcpSettings),
-) -> (TcpTransport<M, W>, String) {
-    let mut s = settings(0, world, "127.0.0.1:0", job);
-    s.bind = Some("127.0.0.1:0".parse().unwrap());
-    adjust(&mut s);
-    let transport = TcpTransport::new(s).unwrap();
-    let addr = transport.local_addr().unwrap().to_string();
-    (transport, addr)
 }
 
 type LrOutcome = Result<JobOutcome<lr::Model>, JobError>;

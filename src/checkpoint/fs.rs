@@ -162,7 +162,8 @@ fn sync_dir(_dir: &Path) -> Result<(), CheckpointError> {
 }
 
 fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
-    let body = rmp_serde::to_vec(checkpoint).map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    let body =
+        crate::codec::to_vec(checkpoint).map_err(|e| CheckpointError::Encode(e.to_string()))?;
     let mut bytes = Vec::with_capacity(HEADER + body.len());
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&FORMAT.to_le_bytes());
@@ -207,7 +208,7 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
             "checksum {actual:08x}, the header says {crc:08x}"
         )));
     }
-    rmp_serde::from_slice(body).map_err(|e| corrupt(format!("undecodable body: {e}")))
+    crate::codec::from_slice(body).map_err(|e| corrupt(format!("undecodable body: {e}")))
 }
 
 #[cfg(test)]

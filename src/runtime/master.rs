@@ -282,7 +282,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let made = guarded(|| computable.save_state())
             .map_err(|cause| format!("save_state failed: {cause}"))
             .and_then(|master_state| {
-                let master_result = rmp_serde::to_vec(result)
+                let master_result = crate::codec::to_vec(result)
                     .map_err(|e| format!("the master result could not be encoded: {e}"))?;
                 Ok(Checkpoint {
                     job_id: self.ctx.job_id.to_string(),

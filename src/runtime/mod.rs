@@ -160,7 +160,7 @@ fn resume<M: Payload>(
             c.iteration, c.job_id
         )));
     }
-    let last: M = rmp_serde::from_slice(&c.master_result).map_err(|e| {
+    let last: M = crate::codec::from_slice(&c.master_result).map_err(|e| {
         failed(format!(
             "the master result of the checkpoint of iteration {} cannot be decoded as this job's: {e}",
             c.iteration

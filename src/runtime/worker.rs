@@ -396,6 +396,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                             "a replaced worker's result is dropped"
                         )
                     }
+                    // A result that does not survive the wire encoding fails as the
+                    // master would see it over a network.
+                    Err(e @ TransportError::Undecodable { .. }) => self.fail(e.into()),
                     // A result that cannot be sent (too large for a frame, say) must not
                     // leave the master waiting for it.
                     Err(e) => self.fail(JobError::Transport {

@@ -428,6 +428,25 @@ pub fn seeds_to_run(default: Range<u64>) -> Range<u64> {
     }
 }
 
+/// `msg` as the receiving side of a wire gets it, if it carries a result: encoded and
+/// decoded (always in the simulator: a result type that breaks over TCP breaks here); the
+/// error is the one a TCP peer would report.
+fn wire_copy<T: Payload>(
+    msg: T,
+    carries_result: bool,
+    direction: impl FnOnce() -> String,
+) -> Result<T, JobError> {
+    if !carries_result {
+        return Ok(msg);
+    }
+    crate::codec::round_trip(&msg).map_err(|message| JobError::Decode {
+        direction: direction(),
+        type_name: std::any::type_name::<T>().to_string(),
+        peer: "the simulated network".into(),
+        message,
+    })
+}
+
 /// A node's connection generation: a message sent over a connection that has since died
 /// is lost with it.
 type Generation = u32;
@@ -662,12 +681,17 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let generation = self.master.generation;
         let latency = self.latency();
         let is_result = matches!(msg, ToMaster::Result(_));
+        // Every result crosses the wire encoding, as it would between processes: what
+        // arrives is the decoded copy, or the job fails as it would over TCP.
+        let attempt = match &msg {
+            ToMaster::Result(report) => report.attempt,
+            _ => 0,
+        };
+        let msg = wire_copy(msg, is_result, || format!("worker {from} → master"))
+            .unwrap_or_else(|error| ToMaster::Failed { attempt, error });
         if is_result && self.chance(self.config.faults.duplicate) {
             // The copy a network delivers twice: the same bytes, decoded again.
-            let copy = rmp_serde::to_vec(&msg)
-                .ok()
-                .and_then(|bytes| rmp_serde::from_slice::<ToMaster<W>>(&bytes).ok());
-            if let Some(copy) = copy {
+            if let Ok(copy) = crate::codec::round_trip(&msg) {
                 let again = self.latency() + latency;
                 self.at(
                     again,
@@ -695,6 +719,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn send_to_worker(&mut self, rank: Rank, msg: ToWorker<M>) {
+        let carries = matches!(
+            msg,
+            ToWorker::Iterate { last: Some(_), .. } | ToWorker::Finish { .. }
+        );
+        let msg = match wire_copy(msg, carries, || format!("master → worker {rank}")) {
+            Ok(msg) => msg,
+            // The worker could not read it: the job fails, as over TCP.
+            Err(error) => return self.on_failure(error),
+        };
         let generation = self.nodes[rank].generation;
         let latency = self.latency();
         self.at(
@@ -1190,7 +1223,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn save_checkpoint(&mut self, iteration: Iteration, result: &M, halted: Option<HaltedBy>) {
-        let encoded = match rmp_serde::to_vec(result) {
+        let encoded = match crate::codec::to_vec(result) {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.log(|| format!("checkpoint {iteration} skipped: {e}"));
@@ -1311,7 +1344,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let latest = self.store.latest();
         if let Ok(Some(loaded)) = latest {
             let c = loaded.checkpoint;
-            let last: Result<M, _> = rmp_serde::from_slice(&c.master_result);
+            let last: Result<M, _> = crate::codec::from_slice(&c.master_result);
             match (last, self.master.computable.restore_state(&c.master_state)) {
                 (Ok(last), Ok(())) => {
                     self.master.last = Some(Arc::new(last));

@@ -1,25 +1,41 @@
-//! The in-memory transport: every part of the job in this process, typed messages, no
-//! serialization.
+//! The in-memory transport: every part of the job in this process, typed messages, and no
+//! serialization — unless its wire check is on (by default in debug builds), which sends
+//! every message that carries a user's result through the wire encoding first.
 
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
+use crate::compute::Payload;
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 /// Runs the master and every worker in this process. Messages are handed over as typed
 /// values; a broadcast master result is one `Arc` shared by every worker.
 ///
 /// This is the default transport of [`Job`](crate::Job).
+///
+/// # The wire check
+///
+/// A result type whose serde form does not survive an encoding works in memory and fails
+/// over TCP. With the wire check on, every message that carries a master or worker result
+/// (`Iterate`, `Finish`, `Result`) is encoded as the TCP transport would encode it and
+/// decoded again, and the decoded copy is what the peer gets — so such a type fails the
+/// job's own tests in memory, with the same [`JobError::Decode`](crate::JobError::Decode)
+/// (or a wrong result) that a cluster run would give. It is on by default in builds with
+/// debug assertions (`cargo test`, `cargo run` without `--release`), where a test should
+/// find this, and off in release builds, where it would cost an encoding per message;
+/// [`wire_check`](Self::wire_check) sets it either way.
 pub struct MemoryTransport<M, W> {
     hub: Option<Arc<Hub<M, W>>>,
+    wire_check: bool,
     _types: PhantomData<fn() -> (M, W)>,
 }
 
 struct Hub<M, W> {
     master: OnceLock<Inbox<Envelope<ToMaster<W>>>>,
     workers: Vec<RwLock<Option<Connected<M>>>>,
+    wire_check: bool,
 }
 
 /// The worker connected to a rank: its inbox, and which connection of the rank it is. A
@@ -31,12 +47,19 @@ struct Connected<M> {
 }
 
 impl<M, W> MemoryTransport<M, W> {
-    /// A transport for one job.
+    /// A transport for one job, with the wire check on in builds with debug assertions.
     pub fn new() -> Self {
         MemoryTransport {
             hub: None,
+            wire_check: cfg!(debug_assertions),
             _types: PhantomData,
         }
+    }
+
+    /// Turns the [wire check](Self#the-wire-check) on or off.
+    pub fn wire_check(mut self, on: bool) -> Self {
+        self.wire_check = on;
+        self
     }
 
     fn hub(&self) -> Result<&Arc<Hub<M, W>>, TransportError> {
@@ -55,15 +78,17 @@ impl<M, W> fmt::Debug for MemoryTransport<M, W> {
         let workers = self.hub.as_ref().map(|h| h.workers.len());
         f.debug_struct("MemoryTransport")
             .field("workers", &workers)
+            .field("wire_check", &self.wire_check)
             .finish()
     }
 }
 
-impl<M: Send + Sync + 'static, W: Send + 'static> Transport<M, W> for MemoryTransport<M, W> {
+impl<M: Payload, W: Payload> Transport<M, W> for MemoryTransport<M, W> {
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
         self.hub = Some(Arc::new(Hub {
             master: OnceLock::new(),
             workers: (0..spec.workers).map(|_| RwLock::new(None)).collect(),
+            wire_check: self.wire_check,
         }));
         Ok(Topology {
             master: true,
@@ -113,8 +138,8 @@ impl<M, W> MemoryTransport<M, W> {
         replace: bool,
     ) -> Result<Box<dyn WorkerLink<W>>, TransportError>
     where
-        M: Send + Sync + 'static,
-        W: Send + 'static,
+        M: Payload,
+        W: Payload,
     {
         let hub = Arc::clone(self.hub()?);
         let workers = hub.workers.len();
@@ -148,8 +173,37 @@ struct MemoryMasterLink<M, W> {
     hub: Arc<Hub<M, W>>,
 }
 
-impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMasterLink<M, W> {
-    fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
+/// `msg` as a peer across a wire would get it, if it carries a result and the wire check
+/// is on: encoded and decoded again.
+fn checked<T: Payload>(
+    on: bool,
+    carries_result: bool,
+    msg: T,
+    direction: impl FnOnce() -> String,
+) -> Result<T, TransportError> {
+    if !(on && carries_result) {
+        return Ok(msg);
+    }
+    crate::codec::round_trip(&msg).map_err(|message| TransportError::Undecodable {
+        direction: direction(),
+        type_name: std::any::type_name::<T>().to_string(),
+        message,
+    })
+}
+
+impl<M: Payload, W> MemoryMasterLink<M, W> {
+    fn checked(&self, msg: ToWorker<M>, to: Option<Rank>) -> Result<ToWorker<M>, TransportError> {
+        let carries = matches!(
+            msg,
+            ToWorker::Iterate { last: Some(_), .. } | ToWorker::Finish { .. }
+        );
+        checked(self.hub.wire_check, carries, msg, || match to {
+            Some(rank) => format!("master → worker {rank}"),
+            None => "master → every worker".to_string(),
+        })
+    }
+
+    fn deliver(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
         let slot = self
             .hub
             .workers
@@ -163,14 +217,23 @@ impl<M: Send + Sync + 'static, W: Send + 'static> MasterLink<M> for MemoryMaster
         (connected.inbox)(msg);
         Ok(())
     }
+}
+
+impl<M: Payload, W: Send + 'static> MasterLink<M> for MemoryMasterLink<M, W> {
+    fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
+        let msg = self.checked(msg, Some(to))?;
+        self.deliver(to, msg)
+    }
 
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
-        // Clones share the master result: each is an `Arc` bump, never a copy of `M`.
-        // Every rank is tried even when one fails: the others must still hear of it.
+        // Checked once, as a broadcast is encoded once; clones share the master result:
+        // each is an `Arc` bump, never a copy of `M`. Every rank is tried even when one
+        // fails: the others must still hear of it.
+        let msg = self.checked(msg, None)?;
         let n = self.hub.workers.len();
         let mut first = Ok(());
         for rank in 0..n {
-            let sent = self.send(rank, msg.clone());
+            let sent = self.deliver(rank, msg.clone());
             if first.is_ok() {
                 first = sent;
             }
@@ -186,8 +249,12 @@ struct MemoryWorkerLink<M, W> {
     hub: Arc<Hub<M, W>>,
 }
 
-impl<M: Send + Sync + 'static, W: Send + 'static> WorkerLink<W> for MemoryWorkerLink<M, W> {
+impl<M: Send + Sync + 'static, W: Payload> WorkerLink<W> for MemoryWorkerLink<M, W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let carries = matches!(msg, ToMaster::Result(_));
+        let msg = checked(self.hub.wire_check, carries, msg, || {
+            format!("worker {} → master", self.rank)
+        })?;
         let inbox = self.hub.master.get().ok_or(TransportError::NoMaster)?;
         // Checked and sent under the rank's lock: once a replacement is connected, not one
         // more message of this link reaches the master.
@@ -212,7 +279,7 @@ mod tests {
 
     #[test]
     fn messages_reach_their_peer_and_a_broadcast_shares_one_value() {
-        let mut t = MemoryTransport::<String, u32>::new();
+        let mut t = MemoryTransport::<String, u32>::new().wire_check(false);
         let topology = t
             .prepare(&LinkSpec {
                 job_id: "t".into(),

@@ -128,12 +128,37 @@ pub enum TransportError {
     /// The cluster environment is incomplete or invalid.
     #[error("cluster environment: {0}")]
     Env(String),
+    /// A message did not survive the wire encoding
+    /// ([`MemoryTransport::wire_check`](MemoryTransport::wire_check)).
+    #[error(
+        "a message {direction} does not survive the wire encoding as `{type_name}`: {message}"
+    )]
+    Undecodable {
+        /// Which way the message went: `worker 2 → master`, `master → worker 2`.
+        direction: String,
+        /// The type it was encoded and decoded as.
+        type_name: String,
+        /// What the encoder or decoder said.
+        message: String,
+    },
 }
 
 impl From<TransportError> for crate::JobError {
     fn from(e: TransportError) -> Self {
-        crate::JobError::Transport {
-            message: e.to_string(),
+        match e {
+            TransportError::Undecodable {
+                direction,
+                type_name,
+                message,
+            } => crate::JobError::Decode {
+                direction,
+                type_name,
+                peer: "this process".into(),
+                message,
+            },
+            e => crate::JobError::Transport {
+                message: e.to_string(),
+            },
         }
     }
 }

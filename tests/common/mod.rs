@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use superstep::prelude::*;
+use superstep::JobOutcome;
 
 /// A worker whose compute is a closure.
 pub struct FnWorker<F> {
@@ -119,4 +120,67 @@ impl Log {
     pub fn entries(&self) -> Vec<String> {
         self.0.lock().unwrap().clone()
     }
+}
+
+/// Settings of rank `rank` of a loopback job over TCP, with a secret and timeouts short
+/// enough for tests.
+pub fn tcp_settings(
+    rank: usize,
+    world: usize,
+    master: &str,
+    job: &str,
+) -> superstep::transport::TcpSettings {
+    let mut s = superstep::transport::TcpSettings::new(rank, world, master);
+    s.job_id = job.into();
+    s.secret = Some(b"s3cret".to_vec());
+    s.handshake_timeout = std::time::Duration::from_millis(500);
+    s.heartbeat_interval = std::time::Duration::from_millis(50);
+    s.heartbeat_timeout = std::time::Duration::from_secs(5);
+    s.connect_timeout = std::time::Duration::from_secs(20);
+    s
+}
+
+/// Rank 0's transport on a free loopback port, its settings adjusted by `adjust`, and the
+/// address workers dial.
+pub fn tcp_master<M, W>(
+    world: usize,
+    job: &str,
+    adjust: impl FnOnce(&mut superstep::transport::TcpSettings),
+) -> (superstep::transport::TcpTransport<M, W>, String) {
+    let mut s = tcp_settings(0, world, "127.0.0.1:0", job);
+    s.bind = Some("127.0.0.1:0".parse().unwrap());
+    adjust(&mut s);
+    let transport = superstep::transport::TcpTransport::new(s).unwrap();
+    let addr = transport.local_addr().unwrap().to_string();
+    (transport, addr)
+}
+
+/// Runs a job of `world` ranks over loopback TCP, each rank in a thread of its own with
+/// its own transport (as separate processes would have), and returns every rank's outcome
+/// in rank order. `run` builds and runs rank `r`'s job on the transport it is given.
+pub fn over_tcp<M, W, F>(world: usize, job: &str, run: F) -> Vec<Result<JobOutcome<M>, JobError>>
+where
+    M: superstep::Payload,
+    W: superstep::Payload,
+    F: Fn(usize, superstep::transport::TcpTransport<M, W>) -> Result<JobOutcome<M>, JobError>
+        + Send
+        + Sync
+        + 'static,
+{
+    let run = Arc::new(run);
+    let (master, addr) = tcp_master::<M, W>(world, job, |_| {});
+    let mut transports = vec![master];
+    for rank in 1..world {
+        let s = tcp_settings(rank, world, &addr, job);
+        transports.push(superstep::transport::TcpTransport::new(s).unwrap());
+    }
+    let ranks: Vec<_> = transports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let run = Arc::clone(&run);
+            std::thread::spawn(move || run(rank, t))
+        })
+        .collect();
+    ranks.into_iter().map(|r| r.join().unwrap()).collect()
 }

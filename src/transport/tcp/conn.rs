@@ -205,13 +205,14 @@ enum Delivered {
 }
 
 /// Reads a connection's frames until its peer's last message or the transport's stop,
-/// answering heartbeats by silence and handing every other message to `deliver`. Returns
-/// why the peer was lost (silent, closed, unreadable, or refused by `deliver`), or `None`.
+/// answering heartbeats by silence and handing every other message — or why a frame did
+/// not decode as the job's types — to `deliver`. Returns why the peer was lost (silent,
+/// closed, unreadable, or refused by `deliver`), or `None`.
 async fn read_until_last<M: Payload, W: Payload>(
     frames: &mut Frames,
     heartbeat_timeout: Duration,
     mut stop: watch::Receiver<bool>,
-    mut deliver: impl FnMut(Wire<M, W>) -> Result<Delivered, String>,
+    mut deliver: impl FnMut(Result<Wire<M, W>, String>) -> Result<Delivered, String>,
 ) -> Option<String> {
     let mut last = false;
     loop {
@@ -228,11 +229,10 @@ async fn read_until_last<M: Payload, W: Payload>(
         };
         match decode_guarded::<M, W>(&frame) {
             Ok(Wire::Heartbeat) => {}
-            Ok(wire) => match deliver(wire) {
+            decoded => match deliver(decoded) {
                 Ok(delivered) => last = matches!(delivered, Delivered::Last),
                 Err(reason) => return Some(reason),
             },
-            Err(reason) => return Some(reason),
         }
     }
 }
@@ -351,7 +351,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             // A failed write shows as a closed connection to the reader.
             let _ = write_loop(writer, &mut queue, stop, heartbeat, interval).await;
         });
-        let lost = self.read_loop(rank, &mut frames).await;
+        let lost = self.read_loop(rank, peer, &mut frames).await;
         if let Some(reason) = lost {
             tracing::warn!(rank, %peer, %reason, "worker lost");
             (self.inbox)(Envelope {
@@ -426,12 +426,32 @@ impl<M: Payload, W: Payload> Server<M, W> {
         Ok((claim, rx))
     }
 
-    /// Delivers a connected worker's messages. Returns why it was lost, or `None` when it
-    /// ended as it should (after its `Done`) or the transport stopped.
-    async fn read_loop(&self, rank: Rank, frames: &mut Frames) -> Option<String> {
+    /// Delivers a connected worker's messages. A message that does not decode as the job's
+    /// types fails the job with [`JobError::Decode`], naming the rank, the type and the
+    /// peer; the connection goes on (its `Done` still ends it). Returns why the worker was
+    /// lost, or `None` when it ended as it should (after its `Done`) or the transport
+    /// stopped.
+    async fn read_loop(&self, rank: Rank, peer: SocketAddr, frames: &mut Frames) -> Option<String> {
         let timeout = self.settings.heartbeat_timeout;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
-            Wire::ToMaster(msg) => {
+            Err(message) => {
+                tracing::error!(rank, %peer, %message, "a worker's message could not be decoded");
+                let error = JobError::Decode {
+                    direction: format!("worker {rank} → master"),
+                    type_name: std::any::type_name::<ToMaster<W>>().to_string(),
+                    peer: peer.to_string(),
+                    message,
+                };
+                (self.inbox)(Envelope {
+                    from: rank,
+                    msg: ToMaster::Failed {
+                        attempt: self.attempt,
+                        error,
+                    },
+                });
+                Ok(Delivered::More)
+            }
+            Ok(Wire::ToMaster(msg)) => {
                 // Only a `Done` of this node's attempt ends the connection: one the worker
                 // queued for a master before this one is dropped by the gate as stale.
                 let last = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt);
@@ -442,7 +462,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                     Delivered::More
                 })
             }
-            _ => Err("it sent a handshake message after its handshake".into()),
+            Ok(_) => Err("it sent a handshake message after its handshake".into()),
         })
         .await
     }
@@ -459,6 +479,10 @@ pub(super) struct Client<M, W> {
     /// The attempt the worker starts in, until a welcome says another: what an abort
     /// before the first welcome is for.
     pub(super) first_attempt: Attempt,
+    /// The worker's queue of frames for the master, for a failure the connection itself
+    /// finds (a message that does not decode). Weak: the queue ends when the worker's
+    /// link is dropped, as it must for the writer to end.
+    pub(super) to_master: mpsc::WeakUnboundedSender<Bytes>,
     pub(super) _types: PhantomData<fn() -> W>,
 }
 
@@ -527,7 +551,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             }
             attempt = joined_attempt;
             (self.inbox)(ToWorker::Connected { attempt });
-            match self.session(&mut frames, writer, &mut queue).await {
+            match self.session(&mut frames, writer, &mut queue, attempt).await {
                 SessionEnd::Over => return,
                 // The worker said its last word, or the job is over for this process: a
                 // new connection would only look like a worker lost.
@@ -633,6 +657,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
         frames: &mut Frames,
         writer: OwnedWriteHalf,
         queue: &mut mpsc::UnboundedReceiver<Bytes>,
+        attempt: Attempt,
     ) -> SessionEnd {
         let s = &self.settings;
         let write = write_loop(
@@ -643,7 +668,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             s.heartbeat_interval,
         );
         tokio::pin!(write);
-        let read = self.read_loop(frames);
+        let read = self.read_loop(frames, attempt);
         tokio::pin!(read);
         tokio::select! {
             lost = &mut read => match lost {
@@ -730,12 +755,37 @@ impl<M: Payload, W: Payload> Client<M, W> {
         }
     }
 
-    /// Delivers the master's messages. Returns why the master was lost, or `None` when
-    /// the job ended (finish or abort received) or the transport stopped.
-    async fn read_loop(&self, frames: &mut Frames) -> Option<String> {
+    /// Delivers the master's messages. A message that does not decode as the job's types
+    /// fails this worker with [`JobError::Decode`] — the master is told at once, and the
+    /// worker stops — and the connection goes on until the master's abort. Returns why the
+    /// master was lost, or `None` when the job ended (finish or abort received) or the
+    /// transport stopped.
+    async fn read_loop(&self, frames: &mut Frames, attempt: Attempt) -> Option<String> {
         let timeout = self.settings.heartbeat_timeout;
+        let rank = self.settings.rank;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
-            Wire::ToWorker(msg) => {
+            Err(message) => {
+                tracing::error!(rank, %message, "a message from the master could not be decoded");
+                let error = JobError::Decode {
+                    direction: format!("master → worker {rank}"),
+                    type_name: std::any::type_name::<ToWorker<M>>().to_string(),
+                    peer: self.target.clone(),
+                    message,
+                };
+                let failed = Wire::<(), ()>::ToMaster(ToMaster::Failed {
+                    attempt,
+                    error: error.clone(),
+                });
+                if let (Some(to_master), Ok(frame)) = (
+                    self.to_master.upgrade(),
+                    wire::encode(&failed, self.settings.max_frame),
+                ) {
+                    let _ = to_master.send(frame);
+                }
+                self.abort(attempt, error);
+                Ok(Delivered::More)
+            }
+            Ok(Wire::ToWorker(msg)) => {
                 let last = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
                 (self.inbox)(msg);
                 Ok(if last {
@@ -744,8 +794,8 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     Delivered::More
                 })
             }
-            Wire::Refused { reason } => Err(format!("it closed this connection: {reason}")),
-            _ => Err("it sent a handshake message after the handshake".into()),
+            Ok(Wire::Refused { reason }) => Err(format!("it closed this connection: {reason}")),
+            Ok(_) => Err("it sent a handshake message after the handshake".into()),
         })
         .await
     }

@@ -444,6 +444,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
             first_attempt: self.attempt.unwrap_or(conn::FIRST_ATTEMPT),
+            to_master: tx.downgrade(),
             _types: PhantomData,
         };
         io.spawn(client.run(rx));

@@ -1,9 +1,10 @@
 //! The wire format: length-delimited frames, each carrying the protocol version, with
-//! rmp-serde bodies.
+//! MessagePack bodies in the crate's one encoding (named fields, so that serde's attributes
+//! survive; see `codec`).
 //!
 //! ```text
 //! +----------------+------------------+---------------------------+
-//! | length: u32 BE | version: u16 BE  | body: rmp-serde of `Wire` |
+//! | length: u32 BE | version: u16 BE  | body: MessagePack of `Wire` |
 //! +----------------+------------------+---------------------------+
 //!   length counts version and body
 //! ```
@@ -22,7 +23,7 @@ use crate::protocol::{Attempt, Rank, ToMaster, ToWorker};
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 const HEADER: usize = 4 + 2;
 
@@ -73,7 +74,7 @@ pub(crate) enum WireError {
 pub(crate) fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Bytes, WireError> {
     let mut buf = BytesMut::with_capacity(256).writer();
     buf.get_mut().put_slice(&[0; HEADER]);
-    rmp_serde::encode::write(&mut buf, msg).map_err(|e| WireError::Encode(e.to_string()))?;
+    crate::codec::write(&mut buf, msg).map_err(|e| WireError::Encode(e.to_string()))?;
     let mut buf = buf.into_inner();
     let len = buf.len() - 4;
     if len > max {
@@ -96,7 +97,7 @@ pub(crate) fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> 
             theirs,
         });
     }
-    rmp_serde::from_slice(&frame[2..]).map_err(|e| WireError::Decode(e.to_string()))
+    crate::codec::from_slice(&frame[2..]).map_err(|e| WireError::Decode(e.to_string()))
 }
 
 /// The codec that splits a byte stream into frames, refusing a length prefix over `max`

@@ -1,0 +1,116 @@
+//! The one encoding of the job's own types wherever they leave a process's memory: TCP
+//! frames, checkpoints, `all_gather` messages, and the wire check of the in-memory
+//! transport and the simulator.
+//!
+//! It is MessagePack with named fields (rmp-serde's struct-map form), which is
+//! self-describing: the serde attributes users put on their types — `skip_serializing_if`,
+//! `default`, `flatten`, untagged and internally tagged enums — decode as they would from
+//! JSON. The positional form (a struct as an array of its fields) cannot carry them: a
+//! skipped field shifts every field after it. The cost is each field's name once per
+//! struct value; bulk numeric data should travel as [`Floats`](crate::Floats), one block of
+//! bytes whatever the encoding. Decoding accepts both forms.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Encodes `value` at the end of `out`.
+pub(crate) fn write<T: Serialize + ?Sized>(
+    out: &mut impl std::io::Write,
+    value: &T,
+) -> Result<(), rmp_serde::encode::Error> {
+    rmp_serde::encode::write_named(out, value)
+}
+
+/// Encodes `value`.
+pub(crate) fn to_vec<T: Serialize + ?Sized>(
+    value: &T,
+) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    rmp_serde::to_vec_named(value)
+}
+
+/// Decodes a `T`; never panics on a peer's bytes (rmp-serde also bounds nesting depth).
+pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_serde::decode::Error> {
+    rmp_serde::from_slice(bytes)
+}
+
+/// `value` as the receiving side of a wire would see it: encoded, then decoded. The error
+/// says which of the two failed.
+pub(crate) fn round_trip<T: Serialize + DeserializeOwned>(value: &T) -> Result<T, String> {
+    let bytes = to_vec(value).map_err(|e| format!("it could not be encoded: {e}"))?;
+    from_slice(&bytes).map_err(|e| format!("its encoding could not be decoded: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    /// A result type with the serde attributes users reach for.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Stats {
+        count: u64,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        note: Option<String>,
+        #[serde(flatten)]
+        extra: BTreeMap<String, f64>,
+        shape: Shape,
+        tagged: Tagged,
+        last: u8,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Shape {
+        Point { x: f64 },
+        Label(String),
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "kind")]
+    enum Tagged {
+        Sum { total: i64 },
+        Empty,
+    }
+
+    #[test]
+    fn serde_attributes_survive_the_encoding() {
+        for note in [None, Some("x".to_string())] {
+            let value = Stats {
+                count: 3,
+                note,
+                extra: BTreeMap::from([("a".into(), 1.5)]),
+                shape: Shape::Point { x: 2.0 },
+                tagged: Tagged::Sum { total: -4 },
+                last: 7,
+            };
+            assert_eq!(round_trip(&value).unwrap(), value);
+        }
+        let labelled = Stats {
+            count: 0,
+            note: None,
+            extra: BTreeMap::new(),
+            shape: Shape::Label("l".into()),
+            tagged: Tagged::Empty,
+            last: 0,
+        };
+        assert_eq!(round_trip(&labelled).unwrap(), labelled);
+    }
+
+    #[test]
+    fn the_positional_form_still_decodes() {
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Plain {
+            a: u32,
+            b: String,
+        }
+        let value = Plain {
+            a: 1,
+            b: "b".into(),
+        };
+        let positional = rmp_serde::to_vec(&value).unwrap();
+        assert_eq!(from_slice::<Plain>(&positional).unwrap(), value);
+    }
+}

@@ -172,6 +172,9 @@ impl std::error::Error for Cause {
 /// What a timed-out wait was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Waiting {
+    /// Start-up across processes: every worker's process connects to the master's node
+    /// (within the TCP transport's `connect_timeout`).
+    Connection,
     /// Start-up: every worker runs `pre_application` and `init`, then registers.
     Registration,
     /// The results of this iteration (from the workers) or its master compute.
@@ -183,6 +186,7 @@ pub enum Waiting {
 impl fmt::Display for Waiting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Waiting::Connection => f.write_str("start-up (connecting to the master)"),
             Waiting::Registration => f.write_str("registration"),
             Waiting::Iteration(i) => write!(f, "iteration {i}"),
             Waiting::Shutdown => f.write_str("shutdown"),
@@ -251,9 +255,13 @@ pub enum JobError {
     /// Some workers did not report within the timeout of that wait.
     ///
     /// Remedy: raise the timeout for that wait (`startup_timeout`, `iteration_timeout` or
-    /// `shutdown_timeout`) if the work is legitimately slow; otherwise find out why the
-    /// named ranks stall.
-    #[error("timed out after {waited:?} in {during} waiting for worker(s) {missing:?}")]
+    /// `shutdown_timeout`; over TCP, `connect_timeout` for connecting) if the work is
+    /// legitimately slow; otherwise find out why the named ranks stall — over TCP, the
+    /// peers the master refused meanwhile, and why, are listed.
+    #[error(
+        "timed out after {waited:?} in {during} waiting for worker(s) {missing:?}{}",
+        refused_note(refused)
+    )]
     WorkersTimedOut {
         /// What was being waited for.
         during: Waiting,
@@ -261,6 +269,10 @@ pub enum JobError {
         missing: Vec<Rank>,
         /// How long the wait lasted.
         waited: Duration,
+        /// Over TCP: the connections refused meanwhile that claimed a missing rank, and why
+        /// (`rank 2 from 10.0.0.5:41722: wrong secret (3 times)`).
+        #[serde(default)]
+        refused: Vec<String>,
     },
     /// The master did not finish its part within the timeout of that wait.
     ///
@@ -326,6 +338,24 @@ pub enum JobError {
     /// The job was cancelled ([`Cancel::cancel`](crate::Cancel::cancel)).
     #[error("the job was cancelled")]
     Cancelled,
+    /// A worker's process runs the job differently from the master's: another world size,
+    /// other settings that every process must share, another input, other result types,
+    /// or another version. It was refused at its handshake, and the job fails — or, under
+    /// a failure policy that replaces workers, waits for another process of the rank.
+    ///
+    /// Remedy: start every process from the same build with the same settings; the error
+    /// names the first field that differs and both values.
+    #[error("worker {rank}'s process runs another job than the master's: `{field}` is {worker} there and {master} in the master's")]
+    Mismatch {
+        /// The rank the worker's process claimed.
+        rank: Rank,
+        /// The setting or property that differs.
+        field: String,
+        /// Its value in the master's process.
+        master: String,
+        /// Its value in the worker's process.
+        worker: String,
+    },
     /// A message of the job's own types could not be decoded where it arrived: the type's
     /// serde form does not survive the encoding (a `Deserialize` that does not read what
     /// its `Serialize` wrote, say), or the two processes run different builds of it.
@@ -360,6 +390,15 @@ pub enum JobError {
     },
 }
 
+/// `; refused: …` when connections were refused meanwhile.
+fn refused_note(refused: &[String]) -> String {
+    if refused.is_empty() {
+        String::new()
+    } else {
+        format!("; refused: {}", refused.join("; "))
+    }
+}
+
 /// A hook of a job [`Coordinator`](crate::coordinator::Coordinator).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Hook {
@@ -388,9 +427,27 @@ impl JobError {
     /// The worker rank this error is about, if it is about one worker.
     pub fn rank(&self) -> Option<Rank> {
         match self {
-            JobError::Worker { rank, .. } | JobError::WorkerLost { rank, .. } => Some(*rank),
+            JobError::Worker { rank, .. }
+            | JobError::WorkerLost { rank, .. }
+            | JobError::Mismatch { rank, .. } => Some(*rank),
             _ => None,
         }
+    }
+
+    /// This error as reported by the worker of `rank`: a worker's failure names the rank
+    /// it came from, whatever rank its message named (a worker cannot blame another).
+    pub(crate) fn attributed_to(mut self, from: Rank) -> Self {
+        if let JobError::Worker { rank, .. } | JobError::WorkerLost { rank, .. } = &mut self {
+            if *rank != from {
+                tracing::warn!(
+                    from,
+                    named = *rank,
+                    "a worker's failure named another rank; it is the sender's"
+                );
+                *rank = from;
+            }
+        }
+        self
     }
 
     /// The iteration this error happened in, where it names one.

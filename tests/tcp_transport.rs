@@ -258,11 +258,11 @@ fn a_slow_worker_is_told_apart_from_a_dead_one() {
         },
     })
     .workers(2)
-    .iterations(3)
+    .iterations(10)
     .transport(master)
     .run()
     .unwrap();
-    assert_eq!(*outcome.result, 9);
+    assert_eq!(*outcome.result, 10 * 3);
     worker.join().unwrap().unwrap();
 }
 
@@ -275,6 +275,7 @@ fn binding_beyond_loopback_needs_a_secret_and_the_world_size_must_match() {
     s.secret = Some(b"k".to_vec());
     TcpTransport::<u64, u64>::new(s).expect("with a secret it may");
 
+    // The worker count is the world size's; another one is a setting's error.
     let (master, _) = master_transport::<u64, u64>(2, "size");
     let err = Job::builder(summing_master(), |_| FnWorker {
         f: |_: &mut WorkerContext<u64, u64>| Ok(0),
@@ -283,10 +284,21 @@ fn binding_beyond_loopback_needs_a_secret_and_the_world_size_must_match() {
     .transport(master)
     .run()
     .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "transport failed: the job has 3 workers but the cluster's world size is 2"
-    );
+    match &err {
+        JobError::Config(e) => {
+            assert_eq!((e.setting.as_str(), e.value.as_str()), ("workers", "3"));
+            assert!(e.requirement.contains("world size, 2"), "{err}");
+        }
+        other => panic!("expected a configuration error, got {other}"),
+    }
+    let (master, _) = master_transport::<u64, u64>(2, "size");
+    let job = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(0),
+    })
+    .transport(master)
+    .build()
+    .unwrap();
+    assert_eq!(job.config().workers, 2, "left unset, it is the world size");
 }
 
 #[test]
@@ -345,11 +357,7 @@ type Bare<L, T> = (TcpTransport<u64, u64>, Box<L>, mpsc::Receiver<T>);
 /// A transport of the two-rank job "reconnect", prepared, and an inbox that collects.
 fn prepared<T: Send + 'static>(s: TcpSettings) -> Bare<dyn Fn(T) + Send + Sync, T> {
     let mut t = TcpTransport::<u64, u64>::new(s).unwrap();
-    t.prepare(&LinkSpec {
-        job_id: "reconnect".into(),
-        workers: 2,
-    })
-    .unwrap();
+    t.prepare(&LinkSpec::new("reconnect", 2)).unwrap();
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
     let inbox = Box::new(move |msg| {

@@ -39,6 +39,7 @@ fn an_iteration_timeout_names_the_ranks_whose_results_did_not_arrive() {
             during,
             missing,
             waited,
+            ..
         } => {
             assert_eq!(during, Waiting::Iteration(2));
             assert_eq!(missing, vec![1]);

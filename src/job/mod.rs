@@ -55,6 +55,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             coordinator: None,
             input: None,
             cancel: None,
+            workers_set: false,
         }
     }
 
@@ -115,12 +116,18 @@ pub struct JobBuilder<M, W> {
     coordinator: Option<Box<dyn Coordinator>>,
     input: Option<Input>,
     cancel: Option<Cancel>,
+    /// Whether the worker count was set ([`workers`](Self::workers) or
+    /// [`config`](Self::config)), rather than left to its default.
+    workers_set: bool,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
-    /// The number of workers. Default 1.
+    /// The number of workers. Default 1 — or, with a transport that knows its cluster's
+    /// world size (TCP), that size; a different count is then refused with a
+    /// [`ConfigError`] naming both.
     pub fn workers(mut self, workers: usize) -> Self {
         self.config.workers = workers;
+        self.workers_set = true;
         self
     }
 
@@ -212,6 +219,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Replaces every setting at once.
     pub fn config(mut self, config: JobConfig) -> Self {
         self.config = config;
+        self.workers_set = true;
         self
     }
 
@@ -382,7 +390,19 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     }
 
     /// Checks the settings and makes the job.
-    pub fn build(self) -> Result<Job<M, W>, ConfigError> {
+    pub fn build(mut self) -> Result<Job<M, W>, ConfigError> {
+        // One worker per process of the cluster, unless set otherwise — which is a
+        // mistake, said here rather than as a transport's failure.
+        if let Some(world) = self.transport.as_ref().and_then(|t| t.world_size()) {
+            if self.workers_set && self.config.workers != world {
+                return Err(ConfigError::new(
+                    "workers",
+                    self.config.workers,
+                    &format!("must be the cluster's world size, {world} (one worker per process: SUPERSTEP_WORLD_SIZE or the launcher's), or left unset to take it"),
+                ));
+            }
+            self.config.workers = world;
+        }
         self.config.validate()?;
         if let Some(c) = &self.checkpoint {
             if c.every == 0 {
@@ -452,6 +472,7 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
             .field("events", &self.events)
             .field("combine", &self.combine.is_some())
             .field("checkpoint", &self.checkpoint.as_ref().map(|c| c.every))
+            .field("workers_set", &self.workers_set)
             .finish()
     }
 }

@@ -110,6 +110,19 @@ impl GateConfig {
     }
 }
 
+/// A wait of the gate for workers ([`Gate::waiting`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    /// What it waits for.
+    pub during: Waiting,
+    /// The ranks it waits for, in rank order.
+    pub missing: Vec<Rank>,
+    /// Since when.
+    pub since: Instant,
+    /// How long it may last.
+    pub timeout: Duration,
+}
+
 /// What the gate tells its driver.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GateOutput<W> {
@@ -292,6 +305,8 @@ impl<W> Gate<W> {
                     self.other_drops.stale += 1;
                     return None;
                 }
+                // A worker's failure is the rank's it came from, whatever rank it names.
+                let error = error.attributed_to(from);
                 // A lost worker will never report done: do not wait for it at the end.
                 if matches!(error, JobError::WorkerLost { rank, .. } if rank == from)
                     && !self.done[from]
@@ -528,6 +543,38 @@ impl<W> Gate<W> {
         self.done.get(rank).copied().unwrap_or(false)
     }
 
+    /// Whether the worker of `rank` is registered (in this attempt, since it was last
+    /// replaced).
+    pub fn is_registered(&self, rank: Rank) -> bool {
+        self.registered.get(rank).copied().unwrap_or(false)
+    }
+
+    /// What the gate waits for now, if it waits for workers.
+    pub fn waiting(&self) -> Option<Wait> {
+        let c = &self.config;
+        let (during, missing, timeout) = match self.stage {
+            Stage::Registering => {
+                let waiting: Vec<bool> = (0..c.workers)
+                    .map(|r| self.registered[r] || self.lost[r])
+                    .collect();
+                (Waiting::Registration, missing(&waiting), c.startup_timeout)
+            }
+            Stage::Gathering => (
+                Waiting::Iteration(self.round.iteration()),
+                self.round.missing(),
+                c.iteration_timeout,
+            ),
+            Stage::Draining => (Waiting::Shutdown, missing(&self.done), c.shutdown_timeout),
+            Stage::Idle | Stage::Finished => return None,
+        };
+        (!missing.is_empty()).then_some(Wait {
+            during,
+            missing,
+            since: self.since,
+            timeout,
+        })
+    }
+
     /// Ends the job: no more results are accepted, and the gate waits for every worker's
     /// `Done` until the shutdown timeout. Returns [`GateOutput::Drained`] at once if every
     /// worker is done already.
@@ -602,6 +649,7 @@ impl<W> Gate<W> {
                     during: Waiting::Registration,
                     missing: missing(&self.registered),
                     waited,
+                    refused: Vec::new(),
                 }))
             }
             Stage::Gathering => {
@@ -613,6 +661,7 @@ impl<W> Gate<W> {
                     during: Waiting::Iteration(self.round.iteration()),
                     missing,
                     waited,
+                    refused: Vec::new(),
                 }))
             }
             Stage::Draining => {

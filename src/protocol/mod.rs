@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::coordinator::RowCounts;
 use crate::error::JobError;
 
-pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally};
+pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};

@@ -88,7 +88,9 @@ impl Recovery {
                 | Phase::PostIteration => Some(*rank),
                 Phase::PostApplication | Phase::Combine | Phase::Checkpoint => None,
             },
-            JobError::WorkerLost { rank, .. } => Some(*rank),
+            // A process of the rank that runs another job: under a policy that replaces
+            // workers, another process of the rank may come.
+            JobError::WorkerLost { rank, .. } | JobError::Mismatch { rank, .. } => Some(*rank),
             _ => None,
         }
     }

@@ -11,7 +11,7 @@ use crate::error::{Cause, JobError, Waiting};
 use crate::events::{Events, JobEvent};
 use crate::protocol::{
     Attempt, Envelope, FailurePolicy, Gate, GateOutput, Iteration, Recover, Recovery, SyncState,
-    SyncStep, ToMaster, ToWorker,
+    SyncStep, ToMaster, ToWorker, Wait,
 };
 use crate::transport::MasterLink;
 
@@ -132,7 +132,13 @@ pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     awaiting: Vec<Awaiting>,
     events: Events,
     tick: Duration,
+    /// When the current wait for workers was last said to be going on.
+    wait_said: Option<Instant>,
 }
+
+/// At most how long a wait for workers goes on between two lines that say so (it says so
+/// every quarter of its timeout when that is shorter).
+const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl<M: Payload, W: Payload> BarrierActor<M, W> {
     pub(crate) fn new(
@@ -162,6 +168,50 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             awaiting: vec![Awaiting::None; gate_workers],
             events,
             tick,
+            wait_said: None,
+        }
+    }
+
+    /// Says, at a steady interval ([`WAIT_LOG_INTERVAL`], or a quarter of the wait's
+    /// timeout), which ranks a long wait waits for: at WARN for
+    /// start-up and shutdown, which should be short; at INFO for an iteration — compute may
+    /// be long by design — until half its timeout has passed.
+    fn say_waiting(&mut self, now: Instant) {
+        let Some(Wait {
+            during,
+            missing,
+            since,
+            timeout,
+        }) = self.gate.waiting()
+        else {
+            return;
+        };
+        let waited = now.saturating_duration_since(since);
+        let last = self
+            .wait_said
+            .filter(|&said| said >= since)
+            .unwrap_or(since);
+        if now.saturating_duration_since(last) < WAIT_LOG_INTERVAL.min(timeout / 4) {
+            return;
+        }
+        self.wait_said = Some(now);
+        let quiet = matches!(during, Waiting::Iteration(_)) && waited < timeout / 2;
+        if quiet {
+            tracing::info!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
+        } else {
+            tracing::warn!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
+        }
+    }
+
+    /// The job ends: a rank that is not connected (it never connected, or its process is
+    /// gone) will not say it is done, and is not waited for.
+    fn forget_unconnected(&mut self, now: Instant) {
+        for rank in 0..self.rows.len() {
+            if !self.gate.is_done(rank) && !self.link.is_connected(rank) {
+                tracing::debug!(rank, "not connected at the end of the job: not waited for");
+                let output = self.gate.lose(now, rank);
+                self.forward(output);
+            }
         }
     }
 
@@ -373,6 +423,7 @@ impl<M: Payload, W: Payload> Actor for BarrierActor<M, W> {
             act.apply(step);
             let output = act.gate.handle_timeout(now);
             act.forward_gate(now, output);
+            act.say_waiting(now);
         });
     }
 }
@@ -413,19 +464,30 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for BarrierActor<M, W> {
             }
             _ => {}
         }
-        // The last message of a connection: its `Done`, or its loss.
+        // The last message of a connection: its `Done`, or its loss (or its refusal).
         let ends_connection = matches!(
             msg.env.msg,
             ToMaster::Done { .. }
                 | ToMaster::Failed {
-                    error: JobError::WorkerLost { .. },
+                    error: JobError::WorkerLost { .. } | JobError::Mismatch { .. },
                     ..
                 }
         );
         let done_before = self.gate.is_done(from);
+        let registered_before = self.gate.is_registered(from);
         let output = self.gate.on_message(msg.at, msg.env);
         if !done_before && self.gate.is_done(from) {
             self.events.emit(|| JobEvent::WorkerDone { rank: from });
+        }
+        if !registered_before
+            && self.gate.is_registered(from)
+            && self.awaiting.get(from) != Some(&Awaiting::None)
+        {
+            // The new process of a rank replaced before the job started registered: it
+            // is the rank's worker now (mid-job, `Rejoined` says the same).
+            self.awaiting[from] = Awaiting::None;
+            self.recovery.rejoined(from);
+            tracing::info!(rank = from, "a replacement worker registered");
         }
         self.forward_gate(msg.at, output);
         if ends_connection && self.awaiting.get(from) == Some(&Awaiting::OldEnd) {
@@ -475,8 +537,10 @@ impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
             halted: msg.halted,
             last: msg.last,
         });
-        let output = self.gate.drain(Instant::now());
+        let now = Instant::now();
+        let output = self.gate.drain(now);
         self.forward(output);
+        self.forget_unconnected(now);
     }
 }
 
@@ -493,7 +557,9 @@ impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
             attempt: self.attempt(),
             error: msg.error,
         });
-        let output = self.gate.drain(Instant::now());
+        let now = Instant::now();
+        let output = self.gate.drain(now);
         self.forward(output);
+        self.forget_unconnected(now);
     }
 }

@@ -790,6 +790,7 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
                         during: Waiting::Shutdown,
                         missing,
                         waited,
+                        refused: Vec::new(),
                     };
                     if matches!(self.ending, Some(OwnedEnding::Completed { .. })) {
                         self.fail(error);

@@ -40,7 +40,7 @@ use crate::protocol::{
     Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, Rank, Recovery, SyncState,
 };
 use crate::report::{JobOutcome, JobReport};
-use crate::transport::{LinkSpec, Transport};
+use crate::transport::{Fingerprint, LinkSpec, Transport};
 
 use barrier::{Arrived, BarrierActor, BarrierPeers};
 use coordination::Coordination;
@@ -192,6 +192,32 @@ fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
     checkpoint.unwrap_or(0).saturating_add(restarted)
 }
 
+/// What every process of this job must agree on: the versions, the settings that change
+/// what a worker computes or how the protocol runs, the input, the result types. Not the
+/// checkpoints, which only the master's process keeps (the others need no store).
+fn fingerprint<M, W>(config: &JobConfig, input: Option<&Input>, combining: bool) -> Fingerprint {
+    let on = |b: bool| if b { "on" } else { "off" };
+    Fingerprint::new()
+        .with("crate version", env!("CARGO_PKG_VERSION"))
+        .with(
+            "wire version",
+            crate::transport::tcp::wire::PROTOCOL_VERSION,
+        )
+        .with("workers", config.workers)
+        .with("iterations", config.iterations)
+        .with("barrier_mode", on(config.barrier_mode))
+        .with("worker_halt", on(config.worker_halt))
+        .with("combine", on(combining))
+        .with("failure_policy", format!("{:?}", config.failure_policy))
+        .with("malformed_rows", format!("{:?}", config.malformed_rows))
+        .with(
+            "input",
+            input.map_or_else(|| "none".to_string(), Input::describe),
+        )
+        .with("master result type", std::any::type_name::<M>())
+        .with("worker result type", std::any::type_name::<W>())
+}
+
 /// The user's combiner of worker results (see `JobBuilder::combine`).
 pub(crate) type CombineFn<W> = Box<dyn Fn(&mut W, W) + Send + Sync>;
 
@@ -316,6 +342,7 @@ async fn launch<M: Payload, W: Payload>(
     let topology = transport.prepare(&LinkSpec {
         job_id: config.job_id.clone(),
         workers: config.workers,
+        fingerprint: fingerprint::<M, W>(&config, input.as_ref(), combine.is_some()),
     })?;
     let started = Instant::now();
     let pool = Arc::new(ComputePool::new(

@@ -53,7 +53,7 @@ impl Watch {
             Who::Worker(rank) => rank as u64,
         };
         let (kind, iteration) = match during {
-            Waiting::Registration => (0, 0),
+            Waiting::Registration | Waiting::Connection => (0, 0),
             Waiting::Iteration(i) => (1, i),
             Waiting::Shutdown => (2, 0),
         };
@@ -95,6 +95,7 @@ impl Watch {
                 during,
                 missing: vec![who as Rank],
                 waited,
+                refused: Vec::new(),
             }
         })
     }

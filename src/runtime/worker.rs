@@ -319,6 +319,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                             during: Waiting::Shutdown,
                             missing: vec![act.rank],
                             waited: act.shutdown_timeout,
+                            refused: Vec::new(),
                         })
                     });
                 act.report(ending);

@@ -280,12 +280,7 @@ mod tests {
     #[test]
     fn messages_reach_their_peer_and_a_broadcast_shares_one_value() {
         let mut t = MemoryTransport::<String, u32>::new().wire_check(false);
-        let topology = t
-            .prepare(&LinkSpec {
-                job_id: "t".into(),
-                workers: 2,
-            })
-            .unwrap();
+        let topology = t.prepare(&LinkSpec::new("t", 2)).unwrap();
         assert_eq!(topology.workers, vec![0, 1]);
         let at_master = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&at_master);
@@ -337,11 +332,7 @@ mod tests {
     #[test]
     fn a_replacement_takes_the_rank_and_closes_the_old_link() {
         let mut t = MemoryTransport::<String, u32>::new();
-        t.prepare(&LinkSpec {
-            job_id: "t".into(),
-            workers: 1,
-        })
-        .unwrap();
+        t.prepare(&LinkSpec::new("t", 1)).unwrap();
         let at_master = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&at_master);
         let master = t

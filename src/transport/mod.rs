@@ -45,6 +45,72 @@ pub struct LinkSpec {
     pub job_id: String,
     /// The number of workers.
     pub workers: usize,
+    /// What every process of the job must agree on: a transport that connects processes
+    /// checks that a worker's process runs the job as the master's does.
+    pub fingerprint: Fingerprint,
+}
+
+impl LinkSpec {
+    /// The job `job_id` of `workers` workers, with no fingerprint (every process agrees).
+    pub fn new(job_id: impl Into<String>, workers: usize) -> Self {
+        LinkSpec {
+            job_id: job_id.into(),
+            workers,
+            fingerprint: Fingerprint::default(),
+        }
+    }
+}
+
+/// What every process of a job must agree on — the world size, the settings that change
+/// what a worker computes or how the protocol runs, the input, the result types, the
+/// versions — as named values, in the order they are checked. The TCP transport sends it
+/// in each worker's handshake, and the master refuses a worker whose fingerprint differs,
+/// naming the first field that does and both values: processes started with different
+/// settings never run one job to a wrong answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Fingerprint(Vec<(String, String)>);
+
+impl Fingerprint {
+    /// An empty fingerprint.
+    pub fn new() -> Self {
+        Fingerprint::default()
+    }
+
+    /// Adds the field `name` with `value`.
+    pub fn with(mut self, name: impl Into<String>, value: impl std::fmt::Display) -> Self {
+        self.0.push((name.into(), value.to_string()));
+        self
+    }
+
+    /// The value of the field `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every field, in order.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// The first field, in this fingerprint's order (then the other's), whose values
+    /// differ: `(field, this value, the other's value)`; a field one side lacks reads
+    /// `(none)`.
+    pub fn first_difference(&self, other: &Fingerprint) -> Option<(String, String, String)> {
+        let none = "(none)";
+        let ours = self
+            .fields()
+            .map(|(n, v)| (n, v, other.get(n).unwrap_or(none)));
+        let theirs = other
+            .fields()
+            .filter(|(n, _)| self.get(n).is_none())
+            .map(|(n, v)| (n, none, v));
+        ours.chain(theirs)
+            .find(|(_, a, b)| a != b)
+            .map(|(n, a, b)| (n.to_string(), a.to_string(), b.to_string()))
+    }
 }
 
 /// Which parts of the job run in this process.
@@ -169,8 +235,18 @@ pub trait MasterLink<M>: Send + 'static {
     fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError>;
 
     /// Sends `msg` to every worker. A transport that serializes should encode once; the
-    /// in-memory one shares the master result (an `Arc`) instead of copying it.
+    /// in-memory one shares the master result (an `Arc`) instead of copying it. A worker
+    /// that connects after the job's end ([`ToWorker::Finish`] or [`ToWorker::Abort`]) was
+    /// broadcast should get it at once.
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError>;
+
+    /// Whether the worker of `rank` is connected now: a message sent to it can reach it.
+    /// The end of a job does not wait for a rank that is not (it never connected, or its
+    /// connection ended). The default: every rank is.
+    fn is_connected(&self, rank: Rank) -> bool {
+        let _ = rank;
+        true
+    }
 }
 
 /// A worker's way to reach the master's node. Shared by the worker's actor and, in
@@ -182,6 +258,13 @@ pub trait WorkerLink<W>: Send + Sync + 'static {
 
 /// A way to connect the parts of a job. See the [module docs](self) for the call order.
 pub trait Transport<M, W>: Send + 'static {
+    /// The number of workers this transport's cluster has, if it knows it (the TCP
+    /// transport: its world size). A job whose worker count was not set takes it; one set
+    /// to another count is refused with a [`ConfigError`](crate::ConfigError).
+    fn world_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Learns the job and answers which parts of it run in this process.
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError>;
 

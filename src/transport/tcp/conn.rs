@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -17,23 +17,21 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::wire::{self, Wire};
-use super::{Conns, TcpSettings};
+use super::admission::{log_every, Refusals, Unproven};
+use super::wire::{self, Refusal, Wire};
+use super::{lock, Shared, TcpSettings};
 use crate::compute::Payload;
-use crate::error::{Cause, JobError};
+use crate::error::{Cause, JobError, Waiting};
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
-use crate::transport::Inbox;
+use crate::transport::{Fingerprint, Inbox};
 
 /// The attempt a worker starts in, until a master's node tells it another.
 pub(super) const FIRST_ATTEMPT: Attempt = 0;
-
-/// How many connections may be in their handshake at once; more are closed at once, so
-/// that unauthenticated peers cannot hold much of the master's memory or time.
-const HANDSHAKES_IN_FLIGHT: usize = 64;
 
 /// Handshake frames are decoded without the job's types: no user `Deserialize` code runs on
 /// bytes from a peer that has not proved the secret.
@@ -147,12 +145,21 @@ fn clip(s: &str, max: usize) -> String {
 }
 
 /// The proof that a peer knows the secret: HMAC-SHA256 over the master's fresh nonce, the
-/// job id and the rank, so a proof cannot be replayed for another connection, job or rank.
-fn proof(secret: &[u8], nonce: &[u8; 32], job_id: &str, rank: Rank) -> Hmac<Sha256> {
+/// job id, the rank and the job's fingerprint as the peer sent it, so a proof cannot be
+/// replayed for another connection, job, rank or fingerprint.
+fn proof(
+    secret: &[u8],
+    nonce: &[u8; 32],
+    job_id: &str,
+    rank: Rank,
+    fingerprint: &Fingerprint,
+) -> Hmac<Sha256> {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
     mac.update(nonce);
     mac.update(job_id.as_bytes());
     mac.update(&(rank as u64).to_le_bytes());
+    // A fingerprint is names and values: it always encodes.
+    mac.update(&crate::codec::to_vec(fingerprint).unwrap_or_default());
     mac
 }
 
@@ -237,27 +244,52 @@ async fn read_until_last<M: Payload, W: Payload>(
     }
 }
 
+/// Returns once the transport stops (at once if it has).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard it gives back is dropped here: it must not live across an await.
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
 /// A rank claimed by a connection: released however the connection ends.
 struct Claim {
-    conns: Conns,
+    peers: Shared,
     rank: Rank,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = None;
+        lock(&self.peers).conns[self.rank] = None;
     }
+}
+
+/// How a connection's handshake ended, when no worker came of it.
+enum Turned {
+    /// Refused, and told why; the rank it claimed, if it got that far.
+    Refused {
+        rank: Option<Rank>,
+        refusal: Refusal,
+    },
+    /// It did not complete its handshake within the handshake timeout.
+    TimedOut,
+    /// A newer connection took its handshake slot.
+    Dropped,
+    /// The master's node is stopping.
+    Stopping,
 }
 
 /// The master's node: accepts workers, checks their handshake, and carries their frames.
 pub(super) struct Server<M, W> {
     pub(super) settings: Arc<TcpSettings>,
     pub(super) inbox: Arc<Inbox<Envelope<ToMaster<W>>>>,
-    pub(super) conns: Conns,
+    pub(super) peers: Shared,
+    /// The job as this process runs it: every worker's must be the same.
+    pub(super) fingerprint: Arc<Fingerprint>,
     /// The attempt this master's node runs: every worker that connects is told it.
     pub(super) attempt: Attempt,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) tracker: TaskTracker,
+    pub(super) unproven: Arc<Mutex<Unproven>>,
+    pub(super) refusals: Arc<Mutex<Refusals>>,
     pub(super) _types: PhantomData<fn() -> M>,
 }
 
@@ -266,10 +298,13 @@ impl<M, W> Clone for Server<M, W> {
         Server {
             settings: Arc::clone(&self.settings),
             inbox: Arc::clone(&self.inbox),
-            conns: Arc::clone(&self.conns),
+            peers: Arc::clone(&self.peers),
+            fingerprint: Arc::clone(&self.fingerprint),
             attempt: self.attempt,
             stop: self.stop.clone(),
             tracker: self.tracker.clone(),
+            unproven: Arc::clone(&self.unproven),
+            refusals: Arc::clone(&self.refusals),
             _types: PhantomData,
         }
     }
@@ -284,18 +319,17 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 return;
             }
         };
-        let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT));
+        self.tracker.spawn(self.clone().watch(Instant::now()));
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
-                            tracing::warn!(%peer, "too many connections in their handshake; closed this one");
-                            continue;
-                        };
+                        // A full table makes room by dropping its oldest unproven
+                        // connection: idle and trickling peers grow old, workers do not.
+                        let (id, token, _) = lock(&self.unproven).admit(peer.ip());
                         let server = self.clone();
-                        self.tracker.spawn(server.connection(stream, peer, permit));
+                        self.tracker.spawn(server.connection(stream, peer, id, token));
                     }
                     Err(e) => {
                         // Out of file handles, say: do not spin.
@@ -303,7 +337,74 @@ impl<M: Payload, W: Payload> Server<M, W> {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 },
-                _ = stop.changed() => return,
+                _ = stopped(&mut stop) => return,
+            }
+        }
+    }
+
+    /// While ranks have never connected: says so at a steady interval, naming them and
+    /// the peers refused that claimed them; once `connect_timeout` passed since the node
+    /// was bound, fails the job naming them. Also sums up refused connections once per
+    /// interval.
+    async fn watch(self, bound: Instant) {
+        let s = Arc::clone(&self.settings);
+        let deadline = bound.checked_add(s.connect_timeout);
+        let mut ticks =
+            tokio::time::interval(log_every(s.connect_timeout).min(Duration::from_secs(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut stop = self.stop.clone();
+        let every = log_every(s.connect_timeout);
+        let mut next_log = bound + every;
+        let mut failed = false;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stopped(&mut stop) => return,
+            }
+            let now = Instant::now();
+            lock(&self.refusals).flush(now);
+            let missing = {
+                let peers = lock(&self.peers);
+                if peers.ending.is_some() {
+                    Vec::new()
+                } else {
+                    peers.never_connected()
+                }
+            };
+            if missing.is_empty() || failed {
+                continue;
+            }
+            let refused = lock(&self.refusals).of(&missing);
+            let waited = now.saturating_duration_since(bound);
+            if deadline.is_some_and(|d| now >= d) {
+                failed = true;
+                tracing::error!(
+                    ?missing,
+                    ?refused,
+                    "worker(s) {missing:?} did not connect within {:?}",
+                    s.connect_timeout
+                );
+                let error = JobError::WorkersTimedOut {
+                    during: Waiting::Connection,
+                    missing: missing.clone(),
+                    waited,
+                    refused,
+                };
+                (self.inbox)(Envelope {
+                    from: missing[0],
+                    msg: ToMaster::Failed {
+                        attempt: self.attempt,
+                        error,
+                    },
+                });
+            } else if now >= next_log {
+                next_log = now + every;
+                tracing::warn!(
+                    ?missing,
+                    ?refused,
+                    "waiting for worker(s) {missing:?} to connect ({waited:.0?} of {:?})",
+                    s.connect_timeout
+                );
             }
         }
     }
@@ -312,33 +413,30 @@ impl<M: Payload, W: Payload> Server<M, W> {
         self,
         stream: TcpStream,
         peer: SocketAddr,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        id: u64,
+        dropped: CancellationToken,
     ) {
         let s = Arc::clone(&self.settings);
         let _ = stream.set_nodelay(true);
         let (reader, mut writer) = stream.into_split();
         let mut frames = Frames::new(reader);
-        let handshake = self.handshake(&mut frames, &mut writer);
-        let accepted = tokio::time::timeout(s.handshake_timeout, handshake).await;
-        drop(permit);
-        let (claim, queue) = match accepted {
-            Ok(Ok(accepted)) => accepted,
-            Ok(Err(reason)) => {
-                tracing::warn!(%peer, %reason, "refused a connection");
-                if let Ok(frame) = wire::encode(
-                    &Wire::<(), ()>::Refused { reason },
-                    wire::HANDSHAKE_MAX_FRAME,
-                ) {
-                    let _ =
-                        tokio::time::timeout(s.handshake_timeout, write_frame(&mut writer, &frame))
-                            .await;
-                }
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(%peer, timeout = ?s.handshake_timeout, "dropped a connection that did not complete its handshake in time");
-                return;
-            }
+        let mut stop = self.stop.clone();
+        let shaken = tokio::select! {
+            shaken = tokio::time::timeout(
+                s.handshake_timeout,
+                self.handshake(&mut frames, &mut writer),
+            ) => match shaken {
+                Ok(Ok(accepted)) => Ok(accepted),
+                Ok(Err((rank, refusal))) => Err(Turned::Refused { rank, refusal }),
+                Err(_) => Err(Turned::TimedOut),
+            },
+            _ = dropped.cancelled() => Err(Turned::Dropped),
+            _ = stopped(&mut stop) => Err(Turned::Stopping),
+        };
+        lock(&self.unproven).leave(id);
+        let (claim, queue) = match shaken {
+            Ok(accepted) => accepted,
+            Err(turned) => return self.turn_away(turned, peer, writer).await,
         };
         let rank = claim.rank;
         tracing::debug!(%peer, rank, "worker connected");
@@ -367,62 +465,165 @@ impl<M: Payload, W: Payload> Server<M, W> {
         drop(claim);
     }
 
-    /// Checks a new connection: hello (version, job id, rank), then the secret's proof,
-    /// then claims the rank. Returns the claim and the rank's queue, or why it is refused.
+    /// Notes why a connection was turned away (rate-limited), tells a refused peer why,
+    /// and — for a proven process of this job that runs it differently — fails the job
+    /// (or, under a policy that replaces workers, that rank's process only).
+    async fn turn_away(&self, turned: Turned, peer: SocketAddr, mut writer: OwnedWriteHalf) {
+        let s = &self.settings;
+        let peer_name = peer.to_string();
+        let (rank, refusal) = match turned {
+            Turned::Refused { rank, refusal } => (rank, refusal),
+            Turned::TimedOut => {
+                let reason = format!(
+                    "did not complete its handshake within {:?}",
+                    s.handshake_timeout
+                );
+                lock(&self.refusals).note(&peer_name, None, "an unfinished handshake", &reason);
+                return;
+            }
+            Turned::Dropped => {
+                let reason = "dropped in its handshake to make room for a newer connection (the handshake slots were full)";
+                lock(&self.refusals).note(&peer_name, None, "full handshake slots", reason);
+                return;
+            }
+            Turned::Stopping => return,
+        };
+        lock(&self.refusals).note(&peer_name, rank, refusal.kind(), &refusal.to_string());
+        if let (Some(rank), Refusal::Mismatch { .. }) = (rank, &refusal) {
+            self.mismatched(rank, &refusal);
+        }
+        if let Ok(frame) = wire::encode(
+            &Wire::<(), ()>::Refused { refusal },
+            wire::HANDSHAKE_MAX_FRAME,
+        ) {
+            let _ =
+                tokio::time::timeout(s.handshake_timeout, write_frame(&mut writer, &frame)).await;
+        }
+    }
+
+    /// A proven process of this job, of `rank`, runs it differently: the job's failure
+    /// policy decides (it fails the job, or waits for another process of the rank) —
+    /// unless the job is over already.
+    fn mismatched(&self, rank: Rank, refusal: &Refusal) {
+        let Refusal::Mismatch {
+            field,
+            master,
+            worker,
+        } = refusal
+        else {
+            return;
+        };
+        if lock(&self.peers).ending.is_some() {
+            return;
+        }
+        let error = JobError::Mismatch {
+            rank,
+            field: field.clone(),
+            master: master.clone(),
+            worker: worker.clone(),
+        };
+        // A rank outside the world (another world size) still reaches the master: as
+        // the last rank's message, carrying its own rank, which no policy recovers.
+        let from = rank.min(self.settings.world_size - 1);
+        (self.inbox)(Envelope {
+            from,
+            msg: ToMaster::Failed {
+                attempt: self.attempt,
+                error,
+            },
+        });
+    }
+
+    /// Checks a new connection: hello (version, job id, rank, fingerprint), then the
+    /// secret's proof, then — proven — the fingerprint, then claims the rank. Returns the
+    /// claim and the rank's queue, or why it is refused (with the rank it claimed).
     async fn handshake(
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<(Claim, mpsc::UnboundedReceiver<Bytes>), String> {
+    ) -> Result<(Claim, mpsc::UnboundedReceiver<Bytes>), (Option<Rank>, Refusal)> {
         let s = &self.settings;
-        let Wire::Hello { job_id, rank } = frames.handshake().await? else {
-            return Err("expected a hello first".into());
+        let broken = |rank: Option<Rank>| move |reason: String| (rank, Refusal::Protocol(reason));
+        let Wire::Hello {
+            job_id,
+            rank,
+            fingerprint,
+        } = frames.handshake().await.map_err(broken(None))?
+        else {
+            return Err(broken(None)("expected a hello first".into()));
         };
         if job_id != s.job_id {
-            return Err(format!(
-                "wrong job id: the peer asked for {:?}",
-                clip(&job_id, 64)
+            let asked = clip(&job_id, 64);
+            return Err((None, Refusal::WrongJob { asked }));
+        }
+        let claimed = Some(rank);
+        let mut nonce = [0u8; 32];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| broken(claimed)(format!("no randomness for a challenge: {e}")))?;
+        let challenge = wire::encode(&Wire::<(), ()>::Challenge { nonce }, s.max_frame)
+            .map_err(|e| broken(claimed)(e.to_string()))?;
+        write_frame(writer, &challenge)
+            .await
+            .map_err(|e| broken(claimed)(e.to_string()))?;
+        let Wire::Proof { mac } = frames.handshake().await.map_err(broken(claimed))? else {
+            return Err(broken(claimed)("expected a proof of the secret".into()));
+        };
+        let secret = s.secret.as_deref().unwrap_or_default();
+        proof(secret, &nonce, &job_id, rank, &fingerprint)
+            .verify_slice(&mac)
+            .map_err(|_| (claimed, Refusal::WrongSecret))?;
+        if *self.stop.borrow() {
+            return Err((claimed, Refusal::Stopping));
+        }
+        // Proven: a process of this job. Does it run the job as this one does?
+        if let Some((field, master, worker)) = self.fingerprint.first_difference(&fingerprint) {
+            let (master, worker) = (clip(&master, 200), clip(&worker, 200));
+            return Err((
+                claimed,
+                Refusal::Mismatch {
+                    field: clip(&field, 64),
+                    master,
+                    worker,
+                },
             ));
         }
         if rank >= s.world_size {
-            return Err(format!("rank {rank} is outside 0..{}", s.world_size));
-        }
-        let mut nonce = [0u8; 32];
-        getrandom::fill(&mut nonce).map_err(|e| format!("no randomness for a challenge: {e}"))?;
-        let challenge = wire::encode(&Wire::<(), ()>::Challenge { nonce }, s.max_frame)
-            .map_err(|e| e.to_string())?;
-        write_frame(writer, &challenge)
-            .await
-            .map_err(|e| e.to_string())?;
-        let Wire::Proof { mac } = frames.handshake().await? else {
-            return Err("expected a proof of the secret".into());
-        };
-        let secret = s.secret.as_deref().unwrap_or_default();
-        proof(secret, &nonce, &job_id, rank)
-            .verify_slice(&mac)
-            .map_err(|_| format!("wrong secret: rank {rank}'s proof did not verify"))?;
-        if *self.stop.borrow() {
-            return Err("the master's node is stopping".into());
+            let (master, worker) = (s.world_size.to_string(), format!("more than {rank}"));
+            let field = "workers".to_string();
+            return Err((
+                claimed,
+                Refusal::Mismatch {
+                    field,
+                    master,
+                    worker,
+                },
+            ));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let claim = {
-            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-            if conns[rank].is_some() {
-                return Err(format!("rank {rank} is already connected"));
+            let mut peers = lock(&self.peers);
+            if peers.conns[rank].is_some() {
+                return Err((claimed, Refusal::RankTaken { rank }));
             }
-            conns[rank] = Some(tx);
+            peers.conns[rank] = Some(tx.clone());
+            peers.ever[rank] = true;
+            // The job ended already: the worker hears how, right after its welcome.
+            if let Some(ending) = &peers.ending {
+                let _ = tx.send(ending.clone());
+            }
             Claim {
-                conns: Arc::clone(&self.conns),
+                peers: Arc::clone(&self.peers),
                 rank,
             }
         };
         let welcome = Wire::<(), ()>::Welcome {
             attempt: self.attempt,
         };
-        let welcome = wire::encode(&welcome, s.max_frame).map_err(|e| e.to_string())?;
+        let welcome =
+            wire::encode(&welcome, s.max_frame).map_err(|e| broken(claimed)(e.to_string()))?;
         write_frame(writer, &welcome)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| broken(claimed)(e.to_string()))?;
         Ok((claim, rx))
     }
 
@@ -473,6 +674,8 @@ pub(super) struct Client<M, W> {
     pub(super) settings: Arc<TcpSettings>,
     pub(super) target: String,
     pub(super) inbox: Inbox<ToWorker<M>>,
+    /// The job as this process runs it, which the master checks.
+    pub(super) fingerprint: Arc<Fingerprint>,
     /// Whether the worker queued its last message: after it, a lost master is no loss.
     pub(super) said_done: Arc<AtomicBool>,
     pub(super) stop: watch::Receiver<bool>,
@@ -488,10 +691,11 @@ pub(super) struct Client<M, W> {
 
 /// How a worker's attempt to reach the master failed.
 enum Unreached {
-    /// Not reached (no connection, or no answer to the handshake): the master is lost.
+    /// Not reached — no connection, or it closed or went silent during the handshake —
+    /// and why: tried again until the timeout.
     Lost(String),
-    /// The master refused this worker.
-    Refused(String),
+    /// The master refused this worker, and told it why.
+    Refused(Refusal),
 }
 
 /// How a connection to the master ended.
@@ -514,27 +718,16 @@ impl<M: Payload, W: Payload> Client<M, W> {
         let mut attempt = self.first_attempt;
         let mut lost: Option<String> = None;
         loop {
-            let joined = match &lost {
-                None => self.join().await,
-                Some(reason) => self.rejoin(reason).await,
-            };
-            let (mut frames, writer, joined_attempt) = match joined {
+            let (mut frames, writer, joined_attempt) = match self.reach(lost.as_deref()).await {
                 Ok(joined) => joined,
                 Err(Unreached::Lost(reason)) => {
                     tracing::error!(rank = s.rank, %reason, "cannot reach the master");
                     return self.abort(attempt, JobError::MasterLost { reason });
                 }
-                Err(Unreached::Refused(reason)) => {
-                    tracing::error!(rank = s.rank, %reason, "the master refused this worker");
-                    return self.abort(
-                        attempt,
-                        JobError::Transport {
-                            message: format!(
-                                "the master at {} refused worker {}: {reason}",
-                                self.target, s.rank
-                            ),
-                        },
-                    );
+                Err(Unreached::Refused(refusal)) => {
+                    tracing::error!(rank = s.rank, %refusal, "the master refused this worker");
+                    let error = self.refused(refusal);
+                    return self.abort(attempt, error);
                 }
             };
             if lost.is_some() {
@@ -582,46 +775,104 @@ impl<M: Payload, W: Payload> Client<M, W> {
         (self.inbox)(ToWorker::Abort { attempt, error });
     }
 
-    /// The first connection: retried until the connect timeout (the master may start
-    /// after its workers); a refusal is final.
-    async fn join(&self) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
-        let s = &self.settings;
-        let stream = self
-            .connect(deadline_after(s.connect_timeout))
-            .await
-            .map_err(|e| Unreached::Lost(format!("{e} (tried for {:?})", s.connect_timeout)))?;
-        self.greet(stream).await
+    /// The error this worker ends with when the master refused it for good.
+    fn refused(&self, refusal: Refusal) -> JobError {
+        let rank = self.settings.rank;
+        match refusal {
+            Refusal::Mismatch {
+                field,
+                master,
+                worker,
+            } => JobError::Mismatch {
+                rank,
+                field,
+                master,
+                worker,
+            },
+            other => JobError::Transport {
+                message: format!(
+                    "the master at {} refused worker {rank}: {other}",
+                    self.target
+                ),
+            },
+        }
     }
 
-    /// A connection after the master was lost (for `reason`): connection and handshake
-    /// retried, refusals included (the master's node may still hold this rank's old
-    /// connection), until the reconnect timeout.
-    async fn rejoin(&self, reason: &str) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
+    /// Reaches the master — the first time, or again after it was lost (for `lost`) — and
+    /// completes the handshake, trying again with backoff until the connect timeout (the
+    /// reconnect timeout after a loss). A connection that cannot be made, or that closes or
+    /// goes silent in its handshake, is tried again; so is a refusal that may pass (a rank
+    /// still held by the connection of the process this one replaces). At a steady
+    /// interval (a quarter of the timeout, at most 10 s) it says what it tries to reach
+    /// and the last error.
+    async fn reach(
+        &self,
+        lost: Option<&str>,
+    ) -> Result<(Frames, OwnedWriteHalf, Attempt), Unreached> {
         let s = &self.settings;
-        let deadline = deadline_after(s.reconnect_timeout);
+        let timeout = match lost {
+            Some(_) => s.reconnect_timeout,
+            None => s.connect_timeout,
+        };
+        let restarted = s.restart_count > 0;
+        let started = Instant::now();
+        let deadline = deadline_after(timeout);
+        let every = log_every(timeout);
+        let mut next_log = started + every;
         let mut backoff = Duration::from_millis(20);
         let mut stop = self.stop.clone();
         loop {
             if *stop.borrow() {
-                return Err(Unreached::Lost(format!(
-                    "{reason}; this process ended before the master was reached again"
-                )));
+                return Err(Unreached::Lost(match lost {
+                    Some(reason) => {
+                        format!("{reason}; this process ended before the master was reached again")
+                    }
+                    None => "the job ended before the master could be reached".into(),
+                }));
             }
             let last = match self.connect(deadline).await {
                 Ok(stream) => match self.greet(stream).await {
                     Ok(joined) => return Ok(joined),
-                    Err(Unreached::Lost(e) | Unreached::Refused(e)) => e,
+                    Err(Unreached::Refused(refusal)) => {
+                        let last = match lost {
+                            None => refusal.is_final_for(restarted),
+                            Some(_) => refusal.is_final_on_rejoin(),
+                        };
+                        if last {
+                            return Err(Unreached::Refused(refusal));
+                        }
+                        format!("refused: {refusal}")
+                    }
+                    Err(Unreached::Lost(e)) => e,
                 },
                 Err(e) => e,
             };
-            if Instant::now() >= deadline || *stop.borrow() {
-                return Err(Unreached::Lost(format!(
-                    "{reason}; not reached again within {:?}: {last}",
-                    s.reconnect_timeout
-                )));
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Unreached::Lost(match lost {
+                    Some(reason) => {
+                        format!("{reason}; not reached again within {timeout:?}: {last}")
+                    }
+                    None => format!(
+                        "could not reach the master at {} within {timeout:?}: {last}",
+                        self.target
+                    ),
+                }));
+            }
+            if now >= next_log {
+                next_log = now + every;
+                tracing::warn!(
+                    rank = s.rank,
+                    master = %self.target,
+                    error = %last,
+                    "still trying to reach the master ({:.0?} of {timeout:?})",
+                    now.saturating_duration_since(started)
+                );
+            } else {
+                tracing::debug!(rank = s.rank, master = %self.target, error = %last, "master not reached yet");
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(backoff.min(deadline.saturating_duration_since(now))) => {}
                 _ = stop.changed() => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -642,7 +893,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 frames.allow(s.max_frame);
                 Ok((frames, writer, attempt))
             }
-            Ok(Err(reason)) => Err(Unreached::Refused(reason)),
+            Ok(Err(unreached)) => Err(unreached),
             Err(_) => Err(Unreached::Lost(format!(
                 "no answer to the handshake within {:?}",
                 s.handshake_timeout
@@ -692,30 +943,40 @@ impl<M: Payload, W: Payload> Client<M, W> {
         }
     }
 
-    /// Connects to the master, retrying with backoff until `deadline`.
+    /// One try to connect to the master before `deadline`: resolves its name (a name that
+    /// does not resolve is said as such), then tries its addresses in turn.
     async fn connect(&self, deadline: Instant) -> Result<TcpStream, String> {
-        let mut backoff = Duration::from_millis(20);
-        let mut stop = self.stop.clone();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let attempt = tokio::time::timeout(left, TcpStream::connect(&self.target));
-            let error = tokio::select! {
-                attempt = attempt => match attempt {
-                    Ok(Ok(stream)) => {
-                        let _ = stream.set_nodelay(true);
-                        return Ok(stream);
-                    }
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "timed out".to_string(),
-                },
-                _ = stop.changed() => return Err("the job ended before the master could be reached".into()),
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        let host = self
+            .target
+            .rsplit_once(':')
+            .map_or(self.target.as_str(), |(host, _)| host);
+        let addrs: Vec<SocketAddr> =
+            match tokio::time::timeout(left(), tokio::net::lookup_host(self.target.as_str())).await
+            {
+                Ok(Ok(addrs)) => addrs.collect(),
+                Ok(Err(e)) => return Err(format!("the name {host} does not resolve: {e}")),
+                Err(_) => return Err(format!("resolving the name {host} timed out")),
             };
-            if Instant::now() >= deadline {
-                return Err(format!("could not connect to {}: {error}", self.target));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+        if addrs.is_empty() {
+            return Err(format!("the name {host} resolves to no address"));
         }
+        let mut last = String::new();
+        for addr in addrs {
+            match tokio::time::timeout(left(), TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => last = format!("could not connect to {addr}: {e}"),
+                Err(_) => last = format!("connecting to {addr} timed out"),
+            }
+        }
+        Err(last)
     }
 
     /// Hello, proof of the secret, welcome: returns the attempt the master's node runs.
@@ -723,35 +984,55 @@ impl<M: Payload, W: Payload> Client<M, W> {
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<Attempt, String> {
+    ) -> Result<Attempt, Unreached> {
         let s = &self.settings;
+        let lost = |what: &str| {
+            let what = what.to_string();
+            move |e: String| Unreached::Lost(format!("{what} during the handshake: {e}"))
+        };
         let hello = Wire::<(), ()>::Hello {
             job_id: s.job_id.clone(),
             rank: s.rank,
+            fingerprint: (*self.fingerprint).clone(),
         };
-        let frame = wire::encode(&hello, wire::HANDSHAKE_MAX_FRAME).map_err(|e| e.to_string())?;
+        let frame = wire::encode(&hello, wire::HANDSHAKE_MAX_FRAME)
+            .map_err(|e| lost("could not encode its hello")(e.to_string()))?;
         write_frame(writer, &frame)
             .await
-            .map_err(|e| e.to_string())?;
-        let nonce = match frames.handshake().await? {
+            .map_err(|e| lost("could not write")(e.to_string()))?;
+        let nonce = match frames
+            .handshake()
+            .await
+            .map_err(lost("the master answered nothing"))?
+        {
             Wire::Challenge { nonce } => nonce,
-            Wire::Refused { reason } => return Err(reason),
-            _ => return Err("the master did not send a challenge".into()),
+            Wire::Refused { refusal } => return Err(Unreached::Refused(refusal)),
+            _ => {
+                return Err(Unreached::Lost(
+                    "the master did not send a challenge".into(),
+                ))
+            }
         };
         let secret = s.secret.as_deref().unwrap_or_default();
-        let mac = proof(secret, &nonce, &s.job_id, s.rank)
+        let mac = proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
             .finalize()
             .into_bytes()
             .to_vec();
         let frame = wire::encode(&Wire::<(), ()>::Proof { mac }, wire::HANDSHAKE_MAX_FRAME)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| lost("could not encode its proof")(e.to_string()))?;
         write_frame(writer, &frame)
             .await
-            .map_err(|e| e.to_string())?;
-        match frames.handshake().await? {
+            .map_err(|e| lost("could not write")(e.to_string()))?;
+        match frames
+            .handshake()
+            .await
+            .map_err(lost("the master answered nothing"))?
+        {
             Wire::Welcome { attempt } => Ok(attempt),
-            Wire::Refused { reason } => Err(reason),
-            _ => Err("the master did not answer the proof".into()),
+            Wire::Refused { refusal } => Err(Unreached::Refused(refusal)),
+            _ => Err(Unreached::Lost(
+                "the master did not answer the proof".into(),
+            )),
         }
     }
 
@@ -794,7 +1075,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     Delivered::More
                 })
             }
-            Ok(Wire::Refused { reason }) => Err(format!("it closed this connection: {reason}")),
+            Ok(Wire::Refused { refusal }) => Err(format!("it closed this connection: {refusal}")),
             Ok(_) => Err("it sent a handshake message after the handshake".into()),
         })
         .await

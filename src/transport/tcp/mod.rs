@@ -15,6 +15,7 @@
 //!
 //! Where each process's part comes from, and how ranks map to roles, is in [`ClusterEnv`].
 
+mod admission;
 mod conn;
 mod env;
 pub mod wire;
@@ -23,14 +24,16 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::task::TaskTracker;
 
-use super::{Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink};
+use super::{
+    Fingerprint, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink,
+};
 use crate::compute::Payload;
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
@@ -224,6 +227,8 @@ pub struct TcpTransport<M, W> {
     io: Option<IoThread>,
     /// The attempt the master's node runs, once bound: rank 0's own worker starts in it.
     attempt: Option<Attempt>,
+    /// The job as this process runs it, from `prepare`.
+    fingerprint: Arc<Fingerprint>,
     _types: PhantomData<fn() -> (M, W)>,
 }
 
@@ -270,6 +275,7 @@ impl<M, W> TcpTransport<M, W> {
             local_addr,
             io: None,
             attempt: None,
+            fingerprint: Arc::default(),
             _types: PhantomData,
         })
     }
@@ -363,7 +369,12 @@ impl Drop for IoThread {
 }
 
 impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
+    fn world_size(&self) -> Option<usize> {
+        Some(self.settings.world_size)
+    }
+
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
+        self.fingerprint = Arc::new(spec.fingerprint.clone());
         if spec.workers != self.settings.world_size {
             return Err(TransportError::WorldSize {
                 job: spec.workers,
@@ -397,19 +408,30 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
                 what: "the master".into(),
             })?;
         let io = self.io()?;
-        let conns = Arc::new(Mutex::new(vec![None; self.settings.world_size]));
+        let world = self.settings.world_size;
+        let peers = Arc::new(Mutex::new(Peers {
+            conns: vec![None; world],
+            ever: vec![false; world],
+            ending: None,
+        }));
         let server = conn::Server::<M, W> {
             settings: Arc::clone(&self.settings),
             inbox: Arc::new(inbox),
-            conns: Arc::clone(&conns),
+            peers: Arc::clone(&peers),
+            fingerprint: Arc::clone(&self.fingerprint),
             attempt,
             stop: io.stop.subscribe(),
             tracker: io.tracker.clone(),
+            unproven: Arc::default(),
+            refusals: Arc::new(Mutex::new(admission::Refusals::new(
+                world,
+                std::time::Instant::now(),
+            ))),
             _types: PhantomData,
         };
         io.spawn(server.serve(listener));
         Ok(Box::new(TcpMasterLink::<M> {
-            conns,
+            peers,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
         }))
@@ -444,6 +466,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
             first_attempt: self.attempt.unwrap_or(conn::FIRST_ATTEMPT),
+            fingerprint: Arc::clone(&self.fingerprint),
             to_master: tx.downgrade(),
             _types: PhantomData,
         };
@@ -457,11 +480,36 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
     }
 }
 
-/// The connections of the master's node, by rank: where to queue frames for each worker.
-type Conns = Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>>;
+/// The master's node's view of its workers' connections, shared by its link and its
+/// connection tasks. One lock orders a broadcast of the job's end and a new connection:
+/// a worker either was connected when the end was sent, or hears it right after its
+/// welcome.
+struct Peers {
+    /// By rank: where to queue frames for the worker's connection.
+    conns: Vec<Option<mpsc::UnboundedSender<Bytes>>>,
+    /// By rank: whether it ever connected.
+    ever: Vec<bool>,
+    /// The job's last message (finish or abort), once broadcast.
+    ending: Option<Bytes>,
+}
+
+impl Peers {
+    /// The ranks that never connected, in rank order.
+    fn never_connected(&self) -> Vec<Rank> {
+        (0..self.ever.len()).filter(|&r| !self.ever[r]).collect()
+    }
+}
+
+type Shared = Arc<Mutex<Peers>>;
+
+/// Locks `mutex`, also when a thread panicked holding it: what it guards stays usable
+/// (each change under it is a single assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 struct TcpMasterLink<M> {
-    conns: Conns,
+    peers: Shared,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
 }
@@ -476,8 +524,9 @@ impl<M: Payload> TcpMasterLink<M> {
 impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
     fn send(&self, to: Rank, msg: ToWorker<M>) -> Result<(), TransportError> {
         let frame = self.frame(msg)?;
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let conn = conns
+        let peers = lock(&self.peers);
+        let conn = peers
+            .conns
             .get(to)
             .and_then(Option::as_ref)
             .ok_or(TransportError::NotConnected { rank: to })?;
@@ -487,13 +536,25 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
 
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
         // Encoded once; every connection writes the same bytes. A rank not connected
-        // (lost, or not yet there) is the gate's to notice, by its timeouts.
+        // (lost, or not yet there) is the gate's to notice, by its timeouts — except the
+        // job's end, which a worker connecting later hears at once.
+        let ends = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
         let frame = self.frame(msg)?;
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        for conn in conns.iter().flatten() {
+        let mut peers = lock(&self.peers);
+        if ends {
+            peers.ending = Some(frame.clone());
+        }
+        for conn in peers.conns.iter().flatten() {
             let _ = conn.send(frame.clone());
         }
         Ok(())
+    }
+
+    fn is_connected(&self, rank: Rank) -> bool {
+        lock(&self.peers)
+            .conns
+            .get(rank)
+            .is_some_and(Option::is_some)
     }
 }
 

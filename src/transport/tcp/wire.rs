@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 use crate::protocol::{Attempt, Rank, ToMaster, ToWorker};
+use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
@@ -34,8 +35,12 @@ pub(crate) const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 /// Everything that crosses a connection.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Wire<M, W> {
-    /// Worker → master, first: who it is.
-    Hello { job_id: String, rank: Rank },
+    /// Worker → master, first: who it is, and the job as its process runs it.
+    Hello {
+        job_id: String,
+        rank: Rank,
+        fingerprint: Fingerprint,
+    },
     /// Master → worker: prove you know the secret.
     Challenge { nonce: [u8; 32] },
     /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank).
@@ -44,13 +49,92 @@ pub(crate) enum Wire<M, W> {
     /// which the worker registers.
     Welcome { attempt: Attempt },
     /// Either way: the connection is refused, and why. Then it is closed.
-    Refused { reason: String },
+    Refused { refusal: Refusal },
     /// Either way: still here.
     Heartbeat,
     /// A protocol message for the master.
     ToMaster(ToMaster<W>),
     /// A protocol message for a worker.
     ToWorker(ToWorker<M>),
+}
+
+/// Why the master's node refused a connection, as the peer is told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Refusal {
+    /// The worker's process runs the job differently from the master's.
+    Mismatch {
+        /// The setting or property that differs.
+        field: String,
+        /// Its value in the master's process.
+        master: String,
+        /// Its value in the worker's process.
+        worker: String,
+    },
+    /// The peer belongs to another job.
+    WrongJob {
+        /// The job id it asked for.
+        asked: String,
+    },
+    /// The peer's proof of the secret did not verify.
+    WrongSecret,
+    /// Another connection holds the rank.
+    RankTaken { rank: Rank },
+    /// The master's node is stopping: its process ends.
+    Stopping,
+    /// The peer broke the handshake: an unreadable frame, a message out of order.
+    Protocol(String),
+}
+
+impl Refusal {
+    /// Whether a worker turned away with this at its first connection should stop: every
+    /// refusal is final but a taken rank, which a process started again in the place of
+    /// one that died waits out (until the old connection is found dead).
+    pub(crate) fn is_final_for(&self, restarted: bool) -> bool {
+        !(restarted && matches!(self, Refusal::RankTaken { .. }))
+    }
+
+    /// Whether a worker reconnecting after losing its master should stop: only a
+    /// different job or secret, which no master started again would change.
+    pub(crate) fn is_final_on_rejoin(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Mismatch { .. } | Refusal::WrongJob { .. } | Refusal::WrongSecret
+        )
+    }
+
+    /// A short name of the kind of refusal, for counting them in logs.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Mismatch { .. } => "a different job configuration",
+            Refusal::WrongJob { .. } => "another job's id",
+            Refusal::WrongSecret => "a wrong secret",
+            Refusal::RankTaken { .. } => "a rank already connected",
+            Refusal::Stopping => "the node stopping",
+            Refusal::Protocol(_) => "a broken handshake",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Mismatch {
+                field,
+                master,
+                worker,
+            } => write!(
+                f,
+                "its job differs from the master's in `{field}`: {worker} in the worker's process, {master} in the master's"
+            ),
+            Refusal::WrongJob { asked } => {
+                write!(f, "wrong job id: the peer asked for {asked:?}")
+            }
+            Refusal::WrongSecret => f.write_str("wrong secret: its proof did not verify"),
+            Refusal::RankTaken { rank } => write!(f, "rank {rank} is already connected"),
+            Refusal::Stopping => f.write_str("the master's node is stopping"),
+            Refusal::Protocol(reason) => f.write_str(reason),
+        }
+    }
 }
 
 /// Why a frame could not be made or read.
@@ -142,6 +226,7 @@ mod tests {
         let msg: Wire<u8, u8> = Wire::Hello {
             job_id: "j".into(),
             rank: 3,
+            fingerprint: Fingerprint::default(),
         };
         let bytes = encode(&msg, 1 << 20).unwrap();
         assert_eq!(
@@ -150,7 +235,7 @@ mod tests {
         );
         assert_eq!(u16::from_be_bytes([bytes[4], bytes[5]]), PROTOCOL_VERSION);
         match decode::<Wire<u8, u8>>(&bytes[4..]).unwrap() {
-            Wire::Hello { job_id, rank } => assert_eq!((job_id.as_str(), rank), ("j", 3)),
+            Wire::Hello { job_id, rank, .. } => assert_eq!((job_id.as_str(), rank), ("j", 3)),
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -3,14 +3,14 @@
 
 use std::fmt;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::coordinator::{MalformedRows, RowCounts, Shard};
-use crate::error::BoxError;
+use crate::error::{BoxError, JobError};
 use crate::protocol::{
     Attempt, Epoch, Gathered, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster,
 };
@@ -151,6 +151,10 @@ pub(crate) struct SyncLink<W> {
     /// the barrier's own sync timeout, which normally answers first (unless the
     /// coordination thread is held by inline code for longer).
     pub(crate) patience: Duration,
+    /// The job's first failure, once this worker heard of it (the master's abort): the
+    /// call waiting, and every call after it, fails with it at once — the master may be
+    /// gone, or past answering.
+    pub(crate) ended: Arc<OnceLock<JobError>>,
 }
 
 impl<M, W> WorkerContext<M, W> {
@@ -285,6 +289,15 @@ impl<M, W: 'static> WorkerContext<M, W> {
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute);
         }
+        // The job's failure, as every rank waiting in a call got it: a sync failure as it
+        // is, another wrapped.
+        let ended = |e: &JobError| match e {
+            JobError::Sync(failed) => failed.clone(),
+            other => SyncError::JobFailed(Box::new(other.clone())),
+        };
+        if let Some(e) = sync.ended.get() {
+            return Err(ended(e));
+        }
         let epoch = self.epoch;
         self.epoch += 1;
         sync.link
@@ -309,6 +322,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
             };
             match answer {
                 Ok((answered, result)) if answered == epoch => return result,
+                // The job failed: the actor woke this call to say so.
+                Ok(_) | Err(_) if sync.ended.get().is_some() => {
+                    return Err(ended(sync.ended.get().expect("checked just above")))
+                }
                 Ok(_) => continue, // an answer to an earlier call that failed; not ours
                 Err(_) => return Err(SyncError::NoAnswer(sync.patience)),
             }

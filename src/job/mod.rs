@@ -298,10 +298,11 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
-    /// Saves a checkpoint to `store` after every `every`-th iteration — the iteration, the
-    /// master result and the master computable's own state
+    /// Saves a checkpoint to `store` after every `every`-th iteration and after the last —
+    /// the iteration, the master result and the master computable's own state
     /// ([`save_state`](MasterComputable::save_state)) — and resumes from the newest usable
-    /// one when the job starts: the master restores its state
+    /// one when the job starts (one of the job's last iteration ends it at once, with its
+    /// result and without waiting for workers): the master restores its state
     /// ([`restore_state`](MasterComputable::restore_state)) and the job goes on with the
     /// iteration after the checkpoint's, the workers running `init` again and computing
     /// with the restored master result. With no checkpoint yet (a failure before the
@@ -337,10 +338,10 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     ///         .iterations(iterations)
     ///         .checkpoint(store.clone(), 3)
     /// };
-    /// let first = job(7).run()?; // saves after iterations 3 and 6
-    /// assert_eq!(first.report.checkpoints, vec![3, 6]);
-    /// let resumed = job(10).run()?; // runs 7..=10 from the checkpoint of 6
-    /// assert_eq!(resumed.report.resumed_from, Some(6));
+    /// let first = job(7).run()?; // saves after iterations 3 and 6, and the last, 7
+    /// assert_eq!(first.report.checkpoints, vec![3, 6, 7]);
+    /// let resumed = job(10).run()?; // runs 8..=10 from the checkpoint of 7
+    /// assert_eq!(resumed.report.resumed_from, Some(7));
     /// assert_eq!(*resumed.result, 20);
     /// # Ok::<(), superstep::JobError>(())
     /// ```

@@ -295,10 +295,16 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                     // very failure: see the `Arrived` handler), what the rank says is
                     // still the old one's.
                     self.awaiting[rank] = Awaiting::OldEnd;
+                    self.dismiss(rank, &error);
                 }
                 self.gate.rejoin(rank);
             }
-            Recover::LeaveOut(_) => {}
+            Recover::LeaveOut(rank) => {
+                let rank = *rank;
+                if !self.local.is_local(rank) {
+                    self.dismiss(rank, &error);
+                }
+            }
             Recover::RestartAll(attempt) => {
                 let attempt = *attempt;
                 // Release the old attempt's ranks waiting in a sync call first, while their
@@ -320,6 +326,19 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         if let Recover::LeaveOut(rank) = action {
             let output = self.gate.lose(now, rank);
             self.forward_gate(now, output);
+        }
+    }
+
+    /// Tells the failed worker of another process, still connected, that the job is over
+    /// for it (with its own failure): the job goes on without it, and its process ends
+    /// now rather than waiting to hear how the job ends.
+    fn dismiss(&mut self, rank: crate::protocol::Rank, error: &JobError) {
+        if self.link.is_connected(rank) {
+            let msg = ToWorker::Abort {
+                attempt: self.attempt(),
+                error: error.clone(),
+            };
+            self.send(rank, msg);
         }
     }
 

@@ -8,7 +8,7 @@ use actix::{Addr, AsyncContext, Context};
 
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
-use super::worker::{EndingReport, WorkerActor, WorkerTask};
+use super::worker::{EndingReport, SyncAnswers, WorkerActor, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::{Payload, SyncLink, WorkerContext};
 use crate::config::{JobConfig, Placement};
@@ -164,6 +164,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
             let (answers_tx, answers) = std::sync::mpsc::channel();
+            let ended = Arc::new(std::sync::OnceLock::new());
             ctx.sync = Some(SyncLink {
                 link: Arc::clone(&link),
                 answers,
@@ -172,11 +173,15 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                     .sync_timeout
                     .checked_add(Duration::from_secs(5))
                     .unwrap_or(Duration::MAX),
+                ended: Arc::clone(&ended),
             });
             let name = format!("superstep-{}-worker-{rank}", config.job_id);
             (
                 Placement::Pool,
-                Some(answers_tx),
+                Some(SyncAnswers {
+                    to: answers_tx,
+                    ended,
+                }),
                 Executor::own(name, &parts.exits)?,
             )
         } else if config.min_workers_ratio < 1.0 {

@@ -256,7 +256,9 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         } else {
             workers_halt.then_some(HaltedBy::Workers)
         };
-        let checkpointed = self.save_checkpoint(iteration, &result, halted);
+        // The last iteration is always saved: a master started again after it ends at once.
+        let last = halted.is_some() || iteration >= self.ctx.iterations;
+        let checkpointed = self.save_checkpoint(iteration, &result, halted, last);
         Ok(Computed {
             result,
             halt,
@@ -264,18 +266,20 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         })
     }
 
-    /// Saves a checkpoint of `iteration` if one is due. A checkpoint that cannot be made
-    /// or written is logged and skipped: the job goes on, and the one before stays.
+    /// Saves a checkpoint of `iteration` if one is due — every `every` iterations, and the
+    /// `last` one. A checkpoint that cannot be made or written is logged and skipped: the
+    /// job goes on, and the one before stays.
     fn save_checkpoint(
         &mut self,
         iteration: Iteration,
         result: &M,
         halted: Option<HaltedBy>,
+        last: bool,
     ) -> bool {
         let Some(checkpointing) = &mut self.checkpointing else {
             return false;
         };
-        if iteration % checkpointing.every != 0 {
+        if iteration % checkpointing.every != 0 && !last {
             return false;
         }
         let computable = &self.computable;
@@ -514,17 +518,23 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
     }
 
     fn maybe_begin(&mut self) {
-        if !(self.master_ready && self.workers_ready && self.ending.is_none()) {
+        if !(self.master_ready && self.ending.is_none()) {
             return;
         }
         match (self.start_after, self.last.clone()) {
             // The checkpoint covers every iteration, or its iteration halted: the job is
-            // complete.
+            // complete, and ends now with its result — no worker need register (a master
+            // started again after its job ended would wait for workers long gone).
             (Some(resumed), Some(last))
                 if resumed >= self.config.iterations || self.resumed_halt.is_some() =>
             {
+                tracing::info!(
+                    iteration = resumed,
+                    "the newest checkpoint is the job's last: the job ends with its result"
+                );
                 self.finish(resumed, self.resumed_halt, last)
             }
+            _ if !self.workers_ready => {}
             (Some(resumed), _) => self.begin(resumed + 1),
             (None, _) => self.begin(self.schedule.first()),
         }

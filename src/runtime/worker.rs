@@ -12,8 +12,8 @@ use crate::compute::Payload;
 use crate::compute::WorkerContext;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
-    Attempt, Epoch, Iteration, Rank, Report, SyncResult, ToMaster, ToWorker, WorkerCommand,
-    WorkerState,
+    Attempt, Epoch, Iteration, Rank, Report, SyncError, SyncResult, ToMaster, ToWorker,
+    WorkerCommand, WorkerState,
 };
 use crate::transport::{TransportError, WorkerLink};
 
@@ -178,6 +178,18 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     }
 }
 
+/// In barrier mode: where the answers to the worker's sync calls go, to the compute
+/// waiting for them, and where the job's first failure goes once the worker heard of it
+/// (every sync call then fails with it at once).
+pub(crate) struct SyncAnswers {
+    pub(crate) to: mpsc::Sender<(Epoch, SyncResult)>,
+    pub(crate) ended: Arc<std::sync::OnceLock<JobError>>,
+}
+
+/// How long a worker that failed on its own waits, once stopped, for the master to say
+/// what the job's first failure was (normally its abort arrives within milliseconds).
+const VERDICT_GRACE: Duration = Duration::from_secs(2);
+
 /// Where and within how long a worker reports how the job ended for it.
 pub(crate) struct EndingReport<M> {
     pub(crate) to: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
@@ -193,7 +205,15 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     task: Option<Box<WorkerTask<M, W>>>,
     link: Arc<dyn WorkerLink<W>>,
     /// In barrier mode: where answers to sync calls go, to the compute waiting for them.
-    sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
+    sync_answers: Option<SyncAnswers>,
+    /// The job's first failure, once the master (or the transport, for a lost master)
+    /// said the job failed: the ending this worker reports when it failed too.
+    verdict: Option<JobError>,
+    /// This worker failed before hearing the job failed: once it stopped, it waits for the
+    /// master's word (its abort) to report the job's first failure rather than its own,
+    /// which may have come second — at most [`VERDICT_GRACE`].
+    failed_first: bool,
+    awaiting_verdict: Option<OwnedEnding<M>>,
     executor: Executor,
     placer: Placer,
     state: WorkerState,
@@ -224,7 +244,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     pub(crate) fn new(
         task: WorkerTask<M, W>,
         link: Arc<dyn WorkerLink<W>>,
-        sync_answers: Option<mpsc::Sender<(Epoch, SyncResult)>>,
+        sync_answers: Option<SyncAnswers>,
         executor: Executor,
         placer: Placer,
         watch: Arc<Watch>,
@@ -240,6 +260,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             shutdown_timeout: ending.within,
             stop_deadline_armed: false,
             sync_answers,
+            verdict: None,
+            failed_first: false,
+            awaiting_verdict: None,
             watch,
             rank: task.ctx.rank,
             attempt: task.attempt,
@@ -279,13 +302,42 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     /// of it at once, then stops.
     fn fail(&mut self, error: JobError) {
         tracing::debug!(rank = self.rank, %error, "worker failed");
-        self.send(ToMaster::Failed {
-            attempt: self.attempt,
-            error: error.clone(),
-        });
+        let error = match &self.verdict {
+            // The job had failed already (this failure may be its consequence: a sync call
+            // that the job's end answered): the job's first failure is this worker's end.
+            Some(first) => first.clone(),
+            None => {
+                self.send(ToMaster::Failed {
+                    attempt: self.attempt,
+                    error: error.clone(),
+                });
+                self.failed_first = true;
+                error
+            }
+        };
         self.state.stop();
         // An abort that arrived meanwhile carries the job's first failure: keep it.
         self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
+    }
+
+    /// The master (or the transport, for a lost master) says the job failed with
+    /// `error`: the job's first failure. A sync call waiting, and every later one, fails
+    /// with it at once; a worker that stopped waiting for this word reports it and ends.
+    fn hear_verdict(&mut self, ctx: &mut Context<Self>, error: &JobError) {
+        if self.verdict.is_none() {
+            self.verdict = Some(error.clone());
+            if let Some(sync) = &self.sync_answers {
+                if sync.ended.set(error.clone()).is_ok() {
+                    // Wakes a compute waiting in a sync call: not its epoch, so it looks.
+                    let failed = SyncError::JobFailed(Box::new(error.clone()));
+                    let _ = sync.to.send((Epoch::MAX, Err(failed)));
+                }
+            }
+        }
+        if self.awaiting_verdict.take().is_some() {
+            self.report(OwnedEnding::Failed(error.clone()));
+            ctx.stop();
+        }
     }
 
     /// Reports this worker's ending, once: when it stopped, or when its code outlived the
@@ -305,6 +357,12 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
         self.stop_deadline_armed = true;
         ctx.run_later(self.shutdown_timeout, |act, ctx| {
+            // Stopped, it waited for the master's word: its own failure, then.
+            if let Some(own) = act.awaiting_verdict.take() {
+                act.report(own);
+                ctx.stop();
+                return;
+            }
             if !act.reported {
                 tracing::warn!(
                     rank = act.rank,
@@ -422,8 +480,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                         ending = Some(OwnedEnding::Failed(error));
                     }
                 }
-                if let Some(ending) = ending {
-                    self.report(ending);
+                // A failed worker ends with the job's first failure, as the master knows it.
+                if let (Some(OwnedEnding::Failed(_)), Some(first)) = (&ending, &self.verdict) {
+                    ending = Some(OwnedEnding::Failed(first.clone()));
                 }
                 let rows = self
                     .task
@@ -434,6 +493,23 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                     attempt: self.attempt,
                     rows,
                 });
+                match ending {
+                    // Its own failure may not be the job's first: the master's abort says.
+                    Some(failed @ OwnedEnding::Failed(_))
+                        if self.failed_first && self.verdict.is_none() && !self.reported =>
+                    {
+                        self.awaiting_verdict = Some(failed);
+                        ctx.run_later(VERDICT_GRACE, |act, ctx| {
+                            if let Some(own) = act.awaiting_verdict.take() {
+                                act.report(own);
+                                ctx.stop();
+                            }
+                        });
+                        return;
+                    }
+                    Some(ending) => self.report(ending),
+                    None => {}
+                }
                 ctx.stop();
                 return;
             }
@@ -514,6 +590,11 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: ToWorker<M>, ctx: &mut Context<Self>) {
+        if let ToWorker::Abort { attempt, error } = &msg {
+            if *attempt == self.attempt {
+                self.hear_verdict(ctx, error);
+            }
+        }
         match self.state.on_message(&msg) {
             WorkerCommand::Compute(iteration) => {
                 let ToWorker::Iterate { last, .. } = msg else {
@@ -559,7 +640,7 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                     (msg, &self.sync_answers)
                 {
                     // The compute may have given up waiting already; then nobody listens.
-                    let _ = answers.send((epoch, result));
+                    let _ = answers.to.send((epoch, result));
                 }
             }
             WorkerCommand::Register(attempt) => self.register_again(ctx, attempt),

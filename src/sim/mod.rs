@@ -1197,10 +1197,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
         let votes = self.master.ctx.halt_votes;
         let next = self.master.schedule.decide(iteration, halt, votes);
+        // Every k iterations, and the last one, as the runtime saves them.
+        let last = matches!(next, Next::Finish { .. });
         let due = self
             .config
             .checkpoint_every
-            .is_some_and(|k| iteration % k == 0);
+            .is_some_and(|k| iteration % k == 0 || last);
         if due {
             if crash_at == Some(2) {
                 return self.crash_master("during its checkpoint write");

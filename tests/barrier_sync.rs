@@ -404,3 +404,46 @@ fn compute_that_uses_rayon_syncs_in_barrier_mode() {
         * workers as u64;
     assert_eq!(*outcome.result, 5 * per_iteration);
 }
+
+/// Barrier mode across processes (ranks as threads, each with its own TCP transport): rank
+/// 1 fails while rank 0 waits in `barrier()` and rank 2 calls it only after the job has
+/// failed. Every process returns the job's first failure — rank 1's, as the master saw
+/// it — as fast as in memory: the waiting call and the late one are answered by the abort,
+/// not by a timeout (sync 30 s, shutdown 60 s by default here).
+#[test]
+fn over_tcp_a_failure_ends_every_process_at_once_with_the_job_first_failure() {
+    let started = std::time::Instant::now();
+    let outcomes = common::over_tcp(3, "barrier-tcp", |_, t| {
+        barrier_job(3, 5, |rank| FnWorker {
+            f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                if ctx.iteration() == 2 {
+                    match rank {
+                        1 => return Err("rank 1 fails".into()),
+                        2 => sleep(Duration::from_millis(1500)),
+                        _ => {}
+                    }
+                }
+                ctx.barrier()?;
+                Ok(1)
+            }),
+        })
+        .shutdown_timeout(Duration::from_secs(60))
+        .transport(t)
+        .run()
+    });
+    // Rank 2's late call comes 1.5 s in; nothing else waits.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Err(JobError::Worker {
+                rank: 1,
+                iteration: 2,
+                phase: Phase::Compute,
+                cause,
+            }) => assert_eq!(cause.message(), "rank 1 fails", "rank {rank}"),
+            Err(other) => panic!("rank {rank} ended with {other}, not the job's first failure"),
+            Ok(_) => panic!("rank {rank} completed"),
+        }
+    }
+}

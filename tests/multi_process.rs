@@ -121,6 +121,11 @@ impl MasterComputable for FaultyMaster {
         if killed && self.iteration == KILL_MASTER_AT {
             kill_self();
         }
+        if self.fault == Some("kill-in-flight") && self.iteration == 3 {
+            // The job goes no further than iteration 3 until rank 2's first process is
+            // dead: its kill comes while the job runs, never after it ended.
+            wait_for_death_of(IN_FLIGHT_PID);
+        }
         self.inner.compute(ctx)
     }
 
@@ -154,6 +159,32 @@ impl CheckpointStore for DyingStore {
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
         self.inner.latest()
     }
+}
+
+/// Where rank 2's first process writes its pid before its result of iteration 3 goes out
+/// (`kill-in-flight`).
+const IN_FLIGHT_PID: &str = "in-flight.pid";
+
+/// Waits (at most 60 s) until the process whose pid is in `file` of the checkpoint
+/// directory has died.
+fn wait_for_death_of(file: &str) {
+    let Some(dir) = std::env::var_os(CHECKPOINTS) else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(pid) = std::fs::read_to_string(&path).map(|p| p.trim().to_string()) {
+            // Gone, or a zombie its launcher has not reaped yet.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            if matches!(state, None | Some("Z")) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("the process in {path:?} did not die within 60 s");
 }
 
 /// Kills the master's process (whose pid its first life wrote) 300 µs from now, once.
@@ -220,7 +251,12 @@ impl WorkerComputable for Faulty {
                 (Some("kill-compute"), 2) => kill_self(),
                 (Some("kill-in-flight"), 2) => {
                     // Killed just after the result is handed over: it may be queued, on
-                    // the wire, or delivered.
+                    // the wire, or delivered — but the job waits in iteration 3 until this
+                    // process is dead (see `FaultyMaster`).
+                    if let Some(dir) = std::env::var_os(CHECKPOINTS) {
+                        let path = std::path::Path::new(&dir).join(IN_FLIGHT_PID);
+                        std::fs::write(path, std::process::id().to_string()).unwrap();
+                    }
                     std::thread::spawn(|| {
                         std::thread::sleep(Duration::from_micros(300));
                         kill_self();

@@ -509,3 +509,173 @@ fn a_pipeline_over_tcp_merges_every_process_part_and_totals_their_rows() {
     assert_eq!(rows.rejects.len(), 8, "the rejected rows cross the wire");
     assert!(!staging.dir().exists());
 }
+
+/// A coordinator that writes down which hooks ran, and for which workers.
+#[derive(Clone, Default)]
+struct Commits(common::Log);
+
+impl superstep::coordinator::Coordinator for Commits {
+    fn on_finish(
+        &mut self,
+        reports: &[superstep::coordinator::WorkerReport],
+    ) -> Result<(), BoxError> {
+        let ranks: Vec<usize> = reports.iter().map(|r| r.rank).collect();
+        self.0.push(format!("commit {ranks:?}"));
+        Ok(())
+    }
+
+    fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
+        self.0.push(format!("clean up after: {error}"));
+        Ok(())
+    }
+}
+
+/// A three-rank summing job, as every rank builds it.
+fn summing_job(
+    policy: superstep::FailurePolicy,
+    commits: Commits,
+) -> superstep::JobBuilder<u64, u64> {
+    Job::builder(summing_master(), |rank| FnWorker {
+        f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
+    })
+    .iterations(4)
+    .failure_policy(policy)
+    .coordinator(commits)
+}
+
+/// A process of rank `rank` that only connects — with the job's fingerprint, so the
+/// master's node takes it for one of its workers — and says nothing more: its link, and
+/// what the master's node tells it.
+fn connected_only(
+    rank: usize,
+    addr: &str,
+    job: &str,
+    fingerprint: superstep::transport::Fingerprint,
+) -> Bare<dyn WorkerLink<u64>, ToWorker<u64>> {
+    let mut t = TcpTransport::<u64, u64>::new(settings(rank, 3, addr, job)).unwrap();
+    t.prepare(&LinkSpec {
+        job_id: job.into(),
+        workers: 3,
+        fingerprint,
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let link = t
+        .connect_worker(
+            rank,
+            Box::new(move |m| {
+                let _ = tx.lock().unwrap().send(m);
+            }),
+        )
+        .unwrap();
+    assert!(matches!(next(&rx), ToWorker::Connected { .. }));
+    (t, link, rx)
+}
+
+#[test]
+fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commits() {
+    let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
+    let commits = Commits::default();
+    let job = "lost-early";
+    let fingerprint = summing_job(policy, Commits::default())
+        .workers(3)
+        .build()
+        .unwrap()
+        .fingerprint();
+    let (master, addr) = master_transport::<u64, u64>(3, job);
+    let kept = commits.clone();
+    let m = thread::spawn(move || summing_job(policy, kept).transport(master).run());
+    let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
+    let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
+    // Rank 2's first process connects and is gone before it registers.
+    drop(connected_only(2, &addr, job, fingerprint));
+    // Started again, it takes the rank once the master's node let go of the old one.
+    let mut again = settings(2, 3, &addr, job);
+    again.restart_count = 1;
+    let t = TcpTransport::new(again).unwrap();
+    let two = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
+    let outcome = m.join().unwrap().unwrap();
+    assert_eq!(*outcome.result, 4 * (1 + 2 + 3));
+    assert_eq!(commits.0.entries(), vec!["commit [0, 1, 2]".to_string()]);
+    assert!(matches!(
+        outcome.report.recoveries[0].cause,
+        JobError::WorkerLost { rank: 2, .. }
+    ));
+    one.join().unwrap().unwrap();
+    two.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_worker_cannot_blame_another_rank_for_its_failure() {
+    let job = "blame";
+    let fingerprint = summing_job(superstep::FailurePolicy::Fail, Commits::default())
+        .workers(3)
+        .build()
+        .unwrap()
+        .fingerprint();
+    let (master, addr) = master_transport::<u64, u64>(3, job);
+    let m = thread::spawn(move || {
+        summing_job(superstep::FailurePolicy::Fail, Commits::default())
+            // Rank 1 here is only a link: nothing stops it when the job ends.
+            .shutdown_timeout(Duration::from_millis(500))
+            .transport(master)
+            .run()
+    });
+    let t = TcpTransport::new(settings(2, 3, &addr, job)).unwrap();
+    let two = thread::spawn(move || {
+        summing_job(superstep::FailurePolicy::Fail, Commits::default())
+            .transport(t)
+            .run()
+    });
+    // Rank 1, authenticated, says rank 2 failed.
+    let (_t, link, _) = connected_only(1, &addr, job, fingerprint);
+    link.send(ToMaster::Failed {
+        attempt: 0,
+        error: JobError::Worker {
+            rank: 2,
+            iteration: 0,
+            phase: superstep::Phase::Init,
+            cause: superstep::Cause::message_only(superstep::CauseKind::Error, "not me"),
+        },
+    })
+    .unwrap();
+    let err = m.join().unwrap().unwrap_err();
+    assert_eq!(err.rank(), Some(1), "{err}");
+    assert!(
+        err.to_string().starts_with("worker 1 failed in init"),
+        "{err}"
+    );
+    let err = two.join().unwrap().unwrap_err();
+    assert_eq!(
+        err.rank(),
+        Some(1),
+        "every process ends with the same failure: {err}"
+    );
+}
+
+#[test]
+fn a_master_started_again_after_its_job_ended_ends_at_once_with_the_final_result() {
+    let store = superstep::checkpoint::MemoryCheckpointStore::new();
+    let job = |store: &superstep::checkpoint::MemoryCheckpointStore| {
+        Job::builder(summing_master(), |rank| FnWorker {
+            f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
+        })
+        .iterations(4)
+        .checkpoint(store.clone(), 3)
+    };
+    // The job ran to its end, and its master saved the last iteration too.
+    let ended = job(&store).workers(2).run().unwrap();
+    assert_eq!(ended.report.checkpoints, vec![3, 4]);
+    // Its master's process is started again; its workers have long exited.
+    let (master, _) = master_transport_with::<u64, u64>(2, "ended", |s| s.restart_count = 1);
+    let started = std::time::Instant::now();
+    let outcome = job(&store).transport(master).run().unwrap();
+    assert_eq!(outcome.result, ended.result);
+    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it waited {:?} for workers",
+        started.elapsed()
+    );
+}

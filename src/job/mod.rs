@@ -18,7 +18,7 @@ use crate::runtime::{
     self, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
     WorkerHookFactory,
 };
-use crate::transport::{MemoryTransport, Transport};
+use crate::transport::{Fingerprint, MemoryTransport, Transport};
 
 /// A job ready to run: a master, a factory of workers, settings, interceptors, event
 /// subscribers and a transport. Made by [`Job::builder`].
@@ -62,6 +62,17 @@ impl<M: Payload, W: Payload> Job<M, W> {
     /// The job's settings.
     pub fn config(&self) -> &JobConfig {
         &self.plan.config
+    }
+
+    /// What every process of this job must agree on — the versions, the worker count, the
+    /// settings that change what a worker computes or how the protocol runs, the input,
+    /// the result types — as its transport gets it ([`LinkSpec::fingerprint`]): over TCP,
+    /// the master refuses a worker whose fingerprint differs, naming the field.
+    ///
+    /// [`LinkSpec::fingerprint`]: crate::transport::LinkSpec::fingerprint
+    pub fn fingerprint(&self) -> Fingerprint {
+        let plan = &self.plan;
+        runtime::fingerprint::<M, W>(&plan.config, plan.input.as_ref(), plan.combine.is_some())
     }
 
     /// Runs the job to its end and returns its outcome, or its first failure.

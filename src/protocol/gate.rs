@@ -738,6 +738,26 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_is_the_rank_s_it_came_from_whatever_rank_it_names() {
+        let t0 = Instant::now();
+        let mut gate = Gate::<u32>::new(config(3), t0);
+        let blame = |rank| JobError::Worker {
+            rank,
+            iteration: 0,
+            phase: Phase::Init,
+            cause: Cause::message_only(crate::error::CauseKind::Error, "x"),
+        };
+        let failed = ToMaster::Failed {
+            attempt: 0,
+            error: blame(2),
+        };
+        match gate.on_message(t0, env(1, failed)) {
+            Some(GateOutput::Failed(error)) => assert_eq!(error, blame(1)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
     fn registration_then_a_round_then_a_drain() {
         let t0 = Instant::now();
         let mut gate = Gate::new(config(2), t0);

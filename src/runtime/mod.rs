@@ -195,7 +195,11 @@ fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
 /// What every process of this job must agree on: the versions, the settings that change
 /// what a worker computes or how the protocol runs, the input, the result types. Not the
 /// checkpoints, which only the master's process keeps (the others need no store).
-fn fingerprint<M, W>(config: &JobConfig, input: Option<&Input>, combining: bool) -> Fingerprint {
+pub(crate) fn fingerprint<M, W>(
+    config: &JobConfig,
+    input: Option<&Input>,
+    combining: bool,
+) -> Fingerprint {
     let on = |b: bool| if b { "on" } else { "off" };
     Fingerprint::new()
         .with("crate version", env!("CARGO_PKG_VERSION"))

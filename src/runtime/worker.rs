@@ -293,6 +293,11 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             Err(TransportError::Replaced { .. }) => {
                 tracing::debug!(rank = self.rank, "this worker's link is closed")
             }
+            // The job ended for this worker (its link may be closed with it): nothing waits
+            // for what it says now.
+            Err(error) if self.verdict.is_some() || self.ending.is_some() => {
+                tracing::debug!(rank = self.rank, %error, "could not reach the master")
+            }
             // The master's node is gone: nothing is waiting for this worker any more.
             Err(error) => tracing::warn!(rank = self.rank, %error, "could not reach the master"),
         }

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::admission::{log_every, Refusals, Unproven};
 use super::wire::{self, Refusal, Wire};
@@ -319,7 +320,8 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 return;
             }
         };
-        self.tracker.spawn(self.clone().watch(Instant::now()));
+        self.tracker
+            .spawn(self.clone().watch(Instant::now()).in_current_span());
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
@@ -329,7 +331,8 @@ impl<M: Payload, W: Payload> Server<M, W> {
                         // connection: idle and trickling peers grow old, workers do not.
                         let (id, token, _) = lock(&self.unproven).admit(peer.ip());
                         let server = self.clone();
-                        self.tracker.spawn(server.connection(stream, peer, id, token));
+                        self.tracker
+                            .spawn(server.connection(stream, peer, id, token).in_current_span());
                     }
                     Err(e) => {
                         // Out of file handles, say: do not spin.
@@ -444,11 +447,14 @@ impl<M: Payload, W: Payload> Server<M, W> {
         frames.allow(s.max_frame);
         let (stop, heartbeat) = (self.stop.clone(), heartbeat_frame(s.max_frame));
         let interval = s.heartbeat_interval;
-        self.tracker.spawn(async move {
-            let mut queue = queue;
-            // A failed write shows as a closed connection to the reader.
-            let _ = write_loop(writer, &mut queue, stop, heartbeat, interval).await;
-        });
+        self.tracker.spawn(
+            async move {
+                let mut queue = queue;
+                // A failed write shows as a closed connection to the reader.
+                let _ = write_loop(writer, &mut queue, stop, heartbeat, interval).await;
+            }
+            .in_current_span(),
+        );
         let lost = self.read_loop(rank, peer, &mut frames).await;
         if let Some(reason) = lost {
             tracing::warn!(rank, %peer, %reason, "worker lost");

@@ -30,6 +30,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::{
     Fingerprint, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink,
@@ -429,7 +430,9 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             ))),
             _types: PhantomData,
         };
-        io.spawn(server.serve(listener));
+        // Every line the master's node logs (a refusal, a lost worker, a wait) says whose.
+        let span = tracing::info_span!("master_node", job = %self.settings.job_id);
+        io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
             max_frame: self.settings.max_frame,
@@ -470,7 +473,8 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             to_master: tx.downgrade(),
             _types: PhantomData,
         };
-        io.spawn(client.run(rx));
+        let span = tracing::info_span!("worker_link", job = %self.settings.job_id, rank);
+        io.spawn(client.run(rx).instrument(span));
         Ok(Box::new(TcpWorkerLink::<W> {
             tx,
             said_done,

@@ -1,0 +1,197 @@
+//! A process whose job differs from the master's — another world size, other settings
+//! every process must share, other result types — is refused at its handshake, naming the
+//! field and both values: the worker ends at once with `JobError::Mismatch`, and the job
+//! fails at once everywhere (never a wrong answer, never a start-up timeout) — or, under a
+//! policy that replaces workers, only that process is turned away and a right one takes
+//! the rank.
+
+mod common;
+
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::{summing_master, tcp_master, tcp_settings, FnWorker};
+use superstep::prelude::*;
+use superstep::transport::TcpTransport;
+use superstep::{FailurePolicy, JobOutcome, Payload};
+
+/// Well under any timeout that would otherwise end such a job (the connect timeout is 20 s
+/// in these tests, start-up and shutdown 30 min and 1 min by default).
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+type Outcome<M> = Result<JobOutcome<M>, JobError>;
+
+fn summing(iterations: u64) -> superstep::JobBuilder<u64, u64> {
+    Job::builder(summing_master(), |rank| FnWorker {
+        f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
+    })
+    .iterations(iterations)
+}
+
+/// Runs `job` on its own thread with `transport`, and times it.
+fn spawn<M: Payload, W: Payload>(
+    job: superstep::JobBuilder<M, W>,
+    transport: TcpTransport<M, W>,
+) -> JoinHandle<(Outcome<M>, Duration)> {
+    thread::spawn(move || {
+        let started = Instant::now();
+        let outcome = job.transport(transport).run();
+        (outcome, started.elapsed())
+    })
+}
+
+fn worker<M, W>(rank: usize, world: usize, addr: &str, job: &str) -> TcpTransport<M, W> {
+    TcpTransport::new(tcp_settings(rank, world, addr, job)).unwrap()
+}
+
+fn assert_mismatch<M>(
+    who: &str,
+    (outcome, took): (Outcome<M>, Duration),
+    rank: usize,
+    field: &str,
+    master: &str,
+    worker: &str,
+) {
+    match outcome {
+        Err(JobError::Mismatch {
+            rank: r,
+            field: f,
+            master: m,
+            worker: w,
+        }) => {
+            assert_eq!((r, f.as_str()), (rank, field), "{who}");
+            assert!(m.contains(master) && w.contains(worker), "{who}: {m} / {w}");
+        }
+        Err(other) => panic!("{who}: expected a mismatch, got {other}"),
+        Ok(_) => panic!("{who}: the job completed"),
+    }
+    assert!(took < PROMPTLY, "{who} took {took:?}");
+}
+
+#[test]
+fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_once_everywhere() {
+    let (master, addr) = tcp_master::<u64, u64>(3, "world", |_| {});
+    let m = spawn(summing(5), master);
+    let one = spawn(summing(5), worker(1, 3, &addr, "world"));
+    // Rank 2's process was told the world has 4 processes: it would shard by 4.
+    let two = spawn(summing(5), worker(2, 4, &addr, "world"));
+    let (m, one, two) = (m.join().unwrap(), one.join().unwrap(), two.join().unwrap());
+    let err = two.0.as_ref().map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("`workers` is 4 there and 3 in the master's"),
+        "{err}"
+    );
+    assert_mismatch("rank 2", two, 2, "workers", "3", "4");
+    assert_mismatch("the master", m, 2, "workers", "3", "4");
+    assert_mismatch("rank 1", one, 2, "workers", "3", "4");
+}
+
+#[test]
+fn a_process_with_other_settings_is_refused_naming_the_setting() {
+    let (master, addr) = tcp_master::<u64, u64>(2, "settings", |_| {});
+    let m = spawn(summing(5), master);
+    let one = spawn(summing(6), worker(1, 2, &addr, "settings"));
+    assert_mismatch("rank 1", one.join().unwrap(), 1, "iterations", "5", "6");
+    assert_mismatch("the master", m.join().unwrap(), 1, "iterations", "5", "6");
+
+    let (master, addr) = tcp_master::<u64, u64>(2, "barrier-mode", |_| {});
+    let m = spawn(summing(5), master);
+    let one = spawn(
+        summing(5).barrier_mode(true),
+        worker(1, 2, &addr, "barrier-mode"),
+    );
+    assert_mismatch(
+        "rank 1",
+        one.join().unwrap(),
+        1,
+        "barrier_mode",
+        "off",
+        "on",
+    );
+    assert_mismatch(
+        "the master",
+        m.join().unwrap(),
+        1,
+        "barrier_mode",
+        "off",
+        "on",
+    );
+}
+
+#[test]
+fn a_process_with_other_result_types_is_refused_naming_the_type() {
+    let (master, addr) = tcp_master::<u64, u64>(2, "types", |_| {});
+    let m = spawn(summing(3), master);
+    struct Narrow;
+    impl WorkerComputable for Narrow {
+        type MasterResult = u64;
+        type WorkerResult = u32;
+        fn compute(&mut self, _: &mut WorkerContext<u64, u32>) -> Result<u32, BoxError> {
+            Ok(1)
+        }
+    }
+    struct NarrowMaster;
+    impl MasterComputable for NarrowMaster {
+        type MasterResult = u64;
+        type WorkerResult = u32;
+        fn compute(&mut self, _: &mut MasterContext<u64, u32>) -> Result<Step<u64>, BoxError> {
+            Ok(Step::Continue(0))
+        }
+    }
+    let narrow = Job::builder(NarrowMaster, |_| Narrow).iterations(3);
+    let one = spawn(narrow, worker::<u64, u32>(1, 2, &addr, "types"));
+    assert_mismatch(
+        "rank 1",
+        one.join().unwrap(),
+        1,
+        "worker result type",
+        "u64",
+        "u32",
+    );
+    assert_mismatch(
+        "the master",
+        m.join().unwrap(),
+        1,
+        "worker result type",
+        "u64",
+        "u32",
+    );
+}
+
+#[test]
+fn under_restart_worker_only_the_process_that_differs_is_refused_and_a_right_one_takes_its_rank() {
+    let policy = FailurePolicy::RestartWorker { max_restarts: 1 };
+    let (master, addr) = tcp_master::<u64, u64>(2, "replace", |_| {});
+    let m = spawn(summing(5).failure_policy(policy), master);
+    let wrong = spawn(
+        summing(6).failure_policy(policy),
+        worker(1, 2, &addr, "replace"),
+    );
+    assert_mismatch(
+        "the wrong rank 1",
+        wrong.join().unwrap(),
+        1,
+        "iterations",
+        "5",
+        "6",
+    );
+    let right = spawn(
+        summing(5).failure_policy(policy),
+        worker(1, 2, &addr, "replace"),
+    );
+    let (outcome, _) = m.join().unwrap();
+    let outcome = outcome.unwrap();
+    assert_eq!(*outcome.result, 5 * (1 + 2));
+    assert_eq!(*right.join().unwrap().0.unwrap().result, 5 * (1 + 2));
+    assert!(
+        matches!(
+            outcome.report.recoveries[..],
+            [superstep::Recovered {
+                cause: JobError::Mismatch { rank: 1, .. },
+                ..
+            }]
+        ),
+        "{:?}",
+        outcome.report.recoveries
+    );
+}

@@ -161,6 +161,41 @@ fn a_master_waiting_for_workers_names_them_and_the_peers_it_refused_then_fails_a
     );
 }
 
+#[test]
+fn a_start_up_timeout_names_the_peers_refused_that_claimed_a_missing_rank() {
+    logs();
+    let job = "startup";
+    let (master, addr) = tcp_master::<u64, u64>(2, job, |_| {});
+    let m = thread::spawn(move || {
+        summing(2)
+            .startup_timeout(Duration::from_millis(1500))
+            .transport(master)
+            .run()
+    });
+    let mut wrong = tcp_settings(1, 2, &addr, job);
+    wrong.secret = Some(b"guess".to_vec());
+    let _ = summing(2)
+        .startup_timeout(Duration::from_millis(1500))
+        .transport(TcpTransport::new(wrong).unwrap())
+        .run()
+        .unwrap_err();
+    match m.join().unwrap().unwrap_err() {
+        JobError::WorkersTimedOut {
+            during: Waiting::Registration,
+            missing,
+            refused,
+            ..
+        } => {
+            assert_eq!(missing, vec![1]);
+            assert!(
+                refused.len() == 1 && refused[0].contains("wrong secret"),
+                "{refused:?}"
+            );
+        }
+        other => panic!("expected a start-up timeout, got {other}"),
+    }
+}
+
 /// Sends `bytes` on a fresh connection and waits for the master to close it.
 fn poke(addr: &str, bytes: &[u8]) {
     let mut stream = TcpStream::connect(addr).unwrap();

@@ -226,7 +226,19 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             return;
         };
         match output {
-            GateOutput::Failed(error) => return self.on_failure(error),
+            GateOutput::Failed(mut error) => {
+                // A wait for ranks that timed out names what the transport turned away
+                // that claimed them (a wrong secret, another job's process).
+                if let JobError::WorkersTimedOut {
+                    missing, refused, ..
+                } = &mut error
+                {
+                    if refused.is_empty() {
+                        *refused = self.link.refusals(missing);
+                    }
+                }
+                return self.on_failure(error);
+            }
             GateOutput::AllRegistered => self.recovery.all_registered(),
             GateOutput::Rejoined { rank, iteration } => {
                 self.recovery.rejoined(rank);

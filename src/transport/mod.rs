@@ -247,6 +247,14 @@ pub trait MasterLink<M>: Send + 'static {
         let _ = rank;
         true
     }
+
+    /// What the transport turned away lately that claimed one of `ranks` — a peer with a
+    /// wrong secret, say — one line each, for the error of a wait for those ranks that
+    /// timed out. The default: nothing.
+    fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
+        let _ = ranks;
+        Vec::new()
+    }
 }
 
 /// A worker's way to reach the master's node. Shared by the worker's actor and, in

@@ -143,12 +143,7 @@ impl TcpSettings {
             settings.connect_timeout = connect;
         }
         if let Some(bind) = &env.bind {
-            env::check_addr_port(bind, 0)
-                .map_err(|e| TransportError::Env(format!("SUPERSTEP_BIND = {bind:?} {e}")))?;
-            settings.bind = Some(
-                resolve(bind)
-                    .map_err(|e| TransportError::Env(format!("SUPERSTEP_BIND = {bind:?}: {e}")))?,
-            );
+            settings.bind = Some(bind_addr(bind, &settings.master_addr)?);
         }
         Ok(settings)
     }
@@ -207,6 +202,27 @@ impl TcpSettings {
             self.master_port()?,
         ))
     }
+}
+
+/// Where rank 0 listens, from `SUPERSTEP_BIND`: `host:port`, or an address alone (`0.0.0.0`,
+/// `[::]`), which takes the master address's port.
+fn bind_addr(bind: &str, master_addr: &str) -> Result<SocketAddr, TransportError> {
+    let bind = bind.trim();
+    let invalid = |e: String| TransportError::Env(format!("SUPERSTEP_BIND = {bind:?} {e}"));
+    if let Ok(ip) = bind
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        let port = env::check_addr_port(master_addr, 1).map_err(|e| {
+            invalid(format!(
+                "takes the port of the master address {master_addr:?}, which {e}"
+            ))
+        })?;
+        return Ok(SocketAddr::new(ip, port));
+    }
+    env::check_addr_port(bind, 0).map_err(invalid)?;
+    resolve(bind).map_err(|e| invalid(format!("cannot be resolved: {e}")))
 }
 
 /// The most processes a job may have.
@@ -415,6 +431,10 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             ever: vec![false; world],
             ending: None,
         }));
+        let refusals = Arc::new(Mutex::new(admission::Refusals::new(
+            world,
+            std::time::Instant::now(),
+        )));
         let server = conn::Server::<M, W> {
             settings: Arc::clone(&self.settings),
             inbox: Arc::new(inbox),
@@ -424,10 +444,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             stop: io.stop.subscribe(),
             tracker: io.tracker.clone(),
             unproven: Arc::default(),
-            refusals: Arc::new(Mutex::new(admission::Refusals::new(
-                world,
-                std::time::Instant::now(),
-            ))),
+            refusals: Arc::clone(&refusals),
             _types: PhantomData,
         };
         // Every line the master's node logs (a refusal, a lost worker, a wait) says whose.
@@ -435,6 +452,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
+            refusals,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
         }))
@@ -514,6 +532,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct TcpMasterLink<M> {
     peers: Shared,
+    refusals: Arc<Mutex<admission::Refusals>>,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
 }
@@ -560,6 +579,10 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
             .get(rank)
             .is_some_and(Option::is_some)
     }
+
+    fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
+        lock(&self.refusals).of(ranks)
+    }
 }
 
 struct TcpWorkerLink<W> {
@@ -580,5 +603,37 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
             self.said_done.store(true, Ordering::SeqCst);
         }
         self.tx.send(frame).map_err(|_| TransportError::Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_0_binds_an_address_alone_on_the_master_address_port() {
+        let at = |bind: &str| bind_addr(bind, "node01:29400");
+        assert_eq!(at("0.0.0.0").unwrap(), "0.0.0.0:29400".parse().unwrap());
+        assert_eq!(at("[::]").unwrap(), "[::]:29400".parse().unwrap());
+        assert_eq!(
+            at("127.0.0.1:5000").unwrap(),
+            "127.0.0.1:5000".parse().unwrap()
+        );
+        let err = at("http://0.0.0.0:1").unwrap_err().to_string();
+        assert!(
+            err.contains("SUPERSTEP_BIND") && err.contains("drop the scheme"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn settings_name_an_address_that_is_not_host_and_port() {
+        let err = TcpSettings::new(1, 2, "node01:0").validate().unwrap_err();
+        assert!(
+            err.to_string().contains("port 0, outside 1..=65535"),
+            "{err}"
+        );
+        // Rank 0 may listen on a port the system chooses.
+        TcpSettings::new(0, 2, "127.0.0.1:0").validate().unwrap();
     }
 }

@@ -18,11 +18,12 @@
 //! ```
 //!
 //! With checkpoints, a process that dies is started again (the master resumes from its
-//! newest checkpoint; the workers reach it again and carry on):
+//! newest checkpoint; the workers reach it again and carry on; a worker's is replaced):
 //!
 //! ```text
 //! cargo run --release --bin superstep-launch -- --nproc 4 --restarts 2 -- \
-//!     target/release/examples/logistic_regression --checkpoint-dir /tmp/lr-checkpoints
+//!     target/release/examples/logistic_regression --checkpoint-dir /tmp/lr-checkpoints \
+//!     --replace-workers 2
 //! ```
 
 #[path = "support/lr.rs"]
@@ -37,6 +38,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use superstep::checkpoint::FsCheckpointStore;
 use superstep::prelude::*;
 use superstep::transport::TcpTransport;
+use superstep::FailurePolicy;
 
 use lr::{Dataset, Gradient, LrMaster, LrWorker, Model};
 
@@ -71,6 +73,11 @@ struct Args {
     /// Every how many iterations a checkpoint is saved.
     #[arg(long, default_value_t = 5)]
     checkpoint_every: u64,
+    /// Replace a worker that fails or is lost (a process killed, say) by a new one of its
+    /// rank, at most this many times over the job, instead of failing the job (in a
+    /// cluster job, the launcher or scheduler starts the new process).
+    #[arg(long, default_value_t = 0)]
+    replace_workers: u32,
 }
 
 /// Prints the loss of each iteration above the progress bar.
@@ -154,6 +161,10 @@ fn main() -> ExitCode {
     let builder = match cluster {
         Some(transport) => builder.transport(transport),
         None => builder,
+    };
+    let builder = match args.replace_workers {
+        0 => builder,
+        max_restarts => builder.failure_policy(FailurePolicy::RestartWorker { max_restarts }),
     };
     // Only the master's process saves and reads checkpoints.
     let builder = match (&args.checkpoint_dir, runs_master) {

@@ -10,10 +10,10 @@
 //! counts one result per rank of the current attempt and iteration and drops the rest;
 //! the [`Schedule`] decides the next iteration; a worker's [`WorkerState`] acts on each
 //! master message once, in increasing order, skipping ahead when it is late. The master
-//! checkpoints every k iterations (rmp-serde, as the runtime does) and a restarted master
-//! resumes from the newest one. The [`Recovery`] applies the [`FailurePolicy`] — which
-//! the simulator does and the actor runtime does not yet: there a worker's failure fails
-//! the job.
+//! checkpoints every k iterations and the last (in the crate's encoding, as the runtime
+//! does; every result also crosses that encoding on its way) and a restarted master
+//! resumes from the newest one. The [`Recovery`] applies the [`FailurePolicy`], as the
+//! actor runtime does.
 //!
 //! The faults ([`Faults`]): a worker crashes during its compute or right after its result
 //! left; the master's process crashes while it gathers, before its compute, or before,

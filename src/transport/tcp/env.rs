@@ -1,45 +1,45 @@
-//! Where a process learns its part of a cluster job: environment variables, as set by
-//! `superstep-launch`, by hand, or by the launcher the job runs under — torchrun, Open MPI's
-//! `mpirun`, an MPICH / Intel MPI (PMI) launcher, Slurm's `srun`, or a Kubernetes Indexed
-//! Job.
-//!
-//! | what | read from, first found |
-//! |---|---|
-//! | this process's rank | `SUPERSTEP_RANK`, `RANK` (torchrun), `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` (Kubernetes) |
-//! | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
-//! | the master's address | `SUPERSTEP_MASTER_ADDR` (`host:port`), else `MASTER_ADDR` and `MASTER_PORT` (torchrun's) |
-//! | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
-//! | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
-//! | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
-//! | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
-//! | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect, in seconds | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 |
-//! | how long a worker tries to reach a lost master again, in seconds | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
-//!
-//! The world size is taken from the same launcher as the rank (torchrun's `WORLD_SIZE`
-//! with its `RANK`, not the `SLURM_NTASKS` of the allocation torchrun runs in).
-//!
-//! **When a process is part of a cluster job.** When any of `SUPERSTEP_RANK`,
-//! `SUPERSTEP_WORLD_SIZE`, `SUPERSTEP_MASTER_ADDR` or `MASTER_ADDR` is set, the process is
-//! part of one, and the rank, the world size and the master's address must all be known:
-//! a partial environment is an error naming what is missing, never a job run in memory
-//! in every process. A launcher's own variables alone (an `srun` or `mpirun` of several
-//! processes with no master address) are an error too; only a single process (world size
-//! 1, or none known) without a master address runs in memory.
-//!
-//! **Ranks**: process rank `r` runs worker `r`; process rank 0 also runs the master (and the
-//! barrier). So a scheduler that starts N identical tasks gets N workers, and the master's
-//! address is that of the task with rank 0.
-//!
-//! Every value is checked before anything connects: numbers are numbers, the rank is below
-//! the world size, and the master's address is `host:port` with a port in 1–65535 and no
-//! scheme (`http://…`) or path; an error names the variable and its value.
+//! Where a process learns its part of a cluster job: [`ClusterEnv`].
 
 use std::time::Duration;
 
 use crate::protocol::Rank;
 use crate::transport::TransportError;
 
-/// A process's part of a cluster job, from its environment.
+/// A process's part of a cluster job, read from its environment variables, as set by
+/// `superstep-launch`, by hand, or by the launcher the job runs under — torchrun, Open MPI's
+/// `mpirun`, an MPICH / Intel MPI (PMI) launcher, Slurm's `srun`, or a Kubernetes Indexed
+/// Job.
+///
+/// | what | read from, first found |
+/// |---|---|
+/// | this process's rank | `SUPERSTEP_RANK`, `RANK` (torchrun), `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` (Kubernetes) |
+/// | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
+/// | the master's address | `SUPERSTEP_MASTER_ADDR` (`host:port`), else `MASTER_ADDR` (torchrun's) and `SUPERSTEP_MASTER_PORT` or `MASTER_PORT` |
+/// | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
+/// | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
+/// | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
+/// | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
+/// | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect, in seconds | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 |
+/// | how long a worker tries to reach a lost master again, in seconds | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
+///
+/// The world size is taken from the same launcher as the rank (torchrun's `WORLD_SIZE`
+/// with its `RANK`, not the `SLURM_NTASKS` of the allocation torchrun runs in).
+///
+/// **When a process is part of a cluster job.** When any of `SUPERSTEP_RANK`,
+/// `SUPERSTEP_WORLD_SIZE`, `SUPERSTEP_MASTER_ADDR` or `MASTER_ADDR` is set, the process is
+/// part of one, and the rank, the world size and the master's address must all be known:
+/// a partial environment is an error naming what is missing, never a job run in memory
+/// in every process. A launcher's own variables alone (an `srun` or `mpirun` of several
+/// processes with no master address) are an error too; only a single process (world size
+/// 1, or none known) without a master address runs in memory.
+///
+/// **Ranks**: process rank `r` runs worker `r`; process rank 0 also runs the master (and the
+/// barrier). So a scheduler that starts N identical tasks gets N workers, and the master's
+/// address is that of the task with rank 0.
+///
+/// Every value is checked before anything connects: numbers are numbers, the rank is below
+/// the world size, and the master's address is `host:port` with a port in 1–65535 and no
+/// scheme (`http://…`) or path; an error names the variable and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClusterEnv {
@@ -131,7 +131,7 @@ const RESTART_COUNTS: [&str; 2] = ["TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_
 
 impl ClusterEnv {
     /// Reads this process's environment. `Ok(None)` when the process is not part of a
-    /// cluster job (see the [module docs](self) for when it is); an error names what is
+    /// cluster job (see [`ClusterEnv`] for when it is); an error names what is
     /// missing or wrong.
     pub fn from_env() -> Result<Option<Self>, TransportError> {
         Self::from_vars(|name| std::env::var(name).ok())
@@ -251,7 +251,8 @@ fn set_vars(get: &impl Fn(&str) -> Option<String>) -> String {
 }
 
 /// The master's address from `SUPERSTEP_MASTER_ADDR`, or from torchrun's `MASTER_ADDR` and
-/// `MASTER_PORT`; checked to be `host:port`.
+/// a port: `SUPERSTEP_MASTER_PORT` if set (torchrun's agent may serve its own store on
+/// `MASTER_PORT`), else `MASTER_PORT`; checked to be `host:port`.
 fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, TransportError> {
     if let Some(addr) = get("SUPERSTEP_MASTER_ADDR") {
         let addr = addr.trim().to_string();
@@ -263,10 +264,12 @@ fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, 
         return Ok(None);
     };
     let host = host.trim();
-    let Some(port) = get("MASTER_PORT") else {
-        return Err(TransportError::Env(format!(
+    let (port_var, port) = match (get("SUPERSTEP_MASTER_PORT"), get("MASTER_PORT")) {
+        (Some(port), _) => ("SUPERSTEP_MASTER_PORT", port),
+        (None, Some(port)) => ("MASTER_PORT", port),
+        (None, None) => return Err(TransportError::Env(format!(
             "MASTER_ADDR = {host:?} is set but MASTER_PORT is not: set both (torchrun does), or SUPERSTEP_MASTER_ADDR as host:port"
-        )));
+        ))),
     };
     let port = port.trim();
     // An IPv6 address needs brackets before its port.
@@ -277,7 +280,7 @@ fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, 
     };
     check_addr(&addr).map_err(|e| {
         TransportError::Env(format!(
-            "MASTER_ADDR = {host:?} with MASTER_PORT = {port:?} gives {addr:?}, which {e}"
+            "MASTER_ADDR = {host:?} with {port_var} = {port:?} gives {addr:?}, which {e}"
         ))
     })?;
     Ok(Some(addr))
@@ -417,6 +420,15 @@ mod tests {
         );
         assert_eq!(torch.master_addr, "node01:29500");
         assert_eq!(torch.restart_count, 1);
+        // A port of superstep's own on rank 0's host, beside the agent's store.
+        let own_port = cluster(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node01"),
+            ("MASTER_PORT", "29500"),
+            ("SUPERSTEP_MASTER_PORT", "29401"),
+        ]);
+        assert_eq!(own_port.master_addr, "node01:29401");
         assert_eq!(torch.job_id, "4711");
         let v6 = cluster(&[
             ("RANK", "0"),

@@ -2,10 +2,16 @@
 //! processes, on one host or many.
 //!
 //! Each worker holds one connection to the master's node. Frames are length-delimited with
-//! rmp-serde bodies ([`wire`]); every frame carries the protocol version. A connection
-//! starts with a handshake — protocol version, job id, rank, and proof of the shared secret
-//! by HMAC-SHA256 challenge–response (the secret never crosses the wire) — and a peer that
-//! fails it is refused with the reason sent back and logged, while the job goes on.
+//! MessagePack bodies, fields by name ([`wire`]); every frame carries the protocol version.
+//! A connection starts with a handshake — protocol version, job id, rank, the job's
+//! [`Fingerprint`], and proof of the shared secret by
+//! HMAC-SHA256 challenge–response (the secret never crosses the wire) — and a peer that
+//! fails it is refused with the reason sent back and logged (once per kind per interval),
+//! while the job goes on; a proven process whose job differs from the master's is refused
+//! naming the field, and fails the job at once (or, under a policy that replaces workers,
+//! only its own rank's process). At most 64 connections may be in their handshake at once;
+//! a new one takes the slot of the oldest, so unauthenticated peers cannot keep workers
+//! out.
 //! Heartbeats flow both ways whenever a side has nothing else to send; a side that hears
 //! nothing for `heartbeat_timeout` declares its peer lost, naming its rank.
 //!

@@ -12,7 +12,8 @@
 //! Decoding never panics on a peer's bytes: a length above the frame limit is refused
 //! before anything is allocated for it (`tokio_util`'s `LengthDelimitedCodec` checks the
 //! prefix first), a version other than ours is refused naming both, and a body that does
-//! not decode is an error (rmp-serde also bounds nesting depth).
+//! not decode is an error (rmp-serde also bounds nesting depth). After the handshake, a
+//! message that does not decode as the job's types is a `JobError::Decode` of the job.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::DeserializeOwned;

@@ -192,9 +192,10 @@ impl ClusterEnv {
             (rank, world, master)
         else {
             return Err(TransportError::Env(format!(
-                "a partial cluster environment: {} set, but {} missing",
+                "incomplete: {} set, but {} {} missing",
                 set_vars(&get),
-                missing.join(", and ")
+                missing.join(", and "),
+                if missing.len() == 1 { "is" } else { "are" }
             )));
         };
         if world_size == 0 || rank >= world_size {
@@ -231,12 +232,17 @@ impl ClusterEnv {
 
 /// The cluster variables that are set, for an error about those that are not.
 fn set_vars(get: &impl Fn(&str) -> Option<String>) -> String {
-    let names: Vec<String> = LAUNCHERS
+    let mut vars: Vec<&str> = LAUNCHERS
         .iter()
         .flat_map(|l| [Some(l.rank), l.world_size])
         .flatten()
         .chain(INTENT)
-        .chain(["MASTER_PORT"])
+        .chain(["MASTER_PORT", "SUPERSTEP_MASTER_PORT"])
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    vars.retain(|v| seen.insert(*v));
+    let names: Vec<String> = vars
+        .into_iter()
         .filter_map(|v| get(v).map(|value| format!("{v} = {value:?}")))
         .collect();
     if names.is_empty() {
@@ -518,8 +524,9 @@ mod tests {
             ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:29400"),
             ("SUPERSTEP_WORLD_SIZE", "4"),
         ]);
-        assert!(err.contains("a partial cluster environment"), "{err}");
-        assert!(err.contains("SUPERSTEP_WORLD_SIZE = \"4\""), "{err}");
+        assert!(err.contains("incomplete:"), "{err}");
+        assert_eq!(err.matches("SUPERSTEP_WORLD_SIZE = \"4\"").count(), 1, "{err}");
+        assert!(err.ends_with("is missing"), "{err}");
         assert!(
             err.contains("missing") && err.contains("a rank (SUPERSTEP_RANK"),
             "{err}"

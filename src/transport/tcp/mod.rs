@@ -453,8 +453,9 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             refusals: Arc::clone(&refusals),
             _types: PhantomData,
         };
-        // Every line the master's node logs (a refusal, a lost worker, a wait) says whose.
-        let span = tracing::info_span!("master_node", job = %self.settings.job_id);
+        // Every line the master's node logs (a refusal, a lost worker, a wait) says whose —
+        // a span at WARN, so that it shows wherever the warnings do.
+        let span = tracing::warn_span!("master_node", job = %self.settings.job_id);
         io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
@@ -497,7 +498,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             to_master: tx.downgrade(),
             _types: PhantomData,
         };
-        let span = tracing::info_span!("worker_link", job = %self.settings.job_id, rank);
+        let span = tracing::warn_span!("worker_link", job = %self.settings.job_id, rank);
         io.spawn(client.run(rx).instrument(span));
         Ok(Box::new(TcpWorkerLink::<W> {
             tx,

@@ -525,7 +525,11 @@ mod tests {
             ("SUPERSTEP_WORLD_SIZE", "4"),
         ]);
         assert!(err.contains("incomplete:"), "{err}");
-        assert_eq!(err.matches("SUPERSTEP_WORLD_SIZE = \"4\"").count(), 1, "{err}");
+        assert_eq!(
+            err.matches("SUPERSTEP_WORLD_SIZE = \"4\"").count(),
+            1,
+            "{err}"
+        );
         assert!(err.ends_with("is missing"), "{err}");
         assert!(
             err.contains("missing") && err.contains("a rank (SUPERSTEP_RANK"),

@@ -40,6 +40,44 @@ pub(crate) fn round_trip<T: Serialize + DeserializeOwned>(value: &T) -> Result<T
     from_slice(&bytes).map_err(|e| format!("its encoding could not be decoded: {e}"))
 }
 
+/// A message that did not survive the wire: which way it went, the type it was to be read
+/// as, and what the encoder or decoder said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Undecodable {
+    pub(crate) direction: String,
+    pub(crate) type_name: String,
+    pub(crate) message: String,
+}
+
+impl Undecodable {
+    /// A message `direction` that did not read as a `T`, for `message`.
+    pub(crate) fn of<T>(direction: String, message: String) -> Self {
+        Undecodable {
+            direction,
+            type_name: std::any::type_name::<T>().to_string(),
+            message,
+        }
+    }
+
+    /// The job's failure for it, where it came from `peer`.
+    pub(crate) fn sent_by(self, peer: impl Into<String>) -> crate::JobError {
+        crate::JobError::Decode {
+            direction: self.direction,
+            type_name: self.type_name,
+            peer: peer.into(),
+            message: self.message,
+        }
+    }
+}
+
+/// `msg` as the receiving side of a wire gets it, sent `direction`: encoded and decoded.
+pub(crate) fn through_wire<T: Serialize + DeserializeOwned>(
+    msg: T,
+    direction: impl FnOnce() -> String,
+) -> Result<T, Undecodable> {
+    round_trip(&msg).map_err(|message| Undecodable::of::<T>(direction(), message))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

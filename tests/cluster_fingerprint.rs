@@ -72,18 +72,39 @@ fn assert_mismatch<M>(
 fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_once_everywhere() {
     let (master, addr) = tcp_master::<u64, u64>(3, "world", |_| {});
     let m = spawn(summing(5), master);
-    let one = spawn(summing(5), worker(1, 3, &addr, "world"));
+    // Rank 1's process is connected (here, its link only).
+    let fingerprint = summing(5).workers(3).build().unwrap().fingerprint();
+    let (_one, one, told) = common::tcp_link(1, 3, &addr, "world", fingerprint);
     // Rank 2's process was told the world has 4 processes: it would shard by 4.
     let two = spawn(summing(5), worker(2, 4, &addr, "world"));
-    let (m, one, two) = (m.join().unwrap(), one.join().unwrap(), two.join().unwrap());
+    let two = two.join().unwrap();
     let err = two.0.as_ref().map(|_| ()).unwrap_err().to_string();
     assert!(
         err.contains("`workers` is 4 there and 3 in the master's"),
         "{err}"
     );
     assert_mismatch("rank 2", two, 2, "workers", "3", "4");
-    assert_mismatch("the master", m, 2, "workers", "3", "4");
-    assert_mismatch("rank 1", one, 2, "workers", "3", "4");
+    // Rank 1's process hears the job's failure at once.
+    let told = told
+        .recv_timeout(PROMPTLY)
+        .expect("rank 1 was told within 5 s");
+    match told {
+        superstep::protocol::ToWorker::Abort { error, .. } => assert_mismatch(
+            "rank 1",
+            (Err::<JobOutcome<u64>, _>(error), Duration::ZERO),
+            2,
+            "workers",
+            "3",
+            "4",
+        ),
+        other => panic!("rank 1 was told {other:?}"),
+    }
+    one.send(superstep::protocol::ToMaster::Done {
+        attempt: 0,
+        rows: Default::default(),
+    })
+    .unwrap();
+    assert_mismatch("the master", m.join().unwrap(), 2, "workers", "3", "4");
 }
 
 #[test]

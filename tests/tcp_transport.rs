@@ -543,36 +543,6 @@ fn summing_job(
     .coordinator(commits)
 }
 
-/// A process of rank `rank` that only connects — with the job's fingerprint, so the
-/// master's node takes it for one of its workers — and says nothing more: its link, and
-/// what the master's node tells it.
-fn connected_only(
-    rank: usize,
-    addr: &str,
-    job: &str,
-    fingerprint: superstep::transport::Fingerprint,
-) -> Bare<dyn WorkerLink<u64>, ToWorker<u64>> {
-    let mut t = TcpTransport::<u64, u64>::new(settings(rank, 3, addr, job)).unwrap();
-    t.prepare(&LinkSpec {
-        job_id: job.into(),
-        workers: 3,
-        fingerprint,
-    })
-    .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    let link = t
-        .connect_worker(
-            rank,
-            Box::new(move |m| {
-                let _ = tx.lock().unwrap().send(m);
-            }),
-        )
-        .unwrap();
-    assert!(matches!(next(&rx), ToWorker::Connected { .. }));
-    (t, link, rx)
-}
-
 #[test]
 fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commits() {
     let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
@@ -589,7 +559,7 @@ fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commit
     let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
     let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
     // Rank 2's first process connects and is gone before it registers.
-    drop(connected_only(2, &addr, job, fingerprint));
+    drop(common::tcp_link(2, 3, &addr, job, fingerprint));
     // Started again, it takes the rank once the master's node let go of the old one.
     let mut again = settings(2, 3, &addr, job);
     again.restart_count = 1;
@@ -617,40 +587,42 @@ fn a_worker_cannot_blame_another_rank_for_its_failure() {
     let (master, addr) = master_transport::<u64, u64>(3, job);
     let m = thread::spawn(move || {
         summing_job(superstep::FailurePolicy::Fail, Commits::default())
-            // Rank 1 here is only a link: nothing stops it when the job ends.
-            .shutdown_timeout(Duration::from_millis(500))
             .transport(master)
             .run()
     });
-    let t = TcpTransport::new(settings(2, 3, &addr, job)).unwrap();
-    let two = thread::spawn(move || {
-        summing_job(superstep::FailurePolicy::Fail, Commits::default())
-            .transport(t)
-            .run()
-    });
-    // Rank 1, authenticated, says rank 2 failed.
-    let (_t, link, _) = connected_only(1, &addr, job, fingerprint);
+    // Ranks 1 and 2 are links of processes that connected; rank 1, authenticated, says
+    // rank 2 failed.
+    let (_one, link, _) = common::tcp_link(1, 3, &addr, job, fingerprint.clone());
+    let (_two, two, told) = common::tcp_link(2, 3, &addr, job, fingerprint);
+    let blame = JobError::Worker {
+        rank: 2,
+        iteration: 0,
+        phase: superstep::Phase::Init,
+        cause: superstep::Cause::message_only(superstep::CauseKind::Error, "not me"),
+    };
     link.send(ToMaster::Failed {
         attempt: 0,
-        error: JobError::Worker {
-            rank: 2,
-            iteration: 0,
-            phase: superstep::Phase::Init,
-            cause: superstep::Cause::message_only(superstep::CauseKind::Error, "not me"),
-        },
+        error: blame,
     })
     .unwrap();
+    // The job fails as rank 1's failure, and rank 2 is told so.
+    let error = match next(&told) {
+        ToWorker::Abort { error, .. } => error,
+        other => panic!("rank 2 was told {other:?}"),
+    };
+    assert_eq!(error.rank(), Some(1), "{error}");
+    for link in [&link, &two] {
+        link.send(ToMaster::Done {
+            attempt: 0,
+            rows: Default::default(),
+        })
+        .unwrap();
+    }
     let err = m.join().unwrap().unwrap_err();
-    assert_eq!(err.rank(), Some(1), "{err}");
+    assert_eq!(err, error, "the job's first failure, everywhere");
     assert!(
         err.to_string().starts_with("worker 1 failed in init"),
         "{err}"
-    );
-    let err = two.join().unwrap().unwrap_err();
-    assert_eq!(
-        err.rank(),
-        Some(1),
-        "every process ends with the same failure: {err}"
     );
 }
 

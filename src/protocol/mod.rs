@@ -156,6 +156,25 @@ pub enum ToWorker<M> {
     },
 }
 
+impl<W> ToMaster<W> {
+    /// Whether it carries a worker's result (what the wire check sends through the wire
+    /// encoding).
+    pub fn carries_result(&self) -> bool {
+        matches!(self, ToMaster::Result(_))
+    }
+}
+
+impl<M> ToWorker<M> {
+    /// Whether it carries a master result (what the wire check sends through the wire
+    /// encoding).
+    pub fn carries_result(&self) -> bool {
+        matches!(
+            self,
+            ToWorker::Iterate { last: Some(_), .. } | ToWorker::Finish { .. }
+        )
+    }
+}
+
 // Not derived: a derive would ask for `M: Clone`, but only the `Arc` is cloned.
 impl<M> Clone for ToWorker<M> {
     fn clone(&self) -> Self {

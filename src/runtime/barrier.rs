@@ -13,7 +13,7 @@ use crate::protocol::{
     Attempt, Envelope, FailurePolicy, Gate, GateOutput, Iteration, Recover, Recovery, SyncState,
     SyncStep, ToMaster, ToWorker, Wait,
 };
-use crate::transport::MasterLink;
+use crate::transport::{MasterLink, TransportError};
 
 use super::local::LocalWorkers;
 use crate::coordinator::{RowCounts, WorkerReport};
@@ -136,6 +136,10 @@ pub(crate) struct BarrierActor<M: Payload, W: Payload> {
     wait_said: Option<Instant>,
 }
 
+/// How long the end of a job waits for a rank that may still connect (a worker reconnecting
+/// to a master's node started again: its backoff is at most about a second).
+const RECONNECT_GRACE: Duration = Duration::from_secs(3);
+
 /// At most how long a wait for workers goes on between two lines that say so (it says so
 /// every quarter of its timeout when that is shorter).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -203,15 +207,36 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         }
     }
 
-    /// The job ends: a rank that is not connected (it never connected, or its process is
-    /// gone) will not say it is done, and is not waited for.
-    fn forget_unconnected(&mut self, now: Instant) {
+    /// The job ends: a rank that the master's node cannot reach any more (its process is
+    /// gone, or — on a first master's node — never connected) will not say it is done,
+    /// and is not waited for. One that may still connect (a worker of the master's node
+    /// this one replaced, reconnecting) is given [`RECONNECT_GRACE`] to, and hear how the
+    /// job ended.
+    fn forget_unconnected(&mut self, ctx: &mut Context<Self>, now: Instant) {
+        let mut later = Vec::new();
         for rank in 0..self.rows.len() {
-            if !self.gate.is_done(rank) && !self.link.is_connected(rank) {
+            if self.gate.is_done(rank) || self.link.is_connected(rank) {
+                continue;
+            }
+            if self.link.may_reach(rank) {
+                later.push(rank);
+            } else {
                 tracing::debug!(rank, "not connected at the end of the job: not waited for");
                 let output = self.gate.lose(now, rank);
                 self.forward(output);
             }
+        }
+        if !later.is_empty() {
+            ctx.run_later(RECONNECT_GRACE, move |act, _| {
+                let now = Instant::now();
+                for rank in later {
+                    if !act.gate.is_done(rank) && !act.link.is_connected(rank) {
+                        tracing::debug!(rank, "did not reconnect after the job ended");
+                        let output = act.gate.lose(now, rank);
+                        act.forward(output);
+                    }
+                }
+            });
         }
     }
 
@@ -345,7 +370,12 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
     /// for it (with its own failure): the job goes on without it, and its process ends
     /// now rather than waiting to hear how the job ends.
     fn dismiss(&mut self, rank: crate::protocol::Rank, error: &JobError) {
-        if self.link.is_connected(rank) {
+        // A lost or refused process has no connection: one of the rank now is a new one.
+        let gone = matches!(
+            error,
+            JobError::WorkerLost { .. } | JobError::Mismatch { .. }
+        );
+        if !gone && self.link.is_connected(rank) {
             let msg = ToWorker::Abort {
                 attempt: self.attempt(),
                 error: error.clone(),
@@ -380,6 +410,8 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
         let link = &self.link;
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
             Ok(Ok(())) => {}
+            // What the worker would not read over a network fails the job, as there.
+            Ok(Err(e @ TransportError::Undecodable { .. })) => self.fail_job(e.into()),
             Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not reach a worker"),
             Err(payload) => {
                 tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked sending to a worker")
@@ -559,7 +591,7 @@ impl<M: Payload, W: Payload> Handler<Open<M>> for BarrierActor<M, W> {
 impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, msg: FinishJob<M>, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: FinishJob<M>, ctx: &mut Context<Self>) {
         self.ending = true;
         self.forget_awaited();
         self.broadcast(ToWorker::Finish {
@@ -571,14 +603,14 @@ impl<M: Payload, W: Payload> Handler<FinishJob<M>> for BarrierActor<M, W> {
         let now = Instant::now();
         let output = self.gate.drain(now);
         self.forward(output);
-        self.forget_unconnected(now);
+        self.forget_unconnected(ctx, now);
     }
 }
 
 impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, msg: AbortJob, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: AbortJob, ctx: &mut Context<Self>) {
         self.ending = true;
         self.forget_awaited();
         // Release every rank waiting in a sync call at once, with the job's failure.
@@ -591,6 +623,6 @@ impl<M: Payload, W: Payload> Handler<AbortJob> for BarrierActor<M, W> {
         let now = Instant::now();
         let output = self.gate.drain(now);
         self.forward(output);
-        self.forget_unconnected(now);
+        self.forget_unconnected(ctx, now);
     }
 }

@@ -521,13 +521,16 @@ impl<M: Payload, W: Payload> MasterActor<M, W> {
         if !(self.master_ready && self.ending.is_none()) {
             return;
         }
+        // The checkpoint covers every iteration, or its iteration halted: the job is
+        // complete, and ends now with its result — no worker need register (a master
+        // started again after its job ended would wait for workers long gone). With a
+        // coordinator it waits for them: their reports are what it commits.
+        let complete = self
+            .start_after
+            .is_some_and(|r| r >= self.config.iterations || self.resumed_halt.is_some());
+        let at_once = self.coordination.is_none() || self.workers_ready;
         match (self.start_after, self.last.clone()) {
-            // The checkpoint covers every iteration, or its iteration halted: the job is
-            // complete, and ends now with its result — no worker need register (a master
-            // started again after its job ended would wait for workers long gone).
-            (Some(resumed), Some(last))
-                if resumed >= self.config.iterations || self.resumed_halt.is_some() =>
-            {
+            (Some(resumed), Some(last)) if complete && at_once => {
                 tracing::info!(
                     iteration = resumed,
                     "the newest checkpoint is the job's last: the job ends with its result"

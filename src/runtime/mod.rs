@@ -192,7 +192,8 @@ fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
     checkpoint.unwrap_or(0).saturating_add(restarted)
 }
 
-/// What every process of this job must agree on: the versions, the settings that change
+/// What every process of this job must agree on: the crate's version (another wire
+/// protocol version is refused before the fingerprint is read), the settings that change
 /// what a worker computes or how the protocol runs, the input, the result types. Not the
 /// checkpoints, which only the master's process keeps (the others need no store).
 pub(crate) fn fingerprint<M, W>(
@@ -203,10 +204,6 @@ pub(crate) fn fingerprint<M, W>(
     let on = |b: bool| if b { "on" } else { "off" };
     Fingerprint::new()
         .with("crate version", env!("CARGO_PKG_VERSION"))
-        .with(
-            "wire version",
-            crate::transport::tcp::wire::PROTOCOL_VERSION,
-        )
         .with("workers", config.workers)
         .with("iterations", config.iterations)
         .with("barrier_mode", on(config.barrier_mode))

@@ -595,10 +595,19 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: ToWorker<M>, ctx: &mut Context<Self>) {
-        if let ToWorker::Abort { attempt, error } = &msg {
-            if *attempt == self.attempt {
+        match &msg {
+            ToWorker::Abort { attempt, error } if *attempt == self.attempt => {
                 self.hear_verdict(ctx, error);
             }
+            // The job completed without this worker's failure mattering (the policy went
+            // on without it): its own failure is its ending.
+            ToWorker::Finish { attempt, .. } if *attempt == self.attempt => {
+                if let Some(own) = self.awaiting_verdict.take() {
+                    self.report(own);
+                    return ctx.stop();
+                }
+            }
+            _ => {}
         }
         match self.state.on_message(&msg) {
             WorkerCommand::Compute(iteration) => {

@@ -439,12 +439,7 @@ fn wire_copy<T: Payload>(
     if !carries_result {
         return Ok(msg);
     }
-    crate::codec::round_trip(&msg).map_err(|message| JobError::Decode {
-        direction: direction(),
-        type_name: std::any::type_name::<T>().to_string(),
-        peer: "the simulated network".into(),
-        message,
-    })
+    crate::codec::through_wire(msg, direction).map_err(|u| u.sent_by("the simulated network"))
 }
 
 /// A node's connection generation: a message sent over a connection that has since died
@@ -680,7 +675,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     fn send_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
         let generation = self.master.generation;
         let latency = self.latency();
-        let is_result = matches!(msg, ToMaster::Result(_));
+        let is_result = msg.carries_result();
         // Every result crosses the wire encoding, as it would between processes: what
         // arrives is the decoded copy, or the job fails as it would over TCP.
         let attempt = match &msg {
@@ -719,10 +714,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn send_to_worker(&mut self, rank: Rank, msg: ToWorker<M>) {
-        let carries = matches!(
-            msg,
-            ToWorker::Iterate { last: Some(_), .. } | ToWorker::Finish { .. }
-        );
+        let carries = msg.carries_result();
         let msg = match wire_copy(msg, carries, || format!("master → worker {rank}")) {
             Ok(msg) => msg,
             // The worker could not read it: the job fails, as over TCP.

@@ -184,19 +184,12 @@ fn checked<T: Payload>(
     if !(on && carries_result) {
         return Ok(msg);
     }
-    crate::codec::round_trip(&msg).map_err(|message| TransportError::Undecodable {
-        direction: direction(),
-        type_name: std::any::type_name::<T>().to_string(),
-        message,
-    })
+    Ok(crate::codec::through_wire(msg, direction)?)
 }
 
 impl<M: Payload, W> MemoryMasterLink<M, W> {
     fn checked(&self, msg: ToWorker<M>, to: Option<Rank>) -> Result<ToWorker<M>, TransportError> {
-        let carries = matches!(
-            msg,
-            ToWorker::Iterate { last: Some(_), .. } | ToWorker::Finish { .. }
-        );
+        let carries = msg.carries_result();
         checked(self.hub.wire_check, carries, msg, || match to {
             Some(rank) => format!("master → worker {rank}"),
             None => "master → every worker".to_string(),
@@ -251,7 +244,7 @@ struct MemoryWorkerLink<M, W> {
 
 impl<M: Send + Sync + 'static, W: Payload> WorkerLink<W> for MemoryWorkerLink<M, W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        let carries = matches!(msg, ToMaster::Result(_));
+        let carries = msg.carries_result();
         let msg = checked(self.hub.wire_check, carries, msg, || {
             format!("worker {} → master", self.rank)
         })?;

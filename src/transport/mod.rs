@@ -209,6 +209,16 @@ pub enum TransportError {
     },
 }
 
+impl From<crate::codec::Undecodable> for TransportError {
+    fn from(u: crate::codec::Undecodable) -> Self {
+        TransportError::Undecodable {
+            direction: u.direction,
+            type_name: u.type_name,
+            message: u.message,
+        }
+    }
+}
+
 impl From<TransportError> for crate::JobError {
     fn from(e: TransportError) -> Self {
         match e {
@@ -216,12 +226,12 @@ impl From<TransportError> for crate::JobError {
                 direction,
                 type_name,
                 message,
-            } => crate::JobError::Decode {
+            } => crate::codec::Undecodable {
                 direction,
                 type_name,
-                peer: "this process".into(),
                 message,
-            },
+            }
+            .sent_by("this process"),
             e => crate::JobError::Transport {
                 message: e.to_string(),
             },
@@ -241,11 +251,19 @@ pub trait MasterLink<M>: Send + 'static {
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError>;
 
     /// Whether the worker of `rank` is connected now: a message sent to it can reach it.
-    /// The end of a job does not wait for a rank that is not (it never connected, or its
-    /// connection ended). The default: every rank is.
+    /// The default: every rank is.
     fn is_connected(&self, rank: Rank) -> bool {
         let _ = rank;
         true
+    }
+
+    /// Whether the worker of `rank` may still hear from the master's node: it is
+    /// connected, or it may yet connect (a worker of a master's node that was started
+    /// again, reconnecting). The end of a job does not wait for a rank that may not — one
+    /// whose connection ended, or, on a first master's node, one that never connected.
+    /// The default: [`is_connected`](Self::is_connected).
+    fn may_reach(&self, rank: Rank) -> bool {
+        self.is_connected(rank)
     }
 
     /// What the transport turned away lately that claimed one of `ranks` — a peer with a

@@ -133,7 +133,9 @@ pub fn tcp_settings(
     let mut s = superstep::transport::TcpSettings::new(rank, world, master);
     s.job_id = job.into();
     s.secret = Some(b"s3cret".to_vec());
-    s.handshake_timeout = std::time::Duration::from_millis(500);
+    // Short, for the tests of peers that never finish theirs; long enough that a loaded
+    // machine does not give up on a worker's.
+    s.handshake_timeout = std::time::Duration::from_secs(2);
     s.heartbeat_interval = std::time::Duration::from_millis(50);
     s.heartbeat_timeout = std::time::Duration::from_secs(5);
     s.connect_timeout = std::time::Duration::from_secs(20);
@@ -183,4 +185,50 @@ where
         })
         .collect();
     ranks.into_iter().map(|r| r.join().unwrap()).collect()
+}
+
+/// A process of rank `rank` of a `world`-rank job over TCP that only connects — with the
+/// job's `fingerprint`, so the master's node takes it for one of its workers — and does
+/// nothing unless told: its transport (the connection lives as long as it does), its link
+/// to the master, and what the master's node tells it. Returns once it is connected.
+#[allow(clippy::type_complexity)]
+pub fn tcp_link(
+    rank: usize,
+    world: usize,
+    addr: &str,
+    job: &str,
+    fingerprint: superstep::transport::Fingerprint,
+) -> (
+    superstep::transport::TcpTransport<u64, u64>,
+    Box<dyn superstep::transport::WorkerLink<u64>>,
+    std::sync::mpsc::Receiver<superstep::protocol::ToWorker<u64>>,
+) {
+    use superstep::transport::{LinkSpec, Transport};
+    let mut t =
+        superstep::transport::TcpTransport::<u64, u64>::new(tcp_settings(rank, world, addr, job))
+            .unwrap();
+    t.prepare(&LinkSpec {
+        job_id: job.into(),
+        workers: world,
+        fingerprint,
+    })
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let link = t
+        .connect_worker(
+            rank,
+            Box::new(move |m| {
+                let _ = tx.lock().unwrap().send(m);
+            }),
+        )
+        .unwrap();
+    let first = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("connected within 10 s");
+    assert!(
+        matches!(first, superstep::protocol::ToWorker::Connected { .. }),
+        "{first:?}"
+    );
+    (t, link, rx)
 }

@@ -2,9 +2,9 @@
 //! those turned away.
 //!
 //! - [`Unproven`]: the handshake slots. At most [`SLOTS`] connections may be in their
-//!   handshake at once, at most [`SLOTS_PER_PEER`] from one address; a new connection that
-//!   finds them full takes the slot of the *oldest* unauthenticated connection (of its own
-//!   address when that address is over its budget). An authenticated worker's handshake
+//!   handshake at once; a new connection that finds them full takes the slot of the
+//!   *oldest* unauthenticated connection — of its own address when that address holds
+//!   [`SLOTS_PER_PEER`] or more, so that one address flooding cannot push out another's. An authenticated worker's handshake
 //!   takes two round trips, so idle or trickling connections — which can only grow old —
 //!   are the ones dropped; a worker dropped anyway finds its connection closed without a
 //!   refusal and tries again.
@@ -23,7 +23,8 @@ use crate::protocol::Rank;
 
 /// How many connections may be in their handshake at once.
 pub(super) const SLOTS: usize = 64;
-/// How many of those may come from one address.
+/// How many of those one address may hold before, the slots being full, its new
+/// connections make room among its own.
 pub(super) const SLOTS_PER_PEER: usize = 16;
 /// How often a summary of refused connections is logged, and at most how long a wait
 /// goes on between two lines that say so.
@@ -43,30 +44,25 @@ pub(super) struct Unproven {
 }
 
 impl Unproven {
-    /// Admits a new connection from `ip`: its id and the token that is cancelled if an
-    /// even newer one takes its slot. Returns also how many older connections were
-    /// dropped to make room (0 or 1).
-    pub(super) fn admit(&mut self, ip: IpAddr) -> (u64, CancellationToken, usize) {
-        let from_ip = self.slots.iter().filter(|(_, i, _)| *i == ip).count();
-        let evict = if from_ip >= SLOTS_PER_PEER {
-            self.slots.iter().position(|(_, i, _)| *i == ip)
-        } else if self.slots.len() >= SLOTS {
-            Some(0)
-        } else {
-            None
-        };
-        let dropped = match evict.and_then(|at| self.slots.remove(at)) {
-            Some((_, _, token)) => {
+    /// Admits a new connection from `ip`: its id, and the token that is cancelled if a
+    /// newer one takes its slot.
+    pub(super) fn admit(&mut self, ip: IpAddr) -> (u64, CancellationToken) {
+        if self.slots.len() >= SLOTS {
+            let from_ip = self.slots.iter().filter(|(_, i, _)| *i == ip).count();
+            let evict = if from_ip >= SLOTS_PER_PEER {
+                self.slots.iter().position(|(_, i, _)| *i == ip)
+            } else {
+                Some(0)
+            };
+            if let Some((_, _, token)) = evict.and_then(|at| self.slots.remove(at)) {
                 token.cancel();
-                1
             }
-            None => 0,
-        };
+        }
         let id = self.next;
         self.next += 1;
         let token = CancellationToken::new();
         self.slots.push_back((id, ip, token.clone()));
-        (id, token, dropped)
+        (id, token)
     }
 
     /// The connection `id` left its handshake (proven, refused, timed out or dropped).
@@ -199,12 +195,12 @@ mod tests {
         let mut tokens = Vec::new();
         for i in 0..SLOTS {
             // Spread over enough addresses to stay within each one's budget.
-            let (_, token, dropped) = u.admit(ip((i % 8) as u8));
-            assert_eq!(dropped, 0);
+            let (_, token) = u.admit(ip((i % 8) as u8));
             tokens.push(token);
         }
-        let (newest, _, dropped) = u.admit(ip(200));
-        assert_eq!((dropped, u.len()), (1, SLOTS));
+        assert!(tokens.iter().all(|t| !t.is_cancelled()), "room for all");
+        let (newest, _) = u.admit(ip(200));
+        assert_eq!(u.len(), SLOTS);
         assert!(tokens[0].is_cancelled(), "the oldest made room");
         assert!(tokens[1..].iter().all(|t| !t.is_cancelled()));
         u.leave(newest);
@@ -212,19 +208,20 @@ mod tests {
     }
 
     #[test]
-    fn one_address_over_its_budget_drops_its_own_oldest_not_others() {
+    fn one_address_with_many_slots_makes_room_among_its_own_when_full() {
         let mut u = Unproven::default();
-        let (_, other, _) = u.admit(ip(1));
-        let mut own = Vec::new();
-        for _ in 0..=SLOTS_PER_PEER {
-            own.push(u.admit(ip(2)).1);
-        }
+        let (_, other) = u.admit(ip(1));
+        // Workers of one host connecting together: no one is dropped while there is room.
+        let own: Vec<_> = (1..SLOTS).map(|_| u.admit(ip(2)).1).collect();
+        assert!(own.iter().all(|t| !t.is_cancelled()));
+        // Full: the flooding address gives up its own oldest, not the other's older one.
+        u.admit(ip(2));
         assert!(own[0].is_cancelled(), "its own oldest made room");
         assert!(
             !other.is_cancelled(),
             "another address's older connection stays"
         );
-        assert_eq!(u.len(), 1 + SLOTS_PER_PEER);
+        assert_eq!(u.len(), SLOTS);
     }
 
     #[test]

@@ -24,8 +24,9 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::admission::{log_every, Refusals, Unproven};
-use super::wire::{self, Refusal, Wire};
+use super::wire::{self, Refusal, Wire, WireError};
 use super::{lock, Shared, TcpSettings};
+use crate::codec::Undecodable;
 use crate::compute::Payload;
 use crate::error::{Cause, JobError, Waiting};
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
@@ -114,13 +115,36 @@ impl Frames {
     }
 
     /// The next handshake frame, decoded.
-    async fn handshake(&mut self) -> Result<Handshake, String> {
+    async fn handshake(&mut self) -> Result<Handshake, Unreadable> {
         let frame = match self.frames.next().await {
             Some(Ok(frame)) => frame,
-            Some(Err(e)) => return Err(format!("unreadable frame: {e}")),
-            None => return Err("the connection closed".into()),
+            Some(Err(e)) => return Err(Unreadable::Other(format!("unreadable frame: {e}"))),
+            None => return Err(Unreadable::Other("the connection closed".into())),
         };
-        wire::decode::<Handshake>(&frame).map_err(|e| e.to_string())
+        wire::decode::<Handshake>(&frame).map_err(|e| match e {
+            WireError::Version { ours, theirs } => Unreadable::Version { ours, theirs },
+            e => Unreadable::Other(e.to_string()),
+        })
+    }
+}
+
+/// Why a handshake frame could not be read.
+enum Unreadable {
+    /// The peer speaks another version of the wire protocol.
+    Version { ours: u16, theirs: u16 },
+    /// The connection closed or broke, or the frame is not a handshake message.
+    Other(String),
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::Version { ours, theirs } => write!(
+                f,
+                "the peer speaks protocol version {theirs}, this side version {ours}"
+            ),
+            Unreadable::Other(reason) => f.write_str(reason),
+        }
     }
 }
 
@@ -329,7 +353,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                     Ok((stream, peer)) => {
                         // A full table makes room by dropping its oldest unproven
                         // connection: idle and trickling peers grow old, workers do not.
-                        let (id, token, _) = lock(&self.unproven).admit(peer.ip());
+                        let (id, token) = lock(&self.unproven).admit(peer.ip());
                         let server = self.clone();
                         self.tracker
                             .spawn(server.connection(stream, peer, id, token).in_current_span());
@@ -554,15 +578,20 @@ impl<M: Payload, W: Payload> Server<M, W> {
             job_id,
             rank,
             fingerprint,
-        } = frames.handshake().await.map_err(broken(None))?
+        } = frames
+            .handshake()
+            .await
+            .map_err(|e| broken(None)(e.to_string()))?
         else {
             return Err(broken(None)("expected a hello first".into()));
         };
+        // The rank it claims, for what is said of it: not proven, but all there is to name
+        // a misconfigured process by.
+        let claimed = Some(rank);
         if job_id != s.job_id {
             let asked = clip(&job_id, 64);
-            return Err((None, Refusal::WrongJob { asked }));
+            return Err((claimed, Refusal::WrongJob { asked }));
         }
-        let claimed = Some(rank);
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce)
             .map_err(|e| broken(claimed)(format!("no randomness for a challenge: {e}")))?;
@@ -571,7 +600,8 @@ impl<M: Payload, W: Payload> Server<M, W> {
         write_frame(writer, &challenge)
             .await
             .map_err(|e| broken(claimed)(e.to_string()))?;
-        let Wire::Proof { mac } = frames.handshake().await.map_err(broken(claimed))? else {
+        let proof_frame = frames.handshake().await;
+        let Wire::Proof { mac } = proof_frame.map_err(|e| broken(claimed)(e.to_string()))? else {
             return Err(broken(claimed)("expected a proof of the secret".into()));
         };
         let secret = s.secret.as_deref().unwrap_or_default();
@@ -581,25 +611,29 @@ impl<M: Payload, W: Payload> Server<M, W> {
         if *self.stop.borrow() {
             return Err((claimed, Refusal::Stopping));
         }
-        // Proven: a process of this job. Does it run the job as this one does?
-        if let Some((field, master, worker)) = self.fingerprint.first_difference(&fingerprint) {
+        // Proven: a process of this job. Does it run the job as this one does? A rank
+        // outside the world is another world size; a rank held by a live connection is
+        // turned away before its job is compared, so that a stray process never fails the
+        // rank's working one.
+        let differs = self.fingerprint.first_difference(&fingerprint);
+        let differs = match differs {
+            None if rank >= s.world_size => Some((
+                "workers".to_string(),
+                s.world_size.to_string(),
+                format!("more than {rank}"),
+            )),
+            None => None,
+            Some(_) if rank < s.world_size && lock(&self.peers).conns[rank].is_some() => {
+                return Err((claimed, Refusal::RankTaken { rank }));
+            }
+            some => some,
+        };
+        if let Some((field, master, worker)) = differs {
             let (master, worker) = (clip(&master, 200), clip(&worker, 200));
             return Err((
                 claimed,
                 Refusal::Mismatch {
                     field: clip(&field, 64),
-                    master,
-                    worker,
-                },
-            ));
-        }
-        if rank >= s.world_size {
-            let (master, worker) = (s.world_size.to_string(), format!("more than {rank}"));
-            let field = "workers".to_string();
-            return Err((
-                claimed,
-                Refusal::Mismatch {
-                    field,
                     master,
                     worker,
                 },
@@ -612,7 +646,6 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
             peers.conns[rank] = Some(tx.clone());
-            peers.ever[rank] = true;
             // The job ended already: the worker hears how, right after its welcome.
             if let Some(ending) = &peers.ending {
                 let _ = tx.send(ending.clone());
@@ -630,25 +663,30 @@ impl<M: Payload, W: Payload> Server<M, W> {
         write_frame(writer, &welcome)
             .await
             .map_err(|e| broken(claimed)(e.to_string()))?;
+        // Welcomed: the rank has connected (what the master's node waits for at start).
+        lock(&self.peers).ever[rank] = true;
         Ok((claim, rx))
     }
 
     /// Delivers a connected worker's messages. A message that does not decode as the job's
     /// types fails the job with [`JobError::Decode`], naming the rank, the type and the
-    /// peer; the connection goes on (its `Done` still ends it). Returns why the worker was
-    /// lost, or `None` when it ended as it should (after its `Done`) or the transport
-    /// stopped.
+    /// peer (the first such message of the connection; later ones are dropped); the
+    /// connection goes on (its `Done` still ends it). A failure only the master's node can
+    /// report, sent by a worker, loses the worker. Returns why the worker was lost, or
+    /// `None` when it ended as it should (after its `Done`) or the transport stopped.
     async fn read_loop(&self, rank: Rank, peer: SocketAddr, frames: &mut Frames) -> Option<String> {
         let timeout = self.settings.heartbeat_timeout;
+        let mut undecodable = false;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
             Err(message) => {
+                if std::mem::replace(&mut undecodable, true) {
+                    tracing::debug!(rank, %peer, %message, "another message could not be decoded");
+                    return Ok(Delivered::More);
+                }
                 tracing::error!(rank, %peer, %message, "a worker's message could not be decoded");
-                let error = JobError::Decode {
-                    direction: format!("worker {rank} → master"),
-                    type_name: std::any::type_name::<ToMaster<W>>().to_string(),
-                    peer: peer.to_string(),
-                    message,
-                };
+                let direction = format!("worker {rank} → master");
+                let error =
+                    Undecodable::of::<ToMaster<W>>(direction, message).sent_by(peer.to_string());
                 (self.inbox)(Envelope {
                     from: rank,
                     msg: ToMaster::Failed {
@@ -658,6 +696,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 });
                 Ok(Delivered::More)
             }
+            Ok(Wire::ToMaster(ToMaster::Failed {
+                error: JobError::Mismatch { .. } | JobError::WorkersTimedOut { .. },
+                ..
+            })) => Err("it sent a failure only the master's node reports".into()),
             Ok(Wire::ToMaster(msg)) => {
                 // Only a `Done` of this node's attempt ends the connection: one the worker
                 // queued for a master before this one is dropped by the gate as stale.
@@ -826,6 +868,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
         let every = log_every(timeout);
         let mut next_log = started + every;
         let mut backoff = Duration::from_millis(20);
+        let mut gave_up = false;
         let mut stop = self.stop.clone();
         loop {
             if *stop.borrow() {
@@ -836,12 +879,15 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     None => "the job ended before the master could be reached".into(),
                 }));
             }
-            let last = match self.connect(deadline).await {
+            let last = match self.connect(deadline, every).await {
                 Ok(stream) => match self.greet(stream).await {
                     Ok(joined) => return Ok(joined),
                     Err(Unreached::Refused(refusal)) => {
+                        // A handshake given up on may have claimed the rank on the master's
+                        // node after all: until it lets go, the rank is taken by this very
+                        // process.
                         let last = match lost {
-                            None => refusal.is_final_for(restarted),
+                            None => refusal.is_final_for(restarted || gave_up),
                             Some(_) => refusal.is_final_on_rejoin(),
                         };
                         if last {
@@ -849,7 +895,10 @@ impl<M: Payload, W: Payload> Client<M, W> {
                         }
                         format!("refused: {refusal}")
                     }
-                    Err(Unreached::Lost(e)) => e,
+                    Err(Unreached::Lost(e)) => {
+                        gave_up = true;
+                        e
+                    }
                 },
                 Err(e) => e,
             };
@@ -877,8 +926,9 @@ impl<M: Payload, W: Payload> Client<M, W> {
             } else {
                 tracing::debug!(rank = s.rank, master = %self.target, error = %last, "master not reached yet");
             }
+            let pause = jittered(backoff).min(deadline.saturating_duration_since(now));
             tokio::select! {
-                _ = tokio::time::sleep(backoff.min(deadline.saturating_duration_since(now))) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -951,11 +1001,15 @@ impl<M: Payload, W: Payload> Client<M, W> {
 
     /// One try to connect to the master before `deadline`: resolves its name (a name that
     /// does not resolve is said as such), then tries its addresses in turn.
-    async fn connect(&self, deadline: Instant) -> Result<TcpStream, String> {
+    /// Each step (resolving the name, connecting to an address) may take at most `slice`
+    /// (and what is left until `deadline`): a name server or a host that does not answer
+    /// is then tried again, and said, at a steady pace.
+    async fn connect(&self, deadline: Instant, slice: Duration) -> Result<TcpStream, String> {
         let left = || {
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1))
+            deadline.saturating_duration_since(Instant::now()).clamp(
+                Duration::from_millis(1),
+                slice.max(Duration::from_millis(1)),
+            )
         };
         let host = self
             .target
@@ -996,6 +1050,19 @@ impl<M: Payload, W: Payload> Client<M, W> {
             let what = what.to_string();
             move |e: String| Unreached::Lost(format!("{what} during the handshake: {e}"))
         };
+        // What the master answers: a master of another protocol version is another build,
+        // and no retry changes that.
+        let answer = |read: Result<Handshake, Unreadable>| match read {
+            Ok(answer) => Ok(answer),
+            Err(Unreadable::Version { ours, theirs }) => {
+                Err(Unreached::Refused(Refusal::Mismatch {
+                    field: "wire version".into(),
+                    master: theirs.to_string(),
+                    worker: ours.to_string(),
+                }))
+            }
+            Err(other) => Err(lost("the master answered nothing")(other.to_string())),
+        };
         let hello = Wire::<(), ()>::Hello {
             job_id: s.job_id.clone(),
             rank: s.rank,
@@ -1006,11 +1073,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
         write_frame(writer, &frame)
             .await
             .map_err(|e| lost("could not write")(e.to_string()))?;
-        let nonce = match frames
-            .handshake()
-            .await
-            .map_err(lost("the master answered nothing"))?
-        {
+        let nonce = match answer(frames.handshake().await)? {
             Wire::Challenge { nonce } => nonce,
             Wire::Refused { refusal } => return Err(Unreached::Refused(refusal)),
             _ => {
@@ -1029,11 +1092,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
         write_frame(writer, &frame)
             .await
             .map_err(|e| lost("could not write")(e.to_string()))?;
-        match frames
-            .handshake()
-            .await
-            .map_err(lost("the master answered nothing"))?
-        {
+        match answer(frames.handshake().await)? {
             Wire::Welcome { attempt } => Ok(attempt),
             Wire::Refused { refusal } => Err(Unreached::Refused(refusal)),
             _ => Err(Unreached::Lost(
@@ -1050,15 +1109,17 @@ impl<M: Payload, W: Payload> Client<M, W> {
     async fn read_loop(&self, frames: &mut Frames, attempt: Attempt) -> Option<String> {
         let timeout = self.settings.heartbeat_timeout;
         let rank = self.settings.rank;
+        let mut undecodable = false;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {
             Err(message) => {
+                if std::mem::replace(&mut undecodable, true) {
+                    tracing::debug!(rank, %message, "another message could not be decoded");
+                    return Ok(Delivered::More);
+                }
                 tracing::error!(rank, %message, "a message from the master could not be decoded");
-                let error = JobError::Decode {
-                    direction: format!("master → worker {rank}"),
-                    type_name: std::any::type_name::<ToWorker<M>>().to_string(),
-                    peer: self.target.clone(),
-                    message,
-                };
+                let direction = format!("master → worker {rank}");
+                let error =
+                    Undecodable::of::<ToWorker<M>>(direction, message).sent_by(&self.target);
                 let failed = Wire::<(), ()>::ToMaster(ToMaster::Failed {
                     attempt,
                     error: error.clone(),
@@ -1086,6 +1147,15 @@ impl<M: Payload, W: Payload> Client<M, W> {
         })
         .await
     }
+}
+
+/// `backoff`, give or take a quarter, so that workers turned away together do not come
+/// back together.
+fn jittered(backoff: Duration) -> Duration {
+    let mut random = [0u8; 2];
+    let _ = getrandom::fill(&mut random);
+    let unit = f64::from(u16::from_le_bytes(random)) / f64::from(u16::MAX);
+    backoff.mul_f64(0.75 + 0.5 * unit)
 }
 
 /// `timeout` from now; a timeout too long to add (`Duration::MAX`) is a deadline that never

@@ -13,7 +13,7 @@ use crate::transport::TransportError;
 /// | what | read from, first found |
 /// |---|---|
 /// | this process's rank | `SUPERSTEP_RANK`, `RANK` (torchrun), `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` (Kubernetes) |
-/// | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
+/// | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_STEP_NUM_TASKS` (which `srun` sets) or `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
 /// | the master's address | `SUPERSTEP_MASTER_ADDR` (`host:port`), else `MASTER_ADDR` (torchrun's) and `SUPERSTEP_MASTER_PORT` or `MASTER_PORT` |
 /// | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
 /// | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
@@ -76,11 +76,13 @@ pub struct ClusterEnv {
     pub launcher: &'static str,
 }
 
-/// A launcher's variables: its rank, its world size, and its restart count.
+/// A launcher's variables: its rank and its world size — the first of these set; the
+/// first says processes were launched (Slurm's step size, which `srun` sets, where an
+/// `sbatch` script alone has only its allocation's).
 struct Launcher {
     name: &'static str,
     rank: &'static str,
-    world_size: Option<&'static str>,
+    world_size: &'static [&'static str],
 }
 
 /// In the order they are looked for: ours first, then launchers that may run inside
@@ -89,32 +91,32 @@ const LAUNCHERS: [Launcher; 6] = [
     Launcher {
         name: "superstep",
         rank: "SUPERSTEP_RANK",
-        world_size: Some("SUPERSTEP_WORLD_SIZE"),
+        world_size: &["SUPERSTEP_WORLD_SIZE"],
     },
     Launcher {
         name: "torchrun",
         rank: "RANK",
-        world_size: Some("WORLD_SIZE"),
+        world_size: &["WORLD_SIZE"],
     },
     Launcher {
         name: "Open MPI",
         rank: "OMPI_COMM_WORLD_RANK",
-        world_size: Some("OMPI_COMM_WORLD_SIZE"),
+        world_size: &["OMPI_COMM_WORLD_SIZE"],
     },
     Launcher {
         name: "PMI",
         rank: "PMI_RANK",
-        world_size: Some("PMI_SIZE"),
+        world_size: &["PMI_SIZE"],
     },
     Launcher {
         name: "Slurm",
         rank: "SLURM_PROCID",
-        world_size: Some("SLURM_NTASKS"),
+        world_size: &["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"],
     },
     Launcher {
         name: "Kubernetes",
         rank: "JOB_COMPLETION_INDEX",
-        world_size: None,
+        world_size: &[],
     },
 ];
 
@@ -148,13 +150,10 @@ impl ClusterEnv {
             )),
             None => None,
         };
+        let sizes = launcher.map_or(&[][..], |l| l.world_size);
         let size_var = get("SUPERSTEP_WORLD_SIZE")
             .map(|_| "SUPERSTEP_WORLD_SIZE")
-            .or_else(|| {
-                launcher
-                    .and_then(|l| l.world_size)
-                    .filter(|v| get(v).is_some())
-            });
+            .or_else(|| sizes.iter().copied().find(|v| get(v).is_some()));
         let world = match size_var {
             Some(var) => Some((var, parse::<usize>(var, &get(var).unwrap_or_default())?)),
             None => None,
@@ -166,7 +165,9 @@ impl ClusterEnv {
             .filter(|v| get(v).is_some())
             .collect();
         if intended.is_empty() {
-            match (rank, world) {
+            // Only the variable that says processes were launched counts here.
+            let launched = world.filter(|(var, _)| sizes.first() == Some(var));
+            match (rank, launched) {
                 // Not a cluster, or a single process of one: the job runs in memory.
                 (None, _) | (Some(_), None | Some((_, 0 | 1))) => return Ok(None),
                 // Several processes with no master to meet at: each would run the whole
@@ -183,7 +184,7 @@ impl ClusterEnv {
             missing.push("a rank (SUPERSTEP_RANK, or a launcher's RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX)");
         }
         if world.is_none() {
-            missing.push("the world size (SUPERSTEP_WORLD_SIZE, or the rank's launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)");
+            missing.push("the world size (SUPERSTEP_WORLD_SIZE, or the rank's launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS or SLURM_NTASKS)");
         }
         if master.is_none() {
             missing.push("the master's address (SUPERSTEP_MASTER_ADDR as host:port, or MASTER_ADDR and MASTER_PORT)");
@@ -234,8 +235,7 @@ impl ClusterEnv {
 fn set_vars(get: &impl Fn(&str) -> Option<String>) -> String {
     let mut vars: Vec<&str> = LAUNCHERS
         .iter()
-        .flat_map(|l| [Some(l.rank), l.world_size])
-        .flatten()
+        .flat_map(|l| std::iter::once(l.rank).chain(l.world_size.iter().copied()))
         .chain(INTENT)
         .chain(["MASTER_PORT", "SUPERSTEP_MASTER_PORT"])
         .collect();
@@ -473,7 +473,8 @@ mod tests {
     fn slurm_variables_and_its_requeue_count_are_understood() {
         let slurm = cluster(&[
             ("SLURM_PROCID", "3"),
-            ("SLURM_NTASKS", "8"),
+            ("SLURM_STEP_NUM_TASKS", "8"),
+            ("SLURM_NTASKS", "16"),
             ("SLURM_JOB_ID", "4711"),
             ("SLURM_RESTART_COUNT", "2"),
             ("SUPERSTEP_MASTER_ADDR", "node01:29400"),
@@ -550,10 +551,20 @@ mod tests {
         ]);
         assert!(err.contains("the world size"), "{err}");
         // Several processes of a launcher with nowhere to meet.
-        let err = error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4")]);
+        let err = error(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
+            ("SLURM_NTASKS", "4"),
+        ]);
         assert!(
             err.contains("one of 4 processes") && err.contains("SUPERSTEP_MASTER_ADDR"),
             "{err}"
+        );
+        // An `sbatch` script's own process, in an allocation of 4 tasks but launched by no
+        // `srun`, is one process: it runs in memory.
+        assert_eq!(
+            env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")]).unwrap(),
+            None
         );
         let err = error(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "n1")]);
         assert!(err.contains("MASTER_PORT is not"), "{err}");

@@ -459,6 +459,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
+            restarted: self.settings.restart_count > 0,
             refusals,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
@@ -539,6 +540,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct TcpMasterLink<M> {
     peers: Shared,
+    /// Whether this master's node was started again in the place of one that died.
+    restarted: bool,
     refusals: Arc<Mutex<admission::Refusals>>,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
@@ -585,6 +588,14 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
             .conns
             .get(rank)
             .is_some_and(Option::is_some)
+    }
+
+    fn may_reach(&self, rank: Rank) -> bool {
+        let peers = lock(&self.peers);
+        let connected = peers.conns.get(rank).is_some_and(Option::is_some);
+        // Started again, this node has workers of its predecessor reconnecting to it: one
+        // that has not yet may still, and must hear how the job ended.
+        connected || (self.restarted && !peers.ever.get(rank).copied().unwrap_or(true))
     }
 
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {

@@ -44,7 +44,7 @@ pub(crate) enum Wire<M, W> {
     },
     /// Master → worker: prove you know the secret.
     Challenge { nonce: [u8; 32] },
-    /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank).
+    /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank ‖ its hello's fingerprint).
     Proof { mac: Vec<u8> },
     /// Master → worker: the connection is accepted; the master's node runs `attempt`, in
     /// which the worker registers.

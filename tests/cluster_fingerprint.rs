@@ -216,3 +216,83 @@ fn under_restart_worker_only_the_process_that_differs_is_refused_and_a_right_one
         outcome.report.recoveries
     );
 }
+
+#[test]
+fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job() {
+    use superstep::protocol::{Report, ToMaster, ToWorker};
+    let policy = FailurePolicy::RestartWorker { max_restarts: 1 };
+    let (master, addr) = tcp_master::<u64, u64>(2, "stray", |_| {});
+    let m = spawn(summing(3).failure_policy(policy), master);
+    let fingerprint = summing(3)
+        .failure_policy(policy)
+        .workers(2)
+        .build()
+        .unwrap()
+        .fingerprint();
+    // Rank 1 is connected (its link here, answering as a worker would).
+    let (_t, link, told) = common::tcp_link(1, 2, &addr, "stray", fingerprint);
+    // A stray process claims rank 1 with another configuration: it is turned away for
+    // the rank, and nothing of it reaches the job.
+    let stray = spawn(
+        summing(4).failure_policy(policy),
+        worker(1, 2, &addr, "stray"),
+    );
+    let (outcome, took) = stray.join().unwrap();
+    let err = outcome.map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("rank 1 is already connected"), "{err}");
+    assert!(took < PROMPTLY, "took {took:?}");
+    link.send(ToMaster::Registered { attempt: 0 }).unwrap();
+    loop {
+        match told.recv_timeout(PROMPTLY).expect("the master's next word") {
+            ToWorker::Iterate { iteration, .. } => link
+                .send(ToMaster::Result(Report {
+                    attempt: 0,
+                    iteration,
+                    result: 2,
+                    halt_vote: false,
+                    elapsed: Duration::ZERO,
+                }))
+                .unwrap(),
+            ToWorker::Finish { .. } => break,
+            other => panic!("rank 1 was told {other:?}"),
+        }
+    }
+    link.send(ToMaster::Done {
+        attempt: 0,
+        rows: Default::default(),
+    })
+    .unwrap();
+    let outcome = m.join().unwrap().0.unwrap();
+    assert_eq!(*outcome.result, 3 * (1 + 2));
+    assert!(
+        outcome.report.recoveries.is_empty(),
+        "{:?}",
+        outcome.report.recoveries
+    );
+}
+
+#[test]
+fn a_master_of_another_wire_protocol_version_is_final_for_the_worker() {
+    // A master that answers every hello in protocol version 99.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming().take(5) {
+            let Ok(mut stream) = stream else { return };
+            let _ = stream.read(&mut [0u8; 256]);
+            let _ = stream.write_all(&[0, 0, 0, 3, 0, 99, 0xc0]);
+            thread::sleep(Duration::from_secs(10));
+        }
+    });
+    let ours = superstep::transport::tcp::wire::PROTOCOL_VERSION.to_string();
+    let one = spawn(summing(3), worker(1, 2, &addr, "versions"));
+    assert_mismatch(
+        "rank 1",
+        one.join().unwrap(),
+        1,
+        "wire version",
+        "99",
+        &ours,
+    );
+}

@@ -320,14 +320,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
                     .recv()
                     .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             };
-            match answer {
+            let answer = match answer {
                 Ok((answered, result)) if answered == epoch => return result,
-                // The job failed: the actor woke this call to say so.
-                Ok(_) | Err(_) if sync.ended.get().is_some() => {
-                    return Err(ended(sync.ended.get().expect("checked just above")))
-                }
-                Ok(_) => continue, // an answer to an earlier call that failed; not ours
-                Err(_) => return Err(SyncError::NoAnswer(sync.patience)),
+                other => other,
+            };
+            // Not this call's answer: the job failed (the actor woke this call to say so),
+            // the wait ran out, or it answers an earlier call that failed.
+            match (sync.ended.get(), answer) {
+                (Some(e), _) => return Err(ended(e)),
+                (None, Ok(_)) => continue,
+                (None, Err(_)) => return Err(SyncError::NoAnswer(sync.patience)),
             }
         }
     }

@@ -222,8 +222,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                 later.push(rank);
             } else {
                 tracing::debug!(rank, "not connected at the end of the job: not waited for");
-                let output = self.gate.lose(now, rank);
-                self.forward(output);
+                self.not_waited_for(now, rank);
             }
         }
         if !later.is_empty() {
@@ -232,12 +231,17 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                 for rank in later {
                     if !act.gate.is_done(rank) && !act.link.is_connected(rank) {
                         tracing::debug!(rank, "did not reconnect after the job ended");
-                        let output = act.gate.lose(now, rank);
-                        act.forward(output);
+                        act.not_waited_for(now, rank);
                     }
                 }
             });
         }
+    }
+
+    /// The rank will not say it is done: the end of the job does not wait for it.
+    fn not_waited_for(&mut self, now: Instant, rank: crate::protocol::Rank) {
+        let output = self.gate.lose(now, rank);
+        self.forward(output);
     }
 
     fn attempt(&self) -> Attempt {
@@ -304,8 +308,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
             match rank {
                 Some(rank) if self.recovery.policy() != FailurePolicy::Fail => {
                     tracing::warn!(rank, %error, "a worker failed while the job ended");
-                    let output = self.gate.lose(now, rank);
-                    self.forward(output);
+                    self.not_waited_for(now, rank);
                 }
                 _ => self.fail_job(error),
             }
@@ -400,8 +403,7 @@ impl<M: Payload, W: Payload> BarrierActor<M, W> {
                     rank,
                     "the job ended before a new process of the rank joined"
                 );
-                let output = self.gate.lose(now, rank);
-                self.forward(output);
+                self.not_waited_for(now, rank);
             }
         }
     }

@@ -345,6 +345,20 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
     }
 
+    /// A worker that stopped waiting for the master's verdict ends with its own failure
+    /// (no verdict came, or the job finished without needing one). Returns whether it was
+    /// waiting.
+    fn end_unheard(&mut self, ctx: &mut Context<Self>) -> bool {
+        match self.awaiting_verdict.take() {
+            Some(own) => {
+                self.report(own);
+                ctx.stop();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Reports this worker's ending, once: when it stopped, or when its code outlived the
     /// shutdown timeout (a process without the master must not wait for it forever).
     fn report(&mut self, ending: OwnedEnding<M>) {
@@ -363,9 +377,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         self.stop_deadline_armed = true;
         ctx.run_later(self.shutdown_timeout, |act, ctx| {
             // Stopped, it waited for the master's word: its own failure, then.
-            if let Some(own) = act.awaiting_verdict.take() {
-                act.report(own);
-                ctx.stop();
+            if act.end_unheard(ctx) {
                 return;
             }
             if !act.reported {
@@ -505,10 +517,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                     {
                         self.awaiting_verdict = Some(failed);
                         ctx.run_later(VERDICT_GRACE, |act, ctx| {
-                            if let Some(own) = act.awaiting_verdict.take() {
-                                act.report(own);
-                                ctx.stop();
-                            }
+                            act.end_unheard(ctx);
                         });
                         return;
                     }
@@ -601,11 +610,11 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
             }
             // The job completed without this worker's failure mattering (the policy went
             // on without it): its own failure is its ending.
-            ToWorker::Finish { attempt, .. } if *attempt == self.attempt => {
-                if let Some(own) = self.awaiting_verdict.take() {
-                    self.report(own);
-                    return ctx.stop();
-                }
+            ToWorker::Finish { attempt, .. }
+                if *attempt == self.attempt && self.awaiting_verdict.is_some() =>
+            {
+                self.end_unheard(ctx);
+                return;
             }
             _ => {}
         }

@@ -119,14 +119,16 @@ impl Refusals {
         reason: &str,
     ) {
         if let Some(rank) = rank.filter(|&r| r < self.workers) {
-            let noted = self.by_rank.entry(rank).or_insert_with(|| Noted {
-                peer: String::new(),
-                reason: String::new(),
-                times: 0,
-            });
-            noted.peer = peer.to_string();
-            noted.reason = reason.to_string();
-            noted.times += 1;
+            let times = self.by_rank.get(&rank).map_or(0, |n| n.times) + 1;
+            let (peer, reason) = (peer.to_string(), reason.to_string());
+            self.by_rank.insert(
+                rank,
+                Noted {
+                    peer,
+                    reason,
+                    times,
+                },
+            );
         }
         match self.counted.get_mut(kind) {
             Some((count, example)) => {

@@ -376,11 +376,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
     async fn watch(self, bound: Instant) {
         let s = Arc::clone(&self.settings);
         let deadline = bound.checked_add(s.connect_timeout);
-        let mut ticks =
-            tokio::time::interval(log_every(s.connect_timeout).min(Duration::from_secs(1)));
+        let every = log_every(s.connect_timeout);
+        let mut ticks = tokio::time::interval(every.min(Duration::from_secs(1)));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut stop = self.stop.clone();
-        let every = log_every(s.connect_timeout);
         let mut next_log = bound + every;
         let mut failed = false;
         loop {
@@ -623,7 +622,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 format!("more than {rank}"),
             )),
             None => None,
-            Some(_) if rank < s.world_size && lock(&self.peers).conns[rank].is_some() => {
+            Some(_) if lock(&self.peers).holds(rank) => {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
             some => some,
@@ -642,7 +641,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
         let (tx, rx) = mpsc::unbounded_channel();
         let claim = {
             let mut peers = lock(&self.peers);
-            if peers.conns[rank].is_some() {
+            if peers.holds(rank) {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
             peers.conns[rank] = Some(tx.clone());

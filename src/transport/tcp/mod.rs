@@ -524,6 +524,11 @@ struct Peers {
 }
 
 impl Peers {
+    /// Whether a connection of `rank` stands.
+    fn holds(&self, rank: Rank) -> bool {
+        self.conns.get(rank).is_some_and(Option::is_some)
+    }
+
     /// The ranks that never connected, in rank order.
     fn never_connected(&self) -> Vec<Rank> {
         (0..self.ever.len()).filter(|&r| !self.ever[r]).collect()
@@ -584,18 +589,14 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
     }
 
     fn is_connected(&self, rank: Rank) -> bool {
-        lock(&self.peers)
-            .conns
-            .get(rank)
-            .is_some_and(Option::is_some)
+        lock(&self.peers).holds(rank)
     }
 
     fn may_reach(&self, rank: Rank) -> bool {
         let peers = lock(&self.peers);
-        let connected = peers.conns.get(rank).is_some_and(Option::is_some);
         // Started again, this node has workers of its predecessor reconnecting to it: one
         // that has not yet may still, and must hear how the job ended.
-        connected || (self.restarted && !peers.ever.get(rank).copied().unwrap_or(true))
+        peers.holds(rank) || (self.restarted && !peers.ever.get(rank).copied().unwrap_or(true))
     }
 
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {

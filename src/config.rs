@@ -10,7 +10,7 @@ use crate::protocol::{FailurePolicy, Iteration};
 
 /// Where user compute runs.
 ///
-/// An actix arbiter is one thread and one event loop: the master, the barrier and every
+/// An actix arbiter is one thread and one event loop: the master's node and every
 /// in-process worker share one, so coordination never crosses a thread. User code that
 /// computes for long on that thread would stall all of them; code that is short is cheaper
 /// to run there than to hand to another thread (a wake-up of another thread costs tens of

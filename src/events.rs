@@ -82,6 +82,11 @@ impl Events {
         self.subscribers.push(callback);
     }
 
+    /// Whether anyone listens.
+    pub(crate) fn is_listened_to(&self) -> bool {
+        !self.subscribers.is_empty()
+    }
+
     /// Emits the event made by `make`, which is not called when nobody listens.
     pub(crate) fn emit(&self, make: impl FnOnce() -> JobEvent) {
         if self.subscribers.is_empty() {

@@ -14,8 +14,12 @@
 //!   rank, mismatched calls, timeouts from the first arrival, ranks that never call.
 //! - [`WorkerState`]: a worker's view — which master messages to act on.
 //! - [`Recovery`]: what a job does when a worker fails, under its [`FailurePolicy`].
+//! - `MasterNode`: the master's node as one state machine, composing the parts above — the
+//!   one place that decides what a round, a failure, a recovery and the end of a job mean.
+//!   The runtime's node actor and the simulator both drive it.
 
 mod gate;
+mod master;
 mod recovery;
 mod round;
 mod schedule;
@@ -32,6 +36,10 @@ use crate::coordinator::RowCounts;
 use crate::error::JobError;
 
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
+pub(crate) use master::{
+    Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
+    Reach, Resumed,
+};
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};

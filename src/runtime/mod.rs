@@ -1,9 +1,10 @@
 //! The actors that run a job: thin drivers around the [`protocol`](crate::protocol) state
 //! machines.
 //!
-//! - `MasterActor` runs the master's code and the iteration loop ([`Schedule`](crate::protocol::Schedule)).
-//! - `BarrierActor` is the master's node's hub: every worker message goes through its
-//!   [`Gate`](crate::protocol::Gate), every message to workers leaves from it.
+//! - `NodeActor` drives the master's node (`protocol::MasterNode`): every worker message
+//!   goes into the node, and the actor carries out what the node asks — sends, broadcasts,
+//!   the master's code (`MasterTask`), replacements of this process's workers, events, the
+//!   coordinator's hooks.
 //! - `WorkerActor` runs one worker's code ([`WorkerState`](crate::protocol::WorkerState)).
 //!
 //! All actors of a job share one actix arbiter — one thread, one event loop — on a thread
@@ -14,10 +15,10 @@
 //! since nothing on the job's thread can while it runs. The job's thread, its actors, its
 //! pool and its workers' threads end with the job.
 
-mod barrier;
 mod coordination;
 mod local;
 mod master;
+mod node;
 mod pool;
 mod watch;
 mod worker;
@@ -34,18 +35,20 @@ use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
 use crate::events::Events;
-use crate::interceptor::{Ending, MasterInterceptor, WorkerInterceptor};
+use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::job::Cancel;
+pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{
-    Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, Rank, Recovery, SyncState,
+    Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, MasterNode, NodeSettings, Rank,
+    Recovery, SyncState,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::{Fingerprint, LinkSpec, Transport};
 
-use barrier::{Arrived, BarrierActor, BarrierPeers};
 use coordination::Coordination;
 use local::{LocalParts, LocalWorkers};
-use master::{MasterActor, MasterTask};
+use master::MasterTask;
+use node::{Arrived, NodeActor, NodeParts};
 use pool::{guarded, ComputePool, PoolExits};
 use watch::Watch;
 
@@ -56,47 +59,6 @@ pub(crate) type MasterHooks<M, W> = Vec<Box<dyn MasterInterceptor<M, W>>>;
 pub(crate) type WorkerFactory<M, W> = Arc<dyn Fn(Rank) -> DynWorker<M, W> + Send + Sync>;
 pub(crate) type WorkerHookFactory<M, W> =
     Arc<dyn Fn(Rank) -> Box<dyn WorkerInterceptor<M, W>> + Send + Sync>;
-
-/// How the job ended, owned, as it travels between actors.
-pub(crate) enum OwnedEnding<M> {
-    Completed {
-        iterations: Iteration,
-        halted: bool,
-        last: Arc<M>,
-    },
-    Failed(JobError),
-}
-
-impl<M> OwnedEnding<M> {
-    pub(crate) fn as_ending(&self) -> Ending<'_> {
-        match self {
-            OwnedEnding::Completed {
-                iterations, halted, ..
-            } => Ending::Completed {
-                iterations: *iterations,
-                halted: *halted,
-            },
-            OwnedEnding::Failed(e) => Ending::Failed(e),
-        }
-    }
-}
-
-impl<M> Clone for OwnedEnding<M> {
-    fn clone(&self) -> Self {
-        match self {
-            OwnedEnding::Completed {
-                iterations,
-                halted,
-                last,
-            } => OwnedEnding::Completed {
-                iterations: *iterations,
-                halted: *halted,
-                last: Arc::clone(last),
-            },
-            OwnedEnding::Failed(e) => OwnedEnding::Failed(e.clone()),
-        }
-    }
-}
 
 /// Everything a job is made of, ready to run.
 pub(crate) struct Plan<M, W> {
@@ -368,10 +330,8 @@ async fn launch<M: Payload, W: Payload>(
             &format!("must not be RestartAll with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail"),
         )));
     }
-    // Contexts first: the barrier and the master each need the other's address, and the
-    // workers the barrier's, before any of them runs.
-    let master_ctx = Context::<MasterActor<M, W>>::new();
-    let barrier_ctx = Context::<BarrierActor<M, W>>::new();
+    // The context first: the transport's inbox needs the node's address before it runs.
+    let node_ctx = Context::<NodeActor<M, W>>::new();
     let mut bound = None;
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).
@@ -393,7 +353,7 @@ async fn launch<M: Payload, W: Payload>(
                 "the master's process was started again; the job goes on as a new attempt"
             );
         }
-        let inbox = barrier_ctx.address();
+        let inbox = node_ctx.address();
         let link = transport.bind_master(
             attempt,
             Box::new(move |env| {
@@ -431,8 +391,6 @@ async fn launch<M: Payload, W: Payload>(
         }
     }
     let _transport = if let Some((link, checkpoint, resumed, coordination)) = bound {
-        let master_addr = master_ctx.address();
-        let barrier_addr = barrier_ctx.address();
         let mut gate = Gate::new(
             GateConfig::new(
                 config.workers,
@@ -454,27 +412,7 @@ async fn launch<M: Payload, W: Payload>(
                 })
             }));
         }
-        barrier_ctx.run(BarrierActor::new(
-            gate,
-            SyncState::new(config.workers, config.sync_timeout),
-            link,
-            BarrierPeers {
-                master: master_addr.clone().recipient(),
-                recovering: master_addr.clone().recipient(),
-                reports: master_addr.recipient(),
-                local,
-                cancel,
-            },
-            Recovery::new(
-                config.failure_policy,
-                config.workers,
-                config.quorum(),
-                attempt,
-            ),
-            events.clone(),
-            tick(&config),
-        ));
-        let master_task = MasterTask::new(
+        let task = MasterTask::new(
             master,
             master_hooks,
             MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
@@ -486,18 +424,38 @@ async fn launch<M: Payload, W: Payload>(
             config.failure_policy,
             FailurePolicy::RestartAll { .. }
         ));
-        master_ctx.run(
-            MasterActor::new(
-                Arc::clone(&config),
-                master_task,
-                barrier_addr,
-                Arc::clone(&pool),
-                events,
-                outcome_tx,
-                Arc::clone(&watch),
-            )
-            .coordinated_by(coordination),
+        let node = MasterNode::new(
+            NodeSettings {
+                config: Arc::clone(&config),
+                local: (0..config.workers).map(|r| local.is_local(r)).collect(),
+                coordinated: coordination.is_some(),
+                listening: events.is_listened_to(),
+            },
+            gate,
+            SyncState::new(config.workers, config.sync_timeout),
+            Recovery::new(
+                config.failure_policy,
+                config.workers,
+                config.quorum(),
+                attempt,
+            ),
+            task.resumed(),
+            Instant::now(),
         );
+        node_ctx.run(NodeActor::new(NodeParts {
+            config: Arc::clone(&config),
+            node,
+            link,
+            local,
+            task,
+            pool: Arc::clone(&pool),
+            watch: Arc::clone(&watch),
+            events,
+            coordination,
+            cancel,
+            outcome: outcome_tx,
+            tick: tick(&config),
+        }));
         None
     } else {
         // Nothing restarts workers in a process without the master: a failed one's

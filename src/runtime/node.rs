@@ -1,0 +1,287 @@
+//! The node actor: the driver of the master's node. It holds the handles — the link to the
+//! workers, the workers of this process, the master's code, the pool, the coordinator —
+//! feeds the [`MasterNode`] what happens, and carries out the actions it queues. Every
+//! decision about rounds, failures and the end of the job is the node's.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
+use tokio::sync::oneshot;
+
+use super::coordination::Coordination;
+use super::local::LocalWorkers;
+use super::master::MasterTask;
+use super::pool::{ComputePool, Placer};
+use super::watch::{Watch, Who};
+use crate::compute::Payload;
+use crate::config::JobConfig;
+use crate::error::{Cause, JobError};
+use crate::events::Events;
+use crate::job::Cancel;
+use crate::protocol::{
+    Action, Envelope, MasterDone, MasterNode, MasterWork, Rank, Reach, ToMaster, ToWorker,
+};
+use crate::report::JobOutcome;
+use crate::transport::{MasterLink, TransportError};
+
+/// A worker's message, stamped with when the transport handed it over: its deadline is
+/// judged by that instant, not by when the node got to it (inline compute may have held
+/// the thread meanwhile).
+pub(crate) struct Arrived<W> {
+    pub(crate) env: Envelope<ToMaster<W>>,
+    pub(crate) at: Instant,
+}
+
+impl<W: 'static> Message for Arrived<W> {
+    type Result = ();
+}
+
+/// The master's code is back from the pool with what it did.
+struct WorkDone<M, W> {
+    task: Box<MasterTask<M, W>>,
+    done: MasterDone<M>,
+}
+
+impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
+    type Result = ();
+}
+
+/// The transport's view of which ranks the node reaches.
+struct LinkReach<'a, M>(&'a dyn MasterLink<M>);
+
+impl<M: 'static> Reach for LinkReach<'_, M> {
+    fn is_connected(&self, rank: Rank) -> bool {
+        self.0.is_connected(rank)
+    }
+    fn may_reach(&self, rank: Rank) -> bool {
+        self.0.may_reach(rank)
+    }
+    fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
+        self.0.refusals(ranks)
+    }
+}
+
+/// What the node actor is made of.
+pub(crate) struct NodeParts<M: Payload, W: Payload> {
+    pub(crate) config: Arc<JobConfig>,
+    pub(crate) node: MasterNode<M, W>,
+    pub(crate) link: Box<dyn MasterLink<M>>,
+    pub(crate) local: LocalWorkers<M, W>,
+    pub(crate) task: MasterTask<M, W>,
+    pub(crate) pool: Arc<ComputePool>,
+    pub(crate) watch: Arc<Watch>,
+    pub(crate) events: Events,
+    pub(crate) coordination: Option<Coordination>,
+    pub(crate) cancel: Option<Cancel>,
+    pub(crate) outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
+    pub(crate) tick: Duration,
+}
+
+/// Drives the master's node.
+pub(crate) struct NodeActor<M: Payload, W: Payload> {
+    node: MasterNode<M, W>,
+    link: Box<dyn MasterLink<M>>,
+    /// The workers of this process, which the node starts again when the failure policy
+    /// replaces them.
+    local: LocalWorkers<M, W>,
+    /// The master's code, when it is here (not away on the pool).
+    task: Option<Box<MasterTask<M, W>>>,
+    pool: Arc<ComputePool>,
+    placer: Placer,
+    watch: Arc<Watch>,
+    events: Events,
+    coordination: Option<Coordination>,
+    cancel: Option<Cancel>,
+    outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
+    tick: Duration,
+}
+
+impl<M: Payload, W: Payload> NodeActor<M, W> {
+    pub(crate) fn new(parts: NodeParts<M, W>) -> Self {
+        NodeActor {
+            placer: Placer::new(parts.config.placement, parts.config.inline_threshold),
+            node: parts.node,
+            link: parts.link,
+            local: parts.local,
+            task: Some(Box::new(parts.task)),
+            pool: parts.pool,
+            watch: parts.watch,
+            events: parts.events,
+            coordination: parts.coordination,
+            cancel: parts.cancel,
+            outcome: Some(parts.outcome),
+            tick: parts.tick,
+        }
+    }
+
+    /// Carries out every action the node queued, in order, feeding back what they did.
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        while let Some(action) = self.node.poll_action() {
+            self.carry_out(ctx, action);
+        }
+    }
+
+    fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) {
+        match action {
+            Action::Send { to, msg } => self.send(to, msg),
+            Action::Broadcast(msg) => self.broadcast(msg),
+            Action::RunMaster(work) => self.run_master(ctx, work),
+            Action::ReplaceWorker {
+                rank,
+                attempt,
+                cause,
+            } => {
+                if let Err(failed) = self.local.replace(rank, attempt, &cause) {
+                    self.failed(failed);
+                }
+            }
+            Action::ReplaceAll { attempt, cause } => {
+                if let Err(failed) = self.local.replace_all(attempt, &cause) {
+                    self.failed(failed);
+                }
+            }
+            Action::Event(event) => self.events.emit(|| event),
+            Action::Commit(reports) => {
+                let result = match self.coordination.as_mut() {
+                    Some(c) => c.finish(&reports),
+                    None => Ok(()),
+                };
+                self.node.handle_committed(Instant::now(), result);
+            }
+            Action::CleanUp(error) => {
+                if let Some(c) = self.coordination.as_mut() {
+                    c.fail(&error);
+                }
+            }
+            Action::Finished(result) => {
+                // The receiver is gone only if the caller stopped waiting; nothing to tell
+                // then.
+                if let Some(outcome) = self.outcome.take() {
+                    let _ = outcome.send(result);
+                }
+                ctx.stop();
+            }
+        }
+    }
+
+    /// Something done for the node failed: the node decides what follows.
+    fn failed(&mut self, error: JobError) {
+        let reach = LinkReach(&*self.link);
+        self.node.handle_failure(Instant::now(), error, &reach);
+    }
+
+    fn send(&mut self, rank: Rank, msg: ToWorker<M>) {
+        let link = &self.link;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
+            Ok(Ok(())) => {}
+            // What the worker would not read over a network fails the job, as there.
+            Ok(Err(e @ TransportError::Undecodable { .. })) => self.failed(e.into()),
+            Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not reach a worker"),
+            Err(payload) => {
+                tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked sending to a worker")
+            }
+        }
+    }
+
+    fn broadcast(&mut self, msg: ToWorker<M>) {
+        let link = &self.link;
+        let error =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg))) {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => e.into(),
+                Err(payload) => JobError::Transport {
+                    message: format!(
+                        "the transport panicked in a broadcast: {}",
+                        Cause::from_panic(payload)
+                    ),
+                },
+            };
+        self.failed(error);
+    }
+
+    /// Runs the master's code: inline on this thread, or on the pool, as placement says.
+    /// Its start-up, restart and `post_application` run inline: at those points the
+    /// coordination thread has nothing else to do, and they never queue behind workers'
+    /// compute on the pool.
+    fn run_master(&mut self, ctx: &mut Context<Self>, work: MasterWork<M, W>) {
+        let Some(mut task) = self.task.take() else {
+            // Unreachable by the node's contract; fail loudly rather than drop the work.
+            self.failed(JobError::Runtime {
+                message: "work handed to the master while it was busy".into(),
+            });
+            return;
+        };
+        let inline = match &work {
+            MasterWork::Iterate(_) => self.placer.inline_iteration(),
+            _ => true,
+        };
+        if inline {
+            self.watch.enter(Who::Master, work.during());
+            let done = task.run(work);
+            self.watch.exit();
+            self.task = Some(task);
+            self.master_done(done);
+        } else {
+            let addr = ctx.address();
+            self.pool.spawn(move || {
+                let done = task.run(work);
+                addr.do_send(WorkDone { task, done });
+            });
+        }
+    }
+
+    fn master_done(&mut self, done: MasterDone<M>) {
+        if let MasterDone::Iterated {
+            elapsed,
+            result: Ok(_),
+            ..
+        } = &done
+        {
+            self.placer.observe(*elapsed);
+        }
+        let reach = LinkReach(&*self.link);
+        self.node.handle_master_done(Instant::now(), done, &reach);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let reach = LinkReach(&*self.link);
+        if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+            self.node.cancel(now, &reach);
+        }
+        self.node.handle_timeout(now, &reach);
+        self.drive(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Actor for NodeActor<M, W> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Timeouts are checked on a coarse tick rather than one timer per wait: arming and
+        // cancelling a timer each round would cost more than the round itself.
+        ctx.run_interval(self.tick, |act, ctx| act.on_tick(ctx));
+        self.drive(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Arrived<W>> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Arrived<W>, ctx: &mut Context<Self>) {
+        let reach = LinkReach(&*self.link);
+        self.node.handle_message(msg.at, msg.env, &reach);
+        self.drive(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: WorkDone<M, W>, ctx: &mut Context<Self>) {
+        self.task = Some(msg.task);
+        self.master_done(msg.done);
+        self.drive(ctx);
+    }
+}

@@ -139,6 +139,52 @@ pub struct WorkerContext<M, W> {
     /// What this worker read, wrote and rejected, reported when it stops.
     pub(crate) rows: RowCounts,
     pub(crate) malformed_rows: MalformedRows,
+    /// The job's end, as this process hears of it.
+    pub(crate) end: JobEnd,
+}
+
+/// The job's failure as the code of one process hears of it: set once, when the job
+/// fails (or is cancelled) — by the master's node as it tells every worker, by a worker
+/// of this process whose own failure ends the job, or by a worker that heard the master's
+/// abort. From then on no compute starts, and a long one can stop early
+/// ([`WorkerContext::check_cancelled`]). Cheap to read: one atomic load.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobEnd(Arc<JobEndInner>);
+
+#[derive(Debug, Default)]
+struct JobEndInner {
+    ended: std::sync::atomic::AtomicBool,
+    first: OnceLock<(JobError, Instant)>,
+}
+
+impl JobEnd {
+    /// The job fails with `error` (the first call's error is kept, with when it came).
+    pub(crate) fn end(&self, error: &JobError) {
+        let _ = self.0.first.set((error.clone(), Instant::now()));
+        self.0
+            .ended
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the job failed.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.0.ended.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The first failure this process heard of, and when.
+    pub(crate) fn first(&self) -> Option<&(JobError, Instant)> {
+        self.0.first.get()
+    }
+}
+
+/// What [`WorkerContext::check_cancelled`] returns once the job is ending: a compute that
+/// returns it with `?` stops early, and the job ends with its first failure (this is never
+/// the job's error).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the job is ending ({reason}): this compute stopped early")]
+pub struct Cancelled {
+    /// The job's first failure, as this process heard of it.
+    pub reason: String,
 }
 
 /// A worker's way to make sync calls from its compute thread: send on the shared link,
@@ -173,6 +219,46 @@ impl<M, W> WorkerContext<M, W> {
             shard: None,
             rows: RowCounts::default(),
             malformed_rows: MalformedRows::Fail,
+            end: JobEnd::default(),
+        }
+    }
+
+    /// Whether the job is ending — it failed somewhere, or was cancelled — so that a long
+    /// compute can stop early: its result would not be used. One atomic load; call it as
+    /// often as you like. See [`check_cancelled`](Self::check_cancelled).
+    pub fn is_cancelled(&self) -> bool {
+        self.end.is_ended()
+    }
+
+    /// `Err(Cancelled)` once the job is ending, for `?` in a long compute:
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// # struct Slow;
+    /// # impl WorkerComputable for Slow {
+    /// #     type MasterResult = u64;
+    /// #     type WorkerResult = u64;
+    /// fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+    ///     let mut sum = 0;
+    ///     for chunk in 0..1_000u64 {
+    ///         ctx.check_cancelled()?; // another worker failed: stop here
+    ///         sum += chunk;
+    ///     }
+    ///     Ok(sum)
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// The job still ends with its first failure, not with this.
+    pub fn check_cancelled(&self) -> Result<(), Cancelled> {
+        match self.end.first() {
+            Some((error, _)) => Err(Cancelled {
+                reason: error.to_string(),
+            }),
+            None if self.end.is_ended() => Err(Cancelled {
+                reason: "it failed".into(),
+            }),
+            None => Ok(()),
         }
     }
 

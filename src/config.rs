@@ -61,6 +61,13 @@ pub struct JobConfig {
     pub iteration_timeout: Duration,
     /// How long the end of the job may take (`Duration::MAX` means no limit): every worker's `post_application`. Default 1 min.
     pub shutdown_timeout: Duration,
+    /// Once the job failed, how long its end waits for workers still running user code
+    /// (their compute, their `post_application`) before the job returns its first failure
+    /// and leaves that code to end on its own thread, naming the ranks. Default 250 ms.
+    /// A compute can stop earlier: see
+    /// [`WorkerContext::check_cancelled`](crate::WorkerContext::check_cancelled).
+    #[serde(default = "default_failure_grace")]
+    pub failure_grace: Duration,
     /// Where user compute runs. Default [`Placement::Auto`].
     pub placement: Placement,
     /// With [`Placement::Auto`], an iteration that took less than this runs inline the next
@@ -108,6 +115,10 @@ pub struct JobConfig {
     pub malformed_rows: MalformedRows,
 }
 
+fn default_failure_grace() -> Duration {
+    Duration::from_millis(250)
+}
+
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
@@ -118,6 +129,7 @@ impl Default for JobConfig {
             startup_timeout: Duration::from_secs(1800),
             iteration_timeout: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(60),
+            failure_grace: default_failure_grace(),
             placement: Placement::Auto,
             inline_threshold: Duration::from_micros(50),
             compute_threads: None,

@@ -168,7 +168,7 @@ pub mod sim;
 pub mod transport;
 
 pub use compute::{
-    MasterComputable, MasterContext, Payload, Step, WorkerComputable, WorkerContext,
+    Cancelled, MasterComputable, MasterContext, Payload, Step, WorkerComputable, WorkerContext,
 };
 pub use config::{JobConfig, Placement};
 pub use error::{BoxError, Cause, CauseKind, ConfigError, Hook, JobError, Phase, Waiting};

@@ -196,9 +196,14 @@ fn a_timeout_from_the_first_arrival_names_the_ranks_that_did_not_arrive_and_the_
     let JobError::Sync(expected) = err else {
         unreachable!()
     };
-    let recorded = calls.all();
     // Ranks 0, 2 and 3 waited and were released; rank 1 called after the failure and got
-    // the same error at once.
+    // the same error at once — after `run` returned (its compute still slept, and was left
+    // to end on its own thread after the failure grace).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while calls.all().len() < 4 && std::time::Instant::now() < deadline {
+        sleep(Duration::from_millis(10));
+    }
+    let recorded = calls.all();
     assert_eq!(recorded.len(), 4);
     for (rank, result) in recorded {
         assert_eq!(result, Err(expected.clone()), "rank {rank}");

@@ -260,3 +260,82 @@ fn every_fault_at_once_still_ends_with_the_fault_free_result() {
         });
     sim.check(0..1000, ends_with(expected));
 }
+
+/// Regression: the simulator once composed the master's node itself, and stalled where the
+/// runtime does not — under `RestartWorker`, with messages delayed past the heartbeat
+/// timeout (a replaced worker's registration overtaken by its old self's messages).
+#[test]
+fn replacing_workers_over_a_network_slower_than_the_heartbeat_timeout_never_stalls() {
+    let expected = fault_free(3, 8);
+    let sim = job(3, 8)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
+        .faults(Faults {
+            worker_crash: 0.1,
+            delay: 0.5,
+            max_delay: Duration::from_millis(100),
+            ..Faults::default()
+        });
+    sim.check(0..2000, ends_with(expected));
+}
+
+/// A master written for `combine()`: it reads only the fold of every result.
+struct Folded;
+
+impl MasterComputable for Folded {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        let fold = ctx
+            .combined_result()
+            .ok_or("no combined result: the job does not combine")?;
+        Ok(Step::Continue(mix(*fold, ctx.iteration())))
+    }
+}
+
+fn fold(acc: &mut u64, next: u64) {
+    *acc = mix(*acc, next);
+}
+
+/// Regression: the simulator once gathered every result itself and never combined, so a
+/// master written for `combine()` failed in it while it ran in the runtime.
+#[test]
+fn a_master_written_for_combine_runs_in_the_simulator_as_in_the_runtime() {
+    let real = Job::builder(Folded, |_| Shard { shard: None })
+        .workers(4)
+        .iterations(7)
+        .combine(fold)
+        .run()
+        .unwrap();
+    let sim = Simulation::new(|| Folded, |_| Shard { shard: None })
+        .workers(4)
+        .iterations(7)
+        .combine(fold);
+    let run = sim.run(0);
+    assert_eq!(run.outcome.unwrap().result, real.result);
+    sim.policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+        .faults(Faults {
+            worker_crash: 0.1,
+            ..Faults::network(0.2)
+        })
+        .check(0..300, ends_with(*real.result));
+}
+
+#[test]
+fn try_check_returns_the_failing_seed_with_the_line_that_replays_it() {
+    let failure = job(3, 5)
+        .try_check(0..10, |run| {
+            if run.seed == 4 {
+                Err("seed 4 is unlucky".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+    assert_eq!(failure.seed, 4);
+    assert_eq!(failure.failure, "seed 4 is unlucky");
+    assert!(failure
+        .replay
+        .starts_with("SUPERSTEP_SIM_SEED=4 cargo test"));
+    assert!(failure.to_string().contains(&failure.replay));
+}

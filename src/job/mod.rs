@@ -179,6 +179,14 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Once the job failed, how long its end waits for workers still running user code
+    /// before `run` returns the first failure (see [`JobConfig::failure_grace`]). Default
+    /// 250 ms.
+    pub fn failure_grace(mut self, grace: Duration) -> Self {
+        self.config.failure_grace = grace;
+        self
+    }
+
     /// Where user code runs. Default [`Placement::Auto`].
     pub fn placement(mut self, placement: Placement) -> Self {
         self.config.placement = placement;

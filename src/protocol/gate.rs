@@ -194,6 +194,8 @@ pub struct Gate<W> {
     /// Ranks the job goes on without for good (`FailurePolicy::ContinueWithout`).
     lost: Vec<bool>,
     other_drops: Drops,
+    /// How long the drain under way waits, when not the shutdown timeout.
+    drain_timeout: Option<Duration>,
 }
 
 impl<W> Gate<W> {
@@ -213,6 +215,7 @@ impl<W> Gate<W> {
             done_count: 0,
             lost: vec![false; n],
             other_drops: Drops::default(),
+            drain_timeout: None,
             config,
         }
     }
@@ -307,15 +310,15 @@ impl<W> Gate<W> {
                 }
                 // A worker's failure is the rank's it came from, whatever rank it names.
                 let error = error.attributed_to(from);
-                // A lost worker will never report done: do not wait for it at the end.
+                // A lost worker will never report done: do not wait for it at the end. The
+                // failure is still the output (never a `Drained` it completes: that would
+                // hide it); a drain it completed ends at the driver's next move — `lose`
+                // of the rank, say.
                 if matches!(error, JobError::WorkerLost { rank, .. } if rank == from)
                     && !self.done[from]
                 {
                     self.done[from] = true;
                     self.done_count += 1;
-                    if let Some(drained) = self.drained_if_all_done(now) {
-                        return Some(drained);
-                    }
                 }
                 Some(GateOutput::Failed(error))
             }
@@ -427,6 +430,7 @@ impl<W> Gate<W> {
         self.done = vec![false; n];
         self.done_count = 0;
         self.lost = vec![false; n];
+        self.drain_timeout = None;
     }
 
     /// The attempt whose messages the gate accepts.
@@ -564,7 +568,11 @@ impl<W> Gate<W> {
                 self.round.missing(),
                 c.iteration_timeout,
             ),
-            Stage::Draining => (Waiting::Shutdown, missing(&self.done), c.shutdown_timeout),
+            Stage::Draining => (
+                Waiting::Shutdown,
+                missing(&self.done),
+                self.shutdown_timeout(),
+            ),
             Stage::Idle | Stage::Finished => return None,
         };
         (!missing.is_empty()).then_some(Wait {
@@ -579,6 +587,12 @@ impl<W> Gate<W> {
     /// `Done` until the shutdown timeout. Returns [`GateOutput::Drained`] at once if every
     /// worker is done already.
     pub fn drain(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        self.drain_within(now, self.config.shutdown_timeout)
+    }
+
+    /// Like [`drain`](Gate::drain), waiting at most `timeout` (a failed job's grace, say)
+    /// instead of the shutdown timeout.
+    pub fn drain_within(&mut self, now: Instant, timeout: Duration) -> Option<GateOutput<W>> {
         if matches!(self.stage, Stage::Draining | Stage::Finished) {
             return None;
         }
@@ -588,7 +602,12 @@ impl<W> Gate<W> {
         self.reset_tally();
         self.stage = Stage::Draining;
         self.since = now;
+        self.drain_timeout = Some(timeout);
         self.drained_if_all_done(now)
+    }
+
+    fn shutdown_timeout(&self) -> Duration {
+        self.drain_timeout.unwrap_or(self.config.shutdown_timeout)
     }
 
     fn drained_if_all_done(&mut self, now: Instant) -> Option<GateOutput<W>> {
@@ -613,7 +632,7 @@ impl<W> Gate<W> {
         let timeout = match self.stage {
             Stage::Registering => self.config.startup_timeout,
             Stage::Gathering => self.config.iteration_timeout,
-            Stage::Draining => self.config.shutdown_timeout,
+            Stage::Draining => self.shutdown_timeout(),
             Stage::Idle | Stage::Finished => return None,
         };
         let hard = self.since.checked_add(timeout);
@@ -977,6 +996,31 @@ mod tests {
         assert_eq!(gate.drain(t0), None);
         assert!(matches!(
             gate.on_message(t0, done(0)),
+            Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+        ));
+    }
+
+    #[test]
+    fn a_worker_lost_during_the_drain_is_reported_as_a_failure_not_hidden_by_the_drain_s_end() {
+        let t0 = Instant::now();
+        let mut gate: Gate<u32> = Gate::new(config(2), t0);
+        gate.on_message(t0, done(0));
+        assert_eq!(gate.drain(t0), None);
+        let lost = JobError::WorkerLost {
+            rank: 1,
+            reason: "its connection closed".into(),
+        };
+        let failed = ToMaster::Failed {
+            attempt: 0,
+            error: lost.clone(),
+        };
+        assert_eq!(
+            gate.on_message(t0, env(1, failed)),
+            Some(GateOutput::Failed(lost))
+        );
+        // The driver goes on without the rank: the drain ends.
+        assert!(matches!(
+            gate.lose(t0, 1),
             Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
         ));
     }

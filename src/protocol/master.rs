@@ -359,7 +359,6 @@ impl<M, W> MasterNode<M, W> {
 
     /// When [`handle_timeout`](Self::handle_timeout) should be called next, if any wait
     /// is under way.
-    #[allow(dead_code)] // The runtime ticks instead; a driver with a clock of its own reads it.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let master = match self.master {
             MasterAt::Away {
@@ -382,6 +381,24 @@ impl<M, W> MasterNode<M, W> {
     /// The attempt under way.
     pub(crate) fn attempt(&self) -> Attempt {
         self.gate.attempt()
+    }
+
+    /// Every arrival the gate dropped so far (stale, duplicate, of an unknown rank).
+    pub(crate) fn drops(&self) -> super::Drops {
+        self.gate.drops()
+    }
+
+    /// The ranks the job goes on without for good.
+    pub(crate) fn lost(&self) -> Vec<Rank> {
+        self.gate.lost()
+    }
+
+    /// The iteration being gathered, if one is.
+    pub(crate) fn gathering(&self) -> Option<Iteration> {
+        match self.stage {
+            Stage::Gathering(i) => Some(i),
+            _ => None,
+        }
     }
 
     /// Whether the job ends (finished or failed): failures no longer recover.
@@ -833,7 +850,10 @@ impl<M, W> MasterNode<M, W> {
                     attempt: self.attempt(),
                     error,
                 }));
-                let output = self.gate.drain(now);
+                // A failed job waits only its grace for workers still running user code.
+                let c = &self.settings.config;
+                let grace = c.failure_grace.min(c.shutdown_timeout);
+                let output = self.gate.drain_within(now, grace);
                 self.on_gate(now, output, reach);
                 self.forget_unconnected(now, reach);
             }
@@ -1113,7 +1133,14 @@ impl<M, W> MasterNode<M, W> {
                     if completed {
                         self.fail(now, error, reach);
                     } else {
-                        tracing::warn!(%error, "workers did not stop in time");
+                        let ranks = match &error {
+                            JobError::WorkersTimedOut { missing, .. } => missing.clone(),
+                            _ => Vec::new(),
+                        };
+                        tracing::warn!(
+                            ?ranks,
+                            "the job failed; worker(s) {ranks:?} still run user code after the failure grace and are left to end on their own threads"
+                        );
                     }
                 }
                 if let Stage::Ending { drained, .. } = &mut self.stage {
@@ -1127,14 +1154,19 @@ impl<M, W> MasterNode<M, W> {
     /// A failure: the job's end, or one the failure policy recovers from.
     fn on_failure(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
         if self.ending() {
-            // A worker the job can do without (a straggler of the last round, say) that
-            // fails while the job ends is not waited for; any other failure is the job's.
-            match Recovery::recoverable(&error) {
+            // A worker that fails while the job ends is not waited for. Under a policy
+            // that can do without a worker (a straggler of the last round, say) the job
+            // still ends as it was ending; under `Fail`, and for any failure that is not
+            // a worker's, the job fails.
+            let rank = Recovery::recoverable(&error);
+            match rank {
                 Some(rank) if self.recovery.policy() != FailurePolicy::Fail => {
                     tracing::warn!(rank, %error, "a worker failed while the job ended");
-                    self.not_waited_for(now, rank, reach);
                 }
                 _ => self.fail(now, error, reach),
+            }
+            if let Some(rank) = rank {
+                self.not_waited_for(now, rank, reach);
             }
             return;
         }
@@ -1250,5 +1282,256 @@ impl<M, W> MasterNode<M, W> {
         if let Some(error) = step.failed {
             self.on_gate(now, Some(GateOutput::Failed(JobError::Sync(error))), reach);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{GateConfig, Report};
+
+    /// Every rank connected.
+    struct Connected;
+
+    impl Reach for Connected {
+        fn is_connected(&self, _: Rank) -> bool {
+            true
+        }
+        fn may_reach(&self, _: Rank) -> bool {
+            true
+        }
+        fn refusals(&self, _: &[Rank]) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    type Node = MasterNode<u32, u32>;
+
+    /// A driver that carries out nothing but the master's code, which returns the sum of
+    /// the workers' results and never halts.
+    struct Harness {
+        node: Node,
+        t: Instant,
+        sent: Vec<ToWorker<u32>>,
+        finished: Option<Result<JobOutcome<u32>, JobError>>,
+    }
+
+    impl Harness {
+        fn new(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
+            let config = JobConfig {
+                workers,
+                iterations,
+                failure_policy: policy,
+                ..JobConfig::default()
+            };
+            let t = Instant::now();
+            let gate = Gate::new(
+                GateConfig::new(
+                    workers,
+                    0,
+                    [
+                        config.startup_timeout,
+                        config.iteration_timeout,
+                        config.shutdown_timeout,
+                    ],
+                ),
+                t,
+            );
+            let node = MasterNode::new(
+                NodeSettings {
+                    local: vec![true; workers],
+                    coordinated: false,
+                    listening: false,
+                    config: Arc::new(config),
+                },
+                gate,
+                SyncState::new(workers, Duration::from_secs(60)),
+                Recovery::new(policy, workers, workers, 0),
+                Resumed {
+                    from: None,
+                    last: None,
+                },
+                t,
+            );
+            let mut h = Harness {
+                node,
+                t,
+                sent: Vec::new(),
+                finished: None,
+            };
+            h.drive();
+            h
+        }
+
+        fn drive(&mut self) {
+            while let Some(action) = self.node.poll_action() {
+                match action {
+                    Action::Send { msg, .. } | Action::Broadcast(msg) => self.sent.push(msg),
+                    Action::RunMaster(work) => {
+                        let done = match work {
+                            MasterWork::Start => MasterDone::Started(Ok(())),
+                            MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
+                                from: None,
+                                last: None,
+                            })),
+                            MasterWork::Stop(_) => MasterDone::Stopped(Ok(())),
+                            MasterWork::Iterate(round) => MasterDone::Iterated {
+                                iteration: round.iteration,
+                                tally: round.gathered.tally,
+                                left_out: Vec::new(),
+                                elapsed: Duration::ZERO,
+                                result: Ok(Computed {
+                                    result: Arc::new(round.gathered.results.iter().sum()),
+                                    halt: false,
+                                    checkpointed: false,
+                                }),
+                            },
+                        };
+                        self.node.handle_master_done(self.t, done, &Connected);
+                    }
+                    Action::Finished(outcome) => self.finished = Some(outcome),
+                    _ => {}
+                }
+            }
+        }
+
+        fn from(&mut self, rank: Rank, msg: ToMaster<u32>) {
+            self.node
+                .handle_message(self.t, Envelope { from: rank, msg }, &Connected);
+            self.drive();
+        }
+
+        fn result(&mut self, rank: Rank, iteration: Iteration, result: u32) {
+            let report = Report {
+                attempt: 0,
+                iteration,
+                result,
+                halt_vote: false,
+                elapsed: Duration::ZERO,
+            };
+            self.from(rank, ToMaster::Result(report));
+        }
+
+        fn done(&mut self, rank: Rank) {
+            let rows = RowCounts::default();
+            self.from(rank, ToMaster::Done { attempt: 0, rows });
+        }
+    }
+
+    fn lost(rank: Rank) -> ToMaster<u32> {
+        ToMaster::Failed {
+            attempt: 0,
+            error: JobError::WorkerLost {
+                rank,
+                reason: "its connection closed".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_job_runs_from_registration_through_its_rounds_to_the_drain() {
+        let mut h = Harness::new(2, 2, FailurePolicy::Fail);
+        h.from(0, ToMaster::Registered { attempt: 0 });
+        assert!(
+            h.sent.is_empty(),
+            "no iteration before every rank registered"
+        );
+        h.from(1, ToMaster::Registered { attempt: 0 });
+        assert!(matches!(
+            h.sent[..],
+            [ToWorker::Iterate { iteration: 1, .. }]
+        ));
+        h.result(1, 1, 5);
+        h.result(0, 1, 2);
+        assert!(matches!(
+            h.sent[1],
+            ToWorker::Iterate { iteration: 2, last: Some(ref last), .. } if **last == 7
+        ));
+        h.result(0, 2, 1);
+        h.result(1, 2, 1);
+        assert!(matches!(h.sent[2], ToWorker::Finish { iterations: 2, .. }));
+        assert!(
+            h.finished.is_none(),
+            "the job waits for every worker's Done"
+        );
+        h.done(0);
+        h.done(1);
+        let outcome = h.finished.take().expect("finished").expect("completed");
+        assert_eq!(*outcome.result, 2);
+        assert_eq!(outcome.report.iterations.len(), 2);
+    }
+
+    /// Regression: the gate answered one output per message, so a worker lost during the
+    /// drain — the last rank it waited for — ended the drain and its failure was dropped:
+    /// the job completed under `Fail` though a worker never finished.
+    #[test]
+    fn under_fail_a_worker_lost_during_the_drain_fails_the_job_instead_of_ending_the_drain() {
+        let mut h = Harness::new(2, 1, FailurePolicy::Fail);
+        h.from(0, ToMaster::Registered { attempt: 0 });
+        h.from(1, ToMaster::Registered { attempt: 0 });
+        h.result(0, 1, 1);
+        h.result(1, 1, 1);
+        assert!(matches!(h.sent.last(), Some(ToWorker::Finish { .. })));
+        h.done(0);
+        h.from(1, lost(1));
+        match h.finished.take() {
+            Some(Err(JobError::WorkerLost { rank: 1, .. })) => {}
+            other => panic!("expected the job to fail with worker 1's loss, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn under_continue_without_a_worker_lost_during_the_drain_is_not_waited_for() {
+        let mut h = Harness::new(2, 1, FailurePolicy::ContinueWithout);
+        h.from(0, ToMaster::Registered { attempt: 0 });
+        h.from(1, ToMaster::Registered { attempt: 0 });
+        h.result(0, 1, 1);
+        h.result(1, 1, 1);
+        h.done(0);
+        h.from(1, lost(1));
+        assert!(matches!(h.finished.take(), Some(Ok(_))));
+    }
+
+    #[test]
+    fn the_first_failure_is_the_job_s_and_every_worker_is_told_at_once() {
+        let mut h = Harness::new(3, 5, FailurePolicy::Fail);
+        for rank in 0..3 {
+            h.from(rank, ToMaster::Registered { attempt: 0 });
+        }
+        h.result(0, 1, 1);
+        h.from(2, lost(2));
+        h.from(1, lost(1));
+        assert!(
+            matches!(
+                h.sent.last(),
+                Some(ToWorker::Abort {
+                    error: JobError::WorkerLost { rank: 2, .. },
+                    ..
+                })
+            ),
+            "{:?}",
+            h.sent.last()
+        );
+        h.done(0);
+        match h.finished.take() {
+            Some(Err(JobError::WorkerLost { rank: 2, .. })) => {}
+            other => panic!("expected worker 2's loss, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_round_completed_after_the_job_failed_is_never_computed() {
+        let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+        h.from(0, ToMaster::Registered { attempt: 0 });
+        h.from(1, ToMaster::Registered { attempt: 0 });
+        let error = JobError::Cancelled;
+        h.node.cancel(h.t, &Connected);
+        h.drive();
+        assert!(matches!(h.sent.last(), Some(ToWorker::Abort { .. })));
+        h.result(0, 1, 1);
+        h.result(1, 1, 1);
+        h.done(0);
+        h.done(1);
+        assert_eq!(h.finished.take().map(|r| r.err()), Some(Some(error)));
     }
 }

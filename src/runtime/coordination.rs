@@ -1,6 +1,8 @@
 //! Runs a job's coordinator hooks, guarded: an `Err` or a panic becomes the job's
 //! `JobError::Coordinator`, and a failed start or finish is followed by `on_error`.
 
+use std::sync::{Arc, Mutex};
+
 use super::pool::guarded;
 use crate::coordinator::{Coordinator, Input, Shard, WorkerReport};
 use crate::error::{Cause, Hook, JobError};
@@ -90,6 +92,44 @@ impl Coordination {
                 cause,
             };
             tracing::error!(%failed, job_error = %error, "cleaning up after the job's failure failed");
+        }
+    }
+}
+
+/// The job's coordinator, shared by the node actor and the thread that called `run`: the
+/// one that ends the job runs its `on_finish` or `on_error`, exactly once (the caller's
+/// thread does when a failed job's end is held up by user code on the job's thread).
+#[derive(Clone, Default)]
+pub(crate) struct CoordinatorSlot(Arc<Mutex<Option<Coordination>>>);
+
+impl CoordinatorSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Coordination>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds the coordinator from now on.
+    pub(crate) fn put(&self, coordination: Coordination) {
+        *self.lock() = Some(coordination);
+    }
+
+    /// Whether it holds a coordinator.
+    pub(crate) fn is_set(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// `on_finish` with every worker's report (and `on_error` if it fails); nothing when
+    /// there is no coordinator, or its hooks ran already.
+    pub(crate) fn finish(&self, reports: &[WorkerReport]) -> Result<(), JobError> {
+        match self.lock().take() {
+            Some(mut c) => c.finish(reports),
+            None => Ok(()),
+        }
+    }
+
+    /// `on_error`, once.
+    pub(crate) fn fail(&self, error: &JobError) {
+        if let Some(mut c) = self.lock().take() {
+            c.fail(error);
         }
     }
 }

@@ -10,11 +10,11 @@ use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
 use super::worker::{EndingReport, SyncAnswers, WorkerActor, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
-use crate::compute::{Payload, SyncLink, WorkerContext};
+use crate::compute::{JobEnd, Payload, SyncLink, WorkerContext};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
-use crate::protocol::{Attempt, Rank, ToWorker};
+use crate::protocol::{Attempt, FailurePolicy, Rank, Recovery, ToWorker};
 use crate::transport::{Transport, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the actor of each rank
@@ -41,6 +41,8 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
     /// Each rank's shard of the input, if the job has one.
     pub(crate) shards: Option<Arc<Vec<Shard>>>,
+    /// The job's failure as this process hears of it.
+    pub(crate) end: JobEnd,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -145,7 +147,18 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let addr = worker_ctx.address();
         let inbox = {
             let addr = addr.clone();
-            Box::new(move |msg| addr.do_send(msg))
+            let end = parts.end.clone();
+            Box::new(move |msg: ToWorker<M>| {
+                // The master's abort: this process hears the job failed here, on the
+                // transport's thread, even while user code holds the job's. (An abort with
+                // this rank's own failure dismisses only this worker.)
+                if let ToWorker::Abort { error, .. } = &msg {
+                    if Recovery::recoverable(error) != Some(rank) {
+                        end.end(error);
+                    }
+                }
+                addr.do_send(msg)
+            })
         };
         let link: Arc<dyn WorkerLink<W>> = Arc::from(if replace {
             parts.transport.reconnect_worker(rank, inbox)?
@@ -160,6 +173,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         );
         ctx.shard = parts.shards.as_ref().map(|s| s[rank].clone());
         ctx.malformed_rows = config.malformed_rows;
+        ctx.end = parts.end.clone();
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
@@ -200,7 +214,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             )
         };
         worker_ctx.run(WorkerActor::new(
-            WorkerTask::new(computable, hooks, ctx, attempt),
+            WorkerTask::new(computable, hooks, ctx, attempt)
+                .failure_ends_job(config.failure_policy == FailurePolicy::Fail),
             link,
             sync_answers,
             executor,
@@ -209,6 +224,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             EndingReport {
                 to: parts.ended.clone(),
                 within: config.shutdown_timeout,
+                grace: config.failure_grace.min(config.shutdown_timeout),
+                end: parts.end.clone(),
+                own_failure_ends_job: config.failure_policy == FailurePolicy::Fail,
             },
         ));
         Ok((addr, attempt))

@@ -13,24 +13,25 @@
 //! (one thread per core), or in barrier mode on a thread of the worker's own — handing the
 //! result back as a message. The thread that called `run` watches inline code (`Watch`),
 //! since nothing on the job's thread can while it runs. The job's thread, its actors, its
-//! pool and its workers' threads end with the job.
+//! pool and its workers' threads end with the job — except, in a failed job, user code
+//! still running after the failure grace, which is left to end on its own thread.
 
 mod coordination;
 mod local;
-mod master;
+pub(crate) mod master;
 mod node;
 mod pool;
 mod watch;
 mod worker;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use crate::checkpoint::CheckpointStore;
-use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable};
+use crate::compute::{JobEnd, MasterComputable, MasterContext, Payload, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
@@ -40,16 +41,17 @@ use crate::job::Cancel;
 pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{
     Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, MasterNode, NodeSettings, Rank,
-    Recovery, SyncState,
+    Recovery, SyncState, ToMaster, ToWorker,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::{Fingerprint, LinkSpec, Transport};
 
-use coordination::Coordination;
+use coordination::{Coordination, CoordinatorSlot};
 use local::{LocalParts, LocalWorkers};
 use master::MasterTask;
 use node::{Arrived, NodeActor, NodeParts};
-use pool::{guarded, ComputePool, PoolExits};
+pub(crate) use pool::guarded;
+use pool::{ComputePool, PoolExits};
 use watch::Watch;
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
@@ -107,7 +109,7 @@ impl<M> Resume<M> {
 }
 
 /// Reads the newest usable checkpoint of job `job_id`, if any.
-fn resume<M: Payload>(
+pub(crate) fn resume<M: Payload>(
     store: &mut dyn CheckpointStore,
     job_id: &str,
 ) -> Result<Option<Resume<M>>, JobError> {
@@ -147,7 +149,7 @@ fn resume<M: Payload>(
 /// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
 /// before (its own checkpoint's, no newer, plus one less), so messages of the attempt the
 /// workers ran before are stale to the new one.
-fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
+pub(crate) fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
     if restarted == 0 {
         return 0;
     }
@@ -210,22 +212,30 @@ pub(crate) fn tick(config: &JobConfig) -> Duration {
 pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
     plan.config.validate()?;
     let config = plan.config.clone();
-    let watch = Arc::new(Watch::new());
-    let job_watch = Arc::clone(&watch);
+    let shared = Shared {
+        watch: Arc::new(Watch::new()),
+        end: JobEnd::default(),
+        coordination: CoordinatorSlot::default(),
+        abort: Arc::default(),
+    };
+    let job = shared.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(format!("superstep-{}", config.job_id))
         .spawn(move || {
             let exits = PoolExits::default();
             let shutdown = plan.config.shutdown_timeout;
-            let outcome = actix::System::new().block_on(launch(plan, job_watch, exits.clone()));
+            let grace = plan.config.failure_grace.min(shutdown);
+            let outcome = actix::System::new().block_on(launch(plan, job, exits.clone()));
             // The system, its actors and the pool's last handle are dropped by now; the
-            // pool's threads end once their current work returns.
-            let running = exits.wait(shutdown);
+            // pool's threads end once their current work returns. A failed job waits only
+            // its grace for them.
+            let bound = if outcome.is_err() { grace } else { shutdown };
+            let running = exits.wait(bound);
             if running > 0 {
                 tracing::warn!(
                     running,
-                    "compute threads still run user code after the job ended"
+                    "compute threads still run user code after the job ended; they are left to end on their own"
                 );
             }
             // The receiver is gone only if the watchdog already gave up on the job.
@@ -243,8 +253,13 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
                 return outcome;
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if let Some(error) = watch.overdue(&config) {
+                if let Some(error) = shared.watch.overdue(&config) {
                     tracing::error!(%error, "inline user code outlived its deadline; the job's thread is left to it");
+                    shared.coordination.fail(&error);
+                    return Err(error);
+                }
+                if let Some(error) = held_up(&shared, &config) {
+                    shared.coordination.fail(&error);
                     return Err(error);
                 }
             }
@@ -259,6 +274,22 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             }
         }
     }
+}
+
+/// The job's first failure, once user code on the job's thread has held up its end for
+/// longer than the failure grace (that code never heard of the failure: it started first).
+fn held_up(shared: &Shared, config: &JobConfig) -> Option<JobError> {
+    let (error, at) = shared.end.first()?;
+    let grace = config.failure_grace.min(config.shutdown_timeout);
+    if at.elapsed() <= grace + tick(config) {
+        return None;
+    }
+    let running = shared.watch.running()?;
+    tracing::error!(%error, "the job failed, and {running} still runs inline past the failure grace: the job's thread is left to it");
+    if let Some(abort) = shared.abort.get() {
+        abort(error);
+    }
+    Some(error.clone())
 }
 
 /// Like [`execute`], but waits without blocking an async caller.
@@ -281,11 +312,28 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     })
 }
 
+/// What the job's thread shares with the thread that called `run` (its watchdog).
+#[derive(Clone)]
+struct Shared {
+    watch: Arc<Watch>,
+    /// The job's failure as this process hears of it.
+    end: JobEnd,
+    /// The job's coordinator, whose `on_error` the watchdog runs when it gives up on a
+    /// failed job held up by user code.
+    coordination: CoordinatorSlot,
+    /// Tells every worker the job failed (the master's process only): what the watchdog
+    /// does when it gives up on a failed job held up by user code.
+    abort: Arc<OnceLock<AbortAll>>,
+}
+
+type AbortAll = Box<dyn Fn(&JobError) + Send + Sync>;
+
 async fn launch<M: Payload, W: Payload>(
     plan: Plan<M, W>,
-    watch: Arc<Watch>,
+    job: Shared,
     exits: PoolExits,
 ) -> Result<JobOutcome<M>, JobError> {
+    let watch = Arc::clone(&job.watch);
     let Plan {
         config,
         master,
@@ -354,9 +402,16 @@ async fn launch<M: Payload, W: Payload>(
             );
         }
         let inbox = node_ctx.address();
+        let fail_ends_job = config.failure_policy == FailurePolicy::Fail;
+        let heard = job.end.clone();
         let link = transport.bind_master(
             attempt,
             Box::new(move |env| {
+                // Under `Fail` a worker's failure ends the job: this process hears of it
+                // here, on the transport's thread, even while user code holds the job's.
+                if let (true, ToMaster::Failed { error, .. }) = (fail_ends_job, &env.msg) {
+                    heard.end(&error.clone().attributed_to(env.from));
+                }
                 inbox.do_send(Arrived {
                     env,
                     at: Instant::now(),
@@ -364,11 +419,12 @@ async fn launch<M: Payload, W: Payload>(
             }),
         )?;
         // Before any worker of this process starts, and before any iteration anywhere.
-        let mut coordination = coordinator.take().map(Coordination::new);
-        if let Some(c) = &mut coordination {
+        if let Some(coordinator) = coordinator.take() {
+            let mut c = Coordination::new(coordinator);
             c.start()?;
+            job.coordination.put(c);
         }
-        bound = Some((link, checkpoint, resumed, coordination));
+        bound = Some((link, checkpoint, resumed));
     }
     let mut local = LocalWorkers::new(LocalParts {
         config: Arc::clone(&config),
@@ -381,16 +437,27 @@ async fn launch<M: Payload, W: Payload>(
         watch: Arc::clone(&watch),
         ended: ended_tx,
         shards,
+        end: job.end.clone(),
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
-            if let Some((.., Some(c))) = &mut bound {
-                c.fail(&error);
-            }
+            job.coordination.fail(&error);
             return Err(error);
         }
     }
-    let _transport = if let Some((link, checkpoint, resumed, coordination)) = bound {
+    let _transport = if let Some((link, checkpoint, resumed)) = bound {
+        let link = Arc::new(std::sync::Mutex::new(link));
+        let abort_link = Arc::clone(&link);
+        let _ = job.abort.set(Box::new(move |error: &JobError| {
+            let link = abort_link.lock().unwrap_or_else(|e| e.into_inner());
+            let msg = ToWorker::Abort {
+                attempt,
+                error: error.clone(),
+            };
+            if let Err(e) = link.broadcast(msg) {
+                tracing::warn!(error = %e, "could not tell the workers the job failed");
+            }
+        }));
         let mut gate = Gate::new(
             GateConfig::new(
                 config.workers,
@@ -428,7 +495,7 @@ async fn launch<M: Payload, W: Payload>(
             NodeSettings {
                 config: Arc::clone(&config),
                 local: (0..config.workers).map(|r| local.is_local(r)).collect(),
-                coordinated: coordination.is_some(),
+                coordinated: job.coordination.is_set(),
                 listening: events.is_listened_to(),
             },
             gate,
@@ -451,10 +518,11 @@ async fn launch<M: Payload, W: Payload>(
             pool: Arc::clone(&pool),
             watch: Arc::clone(&watch),
             events,
-            coordination,
+            coordination: job.coordination.clone(),
             cancel,
             outcome: outcome_tx,
             tick: tick(&config),
+            end: job.end.clone(),
         }));
         None
     } else {

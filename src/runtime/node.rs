@@ -3,18 +3,18 @@
 //! feeds the [`MasterNode`] what happens, and carries out the actions it queues. Every
 //! decision about rounds, failures and the end of the job is the node's.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 use tokio::sync::oneshot;
 
-use super::coordination::Coordination;
+use super::coordination::CoordinatorSlot;
 use super::local::LocalWorkers;
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
-use crate::compute::Payload;
+use crate::compute::{JobEnd, Payload};
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError};
 use crate::events::Events;
@@ -47,6 +47,11 @@ impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
     type Result = ();
 }
 
+/// The link to the workers, shared with the thread that called `run`: when user code holds
+/// the job's thread past a failed job's grace, that thread tells the workers the job
+/// failed.
+pub(crate) type SharedLink<M> = Arc<Mutex<Box<dyn MasterLink<M>>>>;
+
 /// The transport's view of which ranks the node reaches.
 struct LinkReach<'a, M>(&'a dyn MasterLink<M>);
 
@@ -66,22 +71,24 @@ impl<M: 'static> Reach for LinkReach<'_, M> {
 pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) config: Arc<JobConfig>,
     pub(crate) node: MasterNode<M, W>,
-    pub(crate) link: Box<dyn MasterLink<M>>,
+    pub(crate) link: SharedLink<M>,
     pub(crate) local: LocalWorkers<M, W>,
     pub(crate) task: MasterTask<M, W>,
     pub(crate) pool: Arc<ComputePool>,
     pub(crate) watch: Arc<Watch>,
     pub(crate) events: Events,
-    pub(crate) coordination: Option<Coordination>,
+    pub(crate) coordination: CoordinatorSlot,
     pub(crate) cancel: Option<Cancel>,
     pub(crate) outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
     pub(crate) tick: Duration,
+    /// The job's failure as this process hears of it.
+    pub(crate) end: JobEnd,
 }
 
 /// Drives the master's node.
 pub(crate) struct NodeActor<M: Payload, W: Payload> {
     node: MasterNode<M, W>,
-    link: Box<dyn MasterLink<M>>,
+    link: SharedLink<M>,
     /// The workers of this process, which the node starts again when the failure policy
     /// replaces them.
     local: LocalWorkers<M, W>,
@@ -91,10 +98,11 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     placer: Placer,
     watch: Arc<Watch>,
     events: Events,
-    coordination: Option<Coordination>,
+    coordination: CoordinatorSlot,
     cancel: Option<Cancel>,
     outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
     tick: Duration,
+    end: JobEnd,
 }
 
 impl<M: Payload, W: Payload> NodeActor<M, W> {
@@ -112,7 +120,12 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             cancel: parts.cancel,
             outcome: Some(parts.outcome),
             tick: parts.tick,
+            end: parts.end,
         }
+    }
+
+    fn link(&self) -> MutexGuard<'_, Box<dyn MasterLink<M>>> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Carries out every action the node queued, in order, feeding back what they did.
@@ -125,7 +138,14 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) {
         match action {
             Action::Send { to, msg } => self.send(to, msg),
-            Action::Broadcast(msg) => self.broadcast(msg),
+            Action::Broadcast(msg) => {
+                if let ToWorker::Abort { error, .. } = &msg {
+                    // The job failed: no compute of this process starts from now on, and
+                    // a long one may stop early.
+                    self.end.end(error);
+                }
+                self.broadcast(msg)
+            }
             Action::RunMaster(work) => self.run_master(ctx, work),
             Action::ReplaceWorker {
                 rank,
@@ -143,17 +163,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             }
             Action::Event(event) => self.events.emit(|| event),
             Action::Commit(reports) => {
-                let result = match self.coordination.as_mut() {
-                    Some(c) => c.finish(&reports),
-                    None => Ok(()),
-                };
+                let result = self.coordination.finish(&reports);
                 self.node.handle_committed(Instant::now(), result);
             }
-            Action::CleanUp(error) => {
-                if let Some(c) = self.coordination.as_mut() {
-                    c.fail(&error);
-                }
-            }
+            Action::CleanUp(error) => self.coordination.fail(&error),
             Action::Finished(result) => {
                 // The receiver is gone only if the caller stopped waiting; nothing to tell
                 // then.
@@ -167,13 +180,17 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
 
     /// Something done for the node failed: the node decides what follows.
     fn failed(&mut self, error: JobError) {
-        let reach = LinkReach(&*self.link);
-        self.node.handle_failure(Instant::now(), error, &reach);
+        let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        self.node
+            .handle_failure(Instant::now(), error, &LinkReach(&**link));
     }
 
     fn send(&mut self, rank: Rank, msg: ToWorker<M>) {
-        let link = &self.link;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg))) {
+        let sent = {
+            let link = self.link();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg)))
+        };
+        match sent {
             Ok(Ok(())) => {}
             // What the worker would not read over a network fails the job, as there.
             Ok(Err(e @ TransportError::Undecodable { .. })) => self.failed(e.into()),
@@ -185,18 +202,20 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     }
 
     fn broadcast(&mut self, msg: ToWorker<M>) {
-        let link = &self.link;
-        let error =
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg))) {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => e.into(),
-                Err(payload) => JobError::Transport {
-                    message: format!(
-                        "the transport panicked in a broadcast: {}",
-                        Cause::from_panic(payload)
-                    ),
-                },
-            };
+        let sent = {
+            let link = self.link();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg)))
+        };
+        let error = match sent {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.into(),
+            Err(payload) => JobError::Transport {
+                message: format!(
+                    "the transport panicked in a broadcast: {}",
+                    Cause::from_panic(payload)
+                ),
+            },
+        };
         self.failed(error);
     }
 
@@ -240,17 +259,21 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         {
             self.placer.observe(*elapsed);
         }
-        let reach = LinkReach(&*self.link);
-        self.node.handle_master_done(Instant::now(), done, &reach);
+        let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        self.node
+            .handle_master_done(Instant::now(), done, &LinkReach(&**link));
     }
 
     fn on_tick(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        let reach = LinkReach(&*self.link);
-        if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
-            self.node.cancel(now, &reach);
+        {
+            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            let reach = LinkReach(&**link);
+            if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+                self.node.cancel(now, &reach);
+            }
+            self.node.handle_timeout(now, &reach);
         }
-        self.node.handle_timeout(now, &reach);
         self.drive(ctx);
     }
 }
@@ -270,8 +293,11 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for NodeActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: Arrived<W>, ctx: &mut Context<Self>) {
-        let reach = LinkReach(&*self.link);
-        self.node.handle_message(msg.at, msg.env, &reach);
+        {
+            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            self.node
+                .handle_message(msg.at, msg.env, &LinkReach(&**link));
+        }
         self.drive(ctx);
     }
 }

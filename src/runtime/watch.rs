@@ -68,6 +68,17 @@ impl Watch {
         self.since.store(0, Ordering::Release);
     }
 
+    /// Who runs inline now, if anyone: "worker 3", "the master".
+    pub(crate) fn running(&self) -> Option<String> {
+        if self.since.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(match self.who.load(Ordering::Relaxed) {
+            MASTER => "the master's code".to_string(),
+            rank => format!("worker {rank}'s code"),
+        })
+    }
+
     /// The timeout error for inline code that has run past its deadline, if any.
     pub(crate) fn overdue(&self, config: &JobConfig) -> Option<JobError> {
         let since = self.since.load(Ordering::Acquire);

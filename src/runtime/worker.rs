@@ -8,8 +8,7 @@ use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 use super::pool::{guarded, Executor, Placer};
 use super::watch::{Watch, Who};
 use super::{DynWorker, OwnedEnding, WorkerHooks};
-use crate::compute::Payload;
-use crate::compute::WorkerContext;
+use crate::compute::{JobEnd, Payload, WorkerContext};
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
     Attempt, Epoch, Iteration, Rank, Report, SyncError, SyncResult, ToMaster, ToWorker,
@@ -26,6 +25,10 @@ pub(crate) struct WorkerTask<M, W> {
     attempt: Attempt,
     /// How many interceptors' `pre_application` ran: their `post_application` runs.
     entered: usize,
+    /// Whether a failure of this worker's code ends the job (`FailurePolicy::Fail`): it is
+    /// then known to the process at once, on the thread it failed on, so no compute starts
+    /// after it.
+    failure_ends_job: bool,
 }
 
 /// One unit of user work.
@@ -39,6 +42,8 @@ enum Work<M> {
 enum Worked<W> {
     Started(Result<(), JobError>),
     Iterated(Result<Report<W>, JobError>),
+    /// The iteration was not computed: the job had failed by the time it would start.
+    Skipped,
     Stopped(Result<(), JobError>),
 }
 
@@ -55,7 +60,14 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             ctx,
             attempt,
             entered: 0,
+            failure_ends_job: false,
         }
+    }
+
+    /// A failure of this worker's code ends the job (`FailurePolicy::Fail`).
+    pub(crate) fn failure_ends_job(mut self, ends: bool) -> Self {
+        self.failure_ends_job = ends;
+        self
     }
 
     fn fail(&self, phase: Phase, cause: Cause) -> JobError {
@@ -76,6 +88,18 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             Work::Iterate(..) => Phase::Compute,
             Work::Stop(_) => Phase::PostApplication,
         };
+        let worked = self.run_guarded(work, phase);
+        if let (true, Worked::Started(Err(error)) | Worked::Iterated(Err(error))) =
+            (self.failure_ends_job, &worked)
+        {
+            if !self.ctx.end.is_ended() {
+                self.ctx.end.end(error);
+            }
+        }
+        worked
+    }
+
+    fn run_guarded(&mut self, work: Work<M>, phase: Phase) -> Worked<W> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
             Ok(worked) => worked,
             Err(payload) => {
@@ -92,6 +116,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     fn run_unguarded(&mut self, work: Work<M>) -> Worked<W> {
         match work {
             Work::Start => Worked::Started(self.start()),
+            // Once the job failed, no compute starts: its result would not be used.
+            Work::Iterate(..) if self.ctx.end.is_ended() => Worked::Skipped,
             Work::Iterate(iteration, last) => Worked::Iterated(self.iterate(iteration, last)),
             Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
         }
@@ -194,6 +220,13 @@ const VERDICT_GRACE: Duration = Duration::from_secs(2);
 pub(crate) struct EndingReport<M> {
     pub(crate) to: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
     pub(crate) within: Duration,
+    /// Once the job failed, how long it waits for this worker's code still running.
+    pub(crate) grace: Duration,
+    /// The job's failure as this process hears of it.
+    pub(crate) end: JobEnd,
+    /// Whether a failure of this worker's ends the job (`FailurePolicy::Fail`): it says
+    /// so to the workers of its process at once, before the master's node has heard.
+    pub(crate) own_failure_ends_job: bool,
 }
 
 /// Drives one worker: feeds the master's messages into [`WorkerState`] and runs the units
@@ -238,6 +271,11 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     shutdown_timeout: Duration,
     stop_deadline_armed: bool,
     watch: Arc<Watch>,
+    grace: Duration,
+    end: JobEnd,
+    own_failure_ends_job: bool,
+    /// Whether the grace for the code away on the pool is armed.
+    grace_armed: bool,
 }
 
 impl<M: Payload, W: Payload> WorkerActor<M, W> {
@@ -259,6 +297,10 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             reported: false,
             shutdown_timeout: ending.within,
             stop_deadline_armed: false,
+            grace: ending.grace,
+            end: ending.end,
+            own_failure_ends_job: ending.own_failure_ends_job,
+            grace_armed: false,
             sync_answers,
             verdict: None,
             failed_first: false,
@@ -312,6 +354,10 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             // that the job's end answered): the job's first failure is this worker's end.
             Some(first) => first.clone(),
             None => {
+                if self.own_failure_ends_job {
+                    // No compute of this process starts from now on.
+                    self.end.end(&error);
+                }
                 self.send(ToMaster::Failed {
                     attempt: self.attempt,
                     error: error.clone(),
@@ -331,6 +377,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     fn hear_verdict(&mut self, ctx: &mut Context<Self>, error: &JobError) {
         if self.verdict.is_none() {
             self.verdict = Some(error.clone());
+            // (The process's `JobEnd` is not set here: an abort may only retire this
+            // worker. The transport's inbox sets it for a job's failure.)
+            self.give_up_on_code_away(ctx);
             if let Some(sync) = &self.sync_answers {
                 if sync.ended.set(error.clone()).is_ok() {
                     // Wakes a compute waiting in a sync call: not its epoch, so it looks.
@@ -343,6 +392,31 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             self.report(OwnedEnding::Failed(error.clone()));
             ctx.stop();
         }
+    }
+
+    /// The job failed while this worker's code is away on the pool: it is given the failure
+    /// grace to come back; then this worker ends with the job's failure, and the code is
+    /// left to end on its own thread (it runs its interceptors' `post_application` there
+    /// when it does).
+    fn give_up_on_code_away(&mut self, ctx: &mut Context<Self>) {
+        if self.task.is_some() || self.grace_armed {
+            return;
+        }
+        self.grace_armed = true;
+        ctx.run_later(self.grace, |act, ctx| {
+            if act.task.is_some() || act.reported {
+                return;
+            }
+            let Some(verdict) = act.verdict.clone() else {
+                return;
+            };
+            tracing::warn!(
+                rank = act.rank,
+                "the job failed and this worker's code still runs after the failure grace: it is left to end on its own thread"
+            );
+            act.report(OwnedEnding::Failed(verdict));
+            ctx.stop();
+        });
     }
 
     /// A worker that stopped waiting for the master's verdict ends with its own failure
@@ -428,11 +502,18 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             self.on_worked(ctx, worked);
         } else {
             // The pool thread owns the task until it sends it back with the outcome. If the
-            // job is gone by then, the message is dropped and the task with it.
+            // worker is gone by then (the job failed, and gave up on this code after its
+            // grace), the code's interceptors still see the end, here.
             let addr = ctx.address();
+            let end = self.end.clone();
             self.executor.spawn(move || {
                 let worked = task.run(work);
-                addr.do_send(WorkDone { task, worked });
+                if let Err(actix::dev::SendError::Closed(WorkDone { mut task, .. })) =
+                    addr.try_send(WorkDone { task, worked })
+                {
+                    let error = end.first().map_or(JobError::Cancelled, |(e, _)| e.clone());
+                    let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
+                }
             });
         }
     }
@@ -486,6 +567,12 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 }
             }
             Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(error),
+            Worked::Skipped => {
+                tracing::debug!(
+                    rank = self.rank,
+                    "the job failed: the iteration is not computed"
+                );
+            }
             Worked::Stopped(result) => {
                 let mut ending = self.ending.take();
                 if let Err(error) = result {

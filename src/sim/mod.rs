@@ -6,21 +6,25 @@
 //! points, the same trace. A property test runs many seeds and, when one fails, prints it
 //! with the command that replays it (see [`Simulation::check`]).
 //!
-//! The simulator drives the same state machines as the actor runtime: the [`Gate`]
-//! counts one result per rank of the current attempt and iteration and drops the rest;
-//! the [`Schedule`] decides the next iteration; a worker's [`WorkerState`] acts on each
-//! master message once, in increasing order, skipping ahead when it is late. The master
-//! checkpoints every k iterations and the last (in the crate's encoding, as the runtime
-//! does; every result also crosses that encoding on its way) and a restarted master
-//! resumes from the newest one. The [`Recovery`] applies the [`FailurePolicy`], as the
-//! actor runtime does.
+//! The simulator drives the master's node the runtime ships — the same state machine
+//! (`protocol::MasterNode`: the gate, the sync state, the recovery under the
+//! [`FailurePolicy`], the schedule, the drain) and the same runner of the master's code,
+//! interceptors and checkpoints — built the way the runtime builds it, from the settings
+//! and the newest checkpoint. The simulator only delivers messages, advances the clock and
+//! injects faults: what a round, a recovery or the end of a job means is decided in the
+//! node. A worker's [`WorkerState`](crate::protocol::WorkerState) acts on each master
+//! message once, in increasing order, skipping ahead when it is late, and says it is done
+//! when told to stop. Every result crosses the wire encoding on its way, as between
+//! processes.
 //!
 //! The faults ([`Faults`]): a worker crashes during its compute or right after its result
 //! left; the master's process crashes while it gathers, before its compute, or before,
 //! during or after a checkpoint write; a message is delayed; a result is delivered twice,
 //! or lost and retransmitted. A crashed worker is noticed after a heartbeat timeout; a
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
-//! new attempt, so nothing of the old one is folded.
+//! new attempt, so nothing of the old one is folded. Under
+//! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
+//! requires), so they die and start again with it.
 //!
 //! ```
 //! use superstep::prelude::*;
@@ -69,15 +73,20 @@ use std::time::{Duration, Instant};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::{Checkpoint, CheckpointStore, MemoryCheckpointStore};
+use crate::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, Loaded, MemoryCheckpointStore,
+};
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
+use crate::config::JobConfig;
+use crate::coordinator::RowCounts;
 use crate::error::{Cause, JobError, Phase};
 use crate::protocol::{
-    Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, GateOutput, HaltedBy, Iteration,
-    Next, Rank, Recover, Recovery, Report, Schedule, ToMaster, ToWorker, WorkerCommand,
-    WorkerState,
+    Action, Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, Iteration, MasterDone,
+    MasterNode, MasterRound, MasterWork, NodeSettings, Rank, Reach, Recovery, Report, SyncState,
+    ToMaster, ToWorker, WorkerCommand, WorkerState,
 };
-use crate::runtime::{DynMaster, DynWorker};
+use crate::runtime::master::MasterTask;
+use crate::runtime::{Checkpointing, DynMaster, DynWorker};
 
 /// The variable that replays one seed: `SUPERSTEP_SIM_SEED=<seed> cargo test <test>`.
 pub const SEED_VAR: &str = "SUPERSTEP_SIM_SEED";
@@ -208,8 +217,21 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    fn quorum(&self) -> usize {
-        crate::config::quorum(self.min_workers_ratio, self.workers)
+    /// The job's settings as the master's node reads them.
+    fn job_config(&self, job_id: &str) -> JobConfig {
+        JobConfig {
+            job_id: job_id.to_string(),
+            workers: self.workers,
+            iterations: self.iterations,
+            worker_halt: self.worker_halt,
+            startup_timeout: self.startup_timeout,
+            iteration_timeout: self.iteration_timeout,
+            shutdown_timeout: Duration::from_secs(1),
+            min_workers_ratio: self.min_workers_ratio,
+            min_workers_timeout: self.min_workers_timeout,
+            failure_policy: self.policy,
+            ..JobConfig::default()
+        }
     }
 }
 
@@ -287,14 +309,18 @@ type WorkerMaker<M, W> = Arc<dyn Fn(Rank) -> DynWorker<M, W> + Send + Sync>;
 pub struct Simulation<M, W> {
     master: MasterFactory<M, W>,
     workers: WorkerMaker<M, W>,
+    combine: Option<CombineWith<W>>,
     config: SimConfig,
 }
+
+type CombineWith<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
 impl<M, W> Clone for Simulation<M, W> {
     fn clone(&self) -> Self {
         Simulation {
             master: Arc::clone(&self.master),
             workers: Arc::clone(&self.workers),
+            combine: self.combine.clone(),
             config: self.config.clone(),
         }
     }
@@ -321,6 +347,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         Simulation {
             master: Arc::new(move || -> DynMaster<M, W> { Box::new(master()) }),
             workers: Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) }),
+            combine: None,
             config: SimConfig::default(),
         }
     }
@@ -362,6 +389,14 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         self
     }
 
+    /// Combines the workers' results as they arrive, in rank order, as
+    /// [`JobBuilder::combine`](crate::JobBuilder::combine) does: the master reads
+    /// [`combined_result`](crate::MasterContext::combined_result).
+    pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
+        self.combine = Some(Arc::new(combine));
+        self
+    }
+
     /// The faults to draw.
     pub fn faults(mut self, faults: Faults) -> Self {
         self.config.faults = faults;
@@ -391,6 +426,19 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// hold for it. On the first failure, panics with the seed, the end of its trace and
     /// the command that replays it.
     pub fn check(&self, seeds: Range<u64>, property: impl Fn(&SimRun<M>) -> Result<(), String>) {
+        if let Err(failure) = self.try_check(seeds, property) {
+            panic!("{failure}");
+        }
+    }
+
+    /// Like [`check`](Simulation::check), but returns the first failure instead of
+    /// panicking — for use inside `proptest!`, say, whose shrinking then looks for a
+    /// smaller case.
+    pub fn try_check(
+        &self,
+        seeds: Range<u64>,
+        property: impl Fn(&SimRun<M>) -> Result<(), String>,
+    ) -> Result<(), Box<SimFailure>> {
         for seed in seeds_to_run(seeds) {
             let run = self.run(seed);
             let failure = if !run.violations.is_empty() {
@@ -400,16 +448,51 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             };
             if let Some(failure) = failure {
                 let tail = run.trace.len().saturating_sub(40);
-                panic!(
-                    "simulation seed {seed} failed: {failure}\nstats: {:?}\nlast steps:\n  {}\nreplay: {}",
-                    run.stats,
-                    run.trace[tail..].join("\n  "),
-                    run.replay_command()
-                );
+                return Err(Box::new(SimFailure {
+                    seed,
+                    failure,
+                    stats: run.stats.clone(),
+                    last_steps: run.trace[tail..].to_vec(),
+                    replay: run.replay_command(),
+                }));
             }
         }
+        Ok(())
     }
 }
+
+/// A simulated run that broke an invariant or the property checked: its seed, what went
+/// wrong, the end of its trace and the command that replays it. Its `Display` says all of
+/// it.
+#[derive(Debug, Clone)]
+pub struct SimFailure {
+    /// The seed of the run.
+    pub seed: u64,
+    /// What went wrong.
+    pub failure: String,
+    /// What happened in the run, counted.
+    pub stats: SimStats,
+    /// The last steps of its trace.
+    pub last_steps: Vec<String>,
+    /// The command that replays it.
+    pub replay: String,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "simulation seed {} failed: {}\nstats: {:?}\nlast steps:\n  {}\nreplay: {}",
+            self.seed,
+            self.failure,
+            self.stats,
+            self.last_steps.join("\n  "),
+            self.replay
+        )
+    }
+}
+
+impl std::error::Error for SimFailure {}
 
 /// The seeds to run: the one in `SUPERSTEP_SIM_SEED`, else `0..SUPERSTEP_SIM_SEEDS`, else
 /// `default`.
@@ -428,17 +511,10 @@ pub fn seeds_to_run(default: Range<u64>) -> Range<u64> {
     }
 }
 
-/// `msg` as the receiving side of a wire gets it, if it carries a result: encoded and
-/// decoded (always in the simulator: a result type that breaks over TCP breaks here); the
-/// error is the one a TCP peer would report.
-fn wire_copy<T: Payload>(
-    msg: T,
-    carries_result: bool,
-    direction: impl FnOnce() -> String,
-) -> Result<T, JobError> {
-    if !carries_result {
-        return Ok(msg);
-    }
+/// `msg` as the receiving side of a wire gets it: encoded and decoded (every message, as
+/// between processes: a type that breaks over TCP breaks here); the error is the one a TCP
+/// peer would report.
+fn wire_copy<T: Payload>(msg: T, direction: impl FnOnce() -> String) -> Result<T, JobError> {
     crate::codec::through_wire(msg, direction).map_err(|u| u.sent_by("the simulated network"))
 }
 
@@ -490,8 +566,11 @@ enum Event<M, W> {
     },
 }
 
+/// A worker's process.
 struct Node<M, W> {
     generation: Generation,
+    /// The master's generation it is connected to.
+    master: Generation,
     alive: bool,
     ready: bool,
     busy: bool,
@@ -502,37 +581,87 @@ struct Node<M, W> {
     mailbox: VecDeque<ToWorker<M>>,
 }
 
-struct Master<M, W> {
-    alive: bool,
-    generation: Generation,
-    gate: Gate<W>,
-    schedule: Schedule,
-    recovery: Recovery,
-    computable: DynMaster<M, W>,
-    ctx: MasterContext<M, W>,
-    last: Option<Arc<M>>,
-    resumed: Iteration,
-    /// Whether the checkpoint resumed from halted the job.
-    resumed_halted: bool,
+/// The master's process: the node the runtime drives, and the master's code as the
+/// runtime runs it.
+struct MasterProcess<M: Payload, W: Payload> {
+    node: MasterNode<M, W>,
+    task: Option<Box<MasterTask<M, W>>>,
     timer: Option<Instant>,
-    /// The iteration the gate gathers, if it does.
-    in_round: Option<Iteration>,
 }
 
-struct World<'s, M, W> {
+/// Where the master's process crashes around a checkpoint write, if it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteCrash {
+    Before,
+    During,
+    After,
+}
+
+/// The checkpoint store of the simulated master: shared by every master process of the run,
+/// and able to crash its process around a write.
+#[derive(Clone)]
+struct SimStore {
+    saved: MemoryCheckpointStore,
+    plan: Arc<std::sync::Mutex<(Option<WriteCrash>, bool)>>,
+}
+
+impl CheckpointStore for SimStore {
+    fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+        match plan.0.take() {
+            // The process dies before the write is whole: the one before stays.
+            Some(WriteCrash::Before | WriteCrash::During) => {
+                plan.1 = true;
+                Err(CheckpointError::io(
+                    "sim",
+                    std::io::Error::other("the process crashed"),
+                ))
+            }
+            Some(WriteCrash::After) => {
+                plan.1 = true;
+                self.saved.save(checkpoint)
+            }
+            None => self.saved.save(checkpoint),
+        }
+    }
+
+    fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
+        self.saved.latest()
+    }
+}
+
+/// Which ranks the simulated network connects to the current master.
+struct SimReach(Vec<bool>);
+
+impl Reach for SimReach {
+    fn is_connected(&self, rank: Rank) -> bool {
+        self.0.get(rank).copied().unwrap_or(false)
+    }
+    fn may_reach(&self, rank: Rank) -> bool {
+        self.is_connected(rank)
+    }
+    fn refusals(&self, _: &[Rank]) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+struct World<'s, M: Payload, W: Payload> {
     sim: &'s Simulation<M, W>,
     config: &'s SimConfig,
+    job: Arc<JobConfig>,
     rng: ChaCha8Rng,
     base: Instant,
     now: Duration,
     seq: u64,
     queue: BinaryHeap<Reverse<(Duration, u64)>>,
     events: std::collections::HashMap<u64, Event<M, W>>,
-    master: Master<M, W>,
+    /// The master's process; `None` while it is down.
+    master: Option<MasterProcess<M, W>>,
+    /// The master's process generation: messages to an earlier one are lost.
+    master_generation: Generation,
     nodes: Vec<Node<M, W>>,
-    store: MemoryCheckpointStore,
+    store: SimStore,
     job_id: Arc<str>,
-    highest_attempt: Attempt,
     worker_crashes: u32,
     outcome: Option<Result<SimOutcome<M>, JobError>>,
     stats: SimStats,
@@ -550,36 +679,26 @@ const MAX_EVENTS: u64 = 2_000_000;
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     fn new(sim: &'s Simulation<M, W>, seed: u64) -> Self {
         let config = &sim.config;
-        let base = Instant::now();
         let job_id: Arc<str> = Arc::from("sim");
-        let master = Master {
-            alive: true,
-            generation: 0,
-            gate: Gate::new(Self::gate_config(config, 0), base),
-            schedule: Schedule::new(config.iterations, config.workers, config.worker_halt),
-            recovery: Recovery::new(config.policy, config.workers, config.quorum(), 0),
-            computable: (sim.master)(),
-            ctx: MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
-            last: None,
-            resumed: 0,
-            resumed_halted: false,
-            timer: None,
-            in_round: None,
-        };
+        let job = Arc::new(config.job_config(&job_id));
         let mut world = World {
             sim,
             config,
+            job,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            base,
+            base: Instant::now(),
             now: Duration::ZERO,
             seq: 0,
             queue: BinaryHeap::new(),
             events: std::collections::HashMap::new(),
-            master,
+            master: None,
+            master_generation: 0,
             nodes: Vec::new(),
-            store: MemoryCheckpointStore::new(),
+            store: SimStore {
+                saved: MemoryCheckpointStore::new(),
+                plan: Arc::default(),
+            },
             job_id,
-            highest_attempt: 0,
             worker_crashes: 0,
             outcome: None,
             stats: SimStats::default(),
@@ -587,24 +706,84 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             violations: Vec::new(),
             sent: vec![Vec::new(); config.workers],
         };
+        world.start_master(0);
         for rank in 0..config.workers {
             let node = world.spawn(rank, 0, 0);
             world.nodes.push(node);
         }
+        world.drive();
         world
     }
 
-    fn gate_config(config: &SimConfig, attempt: Attempt) -> GateConfig {
-        GateConfig::new(
-            config.workers,
+    /// Starts the master's process, as the runtime does: the newest checkpoint read, the
+    /// attempt chosen, the master's code and node built from them. `restarted`: how many
+    /// processes died before this one.
+    fn start_master(&mut self, restarted: u32) {
+        let mut store = self.store.clone();
+        let resumed = match crate::runtime::resume::<M>(&mut store, &self.job_id) {
+            Ok(resumed) => resumed,
+            Err(error) => {
+                self.log(|| format!("the master cannot resume: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        };
+        let attempt = crate::runtime::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
+        if let Some(r) = &resumed {
+            let iteration = r.iteration;
+            self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
+        }
+        let c = Arc::clone(&self.job);
+        let checkpointing = self.config.checkpoint_every.map(|every| Checkpointing {
+            store: Box::new(store),
+            every,
+        });
+        let task = MasterTask::new(
+            (self.sim.master)(),
+            Vec::new(),
+            MasterContext::new(c.workers, Arc::clone(&self.job_id), c.iterations),
+            checkpointing,
+            resumed,
             attempt,
-            [
-                config.startup_timeout,
-                config.iteration_timeout,
-                Duration::from_secs(1),
-            ],
         )
-        .with_quorum(config.quorum(), config.min_workers_timeout)
+        .keeping_initial_state(matches!(c.failure_policy, FailurePolicy::RestartAll { .. }));
+        let now = self.instant();
+        let mut gate = Gate::new(
+            GateConfig::new(
+                c.workers,
+                attempt,
+                [c.startup_timeout, c.iteration_timeout, c.shutdown_timeout],
+            )
+            .with_quorum(c.quorum(), c.min_workers_timeout),
+            now,
+        );
+        if let Some(combine) = &self.sim.combine {
+            let combine = Arc::clone(combine);
+            gate = gate.combining(Box::new(move |fold, next| {
+                crate::runtime::guarded(|| {
+                    combine(fold, next);
+                    Ok(())
+                })
+            }));
+        }
+        let node = MasterNode::new(
+            NodeSettings {
+                config: Arc::clone(&c),
+                local: vec![true; c.workers],
+                coordinated: false,
+                listening: false,
+            },
+            gate,
+            SyncState::new(c.workers, c.sync_timeout),
+            Recovery::new(c.failure_policy, c.workers, c.quorum(), attempt),
+            task.resumed(),
+            now,
+        );
+        self.master = Some(MasterProcess {
+            node,
+            task: Some(Box::new(task)),
+            timer: None,
+        });
     }
 
     fn log(&mut self, line: impl FnOnce() -> String) {
@@ -636,44 +815,258 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         Duration::from_micros(us)
     }
 
-    /// A new worker process for `rank`: its code runs `init`, then it registers.
-    fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
-        let mut computable = (self.sim.workers)(rank);
-        let mut ctx = WorkerContext::new(
-            rank,
-            self.config.workers,
-            Arc::clone(&self.job_id),
-            self.config.iterations,
-        );
-        let init = computable.init(&mut ctx);
-        let startup = Duration::from_micros(self.rng.random_range(500..5_000));
-        match init {
-            Ok(()) => self.at(startup, Event::WorkerStarted { rank, generation }),
-            Err(e) => {
-                let error = JobError::Worker {
-                    rank,
-                    iteration: 0,
-                    phase: Phase::Init,
-                    cause: Cause::from_error(e),
-                };
-                self.send_to_master(rank, ToMaster::Failed { attempt, error });
-            }
-        }
-        Node {
-            generation,
-            alive: true,
-            ready: false,
-            busy: false,
-            attempt,
-            computable,
-            ctx,
-            state: WorkerState::new(attempt),
-            mailbox: VecDeque::new(),
+    fn reach(&self) -> SimReach {
+        SimReach(
+            self.nodes
+                .iter()
+                .map(|n| n.alive && n.master == self.master_generation)
+                .collect(),
+        )
+    }
+
+    // ---- the master's node: fed, and its actions carried out ------------------------
+
+    /// Feeds the master's node (if its process runs), then carries out what it asks.
+    fn feed(&mut self, input: impl FnOnce(&mut MasterNode<M, W>, Instant, &SimReach)) {
+        let reach = self.reach();
+        let now = self.instant();
+        let Some(master) = self.master.as_mut() else {
+            return;
+        };
+        input(&mut master.node, now, &reach);
+        self.drive();
+    }
+
+    fn drive(&mut self) {
+        loop {
+            let Some(action) = self.master.as_mut().and_then(|m| m.node.poll_action()) else {
+                return;
+            };
+            self.carry_out(action);
         }
     }
 
+    fn carry_out(&mut self, action: Action<M, W>) {
+        match action {
+            Action::Send { to, msg } => self.send_to_worker(to, msg),
+            Action::Broadcast(msg) => {
+                let begins = matches!(msg, ToWorker::Iterate { .. });
+                for rank in 0..self.config.workers {
+                    self.send_to_worker(rank, msg.clone());
+                }
+                // The master's process may crash while it gathers the round it began.
+                if begins && self.master_may_crash() && self.rng.random_bool(0.5) {
+                    let at = Duration::from_micros(self.rng.random_range(0..10_000));
+                    let master = self.master_generation;
+                    self.at(at, Event::MasterCrash { master });
+                }
+            }
+            Action::RunMaster(work) => self.run_master(work),
+            Action::ReplaceWorker { rank, attempt, .. } => {
+                self.stats.worker_restarts += 1;
+                self.log(|| format!("worker {rank} is replaced"));
+                self.replace(rank, attempt);
+            }
+            Action::ReplaceAll { attempt, .. } => {
+                self.stats.new_attempts += 1;
+                self.log(|| format!("every worker restarts as attempt {attempt}"));
+                for rank in 0..self.config.workers {
+                    self.replace(rank, attempt);
+                }
+            }
+            Action::Event(_) => {}
+            Action::Commit(_) => self.feed(|node, now, _| node.handle_committed(now, Ok(()))),
+            Action::CleanUp(_) => {}
+            Action::Finished(outcome) => {
+                if let Some(master) = &self.master {
+                    let drops = master.node.drops();
+                    self.stats.drops.stale += drops.stale;
+                    self.stats.drops.duplicate += drops.duplicate;
+                    self.stats.drops.unknown_rank += drops.unknown_rank;
+                    self.stats.lost = master.node.lost();
+                }
+                self.log(|| match &outcome {
+                    Ok(o) => format!("the job completes after {} iterations", o.iterations),
+                    Err(e) => format!("the job fails: {e}"),
+                });
+                self.outcome = Some(outcome.map(|o| SimOutcome {
+                    result: o.result,
+                    iterations: o.iterations,
+                    halted: o.halted,
+                }));
+            }
+        }
+    }
+
+    /// Runs the master's code as the runtime does (its process may crash before its
+    /// compute, or around its checkpoint write), and hands back what it did.
+    fn run_master(&mut self, work: MasterWork<M, W>) {
+        let mut crash = None;
+        if let MasterWork::Iterate(round) = &work {
+            self.check_round(round);
+            if self.master_may_crash() {
+                crash = Some(self.rng.random_range(0..4u8));
+            }
+        }
+        if crash == Some(0) {
+            return self.crash_master("before its compute");
+        }
+        let write_crash = match crash {
+            Some(1) => Some(WriteCrash::Before),
+            Some(2) => Some(WriteCrash::During),
+            Some(3) => Some(WriteCrash::After),
+            _ => None,
+        };
+        *self.store.plan.lock().unwrap_or_else(|e| e.into_inner()) = (write_crash, false);
+        let Some(mut task) = self.master.as_mut().and_then(|m| m.task.take()) else {
+            self.violations
+                .push("work handed to the master while it was busy".into());
+            return;
+        };
+        let done = task.run(work);
+        let crashed =
+            std::mem::take(&mut self.store.plan.lock().unwrap_or_else(|e| e.into_inner()).1);
+        if crashed {
+            let when = match write_crash {
+                Some(WriteCrash::Before) => "before its checkpoint write",
+                Some(WriteCrash::During) => "during its checkpoint write",
+                _ => "after its checkpoint write",
+            };
+            return self.crash_master(when);
+        }
+        if let MasterDone::Iterated {
+            result: Ok(computed),
+            iteration,
+            ..
+        } = &done
+        {
+            if computed.checkpointed {
+                self.stats.checkpoints += 1;
+                let iteration = *iteration;
+                self.log(|| format!("checkpoint of iteration {iteration} saved"));
+            }
+        }
+        if let Some(master) = self.master.as_mut() {
+            master.task = Some(task);
+        }
+        self.feed(|node, now, reach| node.handle_master_done(now, done, reach));
+    }
+
+    /// The invariants of a round the master is handed: its quorum, and only results
+    /// its ranks sent in its attempt.
+    fn check_round(&mut self, round: &MasterRound<W>) {
+        let iteration = round.iteration;
+        let gathered = &round.gathered;
+        self.stats.rounds += 1;
+        let quorum = self.job.quorum();
+        if gathered.reported.len() < quorum {
+            self.violations.push(format!(
+                "iteration {iteration} completed with ranks {:?}, short of its quorum {quorum}",
+                gathered.reported
+            ));
+        }
+        let attempt = self.master.as_ref().map_or(0, |m| m.node.attempt());
+        for &rank in &gathered.reported {
+            if !self.sent[rank].contains(&(attempt, iteration)) {
+                self.violations.push(format!(
+                    "iteration {iteration} folded a result rank {rank} never sent in attempt {attempt}"
+                ));
+            }
+        }
+        if !gathered.left_out.is_empty() {
+            self.stats.partial_rounds += 1;
+        }
+        let (reported, left_out) = (gathered.reported.clone(), gathered.left_out.clone());
+        self.log(|| {
+            format!(
+                "iteration {iteration} complete with ranks {reported:?} (left out {left_out:?})"
+            )
+        });
+    }
+
+    /// Whether every worker runs in the master's process (`RestartAll` restarts them
+    /// there): then they die and start again with it. Otherwise they are processes of
+    /// their own, which reconnect to a master started again.
+    fn gang(&self) -> bool {
+        matches!(self.config.policy, FailurePolicy::RestartAll { .. })
+    }
+
+    fn master_may_crash(&mut self) -> bool {
+        self.stats.master_crashes < self.config.faults.max_crashes
+            && self.chance(self.config.faults.master_crash)
+    }
+
+    fn crash_master(&mut self, when: &str) {
+        if let Some(master) = self.master.take() {
+            let drops = master.node.drops();
+            self.stats.drops.stale += drops.stale;
+            self.stats.drops.duplicate += drops.duplicate;
+            self.stats.drops.unknown_rank += drops.unknown_rank;
+        }
+        self.master_generation += 1;
+        self.stats.master_crashes += 1;
+        self.log(|| format!("the master crashes {when}"));
+        if self.gang() {
+            // Every worker runs in the master's process (as `RestartAll` requires): they
+            // die with it.
+            for node in &mut self.nodes {
+                node.alive = false;
+                node.mailbox.clear();
+            }
+        }
+        let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
+        self.at(after, Event::MasterRestart);
+    }
+
+    fn restart_master(&mut self) {
+        self.stats.new_attempts += 1;
+        self.start_master(self.stats.master_crashes);
+        let Some(master) = &self.master else {
+            return;
+        };
+        let attempt = master.node.attempt();
+        self.log(|| format!("the master restarts as attempt {attempt}"));
+        if self.gang() {
+            // Its process starts its workers anew.
+            for rank in 0..self.config.workers {
+                self.replace(rank, attempt);
+            }
+            return self.drive();
+        }
+        self.drive();
+        for rank in 0..self.config.workers {
+            let node = &self.nodes[rank];
+            if node.alive {
+                let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
+                let generation = node.generation;
+                self.at(backoff, Event::Reconnect { rank, generation });
+            } else {
+                self.lost(
+                    rank,
+                    "it did not reconnect to the restarted master (simulated crash)",
+                );
+            }
+        }
+    }
+
+    /// The master's node hears that the worker of `rank` is gone, as a transport tells it.
+    fn lost(&mut self, rank: Rank, reason: &str) {
+        let reason = reason.to_string();
+        self.feed(|node, now, reach| {
+            let attempt = node.attempt();
+            let error = JobError::WorkerLost { rank, reason };
+            let msg = ToMaster::Failed { attempt, error };
+            node.handle_message(now, Envelope { from: rank, msg }, reach)
+        });
+    }
+
+    // ---- the network ------------------------------------------------------------------
+
     fn send_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
-        let generation = self.master.generation;
+        let generation = self
+            .nodes
+            .get(from)
+            .map_or(self.master_generation, |n| n.master);
         let latency = self.latency();
         let is_result = msg.carries_result();
         // Every result crosses the wire encoding, as it would between processes: what
@@ -682,7 +1075,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             ToMaster::Result(report) => report.attempt,
             _ => 0,
         };
-        let msg = wire_copy(msg, is_result, || format!("worker {from} → master"))
+        let msg = wire_copy(msg, || format!("worker {from} → master"))
             .unwrap_or_else(|error| ToMaster::Failed { attempt, error });
         if is_result && self.chance(self.config.faults.duplicate) {
             // The copy a network delivers twice: the same bytes, decoded again.
@@ -714,13 +1107,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn send_to_worker(&mut self, rank: Rank, msg: ToWorker<M>) {
-        let carries = msg.carries_result();
-        let msg = match wire_copy(msg, carries, || format!("master → worker {rank}")) {
+        let msg = match wire_copy(msg, || format!("master → worker {rank}")) {
             Ok(msg) => msg,
             // The worker could not read it: the job fails, as over TCP.
-            Err(error) => return self.on_failure(error),
+            Err(error) => {
+                return self.feed(|node, now, reach| node.handle_failure(now, error, reach))
+            }
         };
-        let generation = self.nodes[rank].generation;
+        let node = &self.nodes[rank];
+        if !node.alive || node.master != self.master_generation {
+            // Not connected: nothing reaches it.
+            return;
+        }
+        let generation = node.generation;
         let latency = self.latency();
         self.at(
             latency,
@@ -736,12 +1135,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let mut handled = 0u64;
         while self.outcome.is_none() {
             let Some(Reverse((at, seq))) = self.queue.pop() else {
-                let gate = format!(
-                    "{:?}",
-                    self.master.gate.poll_timeout().map(|t| t - self.base)
-                );
+                let deadline = self
+                    .master
+                    .as_ref()
+                    .and_then(|m| m.node.poll_timeout())
+                    .map(|t| t - self.base);
                 self.violations.push(format!(
-                    "the run stalled: nothing left to happen (gate deadline {gate})"
+                    "the run stalled: nothing left to happen (the master's node's deadline {deadline:?})"
                 ));
                 self.outcome = Some(Err(JobError::Runtime {
                     message: "the simulation stalled".into(),
@@ -765,11 +1165,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.handle(event);
             self.arm_timer();
         }
-        let drops = self.master.gate.drops();
-        self.stats.drops.stale += drops.stale;
-        self.stats.drops.duplicate += drops.duplicate;
-        self.stats.drops.unknown_rank += drops.unknown_rank;
-        self.stats.lost = self.master.gate.lost();
         SimRun {
             seed: 0,
             outcome: self.outcome.expect("the loop ends with an outcome"),
@@ -780,16 +1175,26 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn arm_timer(&mut self) {
-        if !self.master.alive || self.outcome.is_some() {
+        if self.outcome.is_some() {
             return;
         }
-        let deadline = self.master.gate.poll_timeout();
-        if deadline != self.master.timer {
-            self.master.timer = deadline;
+        let now = self.instant();
+        let generation = self.master_generation;
+        let Some(master) = self.master.as_mut() else {
+            return;
+        };
+        let deadline = master.node.poll_timeout();
+        if deadline != master.timer {
+            master.timer = deadline;
             if let Some(at) = deadline {
-                let after = at.saturating_duration_since(self.instant());
-                let master = self.master.generation;
-                self.at(after, Event::Timer { master, at });
+                let after = at.saturating_duration_since(now);
+                self.at(
+                    after,
+                    Event::Timer {
+                        master: generation,
+                        at,
+                    },
+                );
             }
         }
     }
@@ -811,7 +1216,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 from,
                 msg,
             } => {
-                if !self.master.alive || generation != self.master.generation {
+                if self.master.is_none() || generation != self.master_generation {
                     return;
                 }
                 self.stats.messages += 1;
@@ -842,9 +1247,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     self.sent[rank].push((r.attempt, r.iteration));
                 }
                 self.nodes[rank].busy = false;
+                let failed = matches!(sent, ToMaster::Failed { .. });
                 self.send_to_master(rank, sent);
                 if then_crash {
                     self.crash_worker(rank, "right after its result left");
+                } else if failed {
+                    // Its code failed: it stops, as a worker does, and says it is done.
+                    self.nodes[rank].state.stop();
+                    self.done(rank);
                 } else {
                     self.work_mailbox(rank);
                 }
@@ -860,45 +1270,49 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 master,
             } => {
                 let node = &self.nodes[rank];
-                if !self.master.alive
-                    || master != self.master.generation
+                if self.master.is_none()
+                    || master != self.master_generation
                     || node.generation != generation
                     || node.alive
                 {
                     return;
                 }
                 self.log(|| format!("the master notices worker {rank} is gone"));
-                self.on_failure(JobError::WorkerLost {
-                    rank,
-                    reason: "its heartbeats stopped (simulated crash)".into(),
-                });
+                self.lost(rank, "its heartbeats stopped (simulated crash)");
             }
             Event::Timer { master, at } => {
-                if !self.master.alive
-                    || master != self.master.generation
-                    || self.master.timer != Some(at)
-                {
+                let generation = self.master_generation;
+                let Some(m) = self.master.as_mut() else {
+                    return;
+                };
+                if master != generation || m.timer != Some(at) {
                     return;
                 }
-                self.master.timer = None;
-                let now = self.instant();
-                if let Some(output) = self.master.gate.handle_timeout(now) {
-                    self.on_gate(output);
-                }
+                m.timer = None;
+                self.feed(|node, now, reach| node.handle_timeout(now, reach));
             }
             Event::MasterCrash { master } => {
-                if self.master.alive && master == self.master.generation {
+                let gathering = self
+                    .master
+                    .as_ref()
+                    .is_some_and(|m| m.node.gathering().is_some());
+                if gathering && master == self.master_generation {
                     self.crash_master("while it gathered results");
                 }
             }
             Event::MasterRestart => self.restart_master(),
             Event::Reconnect { rank, generation } => {
-                if !self.is_current(rank, generation) || !self.master.alive {
+                let Some(m) = &self.master else {
+                    return;
+                };
+                if !self.is_current(rank, generation) {
                     return;
                 }
-                let attempt = self.master.gate.attempt();
+                let attempt = m.node.attempt();
+                let master = self.master_generation;
                 let node = &mut self.nodes[rank];
                 node.mailbox.clear();
+                node.master = master;
                 // As a worker's transport tells it after each handshake; only a stopping
                 // worker (whose job ended) does not register again.
                 let connected = ToWorker::<M>::Connected { attempt };
@@ -916,9 +1330,91 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
     }
 
+    fn deliver_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
+        let checked = match &msg {
+            ToMaster::Result(r) => Some((r.attempt, r.iteration)),
+            _ => None,
+        };
+        let Some(master) = &self.master else {
+            return;
+        };
+        let before = master.node.drops().total();
+        let current = (master.node.attempt(), master.node.gathering());
+        self.feed(|node, now, reach| node.handle_message(now, Envelope { from, msg }, reach));
+        if let (Some((attempt, iteration)), Some(master)) = (checked, &self.master) {
+            let kept = master.node.drops().total() == before;
+            if kept && Some((attempt, iteration)) != current.1.map(|i| (current.0, i)) {
+                self.violations.push(format!(
+                    "a result of rank {from} for attempt {attempt} iteration {iteration} was kept while the master's node was at {current:?}"
+                ));
+            }
+        }
+    }
+
+    // ---- the workers ------------------------------------------------------------------
+
+    /// A new process for `rank`: its code runs `init`, then it registers.
+    fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
+        let mut computable = (self.sim.workers)(rank);
+        let mut ctx = WorkerContext::new(
+            rank,
+            self.config.workers,
+            Arc::clone(&self.job_id),
+            self.config.iterations,
+        );
+        let init = computable.init(&mut ctx);
+        let startup = Duration::from_micros(self.rng.random_range(500..5_000));
+        let mut state = WorkerState::new(attempt);
+        match init {
+            Ok(()) => self.at(startup, Event::WorkerStarted { rank, generation }),
+            Err(e) => {
+                let error = JobError::Worker {
+                    rank,
+                    iteration: 0,
+                    phase: Phase::Init,
+                    cause: Cause::from_error(e),
+                };
+                self.send_to_master(rank, ToMaster::Failed { attempt, error });
+                self.send_to_master(
+                    rank,
+                    ToMaster::Done {
+                        attempt,
+                        rows: RowCounts::default(),
+                    },
+                );
+                state.stop();
+            }
+        }
+        Node {
+            generation,
+            master: self.master_generation,
+            alive: true,
+            ready: false,
+            busy: false,
+            attempt,
+            computable,
+            ctx,
+            state,
+            mailbox: VecDeque::new(),
+        }
+    }
+
+    /// A new process for `rank`, in the place of the old one (which stops).
+    fn replace(&mut self, rank: Rank, attempt: Attempt) {
+        let generation = self.nodes[rank].generation + 1;
+        self.nodes[rank] = self.spawn(rank, generation, attempt);
+    }
+
     fn is_current(&self, rank: Rank, generation: Generation) -> bool {
         let node = &self.nodes[rank];
         node.alive && node.generation == generation
+    }
+
+    /// The worker of `rank` stopped: it says so.
+    fn done(&mut self, rank: Rank) {
+        let attempt = self.nodes[rank].attempt;
+        let rows = RowCounts::default();
+        self.send_to_master(rank, ToMaster::Done { attempt, rows });
     }
 
     /// Works through what arrived while the worker started or computed: acts on each
@@ -938,7 +1434,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
                 WorkerCommand::Stop => {
                     node.mailbox.clear();
-                    return;
+                    return self.done(rank);
                 }
                 // `Connected` comes with a reconnect, never through the mailbox.
                 WorkerCommand::Answer
@@ -1023,7 +1519,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let generation = node.generation;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));
-        let master = self.master.generation;
+        let master = self.master_generation;
         self.at(
             HEARTBEAT_TIMEOUT,
             Event::Noticed {
@@ -1032,384 +1528,5 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 master,
             },
         );
-    }
-
-    fn deliver_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
-        let now = self.instant();
-        let checked = match &msg {
-            ToMaster::Result(r) => Some((r.attempt, r.iteration)),
-            _ => None,
-        };
-        let before = self.master.gate.drops().total();
-        let output = self.master.gate.on_message(now, Envelope { from, msg });
-        if let Some((attempt, iteration)) = checked {
-            let kept = self.master.gate.drops().total() == before;
-            let current = (self.master.gate.attempt(), self.master.gate_iteration());
-            if kept && Some((attempt, iteration)) != current.1.map(|i| (current.0, i)) {
-                self.violations.push(format!(
-                    "a result of rank {from} for attempt {attempt} iteration {iteration} was kept while the gate was at {current:?}"
-                ));
-            }
-        }
-        if let Some(output) = output {
-            self.on_gate(output);
-        }
-    }
-
-    fn on_gate(&mut self, output: GateOutput<W>) {
-        match output {
-            GateOutput::AllRegistered => {
-                self.master.recovery.all_registered();
-                let attempt = self.master.gate.attempt();
-                self.log(|| format!("every worker registered in attempt {attempt}"));
-                let next = self.master.resumed + 1;
-                if self.master.resumed >= self.config.iterations || self.master.resumed_halted {
-                    let last = self.master.last.clone();
-                    if let Some(last) = last {
-                        let halted = self.master.resumed_halted;
-                        self.finish(self.master.resumed, halted, last);
-                        return;
-                    }
-                }
-                self.begin(next);
-            }
-            GateOutput::RoundComplete {
-                iteration,
-                gathered,
-            } => {
-                self.master.in_round = None;
-                self.stats.rounds += 1;
-                let quorum = self.config.quorum();
-                if gathered.reported.len() < quorum {
-                    self.violations.push(format!(
-                        "iteration {iteration} completed with ranks {:?}, short of its quorum {quorum}",
-                        gathered.reported
-                    ));
-                }
-                let attempt = self.master.gate.attempt();
-                for &rank in &gathered.reported {
-                    if !self.sent[rank].contains(&(attempt, iteration)) {
-                        self.violations.push(format!(
-                            "iteration {iteration} folded a result rank {rank} never sent in attempt {attempt}"
-                        ));
-                    }
-                }
-                if !gathered.left_out.is_empty() {
-                    self.stats.partial_rounds += 1;
-                }
-                self.log(|| {
-                    format!(
-                        "iteration {iteration} complete with ranks {:?} (left out {:?})",
-                        gathered.reported, gathered.left_out
-                    )
-                });
-                self.master_compute(iteration, gathered);
-            }
-            GateOutput::Rejoined { rank, iteration } => {
-                self.master.recovery.rejoined(rank);
-                self.log(|| format!("worker {rank} rejoined"));
-                if let Some(iteration) = iteration {
-                    let msg = ToWorker::Iterate {
-                        attempt: self.master.gate.attempt(),
-                        iteration,
-                        last: self.master.last.clone(),
-                    };
-                    self.send_to_worker(rank, msg);
-                }
-            }
-            GateOutput::Failed(error) => self.on_failure(error),
-            GateOutput::Drained { .. } => {}
-        }
-    }
-
-    fn begin(&mut self, iteration: Iteration) {
-        let now = self.instant();
-        if !self.master.gate.open(now, iteration) {
-            self.violations
-                .push(format!("the gate would not open iteration {iteration}"));
-            return;
-        }
-        self.master.in_round = Some(iteration);
-        let attempt = self.master.gate.attempt();
-        for rank in 0..self.config.workers {
-            let msg = ToWorker::Iterate {
-                attempt,
-                iteration,
-                last: self.master.last.clone(),
-            };
-            self.send_to_worker(rank, msg);
-        }
-        if self.master_may_crash() && self.rng.random_bool(0.5) {
-            let at = Duration::from_micros(self.rng.random_range(0..10_000));
-            let master = self.master.generation;
-            self.at(at, Event::MasterCrash { master });
-        }
-    }
-
-    fn master_may_crash(&mut self) -> bool {
-        self.stats.master_crashes < self.config.faults.max_crashes
-            && self.chance(self.config.faults.master_crash)
-    }
-
-    fn master_compute(&mut self, iteration: Iteration, gathered: crate::protocol::Gathered<W>) {
-        // Where the master's process may crash once the results are in.
-        let crash_at = if self.master_may_crash() {
-            Some(self.rng.random_range(0..4u8))
-        } else {
-            None
-        };
-        if crash_at == Some(0) {
-            return self.crash_master("before its compute");
-        }
-        let m = &mut self.master;
-        m.ctx.enter(iteration, gathered);
-        m.ctx.last = m.last.clone();
-        let computed = m.computable.compute(&mut m.ctx);
-        let step = match computed {
-            Ok(step) => step,
-            Err(e) => {
-                let error = JobError::Master {
-                    iteration,
-                    phase: Phase::Compute,
-                    cause: Cause::from_error(e),
-                };
-                self.log(|| format!("the master fails: {error}"));
-                self.outcome = Some(Err(error));
-                return;
-            }
-        };
-        let (result, halt) = step.into_parts();
-        let result = Arc::new(result);
-        let m = &mut self.master;
-        m.ctx.results = Vec::new();
-        m.ctx.current = Some(Arc::clone(&result));
-        m.last = Some(Arc::clone(&result));
-        if crash_at == Some(1) {
-            return self.crash_master("before its checkpoint write");
-        }
-        let votes = self.master.ctx.halt_votes;
-        let next = self.master.schedule.decide(iteration, halt, votes);
-        // Every k iterations, and the last one, as the runtime saves them.
-        let last = matches!(next, Next::Finish { .. });
-        let due = self
-            .config
-            .checkpoint_every
-            .is_some_and(|k| iteration % k == 0 || last);
-        if due {
-            if crash_at == Some(2) {
-                return self.crash_master("during its checkpoint write");
-            }
-            let halted = match next {
-                Next::Finish { halted, .. } => halted,
-                Next::Iterate(_) => None,
-            };
-            self.save_checkpoint(iteration, &result, halted);
-        }
-        if crash_at == Some(3) {
-            return self.crash_master("after its checkpoint write");
-        }
-        match next {
-            Next::Iterate(next) => self.begin(next),
-            Next::Finish { iterations, halted } => {
-                self.finish(iterations, halted.is_some(), result)
-            }
-        }
-    }
-
-    fn save_checkpoint(&mut self, iteration: Iteration, result: &M, halted: Option<HaltedBy>) {
-        let encoded = match crate::codec::to_vec(result) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                self.log(|| format!("checkpoint {iteration} skipped: {e}"));
-                return;
-            }
-        };
-        let state = match self.master.computable.save_state() {
-            Ok(state) => state,
-            Err(e) => {
-                self.log(|| format!("checkpoint {iteration} skipped: {e}"));
-                return;
-            }
-        };
-        let checkpoint = Checkpoint {
-            job_id: self.job_id.to_string(),
-            iteration,
-            attempt: self.master.gate.attempt(),
-            master_result: encoded,
-            master_state: state,
-            halted,
-        };
-        match self.store.save(&checkpoint) {
-            Ok(()) => {
-                self.stats.checkpoints += 1;
-                self.log(|| format!("checkpoint of iteration {iteration} saved"));
-            }
-            Err(e) => self.log(|| format!("checkpoint {iteration} not saved: {e}")),
-        }
-    }
-
-    fn finish(&mut self, iterations: Iteration, halted: bool, result: Arc<M>) {
-        self.log(|| format!("the job completes after {iterations} iterations"));
-        let attempt = self.master.gate.attempt();
-        for rank in 0..self.config.workers {
-            let msg = ToWorker::Finish {
-                attempt,
-                iterations,
-                halted,
-                last: Arc::clone(&result),
-            };
-            self.send_to_worker(rank, msg);
-        }
-        self.outcome = Some(Ok(SimOutcome {
-            result,
-            iterations,
-            halted,
-        }));
-    }
-
-    fn on_failure(&mut self, error: JobError) {
-        let Some(decision) = self.master.recovery.on_failure(error) else {
-            return;
-        };
-        match decision {
-            Recover::Fail(error) => {
-                self.log(|| format!("the job fails: {error}"));
-                self.outcome = Some(Err(error));
-            }
-            Recover::RestartWorker(rank) => {
-                self.stats.worker_restarts += 1;
-                self.master.gate.rejoin(rank);
-                let attempt = self.master.gate.attempt();
-                self.replace(rank, attempt);
-                self.log(|| format!("worker {rank} is replaced"));
-            }
-            Recover::LeaveOut(rank) => {
-                self.nodes[rank].alive = false;
-                self.master.schedule.leave_out();
-                self.log(|| format!("the job goes on without worker {rank}"));
-                let now = self.instant();
-                if let Some(output) = self.master.gate.lose(now, rank) {
-                    self.on_gate(output);
-                }
-            }
-            Recover::RestartAll(attempt) => {
-                self.log(|| format!("every worker restarts as attempt {attempt}"));
-                self.new_attempt(attempt, true);
-                for rank in 0..self.config.workers {
-                    self.replace(rank, attempt);
-                }
-            }
-        }
-    }
-
-    /// A new process for `rank`, after the old one (if still running) was stopped.
-    fn replace(&mut self, rank: Rank, attempt: Attempt) {
-        let generation = self.nodes[rank].generation + 1;
-        self.nodes[rank] = self.spawn(rank, generation, attempt);
-    }
-
-    /// Every node starts `attempt`: the gate fences off the old one, the master resumes
-    /// from its newest checkpoint (a new computable when `fresh`).
-    fn new_attempt(&mut self, attempt: Attempt, fresh: bool) {
-        self.highest_attempt = self.highest_attempt.max(attempt);
-        self.stats.new_attempts += 1;
-        let drops = self.master.gate.drops();
-        self.stats.drops.stale += drops.stale;
-        self.stats.drops.duplicate += drops.duplicate;
-        self.stats.drops.unknown_rank += drops.unknown_rank;
-        let now = self.instant();
-        self.master.gate = Gate::new(Self::gate_config(self.config, attempt), now);
-        self.master.recovery.restarted(attempt);
-        let c = self.config;
-        self.master.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
-        self.master.timer = None;
-        self.master.in_round = None;
-        if fresh {
-            self.master.computable = (self.sim.master)();
-        }
-        self.master.ctx = MasterContext::new(
-            self.config.workers,
-            Arc::clone(&self.job_id),
-            self.config.iterations,
-        );
-        self.master.last = None;
-        self.master.resumed = 0;
-        self.master.resumed_halted = false;
-        let latest = self.store.latest();
-        if let Ok(Some(loaded)) = latest {
-            let c = loaded.checkpoint;
-            let last: Result<M, _> = crate::codec::from_slice(&c.master_result);
-            match (last, self.master.computable.restore_state(&c.master_state)) {
-                (Ok(last), Ok(())) => {
-                    self.master.last = Some(Arc::new(last));
-                    self.master.resumed = c.iteration;
-                    self.master.resumed_halted = c.halted.is_some();
-                    self.master.ctx.iteration = c.iteration;
-                    self.log(|| {
-                        format!(
-                            "the master resumes from the checkpoint of iteration {}",
-                            c.iteration
-                        )
-                    });
-                }
-                (Err(e), _) => {
-                    self.outcome = Some(Err(JobError::Checkpoint {
-                        message: format!("cannot decode the checkpoint's master result: {e}"),
-                    }))
-                }
-                (_, Err(e)) => {
-                    self.outcome = Some(Err(JobError::Master {
-                        iteration: c.iteration,
-                        phase: Phase::Checkpoint,
-                        cause: Cause::from_error(e),
-                    }))
-                }
-            }
-        } else {
-            self.log(|| "no checkpoint: the master starts from iteration 1".to_string());
-        }
-    }
-
-    fn crash_master(&mut self, when: &str) {
-        self.master.alive = false;
-        self.master.generation += 1;
-        self.stats.master_crashes += 1;
-        self.log(|| format!("the master crashes {when}"));
-        let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
-        self.at(after, Event::MasterRestart);
-    }
-
-    fn restart_master(&mut self) {
-        // Workers tell the attempt they were in when they reconnect; the new master's
-        // is past every one of them.
-        let attempt = self.highest_attempt.max(self.master.gate.attempt()) + 1;
-        self.log(|| format!("the master restarts as attempt {attempt}"));
-        self.new_attempt(attempt, true);
-        if self.outcome.is_some() {
-            return;
-        }
-        self.master.alive = true;
-        for rank in 0..self.config.workers {
-            let node = &self.nodes[rank];
-            if node.alive {
-                let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
-                let generation = node.generation;
-                self.at(backoff, Event::Reconnect { rank, generation });
-            } else {
-                self.on_failure(JobError::WorkerLost {
-                    rank,
-                    reason: "it did not reconnect to the restarted master (simulated crash)".into(),
-                });
-                if self.outcome.is_some() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl<M, W> Master<M, W> {
-    fn gate_iteration(&self) -> Option<Iteration> {
-        self.in_round
     }
 }

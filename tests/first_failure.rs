@@ -1,0 +1,200 @@
+//! The first failure ends the job at once: `run` returns it within the failure grace of
+//! the failure, whatever the other workers' compute is doing — in memory, with every
+//! placement, and over TCP. Once the failure is known no compute starts; a compute that
+//! checks `ctx.check_cancelled()` stops early; the coordinator's `on_error` runs once.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{over_tcp, summing_master, FnWorker, WorkerFn};
+use superstep::coordinator::{Coordinator, WorkerReport};
+use superstep::prelude::*;
+use superstep::{Phase, Placement};
+
+/// How long the other workers compute in the failing iteration, not looking at the job.
+const LONG: Duration = Duration::from_secs(10);
+/// How soon after the failure `run` must return: the grace (250 ms) with room for a loaded
+/// machine, and far below `LONG`.
+const SOON: Duration = Duration::from_secs(3);
+
+/// What the workers saw.
+#[derive(Default)]
+struct Seen {
+    /// When rank 1 failed.
+    failed_at: OnceLock<Instant>,
+    /// When each long compute started.
+    long_started: Mutex<Vec<(usize, Instant)>>,
+    /// Computes that stopped early, having checked for cancellation.
+    stopped_early: AtomicUsize,
+}
+
+impl Seen {
+    fn failed_at(&self) -> Instant {
+        *self.failed_at.get().expect("rank 1 failed")
+    }
+
+    /// Every long compute started before the failure: none started once it was known.
+    fn assert_no_compute_started_after_the_failure(&self) {
+        let failed = self.failed_at();
+        for (rank, started) in self.long_started.lock().unwrap().iter() {
+            assert!(
+                *started <= failed,
+                "worker {rank}'s compute started {:?} after the failure",
+                started.duration_since(failed)
+            );
+        }
+    }
+}
+
+/// Rank 1 fails in iteration 3; every other rank computes for `LONG` there — looking at
+/// the job (`check_cancelled`) when `cooperative`, not at all otherwise.
+fn workers(seen: Arc<Seen>, cooperative: bool) -> impl Fn(usize) -> FnWorker<WorkerFn> {
+    move |rank| {
+        let seen = Arc::clone(&seen);
+        FnWorker {
+            f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+                if ctx.iteration() != 3 {
+                    return Ok(1);
+                }
+                if rank == 1 {
+                    let _ = seen.failed_at.set(Instant::now());
+                    return Err("shard 1 is corrupt".into());
+                }
+                seen.long_started
+                    .lock()
+                    .unwrap()
+                    .push((rank, Instant::now()));
+                let until = Instant::now() + LONG;
+                while Instant::now() < until {
+                    if cooperative {
+                        if let Err(cancelled) = ctx.check_cancelled() {
+                            seen.stopped_early.fetch_add(1, Ordering::SeqCst);
+                            return Err(cancelled.into());
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(1)
+            }),
+        }
+    }
+}
+
+fn assert_rank_1_failed_in_iteration_3(error: &JobError) {
+    match error {
+        JobError::Worker {
+            rank: 1,
+            iteration: 3,
+            phase: Phase::Compute,
+            cause,
+        } => assert_eq!(cause.message(), "shard 1 is corrupt"),
+        other => panic!("expected worker 1's failure in iteration 3, got {other}"),
+    }
+}
+
+fn run_in_memory(placement: Placement, cooperative: bool) -> (JobError, Duration, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let error = Job::builder(summing_master(), workers(Arc::clone(&seen), cooperative))
+        .workers(3)
+        .iterations(10)
+        .placement(placement)
+        .run()
+        .unwrap_err();
+    let after = seen.failed_at().elapsed();
+    (error, after, seen)
+}
+
+#[test]
+fn in_memory_run_returns_the_first_failure_within_the_grace_whatever_the_others_compute() {
+    for placement in [Placement::Auto, Placement::Pool, Placement::Inline] {
+        let (error, after, seen) = run_in_memory(placement, false);
+        assert_rank_1_failed_in_iteration_3(&error);
+        assert!(
+            after < SOON,
+            "{placement:?}: run returned {after:?} after the failure"
+        );
+        seen.assert_no_compute_started_after_the_failure();
+    }
+}
+
+#[test]
+fn a_compute_that_checks_for_cancellation_stops_early() {
+    let (error, after, seen) = run_in_memory(Placement::Pool, true);
+    assert_rank_1_failed_in_iteration_3(&error);
+    assert!(after < SOON, "run returned {after:?} after the failure");
+    let started = seen.long_started.lock().unwrap().len();
+    // Every long compute that started saw the cancellation (the pool's threads are free
+    // again: they stopped, they were not given up on).
+    let deadline = Instant::now() + SOON;
+    while seen.stopped_early.load(Ordering::SeqCst) < started && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(seen.stopped_early.load(Ordering::SeqCst), started);
+}
+
+/// A coordinator that counts its hooks.
+#[derive(Clone, Default)]
+struct Counting(Arc<Mutex<Vec<String>>>);
+
+impl Coordinator for Counting {
+    fn on_finish(&mut self, _: &[WorkerReport]) -> Result<(), BoxError> {
+        self.0.lock().unwrap().push("on_finish".into());
+        Ok(())
+    }
+    fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
+        self.0.lock().unwrap().push(format!("on_error: {error}"));
+        Ok(())
+    }
+}
+
+#[test]
+fn the_coordinator_cleans_up_once_before_run_returns_even_when_compute_holds_the_job_s_thread() {
+    for placement in [Placement::Inline, Placement::Pool] {
+        let seen = Arc::new(Seen::default());
+        let hooks = Counting::default();
+        let error = Job::builder(summing_master(), workers(Arc::clone(&seen), false))
+            .workers(3)
+            .iterations(10)
+            .placement(placement)
+            .coordinator(hooks.clone())
+            .run()
+            .unwrap_err();
+        assert_rank_1_failed_in_iteration_3(&error);
+        let called = hooks.0.lock().unwrap().clone();
+        assert_eq!(called.len(), 1, "{placement:?}: {called:?}");
+        assert!(called[0].starts_with("on_error: worker 1"), "{called:?}");
+    }
+}
+
+#[test]
+fn over_tcp_every_process_returns_the_first_failure_within_the_grace() {
+    let seen = Arc::new(Seen::default());
+    let job_seen = Arc::clone(&seen);
+    let returned = Arc::new(Mutex::new(Vec::new()));
+    let job_returned = Arc::clone(&returned);
+    let outcomes = over_tcp::<u64, u64, _>(3, "first-failure", move |rank, transport| {
+        let outcome = Job::builder(summing_master(), workers(Arc::clone(&job_seen), false))
+            .iterations(10)
+            .transport(transport)
+            .run();
+        job_returned.lock().unwrap().push((rank, Instant::now()));
+        outcome
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Err(error) => assert_rank_1_failed_in_iteration_3(error),
+            Ok(_) => panic!("rank {rank}'s process completed"),
+        }
+    }
+    let failed = seen.failed_at();
+    for (rank, at) in returned.lock().unwrap().iter() {
+        let after = at.duration_since(failed);
+        assert!(
+            after < SOON,
+            "rank {rank}'s process returned {after:?} after the failure"
+        );
+    }
+}

@@ -339,3 +339,51 @@ fn try_check_returns_the_failing_seed_with_the_line_that_replays_it() {
         .starts_with("SUPERSTEP_SIM_SEED=4 cargo test"));
     assert!(failure.to_string().contains(&failure.replay));
 }
+
+#[test]
+fn a_scheduled_fault_fires_once_where_it_is_scheduled_and_the_replay_line_carries_it() {
+    use superstep::sim::{CrashPoint, Fault};
+    let expected = fault_free(3, 6);
+    let crash = vec![Fault::WorkerCrash {
+        rank: 1,
+        iteration: 3,
+        after_result: false,
+    }];
+    let run = job(3, 6).schedule(crash.clone()).run(0);
+    match &run.outcome {
+        Err(JobError::WorkerLost { rank: 1, .. }) => {}
+        other => panic!("expected worker 1 lost, got {other:?}"),
+    }
+    assert_eq!(run.stats.worker_crashes, 1);
+    assert!(
+        run.replay_command()
+            .contains(r#"SUPERSTEP_SIM_SCHEDULE='[{"WorkerCrash":{"rank":1,"iteration":3,"after_result":false}}]'"#),
+        "{}",
+        run.replay_command()
+    );
+    // The iteration redone by the replacement does not crash again.
+    let run = job(3, 6)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+        .schedule(crash)
+        .run(0);
+    ends_with(expected)(&run).unwrap();
+    assert_eq!(run.stats.worker_restarts, 1);
+    // A master that crashes while writing a checkpoint resumes from the one before.
+    for point in [
+        CrashPoint::Gathering,
+        CrashPoint::BeforeCompute,
+        CrashPoint::BeforeCheckpoint,
+        CrashPoint::DuringCheckpoint,
+        CrashPoint::AfterCheckpoint,
+    ] {
+        let run = job(3, 6)
+            .checkpoint_every(2)
+            .schedule(vec![Fault::MasterCrash {
+                iteration: 4,
+                point,
+            }])
+            .run(0);
+        assert_eq!(run.stats.master_crashes, 1, "{point:?}");
+        ends_with(expected)(&run).unwrap();
+    }
+}

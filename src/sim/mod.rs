@@ -12,7 +12,7 @@
 //! interceptors and checkpoints — built the way the runtime builds it, from the settings
 //! and the newest checkpoint. The simulator only delivers messages, advances the clock and
 //! injects faults: what a round, a recovery or the end of a job means is decided in the
-//! node. A worker's [`WorkerState`](crate::protocol::WorkerState) acts on each master
+//! node. A worker's [`WorkerState`] acts on each master
 //! message once, in increasing order, skipping ahead when it is late, and says it is done
 //! when told to stop. Every result crosses the wire encoding on its way, as between
 //! processes.
@@ -25,6 +25,12 @@
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
 //! requires), so they die and start again with it.
+//!
+//! Faults are drawn from the seed with the probabilities of [`Faults`], or given as data
+//! ([`Simulation::schedule`], a list of [`Fault`]s at given ranks, iterations and points):
+//! a schedule is what a property test generates and shrinks (with the `proptest` feature,
+//! `strategies` has the strategies), and a failing run's replay line carries it
+//! ([`SimRun::replay_command`], [`Simulation::try_check`]).
 //!
 //! ```
 //! use superstep::prelude::*;
@@ -63,6 +69,9 @@
 //! });
 //! ```
 
+#[cfg(feature = "proptest")]
+pub mod strategies;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
@@ -92,6 +101,80 @@ use crate::runtime::{Checkpointing, DynMaster, DynWorker};
 pub const SEED_VAR: &str = "SUPERSTEP_SIM_SEED";
 /// The variable that sets how many seeds [`Simulation::check`] runs, for long runs.
 pub const SEEDS_VAR: &str = "SUPERSTEP_SIM_SEEDS";
+/// The variable that replays a fault schedule (JSON, as a failure prints it) in place of
+/// the one [`Simulation::check`] would run.
+pub const SCHEDULE_VAR: &str = "SUPERSTEP_SIM_SCHEDULE";
+
+/// One fault at a point of a simulated run, given as data: a schedule of them
+/// ([`Simulation::schedule`]) is what a property test generates, and what it shrinks to a
+/// minimal failing one. Each fires once, the first time the run reaches its point (an
+/// iteration redone after a recovery does not crash again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Fault {
+    /// The worker of `rank` crashes in `iteration`: during its compute, or right after its
+    /// result left (the result is then in flight).
+    WorkerCrash {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+        /// Whether it crashes after its result left, rather than during its compute.
+        after_result: bool,
+    },
+    /// The worker of `rank` computes `iteration` twenty times as long (a straggler).
+    Slow {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+    },
+    /// The result of `rank` for `iteration` is delivered twice.
+    Duplicate {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+    },
+    /// The result of `rank` for `iteration` is lost on the way and retransmitted later.
+    Drop {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+    },
+    /// The result of `rank` for `iteration` is delayed by `millis` beyond the usual
+    /// latency.
+    Delay {
+        /// Its rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+        /// The extra delay, in milliseconds of virtual time.
+        millis: u64,
+    },
+    /// The master's process crashes in `iteration`, at `point`.
+    MasterCrash {
+        /// The iteration.
+        iteration: Iteration,
+        /// Where in it.
+        point: CrashPoint,
+    },
+}
+
+/// Where in an iteration the master's process crashes ([`Fault::MasterCrash`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum CrashPoint {
+    /// While it gathers the workers' results.
+    Gathering,
+    /// Once the results are in, before its compute.
+    BeforeCompute,
+    /// After its compute, before its checkpoint write.
+    BeforeCheckpoint,
+    /// During its checkpoint write (which is then lost: the one before stays).
+    DuringCheckpoint,
+    /// After its checkpoint write.
+    AfterCheckpoint,
+}
 
 /// Which faults a simulated run draws, and how often. Every probability is in `[0, 1]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -171,7 +254,7 @@ impl Faults {
     }
 }
 
-/// The settings of a simulated job: those of [`JobConfig`](crate::JobConfig) that shape
+/// The settings of a simulated job: those of [`JobConfig`] that shape
 /// the protocol, and the faults.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -197,6 +280,8 @@ pub struct SimConfig {
     pub startup_timeout: Duration,
     /// The faults to draw. Default none.
     pub faults: Faults,
+    /// Faults at given points, besides those drawn. Default none.
+    pub schedule: Vec<Fault>,
 }
 
 impl Default for SimConfig {
@@ -212,6 +297,7 @@ impl Default for SimConfig {
             iteration_timeout: Duration::from_secs(10),
             startup_timeout: Duration::from_secs(10),
             faults: Faults::default(),
+            schedule: Vec::new(),
         }
     }
 }
@@ -287,17 +373,27 @@ pub struct SimRun<M> {
     /// result folded is of the round's attempt and iteration, one per rank; no round
     /// completes without its quorum; the run ends.
     pub violations: Vec<String>,
+    /// The fault schedule it ran with ([`Simulation::schedule`]).
+    pub schedule: Vec<Fault>,
 }
 
 impl<M> SimRun<M> {
     /// The command that replays this run in the current test.
+    /// The command that replays this run in the current test: its seed, and its fault
+    /// schedule when it has one — the whole case, on one line.
     pub fn replay_command(&self) -> String {
         let test = std::thread::current()
             .name()
             .filter(|n| *n != "main")
             .map(|n| format!(" {n} -- --exact"))
             .unwrap_or_default();
-        format!("{SEED_VAR}={} cargo test{test}", self.seed)
+        let schedule = if self.schedule.is_empty() {
+            String::new()
+        } else {
+            let json = serde_json::to_string(&self.schedule).unwrap_or_default();
+            format!(" {SCHEDULE_VAR}='{json}'")
+        };
+        format!("{SEED_VAR}={}{schedule} cargo test{test}", self.seed)
     }
 }
 
@@ -403,6 +499,13 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         self
     }
 
+    /// Faults at given points of the run, besides those drawn: a schedule a property test
+    /// can generate and shrink (see [`Fault`]).
+    pub fn schedule(mut self, schedule: Vec<Fault>) -> Self {
+        self.config.schedule = schedule;
+        self
+    }
+
     /// Replaces every setting.
     pub fn config(mut self, config: SimConfig) -> Self {
         self.config = config;
@@ -439,8 +542,16 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         seeds: Range<u64>,
         property: impl Fn(&SimRun<M>) -> Result<(), String>,
     ) -> Result<(), Box<SimFailure>> {
+        let replayed;
+        let sim = match schedule_to_replay() {
+            Some(schedule) => {
+                replayed = self.clone().schedule(schedule);
+                &replayed
+            }
+            None => self,
+        };
         for seed in seeds_to_run(seeds) {
-            let run = self.run(seed);
+            let run = sim.run(seed);
             let failure = if !run.violations.is_empty() {
                 Some(format!("broke invariants: {}", run.violations.join("; ")))
             } else {
@@ -493,6 +604,19 @@ impl fmt::Display for SimFailure {
 }
 
 impl std::error::Error for SimFailure {}
+
+/// The schedule in `SUPERSTEP_SIM_SCHEDULE`, if set (and readable: an unreadable one is
+/// said, and ignored).
+fn schedule_to_replay() -> Option<Vec<Fault>> {
+    let text = std::env::var(SCHEDULE_VAR).ok()?;
+    match serde_json::from_str(&text) {
+        Ok(schedule) => Some(schedule),
+        Err(e) => {
+            eprintln!("{SCHEDULE_VAR} is not a fault schedule ({e}); running the test's own");
+            None
+        }
+    }
+}
 
 /// The seeds to run: the one in `SUPERSTEP_SIM_SEED`, else `0..SUPERSTEP_SIM_SEEDS`, else
 /// `default`.
@@ -669,6 +793,8 @@ struct World<'s, M: Payload, W: Payload> {
     violations: Vec<String>,
     /// Per rank: the (attempt, iteration) of each result it sent.
     sent: Vec<Vec<(Attempt, Iteration)>>,
+    /// The scheduled faults that have not fired yet.
+    pending: Vec<Fault>,
 }
 
 const LATENCY_US: Range<u64> = 50..500;
@@ -705,6 +831,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             trace: Vec::new(),
             violations: Vec::new(),
             sent: vec![Vec::new(); config.workers],
+            pending: config.schedule.clone(),
         };
         world.start_master(0);
         for rank in 0..config.workers {
@@ -802,6 +929,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.base + self.now
     }
 
+    /// Fires the first scheduled fault `matches` picks, if any (each fires once).
+    fn scheduled(&mut self, matches: impl Fn(&Fault) -> bool) -> Option<Fault> {
+        let at = self.pending.iter().position(matches)?;
+        let fault = self.pending.remove(at);
+        self.log(|| format!("scheduled fault: {fault:?}"));
+        Some(fault)
+    }
+
     fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && self.rng.random_bool(p.min(1.0))
     }
@@ -855,7 +990,20 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     self.send_to_worker(rank, msg.clone());
                 }
                 // The master's process may crash while it gathers the round it began.
-                if begins && self.master_may_crash() && self.rng.random_bool(0.5) {
+                let iteration = match msg {
+                    ToWorker::Iterate { iteration, .. } => iteration,
+                    _ => 0,
+                };
+                let scheduled = begins
+                    && self
+                        .scheduled(|f| {
+                            *f == Fault::MasterCrash {
+                                iteration,
+                                point: CrashPoint::Gathering,
+                            }
+                        })
+                        .is_some();
+                if scheduled || (begins && self.master_may_crash() && self.rng.random_bool(0.5)) {
                     let at = Duration::from_micros(self.rng.random_range(0..10_000));
                     let master = self.master_generation;
                     self.at(at, Event::MasterCrash { master });
@@ -904,9 +1052,20 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let mut crash = None;
         if let MasterWork::Iterate(round) = &work {
             self.check_round(round);
-            if self.master_may_crash() {
-                crash = Some(self.rng.random_range(0..4u8));
-            }
+            let iteration = round.iteration;
+            let scheduled = self.scheduled(|f| {
+                matches!(f, Fault::MasterCrash { iteration: i, point } if *i == iteration && *point != CrashPoint::Gathering)
+            });
+            crash = match scheduled {
+                Some(Fault::MasterCrash { point, .. }) => Some(match point {
+                    CrashPoint::BeforeCompute | CrashPoint::Gathering => 0,
+                    CrashPoint::BeforeCheckpoint => 1,
+                    CrashPoint::DuringCheckpoint => 2,
+                    CrashPoint::AfterCheckpoint => 3,
+                }),
+                _ if self.master_may_crash() => Some(self.rng.random_range(0..4u8)),
+                _ => None,
+            };
         }
         if crash == Some(0) {
             return self.crash_master("before its compute");
@@ -924,8 +1083,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             return;
         };
         let done = task.run(work);
-        let crashed =
-            std::mem::take(&mut self.store.plan.lock().unwrap_or_else(|e| e.into_inner()).1);
+        let (unused, crashed) = {
+            let mut plan = self.store.plan.lock().unwrap_or_else(|e| e.into_inner());
+            (plan.0.take(), std::mem::take(&mut plan.1))
+        };
+        if matches!(unused, Some(WriteCrash::Before | WriteCrash::After)) {
+            // No checkpoint was due: the process crashes once its compute is done.
+            return self.crash_master("after its compute (no checkpoint was due)");
+        }
         if crashed {
             let when = match write_crash {
                 Some(WriteCrash::Before) => "before its checkpoint write",
@@ -1075,9 +1240,29 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             ToMaster::Result(report) => report.attempt,
             _ => 0,
         };
+        let iteration = match &msg {
+            ToMaster::Result(report) => Some(report.iteration),
+            _ => None,
+        };
         let msg = wire_copy(msg, || format!("worker {from} → master"))
             .unwrap_or_else(|error| ToMaster::Failed { attempt, error });
-        if is_result && self.chance(self.config.faults.duplicate) {
+        let on_result = |f: &Fault, kind: fn(Rank, Iteration) -> Fault| {
+            iteration.is_some_and(|i| *f == kind(from, i))
+        };
+        let duplicate = self
+            .scheduled(|f| on_result(f, |rank, iteration| Fault::Duplicate { rank, iteration }))
+            .is_some();
+        let dropped = self
+            .scheduled(|f| on_result(f, |rank, iteration| Fault::Drop { rank, iteration }))
+            .is_some();
+        let delayed = match self.scheduled(|f| {
+            matches!(f, Fault::Delay { rank, iteration: i, .. } if *rank == from && Some(*i) == iteration)
+        }) {
+            Some(Fault::Delay { millis, .. }) => Duration::from_millis(millis),
+            _ => Duration::ZERO,
+        };
+        let latency = latency + delayed;
+        if duplicate || (is_result && self.chance(self.config.faults.duplicate)) {
             // The copy a network delivers twice: the same bytes, decoded again.
             if let Ok(copy) = crate::codec::round_trip(&msg) {
                 let again = self.latency() + latency;
@@ -1091,7 +1276,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 );
             }
         }
-        let latency = if is_result && self.chance(self.config.faults.drop) {
+        let latency = if dropped || (is_result && self.chance(self.config.faults.drop)) {
             latency + RETRANSMIT
         } else {
             latency
@@ -1171,6 +1356,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             stats: self.stats,
             trace: self.trace,
             violations: self.violations,
+            schedule: self.config.schedule.clone(),
         }
     }
 
@@ -1450,9 +1636,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     fn compute(&mut self, rank: Rank, iteration: Iteration, last: Option<Arc<M>>) {
         let faults = self.config.faults;
-        let slow = self.chance(faults.slow);
-        let crash = self.worker_crashes < faults.max_crashes && self.chance(faults.worker_crash);
-        let during = crash && self.rng.random_bool(0.5);
+        let slow = self
+            .scheduled(|f| *f == Fault::Slow { rank, iteration })
+            .is_some()
+            || self.chance(faults.slow);
+        let scheduled = self.scheduled(|f| {
+            matches!(f, Fault::WorkerCrash { rank: r, iteration: i, .. } if *r == rank && *i == iteration)
+        });
+        let (crash, during) = match scheduled {
+            Some(Fault::WorkerCrash { after_result, .. }) => (true, !after_result),
+            _ => {
+                let crash =
+                    self.worker_crashes < faults.max_crashes && self.chance(faults.worker_crash);
+                (crash, crash && self.rng.random_bool(0.5))
+            }
+        };
         let mut took = Duration::from_micros(self.rng.random_range(1_000..10_000));
         if slow {
             took *= 20;

@@ -1,0 +1,161 @@
+//! Proptest strategies for simulated runs of your own job (feature `proptest`): fault
+//! schedules, failure policies and settings. A fault schedule is data ([`Fault`]), so when
+//! a property fails, proptest shrinks the schedule to a minimal failing one — fewer
+//! faults, lower ranks, earlier iterations — and [`Simulation::try_check`] names the run
+//! with the one line that replays it.
+//!
+//! ```
+//! use proptest::prelude::*;
+//! use superstep::prelude::*;
+//! use superstep::sim::{strategies, Simulation};
+//! use superstep::FailurePolicy;
+//!
+//! struct Count;
+//! impl WorkerComputable for Count {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!     fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+//!         Ok(ctx.last_master_result().copied().unwrap_or(0) + ctx.rank() as u64)
+//!     }
+//! }
+//! struct Sum;
+//! impl MasterComputable for Sum {
+//!     type MasterResult = u64;
+//!     type WorkerResult = u64;
+//!     fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+//!         Ok(Step::Continue(ctx.worker_results().iter().sum::<u64>() % 1_000_003))
+//!     }
+//! }
+//!
+//! fn job() -> Simulation<u64, u64> {
+//!     Simulation::new(|| Sum, |_| Count).workers(3).iterations(6).checkpoint_every(2)
+//! }
+//!
+//! proptest! {
+//!     #![proptest_config(ProptestConfig::with_cases(16))]
+//!     // In your tests: `#[test]` on the function.
+//!     fn recovers_from_any_fault_schedule(
+//!         schedule in strategies::schedule(3, 6, 4),
+//!         policy in strategies::recovering_policy(4),
+//!     ) {
+//!         let expected = job().run(0).outcome.unwrap().result;
+//!         job()
+//!             .policy(policy)
+//!             .schedule(schedule)
+//!             .try_check(0..2, |run| match &run.outcome {
+//!                 Ok(o) if o.result == expected => Ok(()),
+//!                 other => Err(format!("{other:?}")),
+//!             })
+//!             .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
+//!     }
+//! }
+//! # recovers_from_any_fault_schedule();
+//! ```
+
+use proptest::prelude::*;
+
+#[cfg(doc)]
+use super::Simulation;
+use super::{CrashPoint, Fault, SimConfig};
+use crate::protocol::{FailurePolicy, Iteration};
+
+/// Where in an iteration the master's process crashes.
+pub fn crash_point() -> impl Strategy<Value = CrashPoint> {
+    prop_oneof![
+        Just(CrashPoint::Gathering),
+        Just(CrashPoint::BeforeCompute),
+        Just(CrashPoint::BeforeCheckpoint),
+        Just(CrashPoint::DuringCheckpoint),
+        Just(CrashPoint::AfterCheckpoint),
+    ]
+}
+
+/// One fault of a run of `workers` workers and `iterations` iterations: a worker's crash,
+/// a straggler, a duplicated, lost or delayed result, or a crash of the master's process.
+pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fault> {
+    let rank = 0..workers.max(1);
+    let iteration = 1..=iterations.max(1);
+    prop_oneof![
+        (rank.clone(), iteration.clone(), any::<bool>()).prop_map(
+            |(rank, iteration, after_result)| Fault::WorkerCrash {
+                rank,
+                iteration,
+                after_result,
+            }
+        ),
+        (rank.clone(), iteration.clone())
+            .prop_map(|(rank, iteration)| Fault::Slow { rank, iteration }),
+        (rank.clone(), iteration.clone())
+            .prop_map(|(rank, iteration)| Fault::Duplicate { rank, iteration }),
+        (rank.clone(), iteration.clone())
+            .prop_map(|(rank, iteration)| Fault::Drop { rank, iteration }),
+        (rank, iteration.clone(), 1..200u64).prop_map(|(rank, iteration, millis)| {
+            Fault::Delay {
+                rank,
+                iteration,
+                millis,
+            }
+        }),
+        (iteration, crash_point())
+            .prop_map(|(iteration, point)| Fault::MasterCrash { iteration, point }),
+    ]
+}
+
+/// A schedule of at most `max` faults of a run of `workers` workers and `iterations`
+/// iterations. It shrinks by dropping faults and simplifying the rest.
+pub fn schedule(
+    workers: usize,
+    iterations: Iteration,
+    max: usize,
+) -> impl Strategy<Value = Vec<Fault>> {
+    proptest::collection::vec(fault(workers, iterations), 0..=max)
+}
+
+/// A failure policy that recovers from `faults` failures of workers and ends with the
+/// fault-free result: a replacement per failure (`RestartWorker`), or a restart of every
+/// worker (`RestartAll`). (`ContinueWithout` recovers too, but its result lacks the ranks
+/// it left out.)
+pub fn recovering_policy(faults: u32) -> impl Strategy<Value = FailurePolicy> {
+    prop_oneof![
+        Just(FailurePolicy::RestartWorker {
+            max_restarts: faults.max(1),
+        }),
+        Just(FailurePolicy::RestartAll {
+            max_attempts: faults.saturating_add(1).max(2),
+        }),
+    ]
+}
+
+/// Any failure policy, with up to `max` restarts or attempts.
+pub fn policy(max: u32) -> impl Strategy<Value = FailurePolicy> {
+    let max = max.max(1);
+    prop_oneof![
+        Just(FailurePolicy::Fail),
+        (0..=max).prop_map(|max_restarts| FailurePolicy::RestartWorker { max_restarts }),
+        Just(FailurePolicy::ContinueWithout),
+        (1..=max).prop_map(|max_attempts| FailurePolicy::RestartAll { max_attempts }),
+    ]
+}
+
+/// Settings of a simulated job: 1 to `max_workers` workers, 1 to `max_iterations`
+/// iterations, a checkpoint every k iterations or none, worker halt votes on or off, with
+/// the default timeouts, no drawn faults and no schedule (add them with
+/// [`Simulation::faults`] and [`Simulation::schedule`]).
+pub fn settings(max_workers: usize, max_iterations: Iteration) -> impl Strategy<Value = SimConfig> {
+    let max_iterations = max_iterations.max(1);
+    (
+        1..=max_workers.max(1),
+        1..=max_iterations,
+        proptest::option::of(1..=max_iterations),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(workers, iterations, checkpoint_every, worker_halt)| SimConfig {
+                workers,
+                iterations,
+                checkpoint_every,
+                worker_halt,
+                ..SimConfig::default()
+            },
+        )
+}

@@ -1,0 +1,131 @@
+//! Property-tested simulations of a job, as a user writes them (feature `proptest`): an
+//! arbitrary fault schedule against the job, checked with `try_check` inside proptest, and
+//! a failing schedule shrunk to a minimal one whose run replays from one line.
+#![cfg(feature = "proptest")]
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestError, TestRunner};
+use superstep::prelude::*;
+use superstep::sim::{strategies, Fault, SimRun, Simulation};
+use superstep::FailurePolicy;
+
+struct Count;
+
+impl WorkerComputable for Count {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        Ok(ctx.last_master_result().copied().unwrap_or(0) * 31 + ctx.rank() as u64 + 1)
+    }
+}
+
+#[derive(Default)]
+struct Sum {
+    rounds: u64,
+}
+
+impl MasterComputable for Sum {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        self.rounds += 1;
+        let sum: u64 = ctx.worker_results().iter().sum();
+        Ok(Step::Continue((sum + self.rounds) % 1_000_003))
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        Ok(self.rounds.to_le_bytes().to_vec())
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        self.rounds = u64::from_le_bytes(state.try_into()?);
+        Ok(())
+    }
+}
+
+fn job() -> Simulation<u64, u64> {
+    Simulation::new(Sum::default, |_| Count)
+        .workers(3)
+        .iterations(6)
+        .checkpoint_every(2)
+}
+
+fn ends_with(expected: u64) -> impl Fn(&SimRun<u64>) -> Result<(), String> {
+    move |run| match &run.outcome {
+        Ok(o) if *o.result == expected => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn a_job_recovers_from_any_fault_schedule_with_the_fault_free_result(
+        schedule in strategies::schedule(3, 6, 6),
+        policy in strategies::recovering_policy(6),
+    ) {
+        let expected = *job().run(0).outcome.unwrap().result;
+        job()
+            .policy(policy)
+            .schedule(schedule)
+            .try_check(0..3, ends_with(expected))
+            .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
+    }
+
+    #[test]
+    fn any_settings_and_policy_end_or_fail_without_breaking_an_invariant(
+        settings in strategies::settings(4, 8),
+        policy in strategies::policy(4),
+        schedule in strategies::schedule(4, 8, 4),
+    ) {
+        let sim = Simulation::new(Sum::default, |_| Count)
+            .config(settings)
+            .policy(policy)
+            .schedule(schedule);
+        // Any outcome, as long as the run ends and holds the protocol's invariants.
+        sim.try_check(0..2, |_| Ok(()))
+            .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
+    }
+}
+
+/// Under `Fail` a worker's crash fails the job: proptest finds a schedule that breaks "ends
+/// with the fault-free result" and shrinks it to the one fault that matters, whose run the
+/// failure replays from one line.
+#[test]
+fn a_failing_schedule_shrinks_to_the_one_fault_that_matters() {
+    let expected = *job().run(0).outcome.unwrap().result;
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&strategies::schedule(3, 6, 8), |schedule| {
+        job()
+            .policy(FailurePolicy::Fail)
+            .schedule(schedule)
+            .try_check(0..1, ends_with(expected))
+            .map_err(|failure| TestCaseError::fail(failure.to_string()))
+    });
+    let (reason, minimal) = match result {
+        Err(TestError::Fail(reason, minimal)) => (reason, minimal),
+        other => panic!("expected a failing schedule, got {other:?}"),
+    };
+    assert_eq!(minimal.len(), 1, "shrunk to one fault: {minimal:?}");
+    // A master's crash is recovered from under any policy (it resumes from its
+    // checkpoint); a worker's is not under `Fail`.
+    assert!(
+        matches!(minimal[0], Fault::WorkerCrash { .. }),
+        "{minimal:?}"
+    );
+    let json = serde_json::to_string(&minimal).unwrap();
+    assert!(
+        reason
+            .message()
+            .contains(&format!("SUPERSTEP_SIM_SCHEDULE='{json}'")),
+        "the failure replays its schedule: {}",
+        reason.message()
+    );
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{over_tcp, summing_master, FnWorker, WorkerFn};
 use superstep::coordinator::{Coordinator, WorkerReport};
 use superstep::prelude::*;
-use superstep::{Phase, Placement};
+use superstep::{Cancel, Phase, Placement};
 
 /// How long the other workers compute in the failing iteration, not looking at the job.
 const LONG: Duration = Duration::from_secs(10);
@@ -197,4 +197,86 @@ fn over_tcp_every_process_returns_the_first_failure_within_the_grace() {
             "rank {rank}'s process returned {after:?} after the failure"
         );
     }
+}
+
+/// A master interceptor whose `post_application` takes longer than the grace.
+struct SlowEnd(Arc<Mutex<Option<bool>>>);
+
+impl MasterInterceptor<u64, u64> for SlowEnd {
+    fn post_application(
+        &mut self,
+        _: &MasterContext<u64, u64>,
+        ending: Ending<'_>,
+    ) -> Result<(), BoxError> {
+        std::thread::sleep(Duration::from_millis(700));
+        *self.0.lock().unwrap() = Some(matches!(ending, Ending::Failed(_)));
+        Ok(())
+    }
+}
+
+#[test]
+fn the_end_of_a_failed_job_is_not_cut_short_by_the_grace() {
+    // The master's `post_application` starts after the failure: it is the end itself, and
+    // `run` waits for it, whatever the grace.
+    let ended = Arc::new(Mutex::new(None));
+    let error = Job::builder(summing_master(), |rank| FnWorker {
+        f: Box::new(
+            move |_: &mut WorkerContext<u64, u64>| -> Result<u64, BoxError> {
+                if rank == 1 {
+                    return Err("shard 1 is corrupt".into());
+                }
+                Ok(1)
+            },
+        ) as WorkerFn,
+    })
+    .workers(3)
+    .master_interceptor(SlowEnd(Arc::clone(&ended)))
+    .run()
+    .unwrap_err();
+    assert!(matches!(error, JobError::Worker { rank: 1, .. }), "{error}");
+    assert_eq!(
+        *ended.lock().unwrap(),
+        Some(true),
+        "post_application ran to its end"
+    );
+}
+
+#[test]
+fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
+    let cancel = Cancel::new();
+    let canceller = cancel.clone();
+    let started = Arc::new(OnceLock::new());
+    let master_started = Arc::clone(&started);
+    let begun = Instant::now();
+    let error = Job::builder(
+        common::FnMaster {
+            f: move |ctx: &mut MasterContext<u64, u64>| -> Result<Step<u64>, BoxError> {
+                if ctx.iteration() == 2 {
+                    let _ = master_started.set(Instant::now());
+                    canceller.cancel();
+                    std::thread::sleep(LONG);
+                }
+                Ok(Step::Continue(1))
+            },
+        },
+        |_| FnWorker {
+            f: Box::new(|_: &mut WorkerContext<u64, u64>| Ok(1u64)) as WorkerFn,
+        },
+    )
+    .workers(2)
+    .iterations(5)
+    .placement(Placement::Pool)
+    .cancel(cancel)
+    .run()
+    .unwrap_err();
+    assert_eq!(error, JobError::Cancelled);
+    let after = started
+        .get()
+        .expect("the master computed iteration 2")
+        .elapsed();
+    assert!(
+        after < SOON,
+        "run returned {after:?} after the cancel ({:?} in all)",
+        begun.elapsed()
+    );
 }

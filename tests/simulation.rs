@@ -387,3 +387,163 @@ fn a_scheduled_fault_fires_once_where_it_is_scheduled_and_the_replay_line_carrie
         ends_with(expected)(&run).unwrap();
     }
 }
+
+/// Votes to halt once the master result passes a bound.
+struct Voter;
+
+impl WorkerComputable for Voter {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        let last = ctx.last_master_result().copied().unwrap_or(0);
+        if last >= 20 {
+            ctx.vote_halt();
+        }
+        Ok(ctx.rank() as u64 + 1)
+    }
+}
+
+/// Sums, and halts itself past a bound when told to.
+struct Halting {
+    at: Option<u64>,
+}
+
+impl MasterComputable for Halting {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+        let total = ctx.last_master_result().copied().unwrap_or(0)
+            + ctx.worker_results().iter().sum::<u64>();
+        Ok(match self.at {
+            Some(at) if total >= at => Step::Halt(total),
+            _ => Step::Continue(total),
+        })
+    }
+}
+
+#[test]
+fn halting_by_the_master_or_by_the_workers_votes_ends_where_the_runtime_ends_under_faults() {
+    for (master_halt, votes) in [(Some(14), false), (None, true)] {
+        let real = Job::builder(Halting { at: master_halt }, |_| Voter)
+            .workers(3)
+            .iterations(50)
+            .worker_halt(votes)
+            .run()
+            .unwrap();
+        assert!(real.halted);
+        let sim = Simulation::new(move || Halting { at: master_halt }, |_| Voter)
+            .workers(3)
+            .iterations(50)
+            .worker_halt(votes)
+            .checkpoint_every(2)
+            .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+            .faults(Faults::all(0.05));
+        let expected = (*real.result, real.iterations);
+        sim.check(0..300, move |run| match &run.outcome {
+            Ok(o) if o.halted && (*o.result, o.iterations) == expected => Ok(()),
+            other => Err(format!("{other:?} instead of a halt at {expected:?}")),
+        });
+    }
+}
+
+/// Counts what the interceptors of one side saw.
+#[derive(Clone, Default)]
+struct Seen(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl Seen {
+    fn push(&self, what: &'static str) {
+        self.0.lock().unwrap().push(what);
+    }
+    fn count(&self, what: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| **w == what)
+            .count()
+    }
+}
+
+struct Watching(Seen);
+
+impl WorkerInterceptor<u64, u64> for Watching {
+    fn pre_application(&mut self, _: &WorkerContext<u64, u64>) -> Result<(), BoxError> {
+        self.0.push("worker start");
+        Ok(())
+    }
+    fn post_iteration(&mut self, _: &WorkerContext<u64, u64>) -> Result<(), BoxError> {
+        self.0.push("worker iteration");
+        Ok(())
+    }
+    fn post_application(
+        &mut self,
+        _: &WorkerContext<u64, u64>,
+        ending: Ending<'_>,
+    ) -> Result<(), BoxError> {
+        self.0.push(match ending {
+            Ending::Completed { .. } => "worker completed",
+            Ending::Failed(_) => "worker failed",
+        });
+        Ok(())
+    }
+}
+
+impl MasterInterceptor<u64, u64> for Watching {
+    fn post_iteration(&mut self, _: &MasterContext<u64, u64>) -> Result<(), BoxError> {
+        self.0.push("master iteration");
+        Ok(())
+    }
+    fn post_application(
+        &mut self,
+        _: &MasterContext<u64, u64>,
+        ending: Ending<'_>,
+    ) -> Result<(), BoxError> {
+        self.0.push(match ending {
+            Ending::Completed { .. } => "master completed",
+            Ending::Failed(_) => "master failed",
+        });
+        Ok(())
+    }
+}
+
+#[test]
+fn interceptors_run_in_the_simulator_as_the_runtime_runs_them() {
+    let seen = Seen::default();
+    let (w, m) = (seen.clone(), seen.clone());
+    let run = job(3, 5)
+        .worker_interceptor(move |_| Watching(w.clone()))
+        .master_interceptor(move || Watching(m.clone()))
+        .run(0);
+    ends_with(fault_free(3, 5))(&run).unwrap();
+    assert_eq!(seen.count("worker start"), 3);
+    assert_eq!(seen.count("worker iteration"), 15);
+    assert_eq!(seen.count("worker completed"), 3);
+    assert_eq!(seen.count("master iteration"), 5);
+    assert_eq!(seen.count("master completed"), 1);
+
+    // A replaced worker's interceptors see its failure; its replacement's, the job's end.
+    let seen = Seen::default();
+    let w = seen.clone();
+    let run = job(3, 5)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+        .schedule(vec![superstep::sim::Fault::WorkerCrash {
+            rank: 2,
+            iteration: 2,
+            after_result: true,
+        }])
+        .worker_interceptor(move |_| Watching(w.clone()))
+        .run(0);
+    ends_with(fault_free(3, 5))(&run).unwrap();
+    assert_eq!(
+        seen.count("worker start"),
+        4,
+        "three workers and a replacement"
+    );
+    assert_eq!(
+        seen.count("worker completed"),
+        3,
+        "the crashed one never ends"
+    );
+}

@@ -850,9 +850,18 @@ impl<M, W> MasterNode<M, W> {
                     attempt: self.attempt(),
                     error,
                 }));
-                // A failed job waits only its grace for workers still running user code.
+                // A failed job waits only its grace for workers still running user code,
+                // and for the master's own code away on the pool (its deadline comes
+                // sooner: past it, its `post_application` is skipped).
                 let c = &self.settings.config;
                 let grace = c.failure_grace.min(c.shutdown_timeout);
+                if let MasterAt::Away {
+                    deadline: Some((at, ..)),
+                    ..
+                } = &mut self.master
+                {
+                    *at = (*at).min(now + grace);
+                }
                 let output = self.gate.drain_within(now, grace);
                 self.on_gate(now, output, reach);
                 self.forget_unconnected(now, reach);

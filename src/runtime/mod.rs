@@ -22,7 +22,7 @@ pub(crate) mod master;
 mod node;
 mod pool;
 mod watch;
-mod worker;
+pub(crate) mod worker;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -284,7 +284,12 @@ fn held_up(shared: &Shared, config: &JobConfig) -> Option<JobError> {
     if at.elapsed() <= grace + tick(config) {
         return None;
     }
-    let running = shared.watch.running()?;
+    let (running, since, stopping) = shared.watch.running()?;
+    // Only code that started before the failure holds the end up: what runs after it (a
+    // `post_application`, say) is the end itself.
+    if stopping || since >= *at {
+        return None;
+    }
     tracing::error!(%error, "the job failed, and {running} still runs inline past the failure grace: the job's thread is left to it");
     if let Some(abort) = shared.abort.get() {
         abort(error);
@@ -409,8 +414,11 @@ async fn launch<M: Payload, W: Payload>(
             Box::new(move |env| {
                 // Under `Fail` a worker's failure ends the job: this process hears of it
                 // here, on the transport's thread, even while user code holds the job's.
-                if let (true, ToMaster::Failed { error, .. }) = (fail_ends_job, &env.msg) {
-                    heard.end(&error.clone().attributed_to(env.from));
+                if let (true, ToMaster::Failed { error, attempt: a }) = (fail_ends_job, &env.msg) {
+                    // (Of this attempt only: one of a master left behind is stale.)
+                    if *a == attempt {
+                        heard.end(&error.clone().attributed_to(env.from));
+                    }
                 }
                 inbox.do_send(Arrived {
                     env,

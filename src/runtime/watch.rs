@@ -68,15 +68,19 @@ impl Watch {
         self.since.store(0, Ordering::Release);
     }
 
-    /// Who runs inline now, if anyone: "worker 3", "the master".
-    pub(crate) fn running(&self) -> Option<String> {
-        if self.since.load(Ordering::Acquire) == 0 {
+    /// Who runs inline now, if anyone ("worker 3's code", "the master's code"), when it
+    /// started, and whether it is the end of the job's work (a `post_application`).
+    pub(crate) fn running(&self) -> Option<(String, Instant, bool)> {
+        let since = self.since.load(Ordering::Acquire);
+        if since == 0 {
             return None;
         }
-        Some(match self.who.load(Ordering::Relaxed) {
+        let who = match self.who.load(Ordering::Relaxed) {
             MASTER => "the master's code".to_string(),
             rank => format!("worker {rank}'s code"),
-        })
+        };
+        let stopping = self.during.load(Ordering::Relaxed) == 2;
+        Some((who, self.origin + Duration::from_nanos(since - 1), stopping))
     }
 
     /// The timeout error for inline code that has run past its deadline, if any.

@@ -21,25 +21,28 @@ use crate::transport::{TransportError, WorkerLink};
 pub(crate) struct WorkerTask<M, W> {
     computable: DynWorker<M, W>,
     interceptors: WorkerHooks<M, W>,
-    ctx: WorkerContext<M, W>,
-    attempt: Attempt,
+    pub(crate) ctx: WorkerContext<M, W>,
+    pub(crate) attempt: Attempt,
     /// How many interceptors' `pre_application` ran: their `post_application` runs.
     entered: usize,
     /// Whether a failure of this worker's code ends the job (`FailurePolicy::Fail`): it is
     /// then known to the process at once, on the thread it failed on, so no compute starts
     /// after it.
     failure_ends_job: bool,
+    /// Set by the worker's actor while the work away belongs to a master it left behind
+    /// (its failure then ends nothing).
+    pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One unit of user work.
-enum Work<M> {
+pub(crate) enum Work<M> {
     Start,
     Iterate(Iteration, Option<Arc<M>>),
     Stop(OwnedEnding<M>),
 }
 
 /// What a unit of user work ended with.
-enum Worked<W> {
+pub(crate) enum Worked<W> {
     Started(Result<(), JobError>),
     Iterated(Result<Report<W>, JobError>),
     /// The iteration was not computed: the job had failed by the time it would start.
@@ -61,6 +64,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             attempt,
             entered: 0,
             failure_ends_job: false,
+            stale: Arc::default(),
         }
     }
 
@@ -82,7 +86,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     /// Runs one unit of work. Every call into user code is guarded; this outer guard
     /// catches what is left (a user type's `Drop`, say) so that no panic reaches the pool
     /// or the actor.
-    fn run(&mut self, work: Work<M>) -> Worked<W> {
+    pub(crate) fn run(&mut self, work: Work<M>) -> Worked<W> {
         let phase = match work {
             Work::Start => Phase::Init,
             Work::Iterate(..) => Phase::Compute,
@@ -92,7 +96,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         if let (true, Worked::Started(Err(error)) | Worked::Iterated(Err(error))) =
             (self.failure_ends_job, &worked)
         {
-            if !self.ctx.end.is_ended() {
+            let stale = self.stale.load(std::sync::atomic::Ordering::Acquire);
+            if !stale && !self.ctx.end.is_ended() {
                 self.ctx.end.end(error);
             }
         }
@@ -276,6 +281,11 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     own_failure_ends_job: bool,
     /// Whether the grace for the code away on the pool is armed.
     grace_armed: bool,
+    /// The task's stale flag (see [`WorkerTask::stale`]).
+    stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The verdict, for code given up on after the grace: its `post_application` runs
+    /// with it when it returns.
+    heard: Arc<std::sync::OnceLock<JobError>>,
 }
 
 impl<M: Payload, W: Payload> WorkerActor<M, W> {
@@ -301,6 +311,8 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             end: ending.end,
             own_failure_ends_job: ending.own_failure_ends_job,
             grace_armed: false,
+            stale: Arc::clone(&task.stale),
+            heard: Arc::default(),
             sync_answers,
             verdict: None,
             failed_first: false,
@@ -377,6 +389,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     fn hear_verdict(&mut self, ctx: &mut Context<Self>, error: &JobError) {
         if self.verdict.is_none() {
             self.verdict = Some(error.clone());
+            let _ = self.heard.set(error.clone());
             // (The process's `JobEnd` is not set here: an abort may only retire this
             // worker. The transport's inbox sets it for a job's failure.)
             self.give_up_on_code_away(ctx);
@@ -505,13 +518,17 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             // worker is gone by then (the job failed, and gave up on this code after its
             // grace), the code's interceptors still see the end, here.
             let addr = ctx.address();
-            let end = self.end.clone();
+            let (heard, end) = (Arc::clone(&self.heard), self.end.clone());
             self.executor.spawn(move || {
                 let worked = task.run(work);
                 if let Err(actix::dev::SendError::Closed(WorkDone { mut task, .. })) =
                     addr.try_send(WorkDone { task, worked })
                 {
-                    let error = end.first().map_or(JobError::Cancelled, |(e, _)| e.clone());
+                    let error = heard
+                        .get()
+                        .cloned()
+                        .or_else(|| end.first().map(|(e, _)| e.clone()))
+                        .unwrap_or(JobError::Cancelled);
                     let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
                 }
             });
@@ -657,7 +674,11 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
         match &mut self.task {
             Some(task) => task.attempt = attempt,
-            None => self.stale_iteration = self.iterating,
+            None => {
+                self.stale_iteration = self.iterating;
+                self.stale
+                    .store(self.iterating, std::sync::atomic::Ordering::Release);
+            }
         }
         if self.started {
             self.send(ToMaster::Registered { attempt });
@@ -776,6 +797,8 @@ impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for WorkerActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, done: WorkDone<M, W>, ctx: &mut Context<Self>) {
+        self.stale
+            .store(false, std::sync::atomic::Ordering::Release);
         self.task = Some(done.task);
         self.on_worked(ctx, done.worked);
     }

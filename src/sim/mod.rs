@@ -87,15 +87,16 @@ use crate::checkpoint::{
 };
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
 use crate::config::JobConfig;
-use crate::coordinator::RowCounts;
-use crate::error::{Cause, JobError, Phase};
+use crate::error::JobError;
+use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
     Action, Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, Iteration, MasterDone,
     MasterNode, MasterRound, MasterWork, NodeSettings, Rank, Reach, Recovery, Report, SyncState,
     ToMaster, ToWorker, WorkerCommand, WorkerState,
 };
 use crate::runtime::master::MasterTask;
-use crate::runtime::{Checkpointing, DynMaster, DynWorker};
+use crate::runtime::worker::{Work, Worked, WorkerTask};
+use crate::runtime::{Checkpointing, DynMaster, DynWorker, OwnedEnding, WorkerHookFactory};
 
 /// The variable that replays one seed: `SUPERSTEP_SIM_SEED=<seed> cargo test <test>`.
 pub const SEED_VAR: &str = "SUPERSTEP_SIM_SEED";
@@ -406,8 +407,12 @@ pub struct Simulation<M, W> {
     master: MasterFactory<M, W>,
     workers: WorkerMaker<M, W>,
     combine: Option<CombineWith<W>>,
+    master_hooks: Vec<MasterHookMaker<M, W>>,
+    worker_hooks: Vec<WorkerHookFactory<M, W>>,
     config: SimConfig,
 }
+
+type MasterHookMaker<M, W> = Arc<dyn Fn() -> Box<dyn MasterInterceptor<M, W>> + Send + Sync>;
 
 type CombineWith<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
@@ -417,6 +422,8 @@ impl<M, W> Clone for Simulation<M, W> {
             master: Arc::clone(&self.master),
             workers: Arc::clone(&self.workers),
             combine: self.combine.clone(),
+            master_hooks: self.master_hooks.clone(),
+            worker_hooks: self.worker_hooks.clone(),
             config: self.config.clone(),
         }
     }
@@ -444,6 +451,8 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             master: Arc::new(move || -> DynMaster<M, W> { Box::new(master()) }),
             workers: Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) }),
             combine: None,
+            master_hooks: Vec::new(),
+            worker_hooks: Vec::new(),
             config: SimConfig::default(),
         }
     }
@@ -490,6 +499,34 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// [`combined_result`](crate::MasterContext::combined_result).
     pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
         self.combine = Some(Arc::new(combine));
+        self
+    }
+
+    /// Adds an interceptor to the master: `make` is called for each master process (one
+    /// started again after a crash gets a new one), as
+    /// [`JobBuilder::master_interceptor`](crate::JobBuilder::master_interceptor) adds one.
+    pub fn master_interceptor<I, F>(mut self, make: F) -> Self
+    where
+        I: MasterInterceptor<M, W>,
+        F: Fn() -> I + Send + Sync + 'static,
+    {
+        self.master_hooks.push(Arc::new(move || {
+            Box::new(make()) as Box<dyn MasterInterceptor<M, W>>
+        }));
+        self
+    }
+
+    /// Adds an interceptor to every worker: `make` is called once per worker (a
+    /// replacement gets a new one), as
+    /// [`JobBuilder::worker_interceptor`](crate::JobBuilder::worker_interceptor) does.
+    pub fn worker_interceptor<I, F>(mut self, make: F) -> Self
+    where
+        I: WorkerInterceptor<M, W>,
+        F: Fn(Rank) -> I + Send + Sync + 'static,
+    {
+        self.worker_hooks.push(Arc::new(move |rank| {
+            Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>
+        }));
         self
     }
 
@@ -699,8 +736,8 @@ struct Node<M, W> {
     ready: bool,
     busy: bool,
     attempt: Attempt,
-    computable: DynWorker<M, W>,
-    ctx: WorkerContext<M, W>,
+    /// The worker's code, interceptors and context, as the runtime runs them.
+    task: WorkerTask<M, W>,
     state: WorkerState,
     mailbox: VecDeque<ToWorker<M>>,
 }
@@ -867,7 +904,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         });
         let task = MasterTask::new(
             (self.sim.master)(),
-            Vec::new(),
+            self.sim.master_hooks.iter().map(|make| make()).collect(),
             MasterContext::new(c.workers, Arc::clone(&self.job_id), c.iterations),
             checkpointing,
             resumed,
@@ -1003,7 +1040,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                             }
                         })
                         .is_some();
-                if scheduled || (begins && self.master_may_crash() && self.rng.random_bool(0.5)) {
+                if scheduled {
+                    // Before the first result can be in (compute takes 1 ms at least).
+                    let at = Duration::from_micros(self.rng.random_range(0..500));
+                    let master = self.master_generation;
+                    self.at(at, Event::MasterCrash { master });
+                } else if begins && self.master_may_crash() && self.rng.random_bool(0.5) {
                     let at = Duration::from_micros(self.rng.random_range(0..10_000));
                     let master = self.master_generation;
                     self.at(at, Event::MasterCrash { master });
@@ -1087,7 +1129,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let mut plan = self.store.plan.lock().unwrap_or_else(|e| e.into_inner());
             (plan.0.take(), std::mem::take(&mut plan.1))
         };
-        if matches!(unused, Some(WriteCrash::Before | WriteCrash::After)) {
+        if unused.is_some() {
             // No checkpoint was due: the process crashes once its compute is done.
             return self.crash_master("after its compute (no checkpoint was due)");
         }
@@ -1238,7 +1280,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         // arrives is the decoded copy, or the job fails as it would over TCP.
         let attempt = match &msg {
             ToMaster::Result(report) => report.attempt,
-            _ => 0,
+            ToMaster::Registered { attempt }
+            | ToMaster::Failed { attempt, .. }
+            | ToMaster::Done { attempt, .. }
+            | ToMaster::Sync { attempt, .. } => *attempt,
         };
         let iteration = match &msg {
             ToMaster::Result(report) => Some(report.iteration),
@@ -1433,14 +1478,17 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     self.sent[rank].push((r.attempt, r.iteration));
                 }
                 self.nodes[rank].busy = false;
-                let failed = matches!(sent, ToMaster::Failed { .. });
+                let failed = match &sent {
+                    ToMaster::Failed { error, .. } => Some(error.clone()),
+                    _ => None,
+                };
                 self.send_to_master(rank, sent);
                 if then_crash {
                     self.crash_worker(rank, "right after its result left");
-                } else if failed {
+                } else if let Some(error) = failed {
                     // Its code failed: it stops, as a worker does, and says it is done.
                     self.nodes[rank].state.stop();
-                    self.done(rank);
+                    self.stop(rank, OwnedEnding::Failed(error));
                 } else {
                     self.work_mailbox(rank);
                 }
@@ -1541,48 +1589,48 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     /// A new process for `rank`: its code runs `init`, then it registers.
     fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
-        let mut computable = (self.sim.workers)(rank);
-        let mut ctx = WorkerContext::new(
+        let ctx = WorkerContext::new(
             rank,
             self.config.workers,
             Arc::clone(&self.job_id),
             self.config.iterations,
         );
-        let init = computable.init(&mut ctx);
+        let hooks = self
+            .sim
+            .worker_hooks
+            .iter()
+            .map(|make| make(rank))
+            .collect();
+        let mut task = WorkerTask::new((self.sim.workers)(rank), hooks, ctx, attempt);
+        let started = task.run(Work::Start);
         let startup = Duration::from_micros(self.rng.random_range(500..5_000));
-        let mut state = WorkerState::new(attempt);
-        match init {
-            Ok(()) => self.at(startup, Event::WorkerStarted { rank, generation }),
-            Err(e) => {
-                let error = JobError::Worker {
-                    rank,
-                    iteration: 0,
-                    phase: Phase::Init,
-                    cause: Cause::from_error(e),
-                };
-                self.send_to_master(rank, ToMaster::Failed { attempt, error });
-                self.send_to_master(
-                    rank,
-                    ToMaster::Done {
-                        attempt,
-                        rows: RowCounts::default(),
-                    },
-                );
-                state.stop();
-            }
-        }
-        Node {
+        let mut node = Node {
             generation,
             master: self.master_generation,
             alive: true,
             ready: false,
             busy: false,
             attempt,
-            computable,
-            ctx,
-            state,
+            task,
+            state: WorkerState::new(attempt),
             mailbox: VecDeque::new(),
+        };
+        match started {
+            Worked::Started(Err(error)) => {
+                // It fails, then stops as a worker does: `post_application`, then `Done`.
+                self.send_to_master(
+                    rank,
+                    ToMaster::Failed {
+                        attempt,
+                        error: error.clone(),
+                    },
+                );
+                node.state.stop();
+                self.stop_worker(rank, &mut node, OwnedEnding::Failed(error));
+            }
+            _ => self.at(startup, Event::WorkerStarted { rank, generation }),
         }
+        node
     }
 
     /// A new process for `rank`, in the place of the old one (which stops).
@@ -1596,10 +1644,24 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         node.alive && node.generation == generation
     }
 
-    /// The worker of `rank` stopped: it says so.
-    fn done(&mut self, rank: Rank) {
+    /// The worker of `rank` stops with `ending`: its interceptors' `post_application`
+    /// runs, then it says it is done (as the runtime's worker does).
+    fn stop_worker(&mut self, rank: Rank, node: &mut Node<M, W>, ending: OwnedEnding<M>) {
+        let attempt = node.attempt;
+        if let Worked::Stopped(Err(error)) = node.task.run(Work::Stop(ending)) {
+            self.send_to_master(rank, ToMaster::Failed { attempt, error });
+        }
+        let rows = std::mem::take(&mut node.task.ctx.rows);
+        self.send_to_master(rank, ToMaster::Done { attempt, rows });
+    }
+
+    /// [`stop_worker`](Self::stop_worker) for the running worker of `rank`.
+    fn stop(&mut self, rank: Rank, ending: OwnedEnding<M>) {
         let attempt = self.nodes[rank].attempt;
-        let rows = RowCounts::default();
+        if let Worked::Stopped(Err(error)) = self.nodes[rank].task.run(Work::Stop(ending)) {
+            self.send_to_master(rank, ToMaster::Failed { attempt, error });
+        }
+        let rows = std::mem::take(&mut self.nodes[rank].task.ctx.rows);
         self.send_to_master(rank, ToMaster::Done { attempt, rows });
     }
 
@@ -1620,7 +1682,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
                 WorkerCommand::Stop => {
                     node.mailbox.clear();
-                    return self.done(rank);
+                    let ending = match msg {
+                        ToWorker::Finish {
+                            iterations,
+                            halted,
+                            last,
+                            ..
+                        } => OwnedEnding::Completed {
+                            iterations,
+                            halted,
+                            last,
+                        },
+                        ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
+                        _ => OwnedEnding::Failed(JobError::Cancelled),
+                    };
+                    return self.stop(rank, ending);
                 }
                 // `Connected` comes with a reconnect, never through the mailbox.
                 WorkerCommand::Answer
@@ -1656,29 +1732,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             took *= 20;
         }
         let node = &mut self.nodes[rank];
-        node.ctx.iteration = iteration;
-        // `None` in iteration 1 — also when a restarted job starts over.
-        node.ctx.last = last;
-        node.ctx.result = None;
-        node.ctx.halt_vote = false;
-        let result = node.computable.compute(&mut node.ctx);
         let attempt = node.attempt;
         let generation = node.generation;
-        let sent = match result {
-            Ok(result) => ToMaster::Result(Report {
-                attempt,
-                iteration,
-                result,
-                halt_vote: node.ctx.halt_vote,
+        node.task.attempt = attempt;
+        // Interceptors and compute, as the runtime runs them.
+        let sent = match node.task.run(Work::Iterate(iteration, last)) {
+            Worked::Iterated(Ok(report)) => ToMaster::Result(Report {
+                // Virtual time, so that a seed replays the same run.
                 elapsed: took,
+                ..report
             }),
-            Err(e) => ToMaster::Failed {
+            Worked::Iterated(Err(error)) => ToMaster::Failed { attempt, error },
+            _ => ToMaster::Failed {
                 attempt,
-                error: JobError::Worker {
-                    rank,
-                    iteration,
-                    phase: Phase::Compute,
-                    cause: Cause::from_error(e),
+                error: JobError::Runtime {
+                    message: format!("worker {rank} did not compute iteration {iteration}"),
                 },
             },
         };

@@ -120,8 +120,14 @@ pub fn recovering_policy(faults: u32) -> impl Strategy<Value = FailurePolicy> {
         Just(FailurePolicy::RestartWorker {
             max_restarts: faults.max(1),
         }),
+        // A master started again takes an attempt past every earlier one (its newest
+        // checkpoint's plus how many times it was started again), so attempts can run ahead
+        // of the failures: room for that.
         Just(FailurePolicy::RestartAll {
-            max_attempts: faults.saturating_add(1).max(2),
+            max_attempts: faults
+                .saturating_mul(faults)
+                .saturating_add(faults)
+                .saturating_add(2),
         }),
     ]
 }

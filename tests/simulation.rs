@@ -128,6 +128,17 @@ fn replaced_workers_and_a_faulty_network_end_with_the_fault_free_result() {
     sim.check(0..1000, ends_with(expected));
     let crashes: u32 = (0..50).map(|s| sim.run(s).stats.worker_crashes).sum();
     assert!(crashes > 0, "the faults were drawn");
+    // Each rank is a process of its own, as over TCP: a crashed one is started again by
+    // the launcher and its new process joins in the rank's place.
+    let relaunched = (0..50)
+        .map(|s| sim.run(s))
+        .filter(|run| {
+            run.trace
+                .iter()
+                .any(|l| l.contains("the launcher starts worker"))
+        })
+        .count();
+    assert!(relaunched > 0, "replacements came as new processes");
 }
 
 #[test]

@@ -24,7 +24,10 @@
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
-//! requires), so they die and start again with it.
+//! requires), so they die and start again with it. Under the other policies each worker
+//! is a process of its own, as over TCP: its connection delivers in order, its loss is
+//! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts
+//! a process that ended on a failure again, which joins in its rank's place.
 //!
 //! Faults are drawn from the seed with the probabilities of [`Faults`], or given as data
 //! ([`Simulation::schedule`], a list of [`Fault`]s at given ranks, iterations and points):
@@ -110,7 +113,9 @@ pub const SCHEDULE_VAR: &str = "SUPERSTEP_SIM_SCHEDULE";
 /// ([`Simulation::schedule`]) is what a property test generates, and what it shrinks to a
 /// minimal failing one. Each fires once, the first time the run reaches its point (an
 /// iteration redone after a recovery does not crash again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Fault {
     /// The worker of `rank` crashes in `iteration`: during its compute, or right after its
     /// result left (the result is then in flight).
@@ -163,7 +168,9 @@ pub enum Fault {
 }
 
 /// Where in an iteration the master's process crashes ([`Fault::MasterCrash`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum CrashPoint {
     /// While it gathers the workers' results.
     Gathering,
@@ -725,6 +732,12 @@ enum Event<M, W> {
         rank: Rank,
         generation: Generation,
     },
+    /// The launcher starts a new process of `rank` in the place of `generation`, which
+    /// ended.
+    Relaunch {
+        rank: Rank,
+        generation: Generation,
+    },
 }
 
 /// A worker's process.
@@ -791,6 +804,13 @@ impl CheckpointStore for SimStore {
     }
 }
 
+/// A direction of a rank's connection.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    ToMaster,
+    ToWorker,
+}
+
 /// Which ranks the simulated network connects to the current master.
 struct SimReach(Vec<bool>);
 
@@ -832,6 +852,9 @@ struct World<'s, M: Payload, W: Payload> {
     sent: Vec<Vec<(Attempt, Iteration)>>,
     /// The scheduled faults that have not fired yet.
     pending: Vec<Fault>,
+    /// Per rank: when the last message on its connection arrives, to the master and to
+    /// the worker (connections deliver in order).
+    arrivals: Vec<(Duration, Duration)>,
 }
 
 const LATENCY_US: Range<u64> = 50..500;
@@ -869,6 +892,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             violations: Vec::new(),
             sent: vec![Vec::new(); config.workers],
             pending: config.schedule.clone(),
+            arrivals: vec![(Duration::ZERO, Duration::ZERO); config.workers],
         };
         world.start_master(0);
         for rank in 0..config.workers {
@@ -933,7 +957,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let node = MasterNode::new(
             NodeSettings {
                 config: Arc::clone(&c),
-                local: vec![true; c.workers],
+                local: vec![self.gang(); c.workers],
                 coordinated: false,
                 listening: false,
             },
@@ -1247,13 +1271,37 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
                 let generation = node.generation;
                 self.at(backoff, Event::Reconnect { rank, generation });
-            } else {
-                self.lost(
-                    rank,
-                    "it did not reconnect to the restarted master (simulated crash)",
-                );
             }
+            // A rank whose process is gone connects when the launcher starts it again (or
+            // never: the start-up timeout then names it).
         }
+    }
+
+    /// Whether a launcher starts a worker's process again when it ends on a failure
+    /// (`superstep-launch --restarts`, under `RestartWorker`): the replacement of a rank
+    /// of another process.
+    fn relaunches(&self) -> bool {
+        !self.gang() && matches!(self.config.policy, FailurePolicy::RestartWorker { .. })
+    }
+
+    /// The process of `rank` ended on a failure (its own, or a crash): the launcher starts
+    /// it again after `after`.
+    fn process_ended(&mut self, rank: Rank, after: Duration) {
+        if !self.relaunches() {
+            return;
+        }
+        let generation = self.nodes[rank].generation;
+        // Its new process connects once the old connection is gone: after everything on
+        // it arrived.
+        let after = after.max(self.until_delivered(rank))
+            + Duration::from_micros(self.rng.random_range(1_000..20_000));
+        self.at(after, Event::Relaunch { rank, generation });
+    }
+
+    /// How long until everything sent on the connection of `rank` has arrived.
+    fn until_delivered(&self, rank: Rank) -> Duration {
+        let (to_master, _) = self.arrivals[rank];
+        to_master.saturating_sub(self.now) + Duration::from_micros(1)
     }
 
     /// The master's node hears that the worker of `rank` is gone, as a transport tells it.
@@ -1326,6 +1374,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         } else {
             latency
         };
+        let latency = self.in_order(from, Way::ToMaster, latency);
         self.at(
             latency,
             Event::ToMaster {
@@ -1334,6 +1383,22 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 msg,
             },
         );
+    }
+
+    /// A connection delivers in order, as TCP does: a message sent on it arrives after
+    /// every one sent on it before (a delayed or retransmitted one holds up those behind
+    /// it). Returns the latency that keeps the order.
+    fn in_order(&mut self, rank: Rank, way: Way, latency: Duration) -> Duration {
+        let Some(last) = self.arrivals.get_mut(rank) else {
+            return latency;
+        };
+        let last = match way {
+            Way::ToMaster => &mut last.0,
+            Way::ToWorker => &mut last.1,
+        };
+        let at = (self.now + latency).max(*last + Duration::from_micros(1));
+        *last = at;
+        at - self.now
     }
 
     fn send_to_worker(&mut self, rank: Rank, msg: ToWorker<M>) {
@@ -1351,6 +1416,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
         let generation = node.generation;
         let latency = self.latency();
+        let latency = self.in_order(rank, Way::ToWorker, latency);
         self.at(
             latency,
             Event::ToWorker {
@@ -1489,6 +1555,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     // Its code failed: it stops, as a worker does, and says it is done.
                     self.nodes[rank].state.stop();
                     self.stop(rank, OwnedEnding::Failed(error));
+                    if !self.gang() {
+                        // Its process ends: what a launcher may start again.
+                        self.nodes[rank].alive = false;
+                        self.process_ended(rank, Duration::ZERO);
+                    }
                 } else {
                     self.work_mailbox(rank);
                 }
@@ -1535,6 +1606,20 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
             }
             Event::MasterRestart => self.restart_master(),
+            Event::Relaunch { rank, generation } => {
+                if self.nodes[rank].generation != generation || self.outcome.is_some() {
+                    return;
+                }
+                let Some(m) = &self.master else {
+                    // No master to connect to yet: the process keeps trying.
+                    let retry = Duration::from_millis(10);
+                    return self.at(retry, Event::Relaunch { rank, generation });
+                };
+                let attempt = m.node.attempt();
+                self.stats.worker_restarts += 1;
+                self.log(|| format!("the launcher starts worker {rank} again"));
+                self.replace(rank, attempt);
+            }
             Event::Reconnect { rank, generation } => {
                 let Some(m) = &self.master else {
                     return;
@@ -1786,13 +1871,18 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));
         let master = self.master_generation;
+        // The loss is noticed after the heartbeat timeout, and after everything the
+        // connection carried arrived (the transport reports it when its reading ends).
+        let noticed = self.until_delivered(rank).max(HEARTBEAT_TIMEOUT);
         self.at(
-            HEARTBEAT_TIMEOUT,
+            noticed,
             Event::Noticed {
                 rank,
                 generation,
                 master,
             },
         );
+        // A new process of the rank can connect once the old connection is gone.
+        self.process_ended(rank, noticed);
     }
 }

@@ -101,14 +101,16 @@ pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fau
     ]
 }
 
-/// A schedule of at most `max` faults of a run of `workers` workers and `iterations`
-/// iterations. It shrinks by dropping faults and simplifying the rest.
+/// A schedule of at most `max` different faults of a run of `workers` workers and
+/// `iterations` iterations, in order. It shrinks by dropping faults and simplifying the
+/// rest.
 pub fn schedule(
     workers: usize,
     iterations: Iteration,
     max: usize,
 ) -> impl Strategy<Value = Vec<Fault>> {
-    proptest::collection::vec(fault(workers, iterations), 0..=max)
+    proptest::collection::btree_set(fault(workers, iterations), 0..=max)
+        .prop_map(|faults| faults.into_iter().collect())
 }
 
 /// A failure policy that recovers from `faults` failures of workers and ends with the

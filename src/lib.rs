@@ -176,10 +176,11 @@ pub use events::JobEvent;
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
-pub use job::{Cancel, Job, JobBuilder};
+pub use job::{Job, JobBuilder};
 pub use payload::Floats;
 pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
 pub use report::{IterationReport, JobOutcome, JobReport, Recovered};
+pub use runtime::Cancel;
 
 /// The README's examples compile and pass as doctests.
 #[cfg(doctest)]

@@ -1,7 +1,6 @@
 //! What a user touches: build a job, choose its transport, run it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{Iteration, Rank};
 use crate::report::JobOutcome;
 use crate::runtime::{
-    self, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
+    self, Cancel, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
     WorkerHookFactory,
 };
 use crate::transport::{Fingerprint, MemoryTransport, Transport};
@@ -456,30 +455,6 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Builds and runs the job: [`build`](Self::build) then [`Job::run`].
     pub fn run(self) -> Result<JobOutcome<M>, JobError> {
         self.build()?.run()
-    }
-}
-
-/// Cancels a running job ([`JobBuilder::cancel`]); clones share the same job. Cancelling
-/// before the job starts cancels it as soon as it starts.
-#[derive(Debug, Clone, Default)]
-pub struct Cancel {
-    flag: Arc<AtomicBool>,
-}
-
-impl Cancel {
-    /// A handle not cancelled yet.
-    pub fn new() -> Self {
-        Cancel::default()
-    }
-
-    /// Cancels the job: noticed within the job's timeout tick (at most 100 ms).
-    pub fn cancel(&self) {
-        self.flag.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether [`cancel`](Self::cancel) was called.
-    pub fn is_cancelled(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
     }
 }
 

@@ -16,7 +16,9 @@
 //! pool and its workers' threads end with the job — except, in a failed job, user code
 //! still running after the failure grace, which is left to end on its own thread.
 
+mod cancel;
 mod coordination;
+mod launch;
 mod local;
 pub(crate) mod master;
 mod node;
@@ -24,10 +26,9 @@ mod pool;
 mod watch;
 pub(crate) mod worker;
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use crate::checkpoint::CheckpointStore;
@@ -37,21 +38,16 @@ use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
 use crate::events::Events;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
-use crate::job::Cancel;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{
-    Attempt, FailurePolicy, Gate, GateConfig, HaltedBy, Iteration, MasterNode, NodeSettings, Rank,
-    Recovery, SyncState, ToMaster, ToWorker,
-};
-use crate::report::{JobOutcome, JobReport};
-use crate::transport::{Fingerprint, LinkSpec, Transport};
+use crate::protocol::{Attempt, HaltedBy, Iteration, Rank};
+use crate::report::JobOutcome;
+use crate::transport::{Fingerprint, Transport};
+pub use cancel::Cancel;
 
-use coordination::{Coordination, CoordinatorSlot};
-use local::{LocalParts, LocalWorkers};
-use master::MasterTask;
-use node::{Arrived, NodeActor, NodeParts};
+use coordination::CoordinatorSlot;
+use launch::{launch, Shared};
 pub(crate) use pool::guarded;
-use pool::{ComputePool, PoolExits};
+use pool::PoolExits;
 use watch::Watch;
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
@@ -313,273 +309,6 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     rx.await.unwrap_or_else(|_| {
         Err(JobError::Runtime {
             message: "the job's thread ended without an outcome".into(),
-        })
-    })
-}
-
-/// What the job's thread shares with the thread that called `run` (its watchdog).
-#[derive(Clone)]
-struct Shared {
-    watch: Arc<Watch>,
-    /// The job's failure as this process hears of it.
-    end: JobEnd,
-    /// The job's coordinator, whose `on_error` the watchdog runs when it gives up on a
-    /// failed job held up by user code.
-    coordination: CoordinatorSlot,
-    /// Tells every worker the job failed (the master's process only): what the watchdog
-    /// does when it gives up on a failed job held up by user code.
-    abort: Arc<OnceLock<AbortAll>>,
-}
-
-type AbortAll = Box<dyn Fn(&JobError) + Send + Sync>;
-
-async fn launch<M: Payload, W: Payload>(
-    plan: Plan<M, W>,
-    job: Shared,
-    exits: PoolExits,
-) -> Result<JobOutcome<M>, JobError> {
-    let watch = Arc::clone(&job.watch);
-    let Plan {
-        config,
-        master,
-        master_hooks,
-        workers,
-        worker_hooks,
-        events,
-        mut transport,
-        combine,
-        checkpoint,
-        mut coordinator,
-        input,
-        cancel,
-    } = plan;
-    let config = Arc::new(config);
-    let job_id: Arc<str> = Arc::from(config.job_id.as_str());
-    let topology = transport.prepare(&LinkSpec {
-        job_id: config.job_id.clone(),
-        workers: config.workers,
-        fingerprint: fingerprint::<M, W>(&config, input.as_ref(), combine.is_some()),
-    })?;
-    let started = Instant::now();
-    let pool = Arc::new(ComputePool::new(
-        config.compute_threads(),
-        &config.job_id,
-        &exits,
-    )?);
-    let (outcome_tx, outcome_rx) = oneshot::channel();
-
-    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
-    let local_ranks = topology.workers.clone();
-    // Every process shards alike: each of its workers takes its own.
-    let shards =
-        coordination::shards(coordinator.as_mut(), input.as_ref(), config.workers)?.map(Arc::new);
-    if topology.master
-        && matches!(config.failure_policy, FailurePolicy::RestartAll { .. })
-        && local_ranks.len() < config.workers
-    {
-        return Err(JobError::Config(crate::error::ConfigError::new(
-            "failure_policy",
-            config.failure_policy,
-            &format!("must not be RestartAll with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail"),
-        )));
-    }
-    // The context first: the transport's inbox needs the node's address before it runs.
-    let node_ctx = Context::<NodeActor<M, W>>::new();
-    let mut bound = None;
-    // A process without the master learns the attempt from the master's node when its
-    // workers connect (`ToWorker::Connected`).
-    let mut attempt = 0;
-    if topology.master {
-        // Read before anything binds or starts: checkpoints that cannot be used fail the
-        // job before a worker is told anything.
-        let mut checkpoint = checkpoint;
-        let resumed = match &mut checkpoint {
-            Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
-            None => None,
-        };
-        attempt = start_attempt(topology.restarted, resumed.as_ref().map(|r| r.attempt));
-        if topology.restarted > 0 {
-            tracing::warn!(
-                restarted = topology.restarted,
-                attempt,
-                resumed_from = ?resumed.as_ref().map(|r| r.iteration),
-                "the master's process was started again; the job goes on as a new attempt"
-            );
-        }
-        let inbox = node_ctx.address();
-        let fail_ends_job = config.failure_policy == FailurePolicy::Fail;
-        let heard = job.end.clone();
-        let link = transport.bind_master(
-            attempt,
-            Box::new(move |env| {
-                // Under `Fail` a worker's failure ends the job: this process hears of it
-                // here, on the transport's thread, even while user code holds the job's.
-                if let (true, ToMaster::Failed { error, attempt: a }) = (fail_ends_job, &env.msg) {
-                    // (Of this attempt only: one of a master left behind is stale.)
-                    if *a == attempt {
-                        heard.end(&error.clone().attributed_to(env.from));
-                    }
-                }
-                inbox.do_send(Arrived {
-                    env,
-                    at: Instant::now(),
-                })
-            }),
-        )?;
-        // Before any worker of this process starts, and before any iteration anywhere.
-        if let Some(coordinator) = coordinator.take() {
-            let mut c = Coordination::new(coordinator);
-            c.start()?;
-            job.coordination.put(c);
-        }
-        bound = Some((link, checkpoint, resumed));
-    }
-    let mut local = LocalWorkers::new(LocalParts {
-        config: Arc::clone(&config),
-        job_id: Arc::clone(&job_id),
-        factory: workers,
-        hooks: worker_hooks,
-        transport,
-        pool: Arc::clone(&pool),
-        exits,
-        watch: Arc::clone(&watch),
-        ended: ended_tx,
-        shards,
-        end: job.end.clone(),
-    });
-    for &rank in &local_ranks {
-        if let Err(error) = local.start(rank, attempt) {
-            job.coordination.fail(&error);
-            return Err(error);
-        }
-    }
-    let _transport = if let Some((link, checkpoint, resumed)) = bound {
-        let link = Arc::new(std::sync::Mutex::new(link));
-        let abort_link = Arc::clone(&link);
-        let _ = job.abort.set(Box::new(move |error: &JobError| {
-            let link = abort_link.lock().unwrap_or_else(|e| e.into_inner());
-            let msg = ToWorker::Abort {
-                attempt,
-                error: error.clone(),
-            };
-            if let Err(e) = link.broadcast(msg) {
-                tracing::warn!(error = %e, "could not tell the workers the job failed");
-            }
-        }));
-        let mut gate = Gate::new(
-            GateConfig::new(
-                config.workers,
-                attempt,
-                [
-                    config.startup_timeout,
-                    config.iteration_timeout,
-                    config.shutdown_timeout,
-                ],
-            )
-            .with_quorum(config.quorum(), config.min_workers_timeout),
-            Instant::now(),
-        );
-        if let Some(combine) = combine {
-            gate = gate.combining(Box::new(move |fold, next| {
-                guarded(|| {
-                    combine(fold, next);
-                    Ok(())
-                })
-            }));
-        }
-        let task = MasterTask::new(
-            master,
-            master_hooks,
-            MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
-            checkpoint,
-            resumed,
-            attempt,
-        )
-        .keeping_initial_state(matches!(
-            config.failure_policy,
-            FailurePolicy::RestartAll { .. }
-        ));
-        let node = MasterNode::new(
-            NodeSettings {
-                config: Arc::clone(&config),
-                local: (0..config.workers).map(|r| local.is_local(r)).collect(),
-                coordinated: job.coordination.is_set(),
-                listening: events.is_listened_to(),
-            },
-            gate,
-            SyncState::new(config.workers, config.sync_timeout),
-            Recovery::new(
-                config.failure_policy,
-                config.workers,
-                config.quorum(),
-                attempt,
-            ),
-            task.resumed(),
-            Instant::now(),
-        );
-        node_ctx.run(NodeActor::new(NodeParts {
-            config: Arc::clone(&config),
-            node,
-            link,
-            local,
-            task,
-            pool: Arc::clone(&pool),
-            watch: Arc::clone(&watch),
-            events,
-            coordination: job.coordination.clone(),
-            cancel,
-            outcome: outcome_tx,
-            tick: tick(&config),
-            end: job.end.clone(),
-        }));
-        None
-    } else {
-        // Nothing restarts workers in a process without the master: a failed one's
-        // process ends, and a new one joins in its place.
-        Some(local.into_transport())
-    };
-    let local_workers = local_ranks.len();
-    drop(pool);
-    if topology.master {
-        return outcome_rx.await.unwrap_or_else(|_| {
-            Err(JobError::Runtime {
-                message: "the master stopped without an outcome".into(),
-            })
-        });
-    }
-    // A process without the master: its outcome is how its workers saw the job end.
-    let mut outcome = None;
-    for _ in 0..local_workers {
-        let Some((rank, ending)) = ended_rx.recv().await else {
-            return Err(JobError::Runtime {
-                message: "a worker stopped without an ending".into(),
-            });
-        };
-        tracing::debug!(rank, "local worker ended");
-        outcome = Some(match (outcome, ending) {
-            (Some(Err(first)), _) => Err(first),
-            (_, OwnedEnding::Failed(error)) => Err(error),
-            (
-                _,
-                OwnedEnding::Completed {
-                    iterations,
-                    halted,
-                    last,
-                },
-            ) => Ok(JobOutcome {
-                result: last,
-                iterations,
-                halted,
-                report: JobReport {
-                    elapsed: started.elapsed(),
-                    ..JobReport::default()
-                },
-            }),
-        });
-    }
-    outcome.unwrap_or_else(|| {
-        Err(JobError::Runtime {
-            message: "this process runs neither the master nor any worker".into(),
         })
     })
 }

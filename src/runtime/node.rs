@@ -14,11 +14,11 @@ use super::local::LocalWorkers;
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
+use super::Cancel;
 use crate::compute::{JobEnd, Payload};
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError};
 use crate::events::Events;
-use crate::job::Cancel;
 use crate::protocol::{
     Action, Envelope, MasterDone, MasterNode, MasterWork, Rank, Reach, ToMaster, ToWorker,
 };

@@ -558,3 +558,70 @@ fn interceptors_run_in_the_simulator_as_the_runtime_runs_them() {
         "the crashed one never ends"
     );
 }
+
+/// A coordinator that records its hooks.
+#[derive(Clone, Default)]
+struct Ledger(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl superstep::coordinator::Coordinator for Ledger {
+    fn on_finish(
+        &mut self,
+        reports: &[superstep::coordinator::WorkerReport],
+    ) -> Result<(), BoxError> {
+        let ranks: Vec<usize> = reports.iter().map(|r| r.rank).collect();
+        self.0.lock().unwrap().push(format!("commit {ranks:?}"));
+        Ok(())
+    }
+
+    fn on_error(&mut self, _: &JobError) -> Result<(), BoxError> {
+        self.0.lock().unwrap().push("clean up".into());
+        Ok(())
+    }
+}
+
+/// Regression: the simulator once composed the master's node itself, and could not see a
+/// defect of the runtime's — a rank whose process died in start-up and was replaced before
+/// it registered finished the job, yet the job was reported failed with nothing committed.
+#[test]
+fn a_rank_replaced_before_it_registered_completes_the_job_and_its_work_is_committed() {
+    use superstep::sim::Fault;
+    let expected = fault_free(3, 5);
+    for rank in 0..3 {
+        let ledger = Ledger::default();
+        let hooks = ledger.clone();
+        let run = job(3, 5)
+            .policy(FailurePolicy::RestartWorker { max_restarts: 2 })
+            .coordinator(move || hooks.clone())
+            .schedule(vec![Fault::WorkerCrash {
+                rank,
+                iteration: 0,
+                after_result: false,
+            }])
+            .run(0);
+        ends_with(expected)(&run).unwrap();
+        assert_eq!(run.stats.worker_crashes, 1);
+        assert_eq!(*ledger.0.lock().unwrap(), vec!["commit [0, 1, 2]"]);
+    }
+}
+
+#[test]
+fn a_job_that_went_on_without_a_rank_commits_nothing_and_cleans_up() {
+    use superstep::sim::Fault;
+    let ledger = Ledger::default();
+    let hooks = ledger.clone();
+    let run = job(3, 5)
+        .policy(FailurePolicy::ContinueWithout)
+        .min_workers(0.5, Duration::from_millis(50))
+        .coordinator(move || hooks.clone())
+        .schedule(vec![Fault::WorkerCrash {
+            rank: 2,
+            iteration: 2,
+            after_result: false,
+        }])
+        .run(0);
+    match &run.outcome {
+        Err(JobError::Coordinator { hook, .. }) => assert_eq!(*hook, superstep::Hook::OnFinish),
+        other => panic!("expected nothing committed, got {other:?}"),
+    }
+    assert_eq!(*ledger.0.lock().unwrap(), vec!["clean up"]);
+}

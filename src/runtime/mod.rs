@@ -17,7 +17,7 @@
 //! still running after the failure grace, which is left to end on its own thread.
 
 mod cancel;
-mod coordination;
+pub(crate) mod coordination;
 mod launch;
 mod local;
 pub(crate) mod master;

@@ -90,6 +90,7 @@ use crate::checkpoint::{
 };
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
 use crate::config::JobConfig;
+use crate::coordinator::Coordinator;
 use crate::error::JobError;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
@@ -97,6 +98,7 @@ use crate::protocol::{
     MasterNode, MasterRound, MasterWork, NodeSettings, Rank, Reach, Recovery, Report, SyncState,
     ToMaster, ToWorker, WorkerCommand, WorkerState,
 };
+use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
 use crate::runtime::worker::{Work, Worked, WorkerTask};
 use crate::runtime::{Checkpointing, DynMaster, DynWorker, OwnedEnding, WorkerHookFactory};
@@ -118,7 +120,8 @@ pub const SCHEDULE_VAR: &str = "SUPERSTEP_SIM_SCHEDULE";
 )]
 pub enum Fault {
     /// The worker of `rank` crashes in `iteration`: during its compute, or right after its
-    /// result left (the result is then in flight).
+    /// result left (the result is then in flight). In iteration 0: during its start-up,
+    /// before it registers.
     WorkerCrash {
         /// Its rank.
         rank: Rank,
@@ -416,8 +419,11 @@ pub struct Simulation<M, W> {
     combine: Option<CombineWith<W>>,
     master_hooks: Vec<MasterHookMaker<M, W>>,
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
+    coordinator: Option<CoordinatorMaker>,
     config: SimConfig,
 }
+
+type CoordinatorMaker = Arc<dyn Fn() -> Box<dyn Coordinator> + Send + Sync>;
 
 type MasterHookMaker<M, W> = Arc<dyn Fn() -> Box<dyn MasterInterceptor<M, W>> + Send + Sync>;
 
@@ -431,6 +437,7 @@ impl<M, W> Clone for Simulation<M, W> {
             combine: self.combine.clone(),
             master_hooks: self.master_hooks.clone(),
             worker_hooks: self.worker_hooks.clone(),
+            coordinator: self.coordinator.clone(),
             config: self.config.clone(),
         }
     }
@@ -460,6 +467,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             combine: None,
             master_hooks: Vec::new(),
             worker_hooks: Vec::new(),
+            coordinator: None,
             config: SimConfig::default(),
         }
     }
@@ -534,6 +542,18 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         self.worker_hooks.push(Arc::new(move |rank| {
             Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>
         }));
+        self
+    }
+
+    /// The job's coordinator, as [`JobBuilder::coordinator`](crate::JobBuilder::coordinator)
+    /// sets it: `make` is called for each master process (one started again after a crash
+    /// gets a new one, whose `on_start` runs again). Its `on_finish` runs only when every
+    /// worker completed; its `on_error` otherwise — as in the runtime.
+    pub fn coordinator<C: Coordinator>(
+        mut self,
+        make: impl Fn() -> C + Send + Sync + 'static,
+    ) -> Self {
+        self.coordinator = Some(Arc::new(move || Box::new(make()) as Box<dyn Coordinator>));
         self
     }
 
@@ -760,6 +780,8 @@ struct Node<M, W> {
 struct MasterProcess<M: Payload, W: Payload> {
     node: MasterNode<M, W>,
     task: Option<Box<MasterTask<M, W>>>,
+    /// The job's coordinator, in the master's process.
+    coordination: Option<Coordination>,
     timer: Option<Instant>,
 }
 
@@ -921,6 +943,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let iteration = r.iteration;
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
         }
+        // The coordinator starts before anything else of the process, as in the runtime.
+        let mut coordination = self
+            .sim
+            .coordinator
+            .as_ref()
+            .map(|make| Coordination::new(make()));
+        if let Some(c) = &mut coordination {
+            if let Err(error) = c.start() {
+                self.log(|| format!("the coordinator cannot start: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        }
         let c = Arc::clone(&self.job);
         let checkpointing = self.config.checkpoint_every.map(|every| Checkpointing {
             store: Box::new(store),
@@ -958,7 +993,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             NodeSettings {
                 config: Arc::clone(&c),
                 local: vec![self.gang(); c.workers],
-                coordinated: false,
+                coordinated: coordination.is_some(),
                 listening: false,
             },
             gate,
@@ -970,6 +1005,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.master = Some(MasterProcess {
             node,
             task: Some(Box::new(task)),
+            coordination,
             timer: None,
         });
     }
@@ -1089,8 +1125,18 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
             }
             Action::Event(_) => {}
-            Action::Commit(_) => self.feed(|node, now, _| node.handle_committed(now, Ok(()))),
-            Action::CleanUp(_) => {}
+            Action::Commit(reports) => {
+                let committed = match self.master.as_mut().and_then(|m| m.coordination.as_mut()) {
+                    Some(c) => c.finish(&reports),
+                    None => Ok(()),
+                };
+                self.feed(|node, now, _| node.handle_committed(now, committed));
+            }
+            Action::CleanUp(error) => {
+                if let Some(c) = self.master.as_mut().and_then(|m| m.coordination.as_mut()) {
+                    c.fail(&error);
+                }
+            }
             Action::Finished(outcome) => {
                 if let Some(master) = &self.master {
                     let drops = master.node.drops();
@@ -1713,7 +1759,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 node.state.stop();
                 self.stop_worker(rank, &mut node, OwnedEnding::Failed(error));
             }
-            _ => self.at(startup, Event::WorkerStarted { rank, generation }),
+            _ => {
+                // A crash scheduled in iteration 0: during start-up, before it registers.
+                let crashes = self
+                    .scheduled(|f| {
+                        matches!(f, Fault::WorkerCrash { rank: r, iteration: 0, .. } if *r == rank)
+                    })
+                    .is_some();
+                if crashes {
+                    self.worker_crashes += 1;
+                    self.at(startup / 2, Event::WorkerCrash { rank, generation });
+                }
+                self.at(startup, Event::WorkerStarted { rank, generation });
+            }
         }
         node
     }

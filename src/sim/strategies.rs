@@ -76,7 +76,8 @@ pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fau
     let rank = 0..workers.max(1);
     let iteration = 1..=iterations.max(1);
     prop_oneof![
-        (rank.clone(), iteration.clone(), any::<bool>()).prop_map(
+        // Iteration 0: a crash during start-up.
+        (rank.clone(), 0..=iterations.max(1), any::<bool>()).prop_map(
             |(rank, iteration, after_result)| Fault::WorkerCrash {
                 rank,
                 iteration,

@@ -177,6 +177,19 @@ impl JobEnd {
     }
 }
 
+/// `Err(Cancelled)` once `end` is set.
+fn cancelled(end: &JobEnd) -> Result<(), Cancelled> {
+    match end.first() {
+        Some((error, _)) => Err(Cancelled {
+            reason: error.to_string(),
+        }),
+        None if end.is_ended() => Err(Cancelled {
+            reason: "it failed".into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// What [`WorkerContext::check_cancelled`] returns once the job is ending: a compute that
 /// returns it with `?` stops early, and the job ends with its first failure (this is never
 /// the job's error).
@@ -251,15 +264,7 @@ impl<M, W> WorkerContext<M, W> {
     ///
     /// The job still ends with its first failure, not with this.
     pub fn check_cancelled(&self) -> Result<(), Cancelled> {
-        match self.end.first() {
-            Some((error, _)) => Err(Cancelled {
-                reason: error.to_string(),
-            }),
-            None if self.end.is_ended() => Err(Cancelled {
-                reason: "it failed".into(),
-            }),
-            None => Ok(()),
-        }
+        cancelled(&self.end)
     }
 
     /// This worker's rank, `0..workers()`.
@@ -449,6 +454,8 @@ pub struct MasterContext<M, W> {
     pub(crate) left_out: Vec<Rank>,
     pub(crate) last: Option<Arc<M>>,
     pub(crate) current: Option<Arc<M>>,
+    /// The job's end, as this process hears of it.
+    pub(crate) end: JobEnd,
 }
 
 impl<M, W> MasterContext<M, W> {
@@ -465,7 +472,27 @@ impl<M, W> MasterContext<M, W> {
             left_out: Vec::new(),
             last: None,
             current: None,
+            end: JobEnd::default(),
         }
+    }
+
+    /// The same context, hearing of the job's end through `end`.
+    pub(crate) fn ending_with(mut self, end: JobEnd) -> Self {
+        self.end = end;
+        self
+    }
+
+    /// Whether the job is ending — it failed or was cancelled while the master computes —
+    /// so that a long master compute can stop early. One atomic load. See
+    /// [`check_cancelled`](Self::check_cancelled).
+    pub fn is_cancelled(&self) -> bool {
+        self.end.is_ended()
+    }
+
+    /// `Err(Cancelled)` once the job is ending, for `?` in a long master compute (as
+    /// [`WorkerContext::check_cancelled`]). The job still ends with its first failure.
+    pub fn check_cancelled(&self) -> Result<(), Cancelled> {
+        cancelled(&self.end)
     }
 
     /// Enters `iteration` with what its round gathered, before the master's hooks and

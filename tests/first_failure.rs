@@ -280,3 +280,47 @@ fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
         begun.elapsed()
     );
 }
+
+#[test]
+fn a_master_compute_that_checks_for_cancellation_stops_early() {
+    let cancel = Cancel::new();
+    let canceller = cancel.clone();
+    let stopped = Arc::new(OnceLock::new());
+    let master_stopped = Arc::clone(&stopped);
+    let error = Job::builder(
+        common::FnMaster {
+            f: move |ctx: &mut MasterContext<u64, u64>| -> Result<Step<u64>, BoxError> {
+                if ctx.iteration() == 2 {
+                    let cancelled_at = Instant::now();
+                    canceller.cancel();
+                    while cancelled_at.elapsed() < LONG {
+                        if let Err(cancelled) = ctx.check_cancelled() {
+                            let _ = master_stopped.set(cancelled_at.elapsed());
+                            return Err(cancelled.into());
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                Ok(Step::Continue(1))
+            },
+        },
+        |_| FnWorker {
+            f: Box::new(|_: &mut WorkerContext<u64, u64>| Ok(1u64)) as WorkerFn,
+        },
+    )
+    .workers(2)
+    .iterations(5)
+    .placement(Placement::Pool)
+    .cancel(cancel)
+    .run()
+    .unwrap_err();
+    assert_eq!(
+        error,
+        JobError::Cancelled,
+        "the job's first failure, not the compute's"
+    );
+    let stopped = stopped
+        .get()
+        .expect("the master's compute saw the cancellation");
+    assert!(*stopped < SOON, "it stopped {stopped:?} after the cancel");
+}

@@ -198,7 +198,8 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         let task = MasterTask::new(
             master,
             master_hooks,
-            MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations),
+            MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations)
+                .ending_with(job.end.clone()),
             checkpoint,
             resumed,
             attempt,

@@ -74,6 +74,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         self.attempt = attempt;
         let ctx = &self.ctx;
         let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
+        fresh.end = ctx.end.clone();
         let resumed = match &mut self.checkpointing {
             Some(c) => super::resume::<M>(c.store.as_mut(), &fresh.job_id)?,
             None => None,

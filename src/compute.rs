@@ -149,31 +149,24 @@ pub struct WorkerContext<M, W> {
 /// abort. From then on no compute starts, and a long one can stop early
 /// ([`WorkerContext::check_cancelled`]). Cheap to read: one atomic load.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct JobEnd(Arc<JobEndInner>);
-
-#[derive(Debug, Default)]
-struct JobEndInner {
-    ended: std::sync::atomic::AtomicBool,
-    first: OnceLock<(JobError, Instant)>,
-}
+pub(crate) struct JobEnd(Arc<OnceLock<(JobError, Instant)>>);
 
 impl JobEnd {
     /// The job fails with `error` (the first call's error is kept, with when it came).
     pub(crate) fn end(&self, error: &JobError) {
-        let _ = self.0.first.set((error.clone(), Instant::now()));
-        self.0
-            .ended
-            .store(true, std::sync::atomic::Ordering::Release);
+        if self.0.get().is_none() {
+            let _ = self.0.set((error.clone(), Instant::now()));
+        }
     }
 
     /// Whether the job failed.
     pub(crate) fn is_ended(&self) -> bool {
-        self.0.ended.load(std::sync::atomic::Ordering::Acquire)
+        self.0.get().is_some()
     }
 
     /// The first failure this process heard of, and when.
     pub(crate) fn first(&self) -> Option<&(JobError, Instant)> {
-        self.0.first.get()
+        self.0.get()
     }
 }
 
@@ -182,9 +175,6 @@ fn cancelled(end: &JobEnd) -> Result<(), Cancelled> {
     match end.first() {
         Some((error, _)) => Err(Cancelled {
             reason: error.to_string(),
-        }),
-        None if end.is_ended() => Err(Cancelled {
-            reason: "it failed".into(),
         }),
         None => Ok(()),
     }

@@ -241,20 +241,19 @@ fn the_end_of_a_failed_job_is_not_cut_short_by_the_grace() {
     );
 }
 
-#[test]
-fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
+/// Runs a job whose master computes on the pool and, in iteration 2, cancels the job and
+/// then runs `then`; returns the job's error.
+fn cancelled_while_the_master_computes(
+    then: impl Fn(&MasterContext<u64, u64>) -> Result<(), BoxError> + Send + 'static,
+) -> JobError {
     let cancel = Cancel::new();
     let canceller = cancel.clone();
-    let started = Arc::new(OnceLock::new());
-    let master_started = Arc::clone(&started);
-    let begun = Instant::now();
-    let error = Job::builder(
+    Job::builder(
         common::FnMaster {
             f: move |ctx: &mut MasterContext<u64, u64>| -> Result<Step<u64>, BoxError> {
                 if ctx.iteration() == 2 {
-                    let _ = master_started.set(Instant::now());
                     canceller.cancel();
-                    std::thread::sleep(LONG);
+                    then(ctx)?;
                 }
                 Ok(Step::Continue(1))
             },
@@ -268,7 +267,19 @@ fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
     .placement(Placement::Pool)
     .cancel(cancel)
     .run()
-    .unwrap_err();
+    .unwrap_err()
+}
+
+#[test]
+fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
+    let started = Arc::new(OnceLock::new());
+    let master_started = Arc::clone(&started);
+    let begun = Instant::now();
+    let error = cancelled_while_the_master_computes(move |_| {
+        let _ = master_started.set(Instant::now());
+        std::thread::sleep(LONG);
+        Ok(())
+    });
     assert_eq!(error, JobError::Cancelled);
     let after = started
         .get()
@@ -283,37 +294,19 @@ fn a_cancelled_job_does_not_wait_for_the_master_s_long_compute_on_the_pool() {
 
 #[test]
 fn a_master_compute_that_checks_for_cancellation_stops_early() {
-    let cancel = Cancel::new();
-    let canceller = cancel.clone();
     let stopped = Arc::new(OnceLock::new());
     let master_stopped = Arc::clone(&stopped);
-    let error = Job::builder(
-        common::FnMaster {
-            f: move |ctx: &mut MasterContext<u64, u64>| -> Result<Step<u64>, BoxError> {
-                if ctx.iteration() == 2 {
-                    let cancelled_at = Instant::now();
-                    canceller.cancel();
-                    while cancelled_at.elapsed() < LONG {
-                        if let Err(cancelled) = ctx.check_cancelled() {
-                            let _ = master_stopped.set(cancelled_at.elapsed());
-                            return Err(cancelled.into());
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
-                Ok(Step::Continue(1))
-            },
-        },
-        |_| FnWorker {
-            f: Box::new(|_: &mut WorkerContext<u64, u64>| Ok(1u64)) as WorkerFn,
-        },
-    )
-    .workers(2)
-    .iterations(5)
-    .placement(Placement::Pool)
-    .cancel(cancel)
-    .run()
-    .unwrap_err();
+    let error = cancelled_while_the_master_computes(move |ctx| {
+        let cancelled_at = Instant::now();
+        while cancelled_at.elapsed() < LONG {
+            if let Err(cancelled) = ctx.check_cancelled() {
+                let _ = master_stopped.set(cancelled_at.elapsed());
+                return Err(cancelled.into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    });
     assert_eq!(
         error,
         JobError::Cancelled,

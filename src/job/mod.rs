@@ -255,9 +255,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         I: WorkerInterceptor<M, W>,
         F: Fn(Rank) -> I + Send + Sync + 'static,
     {
-        self.worker_hooks.push(Arc::new(move |rank| {
-            Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>
-        }));
+        self.worker_hooks.push(runtime::worker_hook_factory(make));
         self
     }
 

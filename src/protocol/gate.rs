@@ -697,13 +697,9 @@ impl<W> Gate<W> {
 
     /// Every arrival dropped so far.
     pub fn drops(&self) -> Drops {
-        let r = self.round.drops();
-        let o = self.other_drops;
-        Drops {
-            stale: r.stale + o.stale,
-            duplicate: r.duplicate + o.duplicate,
-            unknown_rank: r.unknown_rank + o.unknown_rank,
-        }
+        let mut drops = self.round.drops();
+        drops += self.other_drops;
+        drops
     }
 }
 

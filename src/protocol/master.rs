@@ -44,6 +44,25 @@ pub(crate) enum OwnedEnding<M> {
 }
 
 impl<M> OwnedEnding<M> {
+    /// The ending a master's `Finish` or `Abort` tells a worker; `None` for any other
+    /// message.
+    pub(crate) fn told(msg: ToWorker<M>) -> Option<Self> {
+        match msg {
+            ToWorker::Finish {
+                iterations,
+                halted,
+                last,
+                ..
+            } => Some(OwnedEnding::Completed {
+                iterations,
+                halted,
+                last,
+            }),
+            ToWorker::Abort { error, .. } => Some(OwnedEnding::Failed(error)),
+            _ => None,
+        }
+    }
+
     /// The ending as interceptors see it.
     pub(crate) fn as_ending(&self) -> Ending<'_> {
         match self {
@@ -527,14 +546,12 @@ impl<M, W> MasterNode<M, W> {
                 self.maybe_stop(now);
             }
         }
-        if let Some((at, _)) = &self.reconnecting {
-            if now >= *at {
-                let (_, ranks) = self.reconnecting.take().unwrap_or((now, Vec::new()));
-                for rank in ranks {
-                    if !self.gate.is_done(rank) && !reach.is_connected(rank) {
-                        tracing::debug!(rank, "did not reconnect after the job ended");
-                        self.not_waited_for(now, rank, reach);
-                    }
+        let grace_over = self.reconnecting.as_ref().is_some_and(|(at, _)| now >= *at);
+        if let Some((_, ranks)) = self.reconnecting.take_if(|_| grace_over) {
+            for rank in ranks {
+                if !self.gate.is_done(rank) && !reach.is_connected(rank) {
+                    tracing::debug!(rank, "did not reconnect after the job ended");
+                    self.not_waited_for(now, rank, reach);
                 }
             }
         }
@@ -764,10 +781,7 @@ impl<M, W> MasterNode<M, W> {
         if let Some(span) = self.span.take() {
             span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
         }
-        if self.settings.listening {
-            self.actions
-                .push_back(Action::Event(JobEvent::IterationCompleted(report.clone())));
-        }
+        self.event(|| JobEvent::IterationCompleted(report.clone()));
         self.report.iterations.push(report);
         self.last = Some(Arc::clone(&result));
         match self.schedule.decide(iteration, halt, tally.halt_votes) {
@@ -872,31 +886,19 @@ impl<M, W> MasterNode<M, W> {
     /// Every worker is done: the master's `post_application` runs once its code is home
     /// (or is skipped when that code is stuck).
     fn maybe_stop(&mut self, now: Instant) {
-        let Stage::Ending {
-            drained: true,
-            ending,
-        } = &self.stage
-        else {
+        let drained = matches!(self.stage, Stage::Ending { drained: true, .. });
+        if !drained || matches!(self.master, MasterAt::Away { .. }) {
+            return;
+        }
+        let Stage::Ending { ending, .. } = std::mem::replace(&mut self.stage, Stage::Done) else {
             return;
         };
-        match self.master {
-            MasterAt::Home => {
-                let ending = ending.clone();
-                self.stage = Stage::Stopping(ending.clone());
-                self.run_master(now, MasterWork::Stop(ending));
-            }
-            MasterAt::Stuck => {
-                tracing::warn!(
-                    "the master's code is still running; its post_application is skipped"
-                );
-                let Stage::Ending { ending, .. } = std::mem::replace(&mut self.stage, Stage::Done)
-                else {
-                    return;
-                };
-                self.stage = Stage::Stopping(ending);
-                self.complete(now);
-            }
-            MasterAt::Away { .. } => {}
+        self.stage = Stage::Stopping(ending.clone());
+        if let MasterAt::Stuck = self.master {
+            tracing::warn!("the master's code is still running; its post_application is skipped");
+            self.complete(now);
+        } else {
+            self.run_master(now, MasterWork::Stop(ending));
         }
     }
 
@@ -1241,10 +1243,7 @@ impl<M, W> MasterNode<M, W> {
             cause: error,
             action: action.clone(),
         };
-        if self.settings.listening {
-            self.actions
-                .push_back(Action::Event(JobEvent::Recovering(recovered.clone())));
-        }
+        self.event(|| JobEvent::Recovering(recovered.clone()));
         self.report.recoveries.push(recovered);
         match action {
             Recover::LeaveOut(rank) => {

@@ -37,6 +37,15 @@ impl Drops {
     }
 }
 
+impl std::ops::AddAssign for Drops {
+    /// Counts `other`'s drops too, kind by kind.
+    fn add_assign(&mut self, other: Drops) {
+        self.stale += other.stale;
+        self.duplicate += other.duplicate;
+        self.unknown_rank += other.unknown_rank;
+    }
+}
+
 /// One rank's place in a round.
 #[derive(Debug, Clone)]
 enum Slot<T> {

@@ -120,7 +120,9 @@ impl CoordinatorSlot {
     /// `on_finish` with every worker's report (and `on_error` if it fails); nothing when
     /// there is no coordinator, or its hooks ran already.
     pub(crate) fn finish(&self, reports: &[WorkerReport]) -> Result<(), JobError> {
-        match self.lock().take() {
+        // Taken out first: the hook runs without the lock held.
+        let taken = self.lock().take();
+        match taken {
             Some(mut c) => c.finish(reports),
             None => Ok(()),
         }
@@ -128,7 +130,8 @@ impl CoordinatorSlot {
 
     /// `on_error`, once.
     pub(crate) fn fail(&self, error: &JobError) {
-        if let Some(mut c) = self.lock().take() {
+        let taken = self.lock().take();
+        if let Some(mut c) = taken {
             c.fail(error);
         }
     }

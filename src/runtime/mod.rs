@@ -55,6 +55,13 @@ pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, Wor
 pub(crate) type WorkerHooks<M, W> = Vec<Box<dyn WorkerInterceptor<M, W>>>;
 pub(crate) type MasterHooks<M, W> = Vec<Box<dyn MasterInterceptor<M, W>>>;
 pub(crate) type WorkerFactory<M, W> = Arc<dyn Fn(Rank) -> DynWorker<M, W> + Send + Sync>;
+/// `make` as a factory of boxed worker interceptors, one per rank.
+pub(crate) fn worker_hook_factory<M: Payload, W: Payload, I: WorkerInterceptor<M, W>>(
+    make: impl Fn(Rank) -> I + Send + Sync + 'static,
+) -> WorkerHookFactory<M, W> {
+    Arc::new(move |rank| Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>)
+}
+
 pub(crate) type WorkerHookFactory<M, W> =
     Arc<dyn Fn(Rank) -> Box<dyn WorkerInterceptor<M, W>> + Send + Sync>;
 

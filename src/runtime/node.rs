@@ -52,18 +52,23 @@ impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
 /// failed.
 pub(crate) type SharedLink<M> = Arc<Mutex<Box<dyn MasterLink<M>>>>;
 
-/// The transport's view of which ranks the node reaches.
-struct LinkReach<'a, M>(&'a dyn MasterLink<M>);
+fn lock<M>(link: &SharedLink<M>) -> MutexGuard<'_, Box<dyn MasterLink<M>>> {
+    link.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The transport's view of which ranks the node reaches. It takes the link's lock only
+/// when asked (at a failure or the end of the job), not for every message.
+struct LinkReach<'a, M>(&'a SharedLink<M>);
 
 impl<M: 'static> Reach for LinkReach<'_, M> {
     fn is_connected(&self, rank: Rank) -> bool {
-        self.0.is_connected(rank)
+        lock(self.0).is_connected(rank)
     }
     fn may_reach(&self, rank: Rank) -> bool {
-        self.0.may_reach(rank)
+        lock(self.0).may_reach(rank)
     }
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
-        self.0.refusals(ranks)
+        lock(self.0).refusals(ranks)
     }
 }
 
@@ -124,10 +129,6 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         }
     }
 
-    fn link(&self) -> MutexGuard<'_, Box<dyn MasterLink<M>>> {
-        self.link.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Carries out every action the node queued, in order, feeding back what they did.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.node.poll_action() {
@@ -180,14 +181,13 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
 
     /// Something done for the node failed: the node decides what follows.
     fn failed(&mut self, error: JobError) {
-        let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        self.node
-            .handle_failure(Instant::now(), error, &LinkReach(&**link));
+        let reach = LinkReach(&self.link);
+        self.node.handle_failure(Instant::now(), error, &reach);
     }
 
     fn send(&mut self, rank: Rank, msg: ToWorker<M>) {
         let sent = {
-            let link = self.link();
+            let link = lock(&self.link);
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg)))
         };
         match sent {
@@ -203,7 +203,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
 
     fn broadcast(&mut self, msg: ToWorker<M>) {
         let sent = {
-            let link = self.link();
+            let link = lock(&self.link);
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg)))
         };
         let error = match sent {
@@ -259,21 +259,17 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         {
             self.placer.observe(*elapsed);
         }
-        let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        self.node
-            .handle_master_done(Instant::now(), done, &LinkReach(&**link));
+        let reach = LinkReach(&self.link);
+        self.node.handle_master_done(Instant::now(), done, &reach);
     }
 
     fn on_tick(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        {
-            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-            let reach = LinkReach(&**link);
-            if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
-                self.node.cancel(now, &reach);
-            }
-            self.node.handle_timeout(now, &reach);
+        let reach = LinkReach(&self.link);
+        if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+            self.node.cancel(now, &reach);
         }
+        self.node.handle_timeout(now, &reach);
         self.drive(ctx);
     }
 }
@@ -293,11 +289,8 @@ impl<M: Payload, W: Payload> Handler<Arrived<W>> for NodeActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: Arrived<W>, ctx: &mut Context<Self>) {
-        {
-            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-            self.node
-                .handle_message(msg.at, msg.env, &LinkReach(&**link));
-        }
+        let reach = LinkReach(&self.link);
+        self.node.handle_message(msg.at, msg.env, &reach);
         self.drive(ctx);
     }
 }

@@ -264,9 +264,6 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     ending: Option<OwnedEnding<M>>,
     /// Whether `init` returned: the worker registers (again) only after it.
     started: bool,
-    /// The iteration away on the pool belongs to a master this worker left behind (it
-    /// registered with a master process started again meanwhile): its outcome is dropped.
-    stale_iteration: bool,
     /// Whether the work away on the pool is an iteration.
     iterating: bool,
     /// Where this worker reports its ending when it stops: a process without the master
@@ -281,7 +278,9 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     own_failure_ends_job: bool,
     /// Whether the grace for the code away on the pool is armed.
     grace_armed: bool,
-    /// The task's stale flag (see [`WorkerTask::stale`]).
+    /// The task's stale flag (see [`WorkerTask::stale`]): set while the iteration away
+    /// belongs to a master this worker left behind (it registered with a master process
+    /// started again meanwhile), whose outcome is dropped.
     stale: Arc<std::sync::atomic::AtomicBool>,
     /// The verdict, for code given up on after the grace: its `post_application` runs
     /// with it when it returns.
@@ -301,7 +300,6 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         WorkerActor {
             ending: None,
             started: false,
-            stale_iteration: false,
             iterating: false,
             ended: ending.to,
             reported: false,
@@ -540,7 +538,8 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             task.attempt = self.attempt;
         }
         self.iterating = false;
-        if std::mem::take(&mut self.stale_iteration) && matches!(worked, Worked::Iterated(_)) {
+        let stale = self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
+        if stale && matches!(worked, Worked::Iterated(_)) {
             tracing::debug!(
                 rank = self.rank,
                 "dropped the outcome of an iteration of the master this worker left behind"
@@ -674,11 +673,9 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
         match &mut self.task {
             Some(task) => task.attempt = attempt,
-            None => {
-                self.stale_iteration = self.iterating;
-                self.stale
-                    .store(self.iterating, std::sync::atomic::Ordering::Release);
-            }
+            None => self
+                .stale
+                .store(self.iterating, std::sync::atomic::Ordering::Release),
         }
         if self.started {
             self.send(ToMaster::Registered { attempt });
@@ -746,24 +743,8 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                 }
             }
             WorkerCommand::Stop => {
-                let ending = match msg {
-                    ToWorker::Finish {
-                        iterations,
-                        halted,
-                        last,
-                        ..
-                    } => OwnedEnding::Completed {
-                        iterations,
-                        halted,
-                        last,
-                    },
-                    ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
-                    ToWorker::Iterate { .. }
-                    | ToWorker::SyncReply { .. }
-                    | ToWorker::Connected { .. } => {
-                        unreachable!("WorkerState stops only on Finish or Abort")
-                    }
-                };
+                let ending =
+                    OwnedEnding::told(msg).expect("WorkerState stops only on Finish or Abort");
                 self.begin_stop(ctx, ending);
             }
             WorkerCommand::Answer => {
@@ -797,8 +778,6 @@ impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for WorkerActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, done: WorkDone<M, W>, ctx: &mut Context<Self>) {
-        self.stale
-            .store(false, std::sync::atomic::Ordering::Release);
         self.task = Some(done.task);
         self.on_worked(ctx, done.worked);
     }

@@ -539,9 +539,8 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         I: WorkerInterceptor<M, W>,
         F: Fn(Rank) -> I + Send + Sync + 'static,
     {
-        self.worker_hooks.push(Arc::new(move |rank| {
-            Box::new(make(rank)) as Box<dyn WorkerInterceptor<M, W>>
-        }));
+        self.worker_hooks
+            .push(crate::runtime::worker_hook_factory(make));
         self
     }
 
@@ -1139,10 +1138,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             }
             Action::Finished(outcome) => {
                 if let Some(master) = &self.master {
-                    let drops = master.node.drops();
-                    self.stats.drops.stale += drops.stale;
-                    self.stats.drops.duplicate += drops.duplicate;
-                    self.stats.drops.unknown_rank += drops.unknown_rank;
+                    self.stats.drops += master.node.drops();
                     self.stats.lost = master.node.lost();
                 }
                 self.log(|| match &outcome {
@@ -1275,10 +1271,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     fn crash_master(&mut self, when: &str) {
         if let Some(master) = self.master.take() {
-            let drops = master.node.drops();
-            self.stats.drops.stale += drops.stale;
-            self.stats.drops.duplicate += drops.duplicate;
-            self.stats.drops.unknown_rank += drops.unknown_rank;
+            self.stats.drops += master.node.drops();
         }
         self.master_generation += 1;
         self.stats.master_crashes += 1;
@@ -1825,20 +1818,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
                 WorkerCommand::Stop => {
                     node.mailbox.clear();
-                    let ending = match msg {
-                        ToWorker::Finish {
-                            iterations,
-                            halted,
-                            last,
-                            ..
-                        } => OwnedEnding::Completed {
-                            iterations,
-                            halted,
-                            last,
-                        },
-                        ToWorker::Abort { error, .. } => OwnedEnding::Failed(error),
-                        _ => OwnedEnding::Failed(JobError::Cancelled),
-                    };
+                    let ending =
+                        OwnedEnding::told(msg).unwrap_or(OwnedEnding::Failed(JobError::Cancelled));
                     return self.stop(rank, ending);
                 }
                 // `Connected` comes with a reconnect, never through the mailbox.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::coordinator::{MalformedRows, RowCounts, Shard};
+use crate::coordinator::{Attachment, MalformedRows, RowCounts, Shard};
 use crate::error::{BoxError, JobError};
 use crate::protocol::{
     Attempt, Epoch, Gathered, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster,
@@ -138,6 +138,8 @@ pub struct WorkerContext<M, W> {
     pub(crate) shard: Option<Shard>,
     /// What this worker read, wrote and rejected, reported when it stops.
     pub(crate) rows: RowCounts,
+    /// What this worker attached to its report, in order.
+    pub(crate) attachments: Vec<Attachment>,
     pub(crate) malformed_rows: MalformedRows,
     /// The job's end, as this process hears of it.
     pub(crate) end: JobEnd,
@@ -221,6 +223,7 @@ impl<M, W> WorkerContext<M, W> {
             sync: None,
             shard: None,
             rows: RowCounts::default(),
+            attachments: Vec::new(),
             malformed_rows: MalformedRows::Fail,
             end: JobEnd::default(),
         }
@@ -321,6 +324,33 @@ impl<M, W> WorkerContext<M, W> {
     /// ([`JobReport::rows`](crate::JobReport::rows)).
     pub fn rows(&mut self) -> &mut RowCounts {
         &mut self.rows
+    }
+
+    /// Attaches `value` to this worker's report, after what it attached before: for
+    /// example a file it wrote, for the coordinator to commit
+    /// ([`WorkerReport::attached`](crate::coordinator::WorkerReport::attached)). The
+    /// report goes to the coordinator when the worker stops, across processes alike. A
+    /// worker that is started again after a failure starts with no attachments: its
+    /// replacement's are what the report carries.
+    ///
+    /// An error when `value` cannot be encoded.
+    pub fn attach<T: serde::Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), crate::coordinator::AttachmentError> {
+        let attachment =
+            Attachment::new(value).map_err(|e| crate::coordinator::AttachmentError {
+                rank: Some(self.rank),
+                index: Some(self.attachments.len()),
+                ..e
+            })?;
+        self.attachments.push(attachment);
+        Ok(())
+    }
+
+    /// What this worker attached to its report so far.
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attachments
     }
 
     /// The job's policy for malformed rows (`JobBuilder::malformed_rows`), to open a

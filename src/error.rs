@@ -406,6 +406,8 @@ pub enum Hook {
     PrepareShards,
     /// `on_start`.
     OnStart,
+    /// `on_worker_done`.
+    OnWorkerDone,
     /// `on_finish`.
     OnFinish,
     /// `on_error`.
@@ -417,6 +419,7 @@ impl fmt::Display for Hook {
         f.write_str(match self {
             Hook::PrepareShards => "prepare_shards",
             Hook::OnStart => "on_start",
+            Hook::OnWorkerDone => "on_worker_done",
             Hook::OnFinish => "on_finish",
             Hook::OnError => "on_error",
         })

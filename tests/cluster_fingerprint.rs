@@ -102,6 +102,7 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
     one.send(superstep::protocol::ToMaster::Done {
         attempt: 0,
         rows: Default::default(),
+        attachments: Vec::new(),
     })
     .unwrap();
     assert_mismatch("the master", m.join().unwrap(), 2, "workers", "3", "4");
@@ -260,6 +261,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
     link.send(ToMaster::Done {
         attempt: 0,
         rows: Default::default(),
+        attachments: Vec::new(),
     })
     .unwrap();
     let outcome = m.join().unwrap().0.unwrap();

@@ -615,6 +615,7 @@ fn a_worker_cannot_blame_another_rank_for_its_failure() {
         link.send(ToMaster::Done {
             attempt: 0,
             rows: Default::default(),
+            attachments: Vec::new(),
         })
         .unwrap();
     }

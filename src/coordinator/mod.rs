@@ -23,7 +23,7 @@ mod rows;
 mod shard;
 
 use crate::error::{BoxError, JobError};
-use crate::protocol::Rank;
+use crate::protocol::{Attempt, Rank};
 
 pub use output::{AtomicCommit, CommitStep, FileMerge, Manifest, MergeFormat, Staging};
 pub use rows::{
@@ -38,11 +38,201 @@ pub struct WorkerReport {
     pub rank: Rank,
     /// The rows it read, wrote and rejected.
     pub rows: RowCounts,
+    /// What it attached, in the order it attached them
+    /// ([`WorkerContext::attach`](crate::WorkerContext::attach)): for example the files it
+    /// wrote, for `on_finish` to commit in one transaction. Read them with
+    /// [`attached`](Self::attached).
+    pub attachments: Vec<Attachment>,
+}
+
+impl WorkerReport {
+    /// Every attachment of this report, decoded as `T`; an error names the attachment that
+    /// is not a `T`.
+    ///
+    /// ```
+    /// use superstep::coordinator::{Attachment, WorkerReport};
+    ///
+    /// let report = WorkerReport {
+    ///     rank: 2,
+    ///     attachments: vec![Attachment::new(&"part-2.csv").unwrap()],
+    ///     ..WorkerReport::default()
+    /// };
+    /// assert_eq!(report.attached::<String>().unwrap(), ["part-2.csv"]);
+    /// ```
+    pub fn attached<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, AttachmentError> {
+        self.attachments
+            .iter()
+            .enumerate()
+            .map(|(index, a)| {
+                a.decode().map_err(|e| AttachmentError {
+                    rank: Some(self.rank),
+                    index: Some(index),
+                    message: e.message,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One value a worker attached to its report, encoded so that it crosses processes alike:
+/// what it is, is up to the job (a path, a file's manifest, a catalog entry).
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Attachment(Vec<u8>);
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Attachment({} bytes)", self.0.len())
+    }
+}
+
+impl Attachment {
+    /// `value`, encoded.
+    pub fn new<T: serde::Serialize + ?Sized>(value: &T) -> Result<Self, AttachmentError> {
+        crate::codec::to_vec(value)
+            .map(Attachment)
+            .map_err(|e| AttachmentError {
+                rank: None,
+                index: None,
+                message: format!("cannot encode it: {e}"),
+            })
+    }
+
+    /// The value, decoded as `T`.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, AttachmentError> {
+        crate::codec::from_slice(&self.0).map_err(|e| AttachmentError {
+            rank: None,
+            index: None,
+            message: format!("cannot decode it as a {}: {e}", std::any::type_name::<T>()),
+        })
+    }
+
+    /// Its encoded size in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it encodes nothing at all (no value encodes so).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An attachment that could not be encoded, or read as the type asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct AttachmentError {
+    /// The rank of the worker that attached it, when known.
+    pub rank: Option<Rank>,
+    /// Its place among that worker's attachments, from 0, when known.
+    pub index: Option<usize>,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for AttachmentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.rank, self.index) {
+            (Some(rank), Some(index)) => write!(f, "worker {rank}'s attachment {index}: "),
+            (Some(rank), None) => write!(f, "worker {rank}'s attachment: "),
+            (None, Some(index)) => write!(f, "attachment {index}: "),
+            (None, None) => Ok(()),
+        }?;
+        f.write_str(&self.message)
+    }
+}
+
+/// The job a coordinator's hooks run for: given with every lifecycle message
+/// ([`Coordinator::handle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobInfo {
+    /// The job's id (`JobBuilder::job_id`).
+    pub job_id: String,
+    /// How many workers the job has.
+    pub workers: usize,
+    /// The attempt the job is in: 0, then one more for each restart of every worker or of
+    /// the master's process.
+    pub attempt: Attempt,
+}
+
+impl JobInfo {
+    /// A job's context: its id, its worker count, its attempt.
+    pub fn new(job_id: impl Into<String>, workers: usize, attempt: Attempt) -> Self {
+        JobInfo {
+            job_id: job_id.into(),
+            workers,
+            attempt,
+        }
+    }
+}
+
+/// A message of a job's life, as its coordinator receives it ([`Coordinator::handle`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Lifecycle<'a> {
+    /// Before any worker starts.
+    Started,
+    /// One worker stopped and reported, as it stopped: a live report. The job may still
+    /// fail after it.
+    WorkerDone(&'a WorkerReport),
+    /// Every worker succeeded: their reports, in rank order.
+    Finished(&'a [WorkerReport]),
+    /// The job failed, timed out or was cancelled.
+    Failed(&'a JobError),
 }
 
 /// Hooks around a job's life, run with the master. Every hook has a default that does
 /// nothing; an `Err` (or a panic) fails the job, naming the hook.
+///
+/// A coordinator is an actor of the job: it runs on a thread of its own, so its hooks'
+/// I/O never holds up the job's coordination, and it receives the job's life as typed
+/// messages, one at a time and in order ([`handle`](Self::handle)): [`Started`]
+/// (`on_start`), one [`WorkerDone`] per worker as that worker stops (`on_worker_done`, a
+/// live report), then either [`Finished`] (`on_finish`) or [`Failed`] (`on_error`),
+/// exactly once. `handle` gets the job's context ([`JobInfo`]: its id, its workers, its
+/// attempt) and calls the hook of each message; override it where a hook needs the
+/// context.
+///
+/// [`Started`]: Lifecycle::Started
+/// [`WorkerDone`]: Lifecycle::WorkerDone
+/// [`Finished`]: Lifecycle::Finished
+/// [`Failed`]: Lifecycle::Failed
+///
+/// ```
+/// use superstep::coordinator::{Coordinator, JobInfo, Lifecycle};
+/// use superstep::BoxError;
+///
+/// /// Commits every worker's files in one transaction, named after the job.
+/// #[derive(Default)]
+/// struct Catalog {
+///     committed: Vec<(String, Vec<String>)>,
+/// }
+///
+/// impl Coordinator for Catalog {
+///     fn handle(&mut self, job: &JobInfo, event: Lifecycle<'_>) -> Result<(), BoxError> {
+///         if let Lifecycle::Finished(reports) = event {
+///             let mut files = Vec::new();
+///             for report in reports {
+///                 files.extend(report.attached::<String>()?);
+///             }
+///             self.committed.push((job.job_id.clone(), files));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
 pub trait Coordinator: Send + 'static {
+    /// Receives one message of the job's life with the job's context. The default calls
+    /// the message's hook: `on_start`, `on_worker_done`, `on_finish` or `on_error`.
+    fn handle(&mut self, job: &JobInfo, event: Lifecycle<'_>) -> Result<(), BoxError> {
+        let _ = job;
+        match event {
+            Lifecycle::Started => self.on_start(),
+            Lifecycle::WorkerDone(report) => self.on_worker_done(report),
+            Lifecycle::Finished(reports) => self.on_finish(reports),
+            Lifecycle::Failed(error) => self.on_error(error),
+        }
+    }
+
     /// One shard per worker of `input`, or `None` to leave sharding to others (a
     /// [`Composite`] takes the first that shards; without any, [`Input::split`] does).
     /// Called in every process of the job.
@@ -58,6 +248,15 @@ pub trait Coordinator: Send + 'static {
     /// Before any worker starts: create the staging area, open a transaction. A failure
     /// stops the job before it starts, and `on_error` still runs (to undo a partial start).
     fn on_start(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// As each worker stops, with its report (rows and attachments), before the job's
+    /// end is known: record progress, check what it wrote. A failure fails the job:
+    /// `on_finish` does not run, and `on_error` does. A worker replaced after a failure
+    /// reports once, as its replacement stops; one left out of the job does not report.
+    fn on_worker_done(&mut self, report: &WorkerReport) -> Result<(), BoxError> {
+        let _ = report;
         Ok(())
     }
 
@@ -79,9 +278,11 @@ pub trait Coordinator: Send + 'static {
 }
 
 /// Several coordinators as one: `prepare_shards` takes the first that shards, `on_start`
-/// runs in order, `on_finish` in reverse (output before input), and `on_error` runs every
-/// one, in reverse, even when some fail (the first failure is returned, the others
-/// logged). A failed `on_start` stops the ones after it from starting.
+/// and `on_worker_done` run in order, `on_finish` in reverse (output before input), and
+/// `on_error` runs every one, in reverse, even when some fail (the first failure is
+/// returned, the others logged). A failed `on_start` stops the ones after it from
+/// starting. Each member receives its messages through its own
+/// [`handle`](Coordinator::handle), with the job's context.
 ///
 /// Each member's `on_finish` is atomic on its own, but the members together are not: when
 /// one fails, the ones that finished before it (those added after it) keep what they
@@ -114,7 +315,56 @@ impl Composite {
     }
 }
 
+impl Composite {
+    /// Runs `hook` on each member in `order`, stopping at the first failure.
+    fn each(
+        &mut self,
+        forward: bool,
+        mut hook: impl FnMut(&mut dyn Coordinator) -> Result<(), BoxError>,
+    ) -> Result<(), BoxError> {
+        if forward {
+            self.parts.iter_mut().try_for_each(|p| hook(p.as_mut()))
+        } else {
+            self.parts
+                .iter_mut()
+                .rev()
+                .try_for_each(|p| hook(p.as_mut()))
+        }
+    }
+
+    /// Runs `hook` on every member in reverse, even when some fail; returns the first
+    /// failure (a panic included) and logs the others.
+    fn every_reversed(
+        &mut self,
+        mut hook: impl FnMut(&mut dyn Coordinator) -> Result<(), BoxError>,
+    ) -> Result<(), BoxError> {
+        let mut first = None;
+        for part in self.parts.iter_mut().rev() {
+            let failed = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                hook(part.as_mut())
+            })) {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(panic) => crate::Cause::from_panic(panic).to_string().into(),
+            };
+            tracing::warn!(error = %failed, "a coordinator's on_error failed");
+            first.get_or_insert(failed);
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
 impl Coordinator for Composite {
+    fn handle(&mut self, job: &JobInfo, event: Lifecycle<'_>) -> Result<(), BoxError> {
+        match event {
+            Lifecycle::Started | Lifecycle::WorkerDone(_) => {
+                self.each(true, |p| p.handle(job, event))
+            }
+            Lifecycle::Finished(_) => self.each(false, |p| p.handle(job, event)),
+            Lifecycle::Failed(_) => self.every_reversed(|p| p.handle(job, event)),
+        }
+    }
+
     fn prepare_shards(
         &mut self,
         input: &Input,
@@ -129,29 +379,18 @@ impl Coordinator for Composite {
     }
 
     fn on_start(&mut self) -> Result<(), BoxError> {
-        self.parts.iter_mut().try_for_each(|p| p.on_start())
+        self.each(true, |p| p.on_start())
+    }
+
+    fn on_worker_done(&mut self, report: &WorkerReport) -> Result<(), BoxError> {
+        self.each(true, |p| p.on_worker_done(report))
     }
 
     fn on_finish(&mut self, reports: &[WorkerReport]) -> Result<(), BoxError> {
-        self.parts
-            .iter_mut()
-            .rev()
-            .try_for_each(|p| p.on_finish(reports))
+        self.each(false, |p| p.on_finish(reports))
     }
 
     fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
-        let mut first = None;
-        for part in self.parts.iter_mut().rev() {
-            let failed = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                part.on_error(error)
-            })) {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(panic) => crate::Cause::from_panic(panic).to_string().into(),
-            };
-            tracing::warn!(error = %failed, "a coordinator's on_error failed");
-            first.get_or_insert(failed);
-        }
-        first.map_or(Ok(()), Err)
+        self.every_reversed(|p| p.on_error(error))
     }
 }

@@ -738,6 +738,7 @@ mod tests {
             ToMaster::Done {
                 attempt: 0,
                 rows: Default::default(),
+                attachments: Vec::new(),
             },
         )
     }

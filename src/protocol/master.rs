@@ -17,7 +17,7 @@ use super::{
     Recover, Recovery, Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
 };
 use crate::config::JobConfig;
-use crate::coordinator::{RowCounts, WorkerReport};
+use crate::coordinator::WorkerReport;
 use crate::error::{Cause, Hook, JobError, Waiting};
 use crate::events::JobEvent;
 use crate::interceptor::Ending;
@@ -191,6 +191,8 @@ pub(crate) enum Action<M, W> {
     ReplaceAll { attempt: Attempt, cause: JobError },
     /// Tell the job's subscribers.
     Event(JobEvent),
+    /// Give the coordinator this worker's report as it stops (`on_worker_done`).
+    Report(WorkerReport),
     /// Run the coordinator's `on_finish` with these reports; hand back its outcome with
     /// [`MasterNode::handle_committed`].
     Commit(Vec<WorkerReport>),
@@ -306,7 +308,7 @@ pub(crate) struct MasterNode<M, W> {
     /// replaced).
     awaiting: Vec<Awaiting>,
     /// By rank: what its worker reported with its `Done` (the newest of the attempt).
-    rows: Vec<Option<RowCounts>>,
+    reports: Vec<Option<WorkerReport>>,
     /// Ranks the end of the job gives until the instant to reconnect.
     reconnecting: Option<(Instant, Vec<Rank>)>,
     report: JobReport,
@@ -347,7 +349,7 @@ impl<M, W> MasterNode<M, W> {
             resumed: resumed.from,
             last: resumed.last,
             awaiting: vec![Awaiting::None; workers],
-            rows: vec![None; workers],
+            reports: vec![None; workers],
             reconnecting: None,
             report: JobReport {
                 resumed_from: resumed.from.map(|(i, _)| i),
@@ -481,14 +483,24 @@ impl<M, W> MasterNode<M, W> {
                 self.apply(now, step, reach);
             }
             ToMaster::Done {
-                attempt, ref rows, ..
+                attempt,
+                ref rows,
+                ref attachments,
             } if attempt == self.attempt() => {
                 // A worker that failed runs on to its `Done`: a rank left out, or one whose
                 // failed process is still the one talking, never reports as completed.
                 let failed =
                     self.gate.is_lost(from) || self.awaiting.get(from) == Some(&Awaiting::OldEnd);
-                if let Some(slot) = self.rows.get_mut(from).filter(|_| !failed) {
-                    *slot = Some(rows.clone());
+                if let Some(slot) = self.reports.get_mut(from).filter(|_| !failed) {
+                    let report = WorkerReport {
+                        rank: from,
+                        rows: rows.clone(),
+                        attachments: attachments.clone(),
+                    };
+                    if self.settings.coordinated {
+                        self.actions.push_back(Action::Report(report.clone()));
+                    }
+                    *slot = Some(report);
                 }
             }
             _ => {}
@@ -1009,7 +1021,7 @@ impl<M, W> MasterNode<M, W> {
     /// job ended.
     fn forget_unconnected(&mut self, now: Instant, reach: &dyn Reach) {
         let mut later = Vec::new();
-        for rank in 0..self.rows.len() {
+        for rank in 0..self.reports.len() {
             if self.gate.is_done(rank) || reach.is_connected(rank) {
                 continue;
             }
@@ -1116,12 +1128,8 @@ impl<M, W> MasterNode<M, W> {
                 waited,
                 drops,
             } => {
-                let reports: Vec<WorkerReport> = (0..self.rows.len())
-                    .filter_map(|rank| {
-                        let rows = self.rows[rank].take()?;
-                        Some(WorkerReport { rank, rows })
-                    })
-                    .collect();
+                let reports: Vec<WorkerReport> =
+                    self.reports.iter_mut().filter_map(Option::take).collect();
                 for worker in &reports {
                     self.report.rows.add(&worker.rows);
                 }
@@ -1296,6 +1304,7 @@ impl<M, W> MasterNode<M, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coordinator::RowCounts;
     use crate::protocol::{GateConfig, Report};
 
     /// Every rank connected.
@@ -1421,8 +1430,12 @@ mod tests {
         }
 
         fn done(&mut self, rank: Rank) {
-            let rows = RowCounts::default();
-            self.from(rank, ToMaster::Done { attempt: 0, rows });
+            let done = ToMaster::Done {
+                attempt: 0,
+                rows: RowCounts::default(),
+                attachments: Vec::new(),
+            };
+            self.from(rank, done);
         }
     }
 

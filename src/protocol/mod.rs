@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coordinator::RowCounts;
+use crate::coordinator::{Attachment, RowCounts};
 use crate::error::JobError;
 
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
@@ -100,6 +100,8 @@ pub enum ToMaster<W> {
         attempt: Attempt,
         /// What it read, wrote and rejected over the job.
         rows: RowCounts,
+        /// What it attached to its report, in order.
+        attachments: Vec<Attachment>,
     },
     /// The worker's compute called `barrier()` or `all_gather()`, and waits for the answer.
     Sync {

@@ -1,11 +1,16 @@
-//! Runs a job's coordinator hooks, guarded: an `Err` or a panic becomes the job's
-//! `JobError::Coordinator`, and a failed start or finish is followed by `on_error`.
+//! The job's coordinator: its hooks run guarded (an `Err` or a panic becomes the job's
+//! `JobError::Coordinator`, and a failed start, worker report or finish is followed by
+//! `on_error`), in the coordinator's own actor, on a thread of its own.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, Addr, Arbiter, Context, Handler, Message};
 
 use super::pool::guarded;
-use crate::coordinator::{Coordinator, Input, Shard, WorkerReport};
+use crate::coordinator::{Coordinator, Input, JobInfo, Lifecycle, Shard, WorkerReport};
 use crate::error::{Cause, Hook, JobError};
+use crate::protocol::Attempt;
 
 /// Each worker's shard: the coordinator's, if it shards, else the input's own split; `None`
 /// when the job has no input.
@@ -45,94 +50,269 @@ pub(crate) fn shards(
     Ok(Some(shards))
 }
 
-/// The job's coordinator, once the master's process has it.
+/// The job's coordinator, once the master's process has it, with the job's context: what
+/// each lifecycle message does, whoever drives it (the coordinator's actor, or the
+/// simulator).
 pub(crate) struct Coordination {
     coordinator: Box<dyn Coordinator>,
+    job: JobInfo,
+    /// The first `on_worker_done` that failed: the job fails with it at its end.
+    failed: Option<JobError>,
+    /// `on_finish` or `on_error` ran: nothing runs after them.
+    ended: bool,
 }
 
 impl Coordination {
-    pub(crate) fn new(coordinator: Box<dyn Coordinator>) -> Self {
-        Coordination { coordinator }
+    pub(crate) fn new(coordinator: Box<dyn Coordinator>, job: JobInfo) -> Self {
+        Coordination {
+            coordinator,
+            job,
+            failed: None,
+            ended: false,
+        }
+    }
+
+    /// The coordinator's `handle` of `event` in `attempt` (the newest known when `None`),
+    /// guarded: a failure names `hook`.
+    fn deliver(
+        &mut self,
+        attempt: Option<Attempt>,
+        hook: Hook,
+        event: Lifecycle<'_>,
+    ) -> Result<(), JobError> {
+        if let Some(attempt) = attempt {
+            self.job.attempt = attempt;
+        }
+        let (c, job) = (&mut self.coordinator, &self.job);
+        guarded(|| c.handle(job, event)).map_err(|cause| JobError::Coordinator { hook, cause })
     }
 
     /// `on_start`; when it fails, `on_error` with that failure, which is returned.
     pub(crate) fn start(&mut self) -> Result<(), JobError> {
-        let c = &mut self.coordinator;
-        guarded(|| c.on_start()).map_err(|cause| {
-            let error = JobError::Coordinator {
-                hook: Hook::OnStart,
-                cause,
-            };
-            self.fail(&error);
-            error
-        })
+        self.deliver(None, Hook::OnStart, Lifecycle::Started)
+            .inspect_err(|error| self.fail(None, error))
     }
 
-    /// `on_finish` with every worker's report; when it fails, `on_error` with that
-    /// failure, which is returned.
-    pub(crate) fn finish(&mut self, reports: &[WorkerReport]) -> Result<(), JobError> {
-        let c = &mut self.coordinator;
-        guarded(|| c.on_finish(reports)).map_err(|cause| {
-            let error = JobError::Coordinator {
-                hook: Hook::OnFinish,
-                cause,
-            };
-            self.fail(&error);
-            error
-        })
+    /// `on_worker_done` with one worker's report, as it stops. A failure is kept: the job
+    /// fails with it at its end.
+    pub(crate) fn worker_done(&mut self, attempt: Attempt, report: &WorkerReport) {
+        if self.ended || self.failed.is_some() {
+            return;
+        }
+        if let Err(error) = self.deliver(
+            Some(attempt),
+            Hook::OnWorkerDone,
+            Lifecycle::WorkerDone(report),
+        ) {
+            tracing::error!(rank = report.rank, %error, "the coordinator failed a worker's report: the job fails at its end");
+            self.failed = Some(error);
+        }
+    }
+
+    /// `on_finish` with every worker's report; when it fails (or a worker's report failed
+    /// before), `on_error` with that failure, which is returned. Nothing when the job's end
+    /// ran already.
+    pub(crate) fn finish(
+        &mut self,
+        attempt: Attempt,
+        reports: &[WorkerReport],
+    ) -> Result<(), JobError> {
+        if self.ended {
+            return Ok(());
+        }
+        let finished = match self.failed.take() {
+            Some(error) => Err(error),
+            None => self.deliver(Some(attempt), Hook::OnFinish, Lifecycle::Finished(reports)),
+        };
+        self.ended = true;
+        finished.inspect_err(|error| self.clean_up(error))
     }
 
     /// `on_error`: the job failed with `error` (which stays its error; a failure here is
-    /// logged).
-    pub(crate) fn fail(&mut self, error: &JobError) {
-        let c = &mut self.coordinator;
-        if let Err(cause) = guarded(|| c.on_error(error)) {
-            let failed = JobError::Coordinator {
-                hook: Hook::OnError,
-                cause,
-            };
+    /// logged). Once; nothing after `on_finish`.
+    pub(crate) fn fail(&mut self, attempt: Option<Attempt>, error: &JobError) {
+        if self.ended {
+            return;
+        }
+        if let Some(attempt) = attempt {
+            self.job.attempt = attempt;
+        }
+        self.ended = true;
+        self.clean_up(error);
+    }
+
+    fn clean_up(&mut self, error: &JobError) {
+        if let Err(failed) = self.deliver(None, Hook::OnError, Lifecycle::Failed(error)) {
             tracing::error!(%failed, job_error = %error, "cleaning up after the job's failure failed");
         }
     }
 }
 
-/// The job's coordinator, shared by the node actor and the thread that called `run`: the
-/// one that ends the job runs its `on_finish` or `on_error`, exactly once (the caller's
-/// thread does when a failed job's end is held up by user code on the job's thread).
+/// The coordinator's actor: it receives the job's lifecycle messages, in order, and runs
+/// each hook on its own thread, so a hook's I/O never holds up the job's coordination.
+struct CoordinatorActor(Coordination);
+
+impl Actor for CoordinatorActor {
+    type Context = Context<Self>;
+}
+
+/// Before any worker starts: `on_start`.
+struct Start;
+
+impl Message for Start {
+    type Result = Result<(), JobError>;
+}
+
+impl Handler<Start> for CoordinatorActor {
+    type Result = Result<(), JobError>;
+    fn handle(&mut self, _: Start, _: &mut Context<Self>) -> Self::Result {
+        self.0.start()
+    }
+}
+
+/// One worker stopped: `on_worker_done`.
+struct WorkerDone(Attempt, WorkerReport);
+
+impl Message for WorkerDone {
+    type Result = ();
+}
+
+impl Handler<WorkerDone> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, WorkerDone(attempt, report): WorkerDone, _: &mut Context<Self>) {
+        self.0.worker_done(attempt, &report);
+    }
+}
+
+/// Every worker succeeded: `on_finish`.
+struct Finish(Attempt, Vec<WorkerReport>);
+
+impl Message for Finish {
+    type Result = Result<(), JobError>;
+}
+
+impl Handler<Finish> for CoordinatorActor {
+    type Result = Result<(), JobError>;
+    fn handle(&mut self, Finish(attempt, reports): Finish, _: &mut Context<Self>) -> Self::Result {
+        self.0.finish(attempt, &reports)
+    }
+}
+
+/// The job failed: `on_error`; then a word to whoever waits outside the job's system.
+struct Fail(
+    Option<Attempt>,
+    JobError,
+    Option<std::sync::mpsc::Sender<()>>,
+);
+
+impl Message for Fail {
+    type Result = ();
+}
+
+impl Handler<Fail> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, Fail(attempt, error, ran): Fail, _: &mut Context<Self>) {
+        self.0.fail(attempt, &error);
+        if let Some(ran) = ran {
+            let _ = ran.send(());
+        }
+    }
+}
+
+/// The job's coordinator actor, shared by the node actor and the thread that called `run`:
+/// the first of them to end the job has the coordinator run `on_finish` or `on_error`,
+/// exactly once (the caller's thread does when a failed job's end is held up by user code
+/// on the job's thread).
 #[derive(Clone, Default)]
-pub(crate) struct CoordinatorSlot(Arc<Mutex<Option<Coordination>>>);
+pub(crate) struct CoordinatorSlot(Arc<Mutex<Option<Running>>>);
+
+/// The coordinator's actor, and the thread it runs on.
+type Running = (Addr<CoordinatorActor>, Arbiter);
+
+/// What went wrong reaching the coordinator's actor: it is gone (a bug, or the job ended).
+fn unreachable(error: actix::MailboxError) -> JobError {
+    JobError::Runtime {
+        message: format!("the job's coordinator could not be reached: {error}"),
+    }
+}
 
 impl CoordinatorSlot {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Coordination>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn addr(&self) -> Option<Addr<CoordinatorActor>> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().map(|(addr, _)| addr.clone())
     }
 
-    /// Holds the coordinator from now on.
-    pub(crate) fn put(&self, coordination: Coordination) {
-        *self.lock() = Some(coordination);
+    /// Starts the coordinator's actor on a thread of its own, and runs its `on_start`
+    /// there (and `on_error` when that fails). Called inside the job's system.
+    pub(crate) async fn start(&self, coordination: Coordination) -> Result<(), JobError> {
+        let arbiter = Arbiter::new();
+        let addr = CoordinatorActor::start_in_arbiter(&arbiter.handle(), move |_| {
+            CoordinatorActor(coordination)
+        });
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((addr.clone(), arbiter));
+        addr.send(Start).await.map_err(unreachable)?
     }
 
     /// Whether it holds a coordinator.
     pub(crate) fn is_set(&self) -> bool {
-        self.lock().is_some()
+        self.addr().is_some()
     }
 
-    /// `on_finish` with every worker's report (and `on_error` if it fails); nothing when
-    /// there is no coordinator, or its hooks ran already.
-    pub(crate) fn finish(&self, reports: &[WorkerReport]) -> Result<(), JobError> {
-        // Taken out first: the hook runs without the lock held.
-        let taken = self.lock().take();
-        match taken {
-            Some(mut c) => c.finish(reports),
+    /// Gives the coordinator one worker's report, as that worker stops.
+    pub(crate) fn worker_done(&self, attempt: Attempt, report: WorkerReport) {
+        if let Some(addr) = self.addr() {
+            addr.do_send(WorkerDone(attempt, report));
+        }
+    }
+
+    /// `on_finish` with every worker's report (and `on_error` if it fails), after every
+    /// report before them; `Ok` when there is no coordinator, or its end ran already.
+    pub(crate) async fn finish(
+        &self,
+        attempt: Attempt,
+        reports: Vec<WorkerReport>,
+    ) -> Result<(), JobError> {
+        match self.addr() {
+            Some(addr) => addr
+                .send(Finish(attempt, reports))
+                .await
+                .map_err(unreachable)?,
             None => Ok(()),
         }
     }
 
-    /// `on_error`, once.
-    pub(crate) fn fail(&self, error: &JobError) {
-        let taken = self.lock().take();
-        if let Some(mut c) = taken {
-            c.fail(error);
+    /// `on_error`, once; returns when it ran.
+    pub(crate) async fn fail(&self, attempt: Option<Attempt>, error: JobError) {
+        if let Some(addr) = self.addr() {
+            if let Err(e) = addr.send(Fail(attempt, error, None)).await {
+                tracing::error!(error = %e, "the job's coordinator could not be reached to clean up");
+            }
+        }
+    }
+
+    /// `on_error`, once, from a thread outside the job's system (the caller's, giving up
+    /// on a job whose thread is held by user code); waits at most `wait` for it to run.
+    pub(crate) fn fail_from_outside(&self, error: &JobError, wait: Duration) {
+        let Some(addr) = self.addr() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        addr.do_send(Fail(None, error.clone(), Some(tx)));
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(wait) {
+            tracing::error!(
+                ?wait,
+                "the coordinator's on_error did not return in time; it is left to run"
+            );
+        }
+    }
+
+    /// Stops the coordinator's actor and waits for its thread to end: the job is over.
+    pub(crate) fn close(&self) {
+        let taken = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((addr, arbiter)) = taken {
+            drop(addr);
+            arbiter.stop();
+            let _ = arbiter.join();
         }
     }
 }

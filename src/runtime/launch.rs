@@ -17,6 +17,7 @@ use super::pool::{guarded, ComputePool, PoolExits};
 use super::watch::Watch;
 use super::{fingerprint, resume, start_attempt, tick, OwnedEnding, Plan};
 use crate::compute::{JobEnd, MasterContext, Payload};
+use crate::coordinator::JobInfo;
 use crate::error::JobError;
 use crate::protocol::{
     FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState, ToMaster,
@@ -136,9 +137,10 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         )?;
         // Before any worker of this process starts, and before any iteration anywhere.
         if let Some(coordinator) = coordinator.take() {
-            let mut c = Coordination::new(coordinator);
-            c.start()?;
-            job.coordination.put(c);
+            let info = JobInfo::new(config.job_id.clone(), config.workers, attempt);
+            job.coordination
+                .start(Coordination::new(coordinator, info))
+                .await?;
         }
         bound = Some((link, checkpoint, resumed));
     }
@@ -157,7 +159,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
-            job.coordination.fail(&error);
+            job.coordination.fail(Some(attempt), error.clone()).await;
             return Err(error);
         }
     }

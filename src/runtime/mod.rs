@@ -229,7 +229,10 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             let exits = PoolExits::default();
             let shutdown = plan.config.shutdown_timeout;
             let grace = plan.config.failure_grace.min(shutdown);
+            let coordinator = job.coordination.clone();
             let outcome = actix::System::new().block_on(launch(plan, job, exits.clone()));
+            // Its end ran by now (or the caller gave up on this thread): its thread ends.
+            coordinator.close();
             // The system, its actors and the pool's last handle are dropped by now; the
             // pool's threads end once their current work returns. A failed job waits only
             // its grace for them.
@@ -258,11 +261,15 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if let Some(error) = shared.watch.overdue(&config) {
                     tracing::error!(%error, "inline user code outlived its deadline; the job's thread is left to it");
-                    shared.coordination.fail(&error);
+                    shared
+                        .coordination
+                        .fail_from_outside(&error, config.shutdown_timeout);
                     return Err(error);
                 }
                 if let Some(error) = held_up(&shared, &config) {
-                    shared.coordination.fail(&error);
+                    shared
+                        .coordination
+                        .fail_from_outside(&error, config.shutdown_timeout);
                     return Err(error);
                 }
             }

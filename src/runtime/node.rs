@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
+use actix::{
+    Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture,
+};
 use tokio::sync::oneshot;
 
 use super::coordination::CoordinatorSlot;
@@ -90,6 +92,13 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) end: JobEnd,
 }
 
+/// Whether an action was carried out, or waits for the coordinator's actor.
+#[derive(PartialEq, Eq)]
+enum Carried {
+    Done,
+    Waiting,
+}
+
 /// Drives the master's node.
 pub(crate) struct NodeActor<M: Payload, W: Payload> {
     node: MasterNode<M, W>,
@@ -129,14 +138,18 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         }
     }
 
-    /// Carries out every action the node queued, in order, feeding back what they did.
+    /// Carries out every action the node queued, in order, feeding back what they did. An
+    /// action that waits for the coordinator's actor holds the rest (and every message)
+    /// until it is done, then drives on.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.node.poll_action() {
-            self.carry_out(ctx, action);
+            if self.carry_out(ctx, action) == Carried::Waiting {
+                return;
+            }
         }
     }
 
-    fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) {
+    fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) -> Carried {
         match action {
             Action::Send { to, msg } => self.send(to, msg),
             Action::Broadcast(msg) => {
@@ -163,11 +176,29 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 }
             }
             Action::Event(event) => self.events.emit(|| event),
-            Action::Commit(reports) => {
-                let result = self.coordination.finish(&reports);
-                self.node.handle_committed(Instant::now(), result);
+            Action::Report(report) => {
+                self.coordination.worker_done(self.node.attempt(), report);
             }
-            Action::CleanUp(error) => self.coordination.fail(&error),
+            Action::Commit(reports) => {
+                // On the coordinator's thread (the transport's keeps up heartbeats); the
+                // node takes its next message once it knows the outcome.
+                let coordination = self.coordination.clone();
+                let attempt = self.node.attempt();
+                let committing = async move { coordination.finish(attempt, reports).await };
+                ctx.wait(committing.into_actor(self).map(|result, act, ctx| {
+                    act.node.handle_committed(Instant::now(), result);
+                    act.drive(ctx);
+                }));
+                return Carried::Waiting;
+            }
+            Action::CleanUp(error) => {
+                let coordination = self.coordination.clone();
+                let attempt = self.node.attempt();
+                // `run` returns after `on_error` did: the job's outcome waits for it.
+                let cleaning = async move { coordination.fail(Some(attempt), error).await };
+                ctx.wait(cleaning.into_actor(self).map(|(), act, ctx| act.drive(ctx)));
+                return Carried::Waiting;
+            }
             Action::Finished(result) => {
                 // The receiver is gone only if the caller stopped waiting; nothing to tell
                 // then.
@@ -177,6 +208,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 ctx.stop();
             }
         }
+        Carried::Done
     }
 
     /// Something done for the node failed: the node decides what follows.

@@ -68,6 +68,16 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         }
     }
 
+    /// The worker's last message, once it stopped: what it read, wrote, rejected and
+    /// attached over the job.
+    pub(crate) fn done(&mut self, attempt: Attempt) -> ToMaster<W> {
+        ToMaster::Done {
+            attempt,
+            rows: std::mem::take(&mut self.ctx.rows),
+            attachments: std::mem::take(&mut self.ctx.attachments),
+        }
+    }
+
     /// A failure of this worker's code ends the job (`FailurePolicy::Fail`).
     pub(crate) fn failure_ends_job(mut self, ends: bool) -> Self {
         self.failure_ends_job = ends;
@@ -604,15 +614,15 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 if let (Some(OwnedEnding::Failed(_)), Some(first)) = (&ending, &self.verdict) {
                     ending = Some(OwnedEnding::Failed(first.clone()));
                 }
-                let rows = self
-                    .task
-                    .as_mut()
-                    .map(|task| std::mem::take(&mut task.ctx.rows))
-                    .unwrap_or_default();
-                self.send(ToMaster::Done {
-                    attempt: self.attempt,
-                    rows,
-                });
+                let done = match self.task.as_mut() {
+                    Some(task) => task.done(self.attempt),
+                    None => ToMaster::Done {
+                        attempt: self.attempt,
+                        rows: Default::default(),
+                        attachments: Vec::new(),
+                    },
+                };
+                self.send(done);
                 match ending {
                     // Its own failure may not be the job's first: the master's abort says.
                     Some(failed @ OwnedEnding::Failed(_))

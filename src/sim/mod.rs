@@ -91,6 +91,7 @@ use crate::checkpoint::{
 use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
 use crate::config::JobConfig;
 use crate::coordinator::Coordinator;
+use crate::coordinator::JobInfo;
 use crate::error::JobError;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
@@ -943,11 +944,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
         }
         // The coordinator starts before anything else of the process, as in the runtime.
+        let info = JobInfo::new(&*self.job_id, self.config.workers, attempt);
         let mut coordination = self
             .sim
             .coordinator
             .as_ref()
-            .map(|make| Coordination::new(make()));
+            .map(|make| Coordination::new(make(), info));
         if let Some(c) = &mut coordination {
             if let Err(error) = c.start() {
                 self.log(|| format!("the coordinator cannot start: {error}"));
@@ -1124,16 +1126,31 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
             }
             Action::Event(_) => {}
+            Action::Report(report) => {
+                if let Some(master) = self.master.as_mut() {
+                    let attempt = master.node.attempt();
+                    if let Some(c) = master.coordination.as_mut() {
+                        c.worker_done(attempt, &report);
+                    }
+                }
+            }
             Action::Commit(reports) => {
-                let committed = match self.master.as_mut().and_then(|m| m.coordination.as_mut()) {
-                    Some(c) => c.finish(&reports),
-                    None => Ok(()),
+                let committed = match self.master.as_mut() {
+                    Some(MasterProcess {
+                        node,
+                        coordination: Some(c),
+                        ..
+                    }) => c.finish(node.attempt(), &reports),
+                    _ => Ok(()),
                 };
                 self.feed(|node, now, _| node.handle_committed(now, committed));
             }
             Action::CleanUp(error) => {
-                if let Some(c) = self.master.as_mut().and_then(|m| m.coordination.as_mut()) {
-                    c.fail(&error);
+                if let Some(master) = self.master.as_mut() {
+                    let attempt = master.node.attempt();
+                    if let Some(c) = master.coordination.as_mut() {
+                        c.fail(Some(attempt), &error);
+                    }
                 }
             }
             Action::Finished(outcome) => {
@@ -1787,8 +1804,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         if let Worked::Stopped(Err(error)) = node.task.run(Work::Stop(ending)) {
             self.send_to_master(rank, ToMaster::Failed { attempt, error });
         }
-        let rows = std::mem::take(&mut node.task.ctx.rows);
-        self.send_to_master(rank, ToMaster::Done { attempt, rows });
+        let done = node.task.done(attempt);
+        self.send_to_master(rank, done);
     }
 
     /// [`stop_worker`](Self::stop_worker) for the running worker of `rank`.
@@ -1797,8 +1814,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         if let Worked::Stopped(Err(error)) = self.nodes[rank].task.run(Work::Stop(ending)) {
             self.send_to_master(rank, ToMaster::Failed { attempt, error });
         }
-        let rows = std::mem::take(&mut self.nodes[rank].task.ctx.rows);
-        self.send_to_master(rank, ToMaster::Done { attempt, rows });
+        let done = self.nodes[rank].task.done(attempt);
+        self.send_to_master(rank, done);
     }
 
     /// Works through what arrived while the worker started or computed: acts on each

@@ -295,6 +295,7 @@ mod tests {
             .send(ToMaster::Done {
                 attempt: 0,
                 rows: Default::default(),
+                attachments: Vec::new(),
             })
             .unwrap();
         assert_eq!(at_master.lock().unwrap()[0].from, 1);
@@ -344,7 +345,8 @@ mod tests {
         assert_eq!(
             old.send(ToMaster::Done {
                 attempt: 0,
-                rows: Default::default()
+                rows: Default::default(),
+                attachments: Vec::new(),
             }),
             Err(TransportError::Replaced { rank: 0 })
         );

@@ -657,3 +657,210 @@ fn a_job_that_went_on_without_a_rank_commits_nothing_and_cleans_up() {
     );
     assert_eq!(rest, ["clean up"]);
 }
+
+/// A worker that sums the row numbers of its shard (`Input::Rows`) into every result: a
+/// worker without its shard fails.
+struct RowSum;
+
+impl WorkerComputable for RowSum {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        let Some(superstep::coordinator::Shard::Rows(rows)) = ctx.shard() else {
+            return Err("no shard of rows".into());
+        };
+        let sum: u64 = rows.clone().sum();
+        ctx.attach(&ctx.rank())?;
+        Ok(mix(sum, ctx.iteration()))
+    }
+}
+
+/// How a program builds its job: combined, intercepted, coordinated, sharded,
+/// checkpointed, every worker replaced when it fails.
+fn built(seen: Seen, ledger: Ledger) -> superstep::JobBuilder<u64, u64> {
+    let w = seen.clone();
+    Job::builder(Folded, |_| RowSum)
+        .job_id("built")
+        .workers(4)
+        .iterations(6)
+        .combine(fold)
+        .input(superstep::coordinator::Input::Rows(1_000))
+        .master_interceptor(Watching(seen))
+        .worker_interceptor(move |_| Watching(w.clone()))
+        .coordinator(ledger)
+        .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 2)
+        .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+}
+
+#[test]
+fn a_job_simulated_from_its_builder_runs_every_part_of_it_as_the_runtime_does() {
+    let (seen, ledger) = (Seen::default(), Ledger::default());
+    let real = built(seen.clone(), ledger.clone()).run().unwrap();
+    assert_eq!(ledger.split().1, ["commit [0, 1, 2, 3]"]);
+
+    let (sim_seen, sim_ledger) = (Seen::default(), Ledger::default());
+    let (s, l) = (sim_seen.clone(), sim_ledger.clone());
+    let sim = Simulation::from_job(move || built(s.clone(), l.clone()));
+    assert_eq!(sim.settings().workers, 4);
+    assert_eq!(sim.settings().checkpoint_every, Some(2));
+    let run = sim.run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    let outcome = run.outcome.as_ref().unwrap();
+    assert_eq!(
+        outcome.result, real.result,
+        "the same fold, combined, of the same shards"
+    );
+    // The interceptors and the coordinator ran as in the runtime.
+    for what in ["master iteration", "master completed", "worker completed"] {
+        assert_eq!(sim_seen.count(what), seen.count(what), "{what}");
+    }
+    assert_eq!(sim_ledger.split(), ledger.split());
+    // And under faults, with the builder's recovery, it ends the same (each master's
+    // process with a coordinator of its own, as a program started again has).
+    let expected = *real.result;
+    Simulation::from_job(|| built(Seen::default(), Ledger::default()))
+        .faults(Faults::network(0.1))
+        .schedule(vec![superstep::sim::Fault::WorkerCrash {
+            rank: 1,
+            iteration: 3,
+            after_result: false,
+        }])
+        .check(0..200, ends_with(expected));
+}
+
+#[test]
+fn a_job_simulated_from_its_builder_fails_as_it_would_when_its_input_cannot_be_sharded() {
+    struct FiveShards;
+    impl superstep::coordinator::Coordinator for FiveShards {
+        fn prepare_shards(
+            &mut self,
+            input: &superstep::coordinator::Input,
+            _: usize,
+        ) -> Result<Option<Vec<superstep::coordinator::Shard>>, BoxError> {
+            Ok(Some(input.split(5)?))
+        }
+    }
+    let job = || {
+        Job::builder(Folded, |_| RowSum)
+            .workers(3)
+            .combine(fold)
+            .input(superstep::coordinator::Input::Rows(10))
+            .coordinator(FiveShards)
+    };
+    let real = job().run().unwrap_err();
+    let run = Simulation::from_job(job).run(0);
+    assert_eq!(run.outcome.unwrap_err(), real);
+    assert!(matches!(
+        real,
+        JobError::Coordinator {
+            hook: superstep::Hook::PrepareShards,
+            ..
+        }
+    ));
+}
+
+/// A worker of barrier mode: each iteration it gathers every rank's value, meets the others
+/// at a barrier, and returns what depends on all of them — a rank that heard another
+/// epoch's values, or none, would change the end result.
+struct Gathering;
+
+impl WorkerComputable for Gathering {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        let last = ctx.last_master_result().copied().unwrap_or(1);
+        let mine = mix(ctx.rank() as u64, last);
+        let all: Vec<u64> = ctx.all_gather(&mine)?;
+        if all.len() != ctx.workers() || all[ctx.rank()] != mine {
+            return Err(format!("all_gather gave {all:?}").into());
+        }
+        ctx.barrier()?;
+        let again: Vec<u64> = ctx.all_gather(&ctx.iteration())?;
+        if again.iter().any(|&i| i != ctx.iteration()) {
+            return Err(format!("ranks in different iterations: {again:?}").into());
+        }
+        Ok(mix(
+            all.iter().fold(0, |a, &v| mix(a, v)),
+            ctx.rank() as u64,
+        ))
+    }
+}
+
+fn gathering(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
+    Job::builder(Fold::default(), |_| Gathering)
+        .job_id("gathering")
+        .workers(4)
+        .iterations(6)
+        .barrier_mode(true)
+        .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 2)
+        .failure_policy(policy)
+}
+
+#[test]
+fn barrier_mode_runs_in_the_simulator_as_in_the_runtime_and_recovers_under_faults() {
+    let real = gathering(FailurePolicy::Fail).run().unwrap();
+    let sim = Simulation::from_job(|| gathering(FailurePolicy::Fail));
+    assert!(sim.settings().barrier_mode);
+    let run = sim.run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(run.outcome.unwrap().result, real.result);
+    // Every worker and the master crash, messages are delayed, duplicated and lost:
+    // restarting every worker (from the newest checkpoint), the job ends as without faults.
+    let expected = *real.result;
+    let faulty =
+        Simulation::from_job(|| gathering(FailurePolicy::RestartAll { max_attempts: 100 }))
+            .faults(Faults::all(0.05));
+    faulty.check(0..300, ends_with(expected));
+    // Computes on threads of their own, yet one seed is one run.
+    let (one, two) = (faulty.run(11), faulty.run(11));
+    assert!(one.stats.messages > 0);
+    assert_eq!(one.trace, two.trace);
+    assert_eq!(one.stats, two.stats);
+}
+
+#[test]
+fn in_barrier_mode_a_crash_under_fail_ends_the_job_with_no_rank_left_waiting() {
+    use superstep::sim::{CrashPoint, Fault};
+    // A worker crashes while the others wait for it in their first sync call.
+    let run = Simulation::from_job(|| gathering(FailurePolicy::Fail))
+        .schedule(vec![Fault::WorkerCrash {
+            rank: 2,
+            iteration: 3,
+            after_result: false,
+        }])
+        .run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    match &run.outcome {
+        Err(error) => assert_eq!(error.rank(), Some(2), "{error}"),
+        Ok(o) => panic!("completed with {} though rank 2 crashed", o.result),
+    }
+    // The master's process crashes and starts again: its workers cannot carry their sync
+    // calls over to it, and say so.
+    let run = Simulation::from_job(|| gathering(FailurePolicy::Fail))
+        .schedule(vec![Fault::MasterCrash {
+            iteration: 3,
+            point: CrashPoint::Gathering,
+        }])
+        .run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    match &run.outcome {
+        Err(JobError::MasterLost { reason }) => {
+            assert!(reason.contains("barrier mode"), "{reason}")
+        }
+        other => panic!("expected the master lost, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_simulator_refuses_settings_the_runtime_refuses() {
+    let run = Simulation::new(Fold::default, |_| Gathering)
+        .barrier_mode(true)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 3 })
+        .run(0);
+    match run.outcome {
+        Err(JobError::Config(e)) => assert!(e.to_string().contains("barrier mode"), "{e}"),
+        other => panic!("expected the settings refused, got {other:?}"),
+    }
+}

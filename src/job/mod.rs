@@ -114,17 +114,18 @@ impl<M, W> fmt::Debug for Job<M, W> {
 /// Builds a [`Job`]. Every setting has a default (see [`JobConfig`]); [`build`](Self::build)
 /// checks them.
 pub struct JobBuilder<M, W> {
-    config: JobConfig,
-    master: DynMaster<M, W>,
-    workers: WorkerFactory<M, W>,
-    master_hooks: MasterHooks<M, W>,
-    worker_hooks: Vec<WorkerHookFactory<M, W>>,
+    // Read by `sim::Simulation::from_job` too.
+    pub(crate) config: JobConfig,
+    pub(crate) master: DynMaster<M, W>,
+    pub(crate) workers: WorkerFactory<M, W>,
+    pub(crate) master_hooks: MasterHooks<M, W>,
+    pub(crate) worker_hooks: Vec<WorkerHookFactory<M, W>>,
     events: Events,
     transport: Option<Box<dyn Transport<M, W>>>,
-    combine: Option<CombineFn<W>>,
-    checkpoint: Option<Checkpointing>,
-    coordinator: Option<Box<dyn Coordinator>>,
-    input: Option<Input>,
+    pub(crate) combine: Option<CombineFn<W>>,
+    pub(crate) checkpoint: Option<Checkpointing>,
+    pub(crate) coordinator: Option<Box<dyn Coordinator>>,
+    pub(crate) input: Option<Input>,
     cancel: Option<Cancel>,
     /// Whether the worker count was set ([`workers`](Self::workers) or
     /// [`config`](Self::config)), rather than left to its default.
@@ -310,7 +311,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// # Ok::<(), superstep::JobError>(())
     /// ```
     pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
-        self.combine = Some(Box::new(combine));
+        self.combine = Some(Arc::new(combine));
         self
     }
 

@@ -15,13 +15,16 @@ use super::master::MasterTask;
 use super::node::{Arrived, NodeActor, NodeParts};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::watch::Watch;
-use super::{fingerprint, resume, start_attempt, tick, OwnedEnding, Plan};
+use super::{
+    fingerprint, resume, start_attempt, tick, Checkpointing, CombineFn, DynMaster, MasterHooks,
+    OwnedEnding, Plan, Resume,
+};
 use crate::compute::{JobEnd, MasterContext, Payload};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;
 use crate::protocol::{
-    FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState, ToMaster,
-    ToWorker,
+    Attempt, FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState,
+    ToMaster, ToWorker,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::LinkSpec;
@@ -176,56 +179,23 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 tracing::warn!(error = %e, "could not tell the workers the job failed");
             }
         }));
-        let mut gate = Gate::new(
-            GateConfig::new(
-                config.workers,
+        let (task, node) = master_process(
+            MasterParts {
+                master,
+                hooks: master_hooks,
+                combine,
+                checkpoint,
+                resumed,
                 attempt,
-                [
-                    config.startup_timeout,
-                    config.iteration_timeout,
-                    config.shutdown_timeout,
-                ],
-            )
-            .with_quorum(config.quorum(), config.min_workers_timeout),
-            Instant::now(),
-        );
-        if let Some(combine) = combine {
-            gate = gate.combining(Box::new(move |fold, next| {
-                guarded(|| {
-                    combine(fold, next);
-                    Ok(())
-                })
-            }));
-        }
-        let task = MasterTask::new(
-            master,
-            master_hooks,
-            MasterContext::new(config.workers, Arc::clone(&job_id), config.iterations)
-                .ending_with(job.end.clone()),
-            checkpoint,
-            resumed,
-            attempt,
-        )
-        .keeping_initial_state(matches!(
-            config.failure_policy,
-            FailurePolicy::RestartAll { .. }
-        ));
-        let node = MasterNode::new(
+                end: job.end.clone(),
+            },
             NodeSettings {
                 config: Arc::clone(&config),
                 local: (0..config.workers).map(|r| local.is_local(r)).collect(),
                 coordinated: job.coordination.is_set(),
                 listening: events.is_listened_to(),
             },
-            gate,
-            SyncState::new(config.workers, config.sync_timeout),
-            Recovery::new(
-                config.failure_policy,
-                config.workers,
-                config.quorum(),
-                attempt,
-            ),
-            task.resumed(),
+            &job_id,
             Instant::now(),
         );
         node_ctx.run(NodeActor::new(NodeParts {
@@ -293,4 +263,78 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             message: "this process runs neither the master nor any worker".into(),
         })
     })
+}
+
+/// What the master's process is made of, once its checkpoint is read and its attempt
+/// chosen.
+pub(crate) struct MasterParts<M, W> {
+    pub(crate) master: DynMaster<M, W>,
+    pub(crate) hooks: MasterHooks<M, W>,
+    pub(crate) combine: Option<CombineFn<W>>,
+    pub(crate) checkpoint: Option<Checkpointing>,
+    pub(crate) resumed: Option<Resume<M>>,
+    pub(crate) attempt: Attempt,
+    /// The job's failure as the process hears of it.
+    pub(crate) end: JobEnd,
+}
+
+/// The master's code and the master's node of one master's process: a first start, a
+/// start after the process died, and a resume from a checkpoint alike (the runtime's and
+/// the simulator's).
+pub(crate) fn master_process<M: Payload, W: Payload>(
+    parts: MasterParts<M, W>,
+    settings: NodeSettings,
+    job_id: &Arc<str>,
+    now: Instant,
+) -> (MasterTask<M, W>, MasterNode<M, W>) {
+    let config = Arc::clone(&settings.config);
+    let attempt = parts.attempt;
+    let mut gate = Gate::new(
+        GateConfig::new(
+            config.workers,
+            attempt,
+            [
+                config.startup_timeout,
+                config.iteration_timeout,
+                config.shutdown_timeout,
+            ],
+        )
+        .with_quorum(config.quorum(), config.min_workers_timeout),
+        now,
+    );
+    if let Some(combine) = parts.combine {
+        gate = gate.combining(Box::new(move |fold, next| {
+            guarded(|| {
+                combine(fold, next);
+                Ok(())
+            })
+        }));
+    }
+    let task = MasterTask::new(
+        parts.master,
+        parts.hooks,
+        MasterContext::new(config.workers, Arc::clone(job_id), config.iterations)
+            .ending_with(parts.end),
+        parts.checkpoint,
+        parts.resumed,
+        attempt,
+    )
+    .keeping_initial_state(matches!(
+        config.failure_policy,
+        FailurePolicy::RestartAll { .. }
+    ));
+    let node = MasterNode::new(
+        settings,
+        gate,
+        SyncState::new(config.workers, config.sync_timeout),
+        Recovery::new(
+            config.failure_policy,
+            config.workers,
+            config.quorum(),
+            attempt,
+        ),
+        task.resumed(),
+        now,
+    );
+    (task, node)
 }

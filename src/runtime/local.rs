@@ -2,15 +2,14 @@
 //! failure policy replaces one of them or restarts them all.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::{Addr, AsyncContext, Context};
 
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
-use super::worker::{EndingReport, SyncAnswers, WorkerActor, WorkerTask};
+use super::worker::{EndingReport, WorkerActor, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
-use crate::compute::{JobEnd, Payload, SyncLink, WorkerContext};
+use crate::compute::{JobEnd, Payload};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
@@ -165,37 +164,22 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         } else {
             parts.transport.connect_worker(rank, inbox)?
         });
-        let mut ctx = WorkerContext::new(
+        let mut ctx = super::worker_context(
+            config,
+            &parts.job_id,
             rank,
-            config.workers,
-            Arc::clone(&parts.job_id),
-            config.iterations,
+            parts.shards.as_ref(),
+            parts.end.clone(),
         );
-        ctx.shard = parts.shards.as_ref().map(|s| s[rank].clone());
-        ctx.malformed_rows = config.malformed_rows;
-        ctx.end = parts.end.clone();
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
-            let (answers_tx, answers) = std::sync::mpsc::channel();
-            let ended = Arc::new(std::sync::OnceLock::new());
-            ctx.sync = Some(SyncLink {
-                link: Arc::clone(&link),
-                answers,
-                attempt,
-                patience: config
-                    .sync_timeout
-                    .checked_add(Duration::from_secs(5))
-                    .unwrap_or(Duration::MAX),
-                ended: Arc::clone(&ended),
-            });
+            let (sync, answers) = super::worker::sync_link(Arc::clone(&link), attempt, config);
+            ctx.sync = Some(sync);
             let name = format!("superstep-{}-worker-{rank}", config.job_id);
             (
                 Placement::Pool,
-                Some(SyncAnswers {
-                    to: answers_tx,
-                    ended,
-                }),
+                Some(answers),
                 Executor::own(name, &parts.exits)?,
             )
         } else if config.min_workers_ratio < 1.0 {

@@ -46,9 +46,10 @@ pub use cancel::Cancel;
 
 use coordination::CoordinatorSlot;
 use launch::{launch, Shared};
-pub(crate) use pool::guarded;
+pub(crate) use launch::{master_process, MasterParts};
 use pool::PoolExits;
 use watch::Watch;
+pub(crate) use worker::worker_context;
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
 pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, WorkerResult = W>>;
@@ -187,7 +188,7 @@ pub(crate) fn fingerprint<M, W>(
 }
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).
-pub(crate) type CombineFn<W> = Box<dyn Fn(&mut W, W) + Send + Sync>;
+pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
 /// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
 /// 100 ms.

@@ -8,7 +8,9 @@ use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 use super::pool::{guarded, Executor, Placer};
 use super::watch::{Watch, Who};
 use super::{DynWorker, OwnedEnding, WorkerHooks};
-use crate::compute::{JobEnd, Payload, WorkerContext};
+use crate::compute::{JobEnd, Payload, SyncLink, WorkerContext};
+use crate::config::JobConfig;
+use crate::coordinator::Shard;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
     Attempt, Epoch, Iteration, Rank, Report, SyncError, SyncResult, ToMaster, ToWorker,
@@ -32,6 +34,22 @@ pub(crate) struct WorkerTask<M, W> {
     /// Set by the worker's actor while the work away belongs to a master it left behind
     /// (its failure then ends nothing).
     pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
+/// the input (if the job has one), the job's end as its process hears of it.
+pub(crate) fn worker_context<M, W>(
+    config: &JobConfig,
+    job_id: &Arc<str>,
+    rank: Rank,
+    shards: Option<&Arc<Vec<Shard>>>,
+    end: JobEnd,
+) -> WorkerContext<M, W> {
+    let mut ctx = WorkerContext::new(rank, config.workers, Arc::clone(job_id), config.iterations);
+    ctx.shard = shards.map(|s| s[rank].clone());
+    ctx.malformed_rows = config.malformed_rows;
+    ctx.end = end;
+    ctx
 }
 
 /// One unit of user work.
@@ -223,8 +241,58 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
 /// waiting for them, and where the job's first failure goes once the worker heard of it
 /// (every sync call then fails with it at once).
 pub(crate) struct SyncAnswers {
-    pub(crate) to: mpsc::Sender<(Epoch, SyncResult)>,
-    pub(crate) ended: Arc<std::sync::OnceLock<JobError>>,
+    to: mpsc::Sender<(Epoch, SyncResult)>,
+    ended: Arc<std::sync::OnceLock<JobError>>,
+}
+
+impl SyncAnswers {
+    /// The answer to call `epoch`, for the compute waiting in it (it may have given up
+    /// waiting already; then nobody listens).
+    pub(crate) fn answer(&self, epoch: Epoch, result: SyncResult) {
+        let _ = self.to.send((epoch, result));
+    }
+
+    /// The job failed with `error`: the call waiting, and every later one, fails with it
+    /// at once.
+    pub(crate) fn end(&self, error: &JobError) {
+        if self.ended.set(error.clone()).is_ok() {
+            // Wakes a compute waiting in a sync call: not its epoch, so it looks.
+            let failed = SyncError::JobFailed(Box::new(error.clone()));
+            let _ = self.to.send((Epoch::MAX, Err(failed)));
+        }
+    }
+}
+
+/// A worker's end of barrier mode: the link its sync calls go out on, and where their
+/// answers come in.
+pub(crate) fn sync_link<W>(
+    link: Arc<dyn WorkerLink<W>>,
+    attempt: Attempt,
+    config: &JobConfig,
+) -> (SyncLink<W>, SyncAnswers) {
+    let (to, answers) = mpsc::channel();
+    let ended = Arc::new(std::sync::OnceLock::new());
+    let sync = SyncLink {
+        link,
+        answers,
+        attempt,
+        patience: config
+            .sync_timeout
+            .checked_add(Duration::from_secs(5))
+            .unwrap_or(Duration::MAX),
+        ended: Arc::clone(&ended),
+    };
+    (sync, SyncAnswers { to, ended })
+}
+
+/// Why a worker in barrier mode fails when it reaches a master's node started again: its
+/// sync calls cannot be carried over to that node.
+pub(crate) fn master_lost_in_barrier_mode(rank: Rank, attempt: Attempt) -> JobError {
+    JobError::MasterLost {
+        reason: format!(
+            "worker {rank} reached a master started again (attempt {attempt}), and a job in barrier mode cannot carry its sync calls over to it"
+        ),
+    }
 }
 
 /// How long a worker that failed on its own waits, once stopped, for the master to say
@@ -402,11 +470,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             // worker. The transport's inbox sets it for a job's failure.)
             self.give_up_on_code_away(ctx);
             if let Some(sync) = &self.sync_answers {
-                if sync.ended.set(error.clone()).is_ok() {
-                    // Wakes a compute waiting in a sync call: not its epoch, so it looks.
-                    let failed = SyncError::JobFailed(Box::new(error.clone()));
-                    let _ = sync.to.send((Epoch::MAX, Err(failed)));
-                }
+                sync.end(error);
             }
         }
         if self.awaiting_verdict.take().is_some() {
@@ -669,12 +733,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         self.pending_iterate = None;
         if self.sync_answers.is_some() {
             // A compute may be waiting in a sync call the new master never saw.
-            self.fail(JobError::MasterLost {
-                reason: format!(
-                    "worker {} reached a master started again (attempt {attempt}), and a job in barrier mode cannot carry its sync calls over to it",
-                    self.rank
-                ),
-            });
+            self.fail(master_lost_in_barrier_mode(self.rank, attempt));
             // Idle between iterations, nothing else would start the stop.
             if self.task.is_some() {
                 self.after_work(ctx);
@@ -761,8 +820,7 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
                 if let (ToWorker::SyncReply { epoch, result, .. }, Some(answers)) =
                     (msg, &self.sync_answers)
                 {
-                    // The compute may have given up waiting already; then nobody listens.
-                    let _ = answers.to.send((epoch, result));
+                    answers.answer(epoch, result);
                 }
             }
             WorkerCommand::Register(attempt) => self.register_again(ctx, attempt),

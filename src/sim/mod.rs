@@ -15,7 +15,11 @@
 //! node. A worker's [`WorkerState`] acts on each master
 //! message once, in increasing order, skipping ahead when it is late, and says it is done
 //! when told to stop. Every result crosses the wire encoding on its way, as between
-//! processes.
+//! processes. In barrier mode each worker's compute runs on a thread of its own, as in
+//! the runtime, and its `barrier()` and `all_gather()` calls travel the simulated network
+//! to the master's node and back; the simulator waits for a compute to call or return
+//! before it goes on, so one thread runs at a time and a seed still replays one run.
+//! Settings the runtime refuses (`JobConfig::validate`) fail the simulated job alike.
 //!
 //! The faults ([`Faults`]): a worker crashes during its compute or right after its result
 //! left; the master's process crashes while it gathers, before its compute, or before,
@@ -28,6 +32,11 @@
 //! is a process of its own, as over TCP: its connection delivers in order, its loss is
 //! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts
 //! a process that ended on a failure again, which joins in its rank's place.
+//!
+//! A simulation is built from the same [`JobBuilder`] the program runs
+//! ([`Simulation::from_job`]: its master, workers, interceptors, combiner, coordinator,
+//! input and settings), or from factories of the master and the workers
+//! ([`Simulation::new`]).
 //!
 //! Faults are drawn from the seed with the probabilities of [`Faults`], or given as data
 //! ([`Simulation::schedule`], a list of [`Fault`]s at given ranks, iterations and points):
@@ -79,7 +88,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
@@ -88,21 +97,25 @@ use rand_chacha::ChaCha8Rng;
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, Loaded, MemoryCheckpointStore,
 };
-use crate::compute::{MasterComputable, MasterContext, Payload, WorkerComputable, WorkerContext};
+use crate::compute::{JobEnd, MasterComputable, Payload, WorkerComputable};
 use crate::config::JobConfig;
-use crate::coordinator::Coordinator;
-use crate::coordinator::JobInfo;
+use crate::coordinator::{Coordinator, JobInfo, Shard};
 use crate::error::JobError;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
-    Action, Attempt, Drops, Envelope, FailurePolicy, Gate, GateConfig, Iteration, MasterDone,
-    MasterNode, MasterRound, MasterWork, NodeSettings, Rank, Reach, Recovery, Report, SyncState,
-    ToMaster, ToWorker, WorkerCommand, WorkerState,
+    Action, Attempt, Drops, Envelope, FailurePolicy, Iteration, MasterDone, MasterNode,
+    MasterRound, MasterWork, NodeSettings, Rank, Reach, Report, ToMaster, ToWorker, WorkerCommand,
+    WorkerState,
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
-use crate::runtime::worker::{Work, Worked, WorkerTask};
-use crate::runtime::{Checkpointing, DynMaster, DynWorker, OwnedEnding, WorkerHookFactory};
+use crate::runtime::worker::{SyncAnswers, Work, Worked, WorkerTask};
+use crate::runtime::{
+    Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, MasterParts, OwnedEnding,
+    WorkerFactory, WorkerHookFactory,
+};
+use crate::transport::{TransportError, WorkerLink};
+use crate::JobBuilder;
 
 /// The variable that replays one seed: `SUPERSTEP_SIM_SEED=<seed> cargo test <test>`.
 pub const SEED_VAR: &str = "SUPERSTEP_SIM_SEED";
@@ -277,6 +290,11 @@ pub struct SimConfig {
     pub iterations: Iteration,
     /// Halt when every worker votes to halt. Default off.
     pub worker_halt: bool,
+    /// Barrier mode ([`JobBuilder::barrier_mode`]): each worker's compute runs on a thread
+    /// of its own and may call `barrier()` and `all_gather()`, answered by the master's
+    /// node over the simulated network (the simulator runs one thread at a time, so a run
+    /// stays determined by its seed). Default off.
+    pub barrier_mode: bool,
     /// What to do when a worker fails. Default [`FailurePolicy::Fail`].
     pub policy: FailurePolicy,
     /// Checkpoint every k iterations; `None` (the default) never.
@@ -302,6 +320,7 @@ impl Default for SimConfig {
             workers: 3,
             iterations: 10,
             worker_halt: false,
+            barrier_mode: false,
             policy: FailurePolicy::Fail,
             checkpoint_every: None,
             min_workers_ratio: 1.0,
@@ -316,19 +335,25 @@ impl Default for SimConfig {
 
 impl SimConfig {
     /// The job's settings as the master's node reads them.
-    fn job_config(&self, job_id: &str) -> JobConfig {
+    /// The job's settings as the master's node reads them: `base`'s (those of a job
+    /// simulated from its builder), with the simulated ones from here.
+    fn job_config(&self, base: Option<&JobConfig>) -> JobConfig {
+        let base = base.cloned().unwrap_or_else(|| JobConfig {
+            job_id: "sim".into(),
+            shutdown_timeout: Duration::from_secs(1),
+            ..JobConfig::default()
+        });
         JobConfig {
-            job_id: job_id.to_string(),
             workers: self.workers,
             iterations: self.iterations,
             worker_halt: self.worker_halt,
+            barrier_mode: self.barrier_mode,
             startup_timeout: self.startup_timeout,
             iteration_timeout: self.iteration_timeout,
-            shutdown_timeout: Duration::from_secs(1),
             min_workers_ratio: self.min_workers_ratio,
             min_workers_timeout: self.min_workers_timeout,
             failure_policy: self.policy,
-            ..JobConfig::default()
+            ..base
         }
     }
 }
@@ -409,26 +434,30 @@ impl<M> SimRun<M> {
     }
 }
 
-type MasterFactory<M, W> = Arc<dyn Fn() -> DynMaster<M, W> + Send + Sync>;
-type WorkerMaker<M, W> = Arc<dyn Fn(Rank) -> DynWorker<M, W> + Send + Sync>;
-
-/// A job to simulate: a factory of its master (called again for a restarted master), a
-/// factory of its workers (called again for a replaced worker), and its settings.
-pub struct Simulation<M, W> {
-    master: MasterFactory<M, W>,
-    workers: WorkerMaker<M, W>,
-    combine: Option<CombineWith<W>>,
-    master_hooks: Vec<MasterHookMaker<M, W>>,
-    worker_hooks: Vec<WorkerHookFactory<M, W>>,
-    coordinator: Option<CoordinatorMaker>,
-    config: SimConfig,
+/// What one master's process is made of: the master's code, its interceptors, the job's
+/// coordinator.
+struct MasterMade<M, W> {
+    master: DynMaster<M, W>,
+    hooks: MasterHooks<M, W>,
+    coordinator: Option<Box<dyn Coordinator>>,
 }
 
-type CoordinatorMaker = Arc<dyn Fn() -> Box<dyn Coordinator> + Send + Sync>;
+type MasterFactory<M, W> = Arc<dyn Fn() -> MasterMade<M, W> + Send + Sync>;
 
-type MasterHookMaker<M, W> = Arc<dyn Fn() -> Box<dyn MasterInterceptor<M, W>> + Send + Sync>;
-
-type CombineWith<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
+/// A job to simulate: a factory of its master's process (called again for a restarted
+/// master), a factory of its workers (called again for a replaced worker), and its
+/// settings.
+pub struct Simulation<M, W> {
+    master: MasterFactory<M, W>,
+    workers: WorkerFactory<M, W>,
+    combine: Option<CombineFn<W>>,
+    worker_hooks: Vec<WorkerHookFactory<M, W>>,
+    /// Each rank's shard of the job's input, or why sharding failed.
+    shards: Result<Option<Arc<Vec<Shard>>>, JobError>,
+    /// The job's settings beyond the simulated ones (a job simulated from its builder).
+    base: Option<Arc<JobConfig>>,
+    config: SimConfig,
+}
 
 impl<M, W> Clone for Simulation<M, W> {
     fn clone(&self) -> Self {
@@ -436,9 +465,9 @@ impl<M, W> Clone for Simulation<M, W> {
             master: Arc::clone(&self.master),
             workers: Arc::clone(&self.workers),
             combine: self.combine.clone(),
-            master_hooks: self.master_hooks.clone(),
             worker_hooks: self.worker_hooks.clone(),
-            coordinator: self.coordinator.clone(),
+            shards: self.shards.clone(),
+            base: self.base.clone(),
             config: self.config.clone(),
         }
     }
@@ -463,19 +492,116 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         WC: WorkerComputable<MasterResult = M, WorkerResult = W>,
     {
         Simulation {
-            master: Arc::new(move || -> DynMaster<M, W> { Box::new(master()) }),
+            master: Arc::new(move || MasterMade {
+                master: Box::new(master()),
+                hooks: Vec::new(),
+                coordinator: None,
+            }),
             workers: Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) }),
             combine: None,
-            master_hooks: Vec::new(),
             worker_hooks: Vec::new(),
-            coordinator: None,
+            shards: Ok(None),
+            base: None,
             config: SimConfig::default(),
+        }
+    }
+
+    /// A simulation of the job `make` builds — its master, workers, interceptors,
+    /// combiner, coordinator, input and settings, as [`JobBuilder::run`] would run them —
+    /// over the simulator's network, clock and checkpoint store (the builder's transport,
+    /// store, events and cancel are not used). `make` is called again for each master's
+    /// process, as a restarted process builds its job again; write it as the function your
+    /// program builds its job with.
+    ///
+    /// ```
+    /// use superstep::prelude::*;
+    /// use superstep::sim::Simulation;
+    ///
+    /// struct Sum;
+    /// impl MasterComputable for Sum {
+    ///     type MasterResult = u64;
+    ///     type WorkerResult = u64;
+    ///     fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+    ///         let last = ctx.last_master_result().copied().unwrap_or(0);
+    ///         Ok(Step::Continue(last + ctx.worker_results().iter().sum::<u64>()))
+    ///     }
+    /// }
+    /// struct One;
+    /// impl WorkerComputable for One {
+    ///     type MasterResult = u64;
+    ///     type WorkerResult = u64;
+    ///     fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+    ///         Ok(1)
+    ///     }
+    /// }
+    ///
+    /// /// How the program builds its job.
+    /// fn job() -> superstep::JobBuilder<u64, u64> {
+    ///     Job::builder(Sum, |_| One).workers(4).iterations(5)
+    /// }
+    ///
+    /// let run = Simulation::from_job(job).run(7);
+    /// assert_eq!(*run.outcome.unwrap().result, 20);
+    /// ```
+    ///
+    /// [`JobBuilder::run`]: crate::JobBuilder::run
+    pub fn from_job(make: impl Fn() -> JobBuilder<M, W> + Send + Sync + 'static) -> Self {
+        let first = make();
+        let job = &first.config;
+        let config = SimConfig {
+            workers: job.workers,
+            iterations: job.iterations,
+            worker_halt: job.worker_halt,
+            barrier_mode: job.barrier_mode,
+            policy: job.failure_policy,
+            checkpoint_every: first.checkpoint.as_ref().map(|c| c.every),
+            min_workers_ratio: job.min_workers_ratio,
+            min_workers_timeout: job.min_workers_timeout,
+            iteration_timeout: job.iteration_timeout,
+            startup_timeout: job.startup_timeout,
+            ..SimConfig::default()
+        };
+        let base = Some(Arc::new(job.clone()));
+        let (workers, combine, worker_hooks) = (
+            Arc::clone(&first.workers),
+            first.combine.clone(),
+            first.worker_hooks.clone(),
+        );
+        let mut coordinator = first.coordinator;
+        let shards = crate::runtime::coordination::shards(
+            coordinator.as_mut(),
+            first.input.as_ref(),
+            config.workers,
+        )
+        .map(|s| s.map(Arc::new));
+        Simulation {
+            master: Arc::new(move || {
+                let built = make();
+                MasterMade {
+                    master: built.master,
+                    hooks: built.master_hooks,
+                    coordinator: built.coordinator,
+                }
+            }),
+            workers,
+            combine,
+            worker_hooks,
+            shards,
+            base,
+            config,
         }
     }
 
     /// The number of workers.
     pub fn workers(mut self, workers: usize) -> Self {
         self.config.workers = workers;
+        self
+    }
+
+    /// Barrier mode, as [`JobBuilder::barrier_mode`] sets it (see
+    /// [`SimConfig::barrier_mode`]).
+    pub fn barrier_mode(mut self, enabled: bool) -> Self {
+        self.config.barrier_mode = enabled;
         self
     }
 
@@ -518,18 +644,29 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         self
     }
 
+    /// Changes what each master's process is made of.
+    fn making_master(
+        mut self,
+        change: impl Fn(&mut MasterMade<M, W>) + Send + Sync + 'static,
+    ) -> Self {
+        let make = Arc::clone(&self.master);
+        self.master = Arc::new(move || {
+            let mut made = make();
+            change(&mut made);
+            made
+        });
+        self
+    }
+
     /// Adds an interceptor to the master: `make` is called for each master process (one
     /// started again after a crash gets a new one), as
     /// [`JobBuilder::master_interceptor`](crate::JobBuilder::master_interceptor) adds one.
-    pub fn master_interceptor<I, F>(mut self, make: F) -> Self
+    pub fn master_interceptor<I, F>(self, make: F) -> Self
     where
         I: MasterInterceptor<M, W>,
         F: Fn() -> I + Send + Sync + 'static,
     {
-        self.master_hooks.push(Arc::new(move || {
-            Box::new(make()) as Box<dyn MasterInterceptor<M, W>>
-        }));
-        self
+        self.making_master(move |made| made.hooks.push(Box::new(make())))
     }
 
     /// Adds an interceptor to every worker: `make` is called once per worker (a
@@ -549,12 +686,8 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// sets it: `make` is called for each master process (one started again after a crash
     /// gets a new one, whose `on_start` runs again). Its `on_finish` runs only when every
     /// worker completed; its `on_error` otherwise — as in the runtime.
-    pub fn coordinator<C: Coordinator>(
-        mut self,
-        make: impl Fn() -> C + Send + Sync + 'static,
-    ) -> Self {
-        self.coordinator = Some(Arc::new(move || Box::new(make()) as Box<dyn Coordinator>));
-        self
+    pub fn coordinator<C: Coordinator>(self, make: impl Fn() -> C + Send + Sync + 'static) -> Self {
+        self.making_master(move |made| made.coordinator = Some(Box::new(make())))
     }
 
     /// The faults to draw.
@@ -769,10 +902,55 @@ struct Node<M, W> {
     ready: bool,
     busy: bool,
     attempt: Attempt,
-    /// The worker's code, interceptors and context, as the runtime runs them.
-    task: WorkerTask<M, W>,
+    /// The worker's code, interceptors and context, as the runtime runs them (locked by
+    /// the compute's own thread in barrier mode, while the simulator waits for it).
+    task: Arc<Mutex<WorkerTask<M, W>>>,
     state: WorkerState,
     mailbox: VecDeque<ToWorker<M>>,
+    /// In barrier mode: the ends of its sync calls.
+    sync: Option<SimSync<W>>,
+    /// In barrier mode: the compute under way on its own thread, parked in a sync call.
+    parked: Option<Computing>,
+}
+
+fn lock<T>(task: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    task.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A compute of barrier mode, on a thread of its own, says what it did: it made a sync
+/// call (and waits for its answer), or it returned.
+enum FromCompute<W> {
+    Call(ToMaster<W>),
+    Returned(Worked<W>),
+}
+
+/// A worker's sync calls, as its transport would carry them: to the simulator.
+struct CallLink<W>(mpsc::Sender<FromCompute<W>>);
+
+impl<W: Payload> WorkerLink<W> for CallLink<W> {
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        self.0
+            .send(FromCompute::Call(msg))
+            .map_err(|_| TransportError::Closed)
+    }
+}
+
+/// A worker's end of barrier mode in the simulator.
+struct SimSync<W> {
+    /// What its compute's thread says.
+    from: mpsc::Receiver<FromCompute<W>>,
+    to_sim: mpsc::Sender<FromCompute<W>>,
+    /// Where the answers to its calls go (as the runtime's worker hands them over).
+    answers: SyncAnswers,
+}
+
+/// A compute under way: its iteration and the faults drawn for it.
+#[derive(Debug, Clone, Copy)]
+struct Computing {
+    iteration: Iteration,
+    took: Duration,
+    crash: bool,
+    during: bool,
 }
 
 /// The master's process: the node the runtime drives, and the master's code as the
@@ -887,8 +1065,8 @@ const MAX_EVENTS: u64 = 2_000_000;
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     fn new(sim: &'s Simulation<M, W>, seed: u64) -> Self {
         let config = &sim.config;
-        let job_id: Arc<str> = Arc::from("sim");
-        let job = Arc::new(config.job_config(&job_id));
+        let job = Arc::new(config.job_config(sim.base.as_deref()));
+        let job_id: Arc<str> = Arc::from(job.job_id.as_str());
         let mut world = World {
             sim,
             config,
@@ -916,6 +1094,16 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             pending: config.schedule.clone(),
             arrivals: vec![(Duration::ZERO, Duration::ZERO); config.workers],
         };
+        if let Err(error) = world.job.validate() {
+            // Settings the runtime refuses fail the simulated job too.
+            world.outcome = Some(Err(error.into()));
+            return world;
+        }
+        if let Err(error) = &sim.shards {
+            // Sharding failed: the job fails before it starts, as `run` would.
+            world.outcome = Some(Err(error.clone()));
+            return world;
+        }
         world.start_master(0);
         for rank in 0..config.workers {
             let node = world.spawn(rank, 0, 0);
@@ -943,13 +1131,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let iteration = r.iteration;
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
         }
+        let made = (self.sim.master)();
         // The coordinator starts before anything else of the process, as in the runtime.
         let info = JobInfo::new(&*self.job_id, self.config.workers, attempt);
-        let mut coordination = self
-            .sim
-            .coordinator
-            .as_ref()
-            .map(|make| Coordination::new(make(), info));
+        let mut coordination = made.coordinator.map(|c| Coordination::new(c, info));
         if let Some(c) = &mut coordination {
             if let Err(error) = c.start() {
                 self.log(|| format!("the coordinator cannot start: {error}"));
@@ -958,50 +1143,28 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             }
         }
         let c = Arc::clone(&self.job);
-        let checkpointing = self.config.checkpoint_every.map(|every| Checkpointing {
+        let checkpoint = self.config.checkpoint_every.map(|every| Checkpointing {
             store: Box::new(store),
             every,
         });
-        let task = MasterTask::new(
-            (self.sim.master)(),
-            self.sim.master_hooks.iter().map(|make| make()).collect(),
-            MasterContext::new(c.workers, Arc::clone(&self.job_id), c.iterations),
-            checkpointing,
-            resumed,
-            attempt,
-        )
-        .keeping_initial_state(matches!(c.failure_policy, FailurePolicy::RestartAll { .. }));
-        let now = self.instant();
-        let mut gate = Gate::new(
-            GateConfig::new(
-                c.workers,
+        let (task, node) = crate::runtime::master_process(
+            MasterParts {
+                master: made.master,
+                hooks: made.hooks,
+                combine: self.sim.combine.clone(),
+                checkpoint,
+                resumed,
                 attempt,
-                [c.startup_timeout, c.iteration_timeout, c.shutdown_timeout],
-            )
-            .with_quorum(c.quorum(), c.min_workers_timeout),
-            now,
-        );
-        if let Some(combine) = &self.sim.combine {
-            let combine = Arc::clone(combine);
-            gate = gate.combining(Box::new(move |fold, next| {
-                crate::runtime::guarded(|| {
-                    combine(fold, next);
-                    Ok(())
-                })
-            }));
-        }
-        let node = MasterNode::new(
+                end: JobEnd::default(),
+            },
             NodeSettings {
                 config: Arc::clone(&c),
                 local: vec![self.gang(); c.workers],
                 coordinated: coordination.is_some(),
                 listening: false,
             },
-            gate,
-            SyncState::new(c.workers, c.sync_timeout),
-            Recovery::new(c.failure_policy, c.workers, c.quorum(), attempt),
-            task.resumed(),
-            now,
+            &self.job_id,
+            self.instant(),
         );
         self.master = Some(MasterProcess {
             node,
@@ -1296,7 +1459,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         if self.gang() {
             // Every worker runs in the master's process (as `RestartAll` requires): they
             // die with it.
-            for node in &mut self.nodes {
+            for rank in 0..self.nodes.len() {
+                self.settle(rank, &JobError::Cancelled);
+                let node = &mut self.nodes[rank];
                 node.alive = false;
                 node.mailbox.clear();
             }
@@ -1517,6 +1682,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.handle(event);
             self.arm_timer();
         }
+        // No compute is left waiting in a sync call: its thread ends before the run does.
+        for rank in 0..self.nodes.len() {
+            self.settle(rank, &JobError::Cancelled);
+        }
         SimRun {
             seed: 0,
             outcome: self.outcome.expect("the loop ends with an outcome"),
@@ -1695,6 +1864,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 node.attempt = attempt;
+                if node.sync.is_some() {
+                    // As the runtime's worker: its sync calls cannot be carried over.
+                    let error = crate::runtime::worker::master_lost_in_barrier_mode(rank, attempt);
+                    self.settle(rank, &error);
+                    self.log(|| format!("worker {rank} reconnects, and fails: {error}"));
+                    let node = &mut self.nodes[rank];
+                    node.state.stop();
+                    node.mailbox.clear();
+                    let failed = ToMaster::Failed {
+                        attempt,
+                        error: error.clone(),
+                    };
+                    self.send_to_master(rank, failed);
+                    return self.stop(rank, OwnedEnding::Failed(error));
+                }
                 if !node.ready {
                     // Still starting: it registers in the new attempt once started.
                     return;
@@ -1730,20 +1914,38 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     /// A new process for `rank`: its code runs `init`, then it registers.
     fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
-        let ctx = WorkerContext::new(
+        let shards = self.sim.shards.as_ref().ok().and_then(Option::as_ref);
+        let mut ctx = crate::runtime::worker_context(
+            &self.job,
+            &self.job_id,
             rank,
-            self.config.workers,
-            Arc::clone(&self.job_id),
-            self.config.iterations,
+            shards,
+            JobEnd::default(),
         );
+        let sync = self.config.barrier_mode.then(|| {
+            let (to_sim, from) = mpsc::channel();
+            let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
+            let (link, answers) = crate::runtime::worker::sync_link(link, attempt, &self.job);
+            ctx.sync = Some(link);
+            SimSync {
+                from,
+                to_sim,
+                answers,
+            }
+        });
         let hooks = self
             .sim
             .worker_hooks
             .iter()
             .map(|make| make(rank))
             .collect();
-        let mut task = WorkerTask::new((self.sim.workers)(rank), hooks, ctx, attempt);
-        let started = task.run(Work::Start);
+        let task = Arc::new(Mutex::new(WorkerTask::new(
+            (self.sim.workers)(rank),
+            hooks,
+            ctx,
+            attempt,
+        )));
+        let started = lock(&task).run(Work::Start);
         let startup = Duration::from_micros(self.rng.random_range(500..5_000));
         let mut node = Node {
             generation,
@@ -1755,6 +1957,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             task,
             state: WorkerState::new(attempt),
             mailbox: VecDeque::new(),
+            sync,
+            parked: None,
         };
         match started {
             Worked::Started(Err(error)) => {
@@ -1788,6 +1992,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     /// A new process for `rank`, in the place of the old one (which stops).
     fn replace(&mut self, rank: Rank, attempt: Attempt) {
+        self.settle(rank, &JobError::Cancelled);
         let generation = self.nodes[rank].generation + 1;
         self.nodes[rank] = self.spawn(rank, generation, attempt);
     }
@@ -1801,27 +2006,121 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// runs, then it says it is done (as the runtime's worker does).
     fn stop_worker(&mut self, rank: Rank, node: &mut Node<M, W>, ending: OwnedEnding<M>) {
         let attempt = node.attempt;
-        if let Worked::Stopped(Err(error)) = node.task.run(Work::Stop(ending)) {
+        let (stopped, done) = {
+            let mut task = lock(&node.task);
+            (task.run(Work::Stop(ending)), task.done(attempt))
+        };
+        if let Worked::Stopped(Err(error)) = stopped {
             self.send_to_master(rank, ToMaster::Failed { attempt, error });
         }
-        let done = node.task.done(attempt);
         self.send_to_master(rank, done);
     }
 
     /// [`stop_worker`](Self::stop_worker) for the running worker of `rank`.
     fn stop(&mut self, rank: Rank, ending: OwnedEnding<M>) {
+        let task = Arc::clone(&self.nodes[rank].task);
         let attempt = self.nodes[rank].attempt;
-        if let Worked::Stopped(Err(error)) = self.nodes[rank].task.run(Work::Stop(ending)) {
+        let (stopped, done) = {
+            let mut task = lock(&task);
+            (task.run(Work::Stop(ending)), task.done(attempt))
+        };
+        if let Worked::Stopped(Err(error)) = stopped {
             self.send_to_master(rank, ToMaster::Failed { attempt, error });
         }
-        let done = self.nodes[rank].task.done(attempt);
         self.send_to_master(rank, done);
+    }
+
+    /// Ends the compute of `rank` parked in a sync call, if any, as the runtime's worker
+    /// does when the job fails: the call fails with `error`; the simulator waits for the
+    /// compute to return (what it returns is of no use).
+    fn settle(&mut self, rank: Rank, error: &JobError) {
+        let Some(node) = self.nodes.get_mut(rank) else {
+            return;
+        };
+        let (Some(sync), Some(_)) = (&node.sync, node.parked.take()) else {
+            return;
+        };
+        sync.answers.end(error);
+        while let Ok(FromCompute::Call(_)) = sync.from.recv() {}
+        node.busy = false;
+    }
+
+    /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
+    /// a sync call goes to the master and the compute parks; a return ends the compute.
+    fn follow(&mut self, rank: Rank, computing: Computing) {
+        let Some(sync) = &self.nodes[rank].sync else {
+            return;
+        };
+        match sync.from.recv() {
+            Ok(FromCompute::Call(msg)) => {
+                self.nodes[rank].parked = Some(computing);
+                self.send_to_master(rank, msg);
+            }
+            Ok(FromCompute::Returned(worked)) => self.computed(rank, computing, worked),
+            Err(_) => {
+                let worked = Worked::Iterated(Err(JobError::Runtime {
+                    message: format!("worker {rank}'s compute thread ended without returning"),
+                }));
+                self.computed(rank, computing, worked);
+            }
+        }
+    }
+
+    /// What arrived for a compute parked in a sync call: the answer (the compute goes on),
+    /// or the job's end (the call fails, and the worker stops once the compute returned).
+    /// Anything else waits for the compute to return.
+    fn work_parked(&mut self, rank: Rank) {
+        loop {
+            let node = &mut self.nodes[rank];
+            let Some(at) = node.mailbox.iter().position(|m| {
+                matches!(
+                    m,
+                    ToWorker::SyncReply { .. } | ToWorker::Abort { .. } | ToWorker::Finish { .. }
+                )
+            }) else {
+                return;
+            };
+            let Some(msg) = node.mailbox.remove(at) else {
+                return;
+            };
+            match node.state.on_message(&msg) {
+                WorkerCommand::Answer => {
+                    let (Some(sync), ToWorker::SyncReply { epoch, result, .. }) = (&node.sync, msg)
+                    else {
+                        continue;
+                    };
+                    sync.answers.answer(epoch, result);
+                    let Some(computing) = node.parked.take() else {
+                        continue;
+                    };
+                    self.follow(rank, computing);
+                    if self.nodes[rank].parked.is_none() {
+                        return;
+                    }
+                }
+                WorkerCommand::Stop => {
+                    let error = match &msg {
+                        ToWorker::Abort { error, .. } => error.clone(),
+                        _ => JobError::Cancelled,
+                    };
+                    self.settle(rank, &error);
+                    self.nodes[rank].mailbox.clear();
+                    let ending =
+                        OwnedEnding::told(msg).unwrap_or(OwnedEnding::Failed(JobError::Cancelled));
+                    return self.stop(rank, ending);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Works through what arrived while the worker started or computed: acts on each
     /// message in order, and of several iterations computes only the newest.
     fn work_mailbox(&mut self, rank: Rank) {
         let node = &mut self.nodes[rank];
+        if node.parked.is_some() {
+            return self.work_parked(rank);
+        }
         if !node.ready || node.busy {
             return;
         }
@@ -1874,10 +2173,60 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
         let node = &mut self.nodes[rank];
         let attempt = node.attempt;
-        let generation = node.generation;
-        node.task.attempt = attempt;
-        // Interceptors and compute, as the runtime runs them.
-        let sent = match node.task.run(Work::Iterate(iteration, last)) {
+        lock(&node.task).attempt = attempt;
+        node.busy = true;
+        self.log(|| {
+            format!(
+                "worker {rank} computes iteration {iteration} of attempt {attempt}{}",
+                if slow { " (slowly)" } else { "" }
+            )
+        });
+        let computing = Computing {
+            iteration,
+            took,
+            crash,
+            during,
+        };
+        let node = &self.nodes[rank];
+        match &node.sync {
+            // Interceptors and compute, as the runtime runs them.
+            None => {
+                let worked = lock(&node.task).run(Work::Iterate(iteration, last));
+                self.computed(rank, computing, worked);
+            }
+            // On a thread of its own, as in the runtime; the simulator waits for it to
+            // call or return, so one thread runs at a time.
+            Some(sync) => {
+                let (task, to_sim) = (Arc::clone(&node.task), sync.to_sim.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("superstep-sim-worker-{rank}"))
+                    .spawn(move || {
+                        let worked = lock(&task).run(Work::Iterate(iteration, last));
+                        let _ = to_sim.send(FromCompute::Returned(worked));
+                    });
+                if let Err(e) = spawned {
+                    let worked = Worked::Iterated(Err(JobError::Runtime {
+                        message: format!("could not start worker {rank}'s compute thread: {e}"),
+                    }));
+                    return self.computed(rank, computing, worked);
+                }
+                self.follow(rank, computing);
+            }
+        }
+    }
+
+    /// The compute of `rank` returned `worked`: its result leaves once its (virtual)
+    /// compute time passed, unless it crashes first.
+    fn computed(&mut self, rank: Rank, computing: Computing, worked: Worked<W>) {
+        let Computing {
+            iteration,
+            took,
+            crash,
+            during,
+        } = computing;
+        let node = &self.nodes[rank];
+        let (attempt, generation) = (node.attempt, node.generation);
+        let sent = match worked {
             Worked::Iterated(Ok(report)) => ToMaster::Result(Report {
                 // Virtual time, so that a seed replays the same run.
                 elapsed: took,
@@ -1891,13 +2240,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 },
             },
         };
-        node.busy = true;
-        self.log(|| {
-            format!(
-                "worker {rank} computes iteration {iteration} of attempt {attempt}{}",
-                if slow { " (slowly)" } else { "" }
-            )
-        });
         if during {
             self.worker_crashes += 1;
             let at = Duration::from_micros(self.rng.random_range(0..took.as_micros() as u64));
@@ -1919,6 +2261,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn crash_worker(&mut self, rank: Rank, when: &str) {
+        self.settle(rank, &JobError::Cancelled);
         let node = &mut self.nodes[rank];
         node.alive = false;
         node.busy = false;

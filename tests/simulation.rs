@@ -864,3 +864,69 @@ fn the_simulator_refuses_settings_the_runtime_refuses() {
         other => panic!("expected the settings refused, got {other:?}"),
     }
 }
+
+#[test]
+fn a_torn_checkpoint_is_skipped_and_the_master_resumes_from_the_one_before() {
+    use superstep::sim::{CrashPoint, Fault};
+    let expected = fault_free(3, 8);
+    let run = job(3, 8)
+        .policy(FailurePolicy::RestartWorker { max_restarts: 5 })
+        .checkpoint_every(2)
+        .schedule(vec![Fault::MasterCrash {
+            iteration: 4,
+            point: CrashPoint::TornCheckpoint,
+        }])
+        .run(0);
+    ends_with(expected)(&run).unwrap();
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(run.stats.master_crashes, 1);
+    assert_eq!(
+        run.stats.skipped_checkpoints, 1,
+        "the torn one of iteration 4"
+    );
+    let trace = run.trace.join("\n");
+    assert!(
+        trace.contains("resumes from the checkpoint of iteration 2"),
+        "{trace}"
+    );
+}
+
+#[test]
+fn the_master_crashing_in_start_up_or_in_the_drain_ends_the_job_as_without_it() {
+    use superstep::sim::{CrashPoint, Fault};
+    let expected = fault_free(3, 6);
+    for policy in [
+        FailurePolicy::RestartWorker { max_restarts: 5 },
+        FailurePolicy::RestartAll { max_attempts: 5 },
+    ] {
+        let run = job(3, 6)
+            .policy(policy)
+            .checkpoint_every(2)
+            .schedule(vec![Fault::MasterCrash {
+                iteration: 0,
+                point: CrashPoint::Gathering,
+            }])
+            .run(0);
+        ends_with(expected)(&run).unwrap();
+        assert_eq!(run.stats.master_crashes, 1, "{policy:?}");
+        assert!(run.trace.iter().any(|l| l.contains("during start-up")));
+    }
+    // Whether its workers die with it (`RestartAll`) or stopped on their own, the master
+    // started again resumes from the checkpoint of the last iteration.
+    for policy in [
+        FailurePolicy::RestartWorker { max_restarts: 5 },
+        FailurePolicy::RestartAll { max_attempts: 5 },
+    ] {
+        for seed in 0..20 {
+            let run = job(3, 6)
+                .policy(policy)
+                .checkpoint_every(2)
+                .schedule(vec![Fault::MasterCrashInDrain])
+                .run(seed);
+            ends_with(expected)(&run).unwrap();
+            assert!(run.violations.is_empty(), "{:?}", run.violations);
+            assert_eq!(run.stats.master_crashes, 1, "{policy:?}");
+            assert!(run.trace.iter().any(|l| l.contains("during the drain")));
+        }
+    }
+}

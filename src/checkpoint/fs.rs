@@ -121,32 +121,41 @@ impl CheckpointStore for FsCheckpointStore {
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
-        let mut skipped = Vec::new();
-        for (_, path) in self.files()?.into_iter().rev() {
-            let read = fs::read(&path)
-                .map_err(|e| CheckpointError::io(&path, e))
-                .and_then(|bytes| decode(&path, &bytes));
-            match read {
-                Ok(checkpoint) => {
-                    return Ok(Some(Loaded {
-                        checkpoint,
-                        skipped,
-                    }))
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "skipping a damaged checkpoint, falling back to the one before");
-                    skipped.push(error);
-                }
+        let files = self.files()?.into_iter().rev().map(|(_, path)| {
+            let bytes = fs::read(&path).map_err(|e| CheckpointError::io(&path, e));
+            (path, bytes)
+        });
+        Ok(newest_readable(files))
+    }
+}
+
+/// The newest checkpoint of `files` (newest first, each read lazily) that decodes, and the
+/// damaged ones skipped on the way, each logged.
+pub(crate) fn newest_readable(
+    files: impl IntoIterator<Item = (PathBuf, Result<Vec<u8>, CheckpointError>)>,
+) -> Option<Loaded> {
+    let mut skipped = Vec::new();
+    for (path, bytes) in files {
+        match bytes.and_then(|bytes| decode(&path, &bytes)) {
+            Ok(checkpoint) => {
+                return Some(Loaded {
+                    checkpoint,
+                    skipped,
+                })
+            }
+            Err(error) => {
+                tracing::warn!(%error, "skipping a damaged checkpoint, falling back to the one before");
+                skipped.push(error);
             }
         }
-        if !skipped.is_empty() {
-            tracing::warn!(
-                damaged = skipped.len(),
-                "no usable checkpoint: the job starts from the beginning"
-            );
-        }
-        Ok(None)
     }
+    if !skipped.is_empty() {
+        tracing::warn!(
+            damaged = skipped.len(),
+            "no usable checkpoint: the job starts from the beginning"
+        );
+    }
+    None
 }
 
 #[cfg(unix)]
@@ -161,7 +170,9 @@ fn sync_dir(_dir: &Path) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
+/// A checkpoint as its file holds it: a header (magic, format, checksum, length) and the
+/// encoded body.
+pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
     let body =
         crate::codec::to_vec(checkpoint).map_err(|e| CheckpointError::Encode(e.to_string()))?;
     let mut bytes = Vec::with_capacity(HEADER + body.len());

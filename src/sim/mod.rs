@@ -24,7 +24,10 @@
 //! The faults ([`Faults`]): a worker crashes during its compute or right after its result
 //! left; the master's process crashes while it gathers, before its compute, or before,
 //! during or after a checkpoint write; a message is delayed; a result is delivered twice,
-//! or lost and retransmitted. A crashed worker is noticed after a heartbeat timeout; a
+//! or lost and retransmitted. Given as a schedule besides: a worker or the master crashes
+//! during start-up, the master during the drain, or mid-write on storage that leaves the
+//! checkpoint file torn (kept as the filesystem store keeps it — header, checksum, body —
+//! and read back as it reads it, so a master started again skips the damaged file). A crashed worker is noticed after a heartbeat timeout; a
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
@@ -94,9 +97,7 @@ use std::time::{Duration, Instant};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, Loaded, MemoryCheckpointStore,
-};
+use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use crate::compute::{JobEnd, MasterComputable, Payload, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, JobInfo, Shard};
@@ -175,13 +176,17 @@ pub enum Fault {
         /// The extra delay, in milliseconds of virtual time.
         millis: u64,
     },
-    /// The master's process crashes in `iteration`, at `point`.
+    /// The master's process crashes in `iteration`, at `point`. In iteration 0: during
+    /// start-up, while its workers register (whatever the point).
     MasterCrash {
         /// The iteration.
         iteration: Iteration,
         /// Where in it.
         point: CrashPoint,
     },
+    /// The master's process crashes once it told its workers how the job ended, before
+    /// any of them said it stopped: during the drain.
+    MasterCrashInDrain,
 }
 
 /// Where in an iteration the master's process crashes ([`Fault::MasterCrash`]).
@@ -199,6 +204,10 @@ pub enum CrashPoint {
     DuringCheckpoint,
     /// After its checkpoint write.
     AfterCheckpoint,
+    /// During its checkpoint write, on storage that keeps what was written (no atomic
+    /// rename, say): the torn file stays as the newest, and the master started again must
+    /// find it damaged and resume from the one before.
+    TornCheckpoint,
 }
 
 /// Which faults a simulated run draws, and how often. Every probability is in `[0, 1]`.
@@ -387,6 +396,8 @@ pub struct SimStats {
     pub partial_rounds: u32,
     /// Checkpoints saved.
     pub checkpoints: u32,
+    /// Damaged checkpoints a master started again skipped, resuming from an older one.
+    pub skipped_checkpoints: u32,
     /// Iterations computed by the master, over every attempt (redone ones included).
     pub rounds: u32,
     /// Arrivals the master's gates dropped (stale, duplicate).
@@ -880,6 +891,11 @@ enum Event<M, W> {
     MasterCrash {
         master: Generation,
     },
+    /// The master's process of `master` crashes, whatever it is doing.
+    MasterCrashNow {
+        master: Generation,
+        when: &'static str,
+    },
     MasterRestart,
     Reconnect {
         rank: Rank,
@@ -968,39 +984,76 @@ struct MasterProcess<M: Payload, W: Payload> {
 enum WriteCrash {
     Before,
     During,
+    /// During, leaving the file torn.
+    Torn,
     After,
 }
 
 /// The checkpoint store of the simulated master: shared by every master process of the run,
-/// and able to crash its process around a write.
-#[derive(Clone)]
+/// and able to crash its process around a write. It keeps each checkpoint as its file
+/// holds it (`checkpoint::encode`: header, checksum, body) and reads them back as the
+/// filesystem store does, skipping damaged ones.
+#[derive(Clone, Default)]
 struct SimStore {
-    saved: MemoryCheckpointStore,
-    plan: Arc<std::sync::Mutex<(Option<WriteCrash>, bool)>>,
+    /// By iteration: the bytes of each checkpoint's file.
+    files: Arc<Mutex<Files>>,
+    plan: Arc<Mutex<(Option<WriteCrash>, bool)>>,
+    /// How many damaged checkpoints reads skipped.
+    skipped: Arc<Mutex<u32>>,
+}
+
+/// Checkpoint files by iteration.
+type Files = std::collections::BTreeMap<Iteration, Vec<u8>>;
+
+impl SimStore {
+    fn write(&self, iteration: Iteration, bytes: Vec<u8>) {
+        lock(&self.files).insert(iteration, bytes);
+    }
 }
 
 impl CheckpointStore for SimStore {
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-        let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = crate::checkpoint::encode(checkpoint)?;
+        let mut plan = lock(&self.plan);
+        let crashed = || {
+            Err(CheckpointError::io(
+                "sim",
+                std::io::Error::other("the process crashed"),
+            ))
+        };
         match plan.0.take() {
             // The process dies before the write is whole: the one before stays.
             Some(WriteCrash::Before | WriteCrash::During) => {
                 plan.1 = true;
-                Err(CheckpointError::io(
-                    "sim",
-                    std::io::Error::other("the process crashed"),
-                ))
+                crashed()
+            }
+            // It dies mid-write, and the storage keeps what was written.
+            Some(WriteCrash::Torn) => {
+                plan.1 = true;
+                self.write(checkpoint.iteration, bytes[..bytes.len() / 2].to_vec());
+                crashed()
             }
             Some(WriteCrash::After) => {
                 plan.1 = true;
-                self.saved.save(checkpoint)
+                self.write(checkpoint.iteration, bytes);
+                Ok(())
             }
-            None => self.saved.save(checkpoint),
+            None => {
+                self.write(checkpoint.iteration, bytes);
+                Ok(())
+            }
         }
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
-        self.saved.latest()
+        let files = lock(&self.files).clone();
+        let newest_first = files.into_iter().rev().map(|(iteration, bytes)| {
+            let path = std::path::PathBuf::from(format!("sim/checkpoint-{iteration}"));
+            (path, Ok(bytes))
+        });
+        let loaded = crate::checkpoint::newest_readable(newest_first);
+        *lock(&self.skipped) += loaded.as_ref().map_or(0, |l| l.skipped.len() as u32);
+        Ok(loaded)
     }
 }
 
@@ -1080,10 +1133,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             master: None,
             master_generation: 0,
             nodes: Vec::new(),
-            store: SimStore {
-                saved: MemoryCheckpointStore::new(),
-                plan: Arc::default(),
-            },
+            store: SimStore::default(),
             job_id,
             worker_crashes: 0,
             outcome: None,
@@ -1105,6 +1155,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             return world;
         }
         world.start_master(0);
+        let in_startup = world
+            .scheduled(|f| matches!(f, Fault::MasterCrash { iteration: 0, .. }))
+            .is_some();
+        if in_startup {
+            // Before any worker can have registered (a start-up takes 500 µs at least).
+            let at = Duration::from_micros(world.rng.random_range(0..400));
+            let when = "during start-up, while its workers register";
+            world.at(at, Event::MasterCrashNow { master: 0, when });
+        }
         for rank in 0..config.workers {
             let node = world.spawn(rank, 0, 0);
             world.nodes.push(node);
@@ -1126,6 +1185,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 return;
             }
         };
+        let skipped = std::mem::take(&mut *lock(&self.store.skipped));
+        if skipped > 0 {
+            self.stats.skipped_checkpoints += skipped;
+            self.log(|| format!("the master skips {skipped} damaged checkpoint(s)"));
+        }
         let attempt = crate::runtime::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
         if let Some(r) = &resumed {
             let iteration = r.iteration;
@@ -1247,6 +1311,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             Action::Send { to, msg } => self.send_to_worker(to, msg),
             Action::Broadcast(msg) => {
                 let begins = matches!(msg, ToWorker::Iterate { .. });
+                let ends = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
+                if ends
+                    && self
+                        .scheduled(|f| *f == Fault::MasterCrashInDrain)
+                        .is_some()
+                {
+                    // Before any worker's word that it stopped can be in: each way takes
+                    // 50 µs at least.
+                    let at = Duration::from_micros(self.rng.random_range(0..90));
+                    let master = self.master_generation;
+                    let when = "during the drain, before any worker said it stopped";
+                    self.at(at, Event::MasterCrashNow { master, when });
+                }
                 for rank in 0..self.config.workers {
                     self.send_to_worker(rank, msg.clone());
                 }
@@ -1350,6 +1427,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     CrashPoint::BeforeCheckpoint => 1,
                     CrashPoint::DuringCheckpoint => 2,
                     CrashPoint::AfterCheckpoint => 3,
+                    CrashPoint::TornCheckpoint => 4,
                 }),
                 _ if self.master_may_crash() => Some(self.rng.random_range(0..4u8)),
                 _ => None,
@@ -1362,6 +1440,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             Some(1) => Some(WriteCrash::Before),
             Some(2) => Some(WriteCrash::During),
             Some(3) => Some(WriteCrash::After),
+            Some(4) => Some(WriteCrash::Torn),
             _ => None,
         };
         *self.store.plan.lock().unwrap_or_else(|e| e.into_inner()) = (write_crash, false);
@@ -1383,6 +1462,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let when = match write_crash {
                 Some(WriteCrash::Before) => "before its checkpoint write",
                 Some(WriteCrash::During) => "during its checkpoint write",
+                Some(WriteCrash::Torn) => "during its checkpoint write, leaving the file torn",
                 _ => "after its checkpoint write",
             };
             return self.crash_master(when);
@@ -1828,6 +1908,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     .is_some_and(|m| m.node.gathering().is_some());
                 if gathering && master == self.master_generation {
                     self.crash_master("while it gathered results");
+                }
+            }
+            Event::MasterCrashNow { master, when } => {
+                if self.master.is_some() && master == self.master_generation {
+                    self.crash_master(when);
                 }
             }
             Event::MasterRestart => self.restart_master(),

@@ -67,6 +67,7 @@ pub fn crash_point() -> impl Strategy<Value = CrashPoint> {
         Just(CrashPoint::BeforeCheckpoint),
         Just(CrashPoint::DuringCheckpoint),
         Just(CrashPoint::AfterCheckpoint),
+        Just(CrashPoint::TornCheckpoint),
     ]
 }
 
@@ -97,8 +98,10 @@ pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fau
                 millis,
             }
         }),
-        (iteration, crash_point())
+        // Iteration 0: a crash during start-up.
+        (0..=iterations.max(1), crash_point())
             .prop_map(|(iteration, point)| Fault::MasterCrash { iteration, point }),
+        Just(Fault::MasterCrashInDrain),
     ]
 }
 

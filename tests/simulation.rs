@@ -930,3 +930,49 @@ fn the_master_crashing_in_start_up_or_in_the_drain_ends_the_job_as_without_it() 
         }
     }
 }
+
+#[test]
+fn a_short_partition_delays_everything_and_loses_nothing_a_long_one_loses_the_worker() {
+    use superstep::sim::Fault;
+    let expected = fault_free(3, 6);
+    let partition = |millis| {
+        vec![Fault::Partition {
+            rank: 1,
+            iteration: 3,
+            millis,
+        }]
+    };
+    // Shorter than the heartbeat timeout: nobody notices, even under `Fail`.
+    for seed in 0..20 {
+        let run = job(3, 6).schedule(partition(20)).run(seed);
+        ends_with(expected)(&run).unwrap();
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert!(run.trace.iter().any(|l| l.contains("is cut for 20ms")));
+        assert_eq!(run.stats.lost, Vec::<usize>::new());
+    }
+    // Longer: the master loses the worker. Under `Fail` the job fails naming it ...
+    let run = job(3, 6).schedule(partition(200)).run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    match &run.outcome {
+        Err(error @ JobError::WorkerLost { .. }) => assert_eq!(error.rank(), Some(1)),
+        other => panic!("expected worker 1 lost, got {other:?}"),
+    }
+    // ... under `RestartWorker` its launcher starts it again once the network heals ...
+    for seed in 0..20 {
+        let run = job(3, 6)
+            .policy(FailurePolicy::RestartWorker { max_restarts: 3 })
+            .schedule(partition(200))
+            .run(seed);
+        ends_with(expected)(&run).unwrap();
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert!(run.stats.worker_restarts >= 1, "{:?}", run.stats);
+    }
+    // ... and under `ContinueWithout` the job goes on without it.
+    let run = job(3, 6)
+        .policy(FailurePolicy::ContinueWithout)
+        .min_workers(0.5, Duration::from_millis(50))
+        .schedule(partition(200))
+        .run(0);
+    assert!(run.outcome.is_ok(), "{:?}", run.outcome);
+    assert_eq!(run.stats.lost, vec![1]);
+}

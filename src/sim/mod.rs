@@ -27,7 +27,9 @@
 //! or lost and retransmitted. Given as a schedule besides: a worker or the master crashes
 //! during start-up, the master during the drain, or mid-write on storage that leaves the
 //! checkpoint file torn (kept as the filesystem store keeps it — header, checksum, body —
-//! and read back as it reads it, so a master started again skips the damaged file). A crashed worker is noticed after a heartbeat timeout; a
+//! and read back as it reads it, so a master started again skips the damaged file); the
+//! network between the master and a worker is partitioned for a while (shorter than the
+//! heartbeat timeout it only delays; longer, both ends hear silence and the worker is lost). A crashed worker is noticed after a heartbeat timeout; a
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
@@ -187,6 +189,22 @@ pub enum Fault {
     /// The master's process crashes once it told its workers how the job ended, before
     /// any of them said it stopped: during the drain.
     MasterCrashInDrain,
+    /// The network between the master and the worker of `rank` is cut for `millis` of
+    /// virtual time, from when the master begins `iteration`. Shorter than the heartbeat
+    /// timeout (30 ms here), nothing is lost: every message sent across it arrives once it
+    /// heals, in order. Longer, both ends hear silence: the master's node loses the worker
+    /// (as over TCP, after the heartbeat timeout), whose process ends on the master's
+    /// loss; what either sent meanwhile is lost. Under `RestartWorker` its launcher starts
+    /// it again once the network heals. (Not under `RestartAll`: its workers share the
+    /// master's process.)
+    Partition {
+        /// The rank cut off.
+        rank: Rank,
+        /// The iteration it begins in.
+        iteration: Iteration,
+        /// How long it lasts, in milliseconds of virtual time.
+        millis: u64,
+    },
 }
 
 /// Where in an iteration the master's process crashes ([`Fault::MasterCrash`]).
@@ -891,6 +909,12 @@ enum Event<M, W> {
     MasterCrash {
         master: Generation,
     },
+    /// A cut of the network has lasted the heartbeat timeout: both ends hear silence.
+    Silence {
+        rank: Rank,
+        generation: Generation,
+        master: Generation,
+    },
     /// The master's process of `master` crashes, whatever it is doing.
     MasterCrashNow {
         master: Generation,
@@ -1108,6 +1132,8 @@ struct World<'s, M: Payload, W: Payload> {
     /// Per rank: when the last message on its connection arrives, to the master and to
     /// the worker (connections deliver in order).
     arrivals: Vec<(Duration, Duration)>,
+    /// Per rank: the cut of the network between it and the master, if any: until when.
+    cuts: Vec<Option<Duration>>,
 }
 
 const LATENCY_US: Range<u64> = 50..500;
@@ -1143,6 +1169,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             sent: vec![Vec::new(); config.workers],
             pending: config.schedule.clone(),
             arrivals: vec![(Duration::ZERO, Duration::ZERO); config.workers],
+            cuts: vec![None; config.workers],
         };
         if let Err(error) = world.job.validate() {
             // Settings the runtime refuses fail the simulated job too.
@@ -1311,6 +1338,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             Action::Send { to, msg } => self.send_to_worker(to, msg),
             Action::Broadcast(msg) => {
                 let begins = matches!(msg, ToWorker::Iterate { .. });
+                if let (ToWorker::Iterate { iteration, .. }, false) = (&msg, self.gang()) {
+                    let iteration = *iteration;
+                    let cut = self.scheduled(
+                        |f| matches!(f, Fault::Partition { iteration: i, .. } if *i == iteration),
+                    );
+                    if let Some(Fault::Partition { rank, millis, .. }) = cut {
+                        self.cut(rank, millis);
+                    }
+                }
                 let ends = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
                 if ends
                     && self
@@ -1675,6 +1711,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         } else {
             latency
         };
+        let Some(latency) = self.across_cut(from, latency) else {
+            return;
+        };
         let latency = self.in_order(from, Way::ToMaster, latency);
         self.at(
             latency,
@@ -1684,6 +1723,39 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 msg,
             },
         );
+    }
+
+    /// The latency of a message between the master and `rank` sent now, across the cut of
+    /// the network there if any: it arrives once a short cut heals; across a long one
+    /// (`None`) it is lost with the connection.
+    fn across_cut(&mut self, rank: Rank, latency: Duration) -> Option<Duration> {
+        let heal = match self.cuts.get(rank).copied().flatten() {
+            Some(heal) if heal > self.now => heal,
+            _ => return Some(latency),
+        };
+        if heal - self.now >= HEARTBEAT_TIMEOUT {
+            return None;
+        }
+        Some(heal - self.now + latency)
+    }
+
+    /// The network between the master and `rank` is cut for `millis`, from now.
+    fn cut(&mut self, rank: Rank, millis: u64) {
+        let Some(slot) = self.cuts.get_mut(rank) else {
+            return;
+        };
+        let lasts = Duration::from_millis(millis);
+        *slot = Some(self.now + lasts);
+        self.log(|| format!("the network to worker {rank} is cut for {lasts:?}"));
+        if lasts >= HEARTBEAT_TIMEOUT {
+            let (generation, master) = (self.nodes[rank].generation, self.master_generation);
+            let silence = Event::Silence {
+                rank,
+                generation,
+                master,
+            };
+            self.at(HEARTBEAT_TIMEOUT, silence);
+        }
     }
 
     /// A connection delivers in order, as TCP does: a message sent on it arrives after
@@ -1717,6 +1789,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
         let generation = node.generation;
         let latency = self.latency();
+        let Some(latency) = self.across_cut(rank, latency) else {
+            return;
+        };
         let latency = self.in_order(rank, Way::ToWorker, latency);
         self.at(
             latency,
@@ -1908,6 +1983,38 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     .is_some_and(|m| m.node.gathering().is_some());
                 if gathering && master == self.master_generation {
                     self.crash_master("while it gathered results");
+                }
+            }
+            Event::Silence {
+                rank,
+                generation,
+                master,
+            } => {
+                if master == self.master_generation && self.master.is_some() {
+                    self.log(|| format!("the master hears nothing from worker {rank}"));
+                    self.lost(rank, "its heartbeats stopped (a network partition)");
+                }
+                if self.is_current(rank, generation) {
+                    // Its process gives up on the master it cannot hear, and ends.
+                    let error = JobError::MasterLost {
+                        reason: format!(
+                            "worker {rank} heard nothing from the master for {HEARTBEAT_TIMEOUT:?}"
+                        ),
+                    };
+                    self.log(|| format!("worker {rank} hears nothing from the master, and ends"));
+                    self.settle(rank, &error);
+                    let node = &mut self.nodes[rank];
+                    let stopping = node.state.is_stopping();
+                    node.state.stop();
+                    node.mailbox.clear();
+                    node.busy = false;
+                    if !stopping {
+                        self.stop(rank, OwnedEnding::Failed(error));
+                    }
+                    self.nodes[rank].alive = false;
+                    let heals =
+                        self.cuts[rank].map_or(Duration::ZERO, |h| h.saturating_sub(self.now));
+                    self.process_ended(rank, heals);
                 }
             }
             Event::MasterCrashNow { master, when } => {

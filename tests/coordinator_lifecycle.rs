@@ -224,6 +224,8 @@ fn after_every_worker_restarts_the_context_names_the_new_attempt_and_only_its_at
     .run()
     .unwrap();
     assert_eq!(outcome.report.attempt, 1);
+    // One live report per rank: those of the second attempt's workers.
+    assert_lifecycle(&heard.entries(), 3);
     let log = heard.log.lock().unwrap().clone();
     assert_eq!(log[0].1.attempt, 0, "started in the first attempt");
     let (last, job) = log.last().unwrap();

@@ -91,9 +91,9 @@ proptest! {
     }
 }
 
-/// Under `Fail` a worker's crash (or its loss to a partition) fails the job: proptest finds a schedule that breaks "ends
-/// with the fault-free result" and shrinks it to the one fault that matters, whose run the
-/// failure replays from one line.
+/// Under `Fail` a worker's crash (or its loss to a partition) fails the job: proptest finds
+/// a schedule that breaks "ends with the fault-free result" and shrinks it to the one fault
+/// that matters, whose run the failure replays from one line.
 #[test]
 fn a_failing_schedule_shrinks_to_the_one_fault_that_matters() {
     let expected = *job().run(0).outcome.unwrap().result;

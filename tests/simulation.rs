@@ -4,6 +4,8 @@
 //! fault-free result. `SUPERSTEP_SIM_SEEDS=<n>` runs more seeds; `SUPERSTEP_SIM_SEED=<s>`
 //! replays one.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use superstep::prelude::*;
@@ -716,6 +718,11 @@ fn a_job_simulated_from_its_builder_runs_every_part_of_it_as_the_runtime_does() 
         assert_eq!(sim_seen.count(what), seen.count(what), "{what}");
     }
     assert_eq!(sim_ledger.split(), ledger.split());
+    // Its input is sharded for the workers the simulation runs, as `run` would shard it.
+    let six = Simulation::from_job(|| built(Seen::default(), Ledger::default()))
+        .workers(6)
+        .run(0);
+    assert!(six.outcome.is_ok(), "{:?}", six.outcome);
     // And under faults, with the builder's recovery, it ends the same (each master's
     // process with a coordinator of its own, as a program started again has).
     let expected = *real.result;
@@ -820,10 +827,56 @@ fn barrier_mode_runs_in_the_simulator_as_in_the_runtime_and_recovers_under_fault
     assert_eq!(one.stats, two.stats);
 }
 
+/// Counts the computes that began and those that returned.
+#[derive(Clone, Default)]
+struct Computes {
+    began: Arc<AtomicUsize>,
+    returned: Arc<AtomicUsize>,
+}
+
+struct Counted(Computes);
+
+impl WorkerComputable for Counted {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        self.0.began.fetch_add(1, Ordering::SeqCst);
+        let result = Gathering.compute(ctx);
+        self.0.returned.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+}
+
 #[test]
 fn in_barrier_mode_a_crash_under_fail_ends_the_job_with_no_rank_left_waiting() {
     use superstep::sim::{CrashPoint, Fault};
-    // A worker crashes while the others wait for it in their first sync call.
+    // A worker crashes while the others wait for it in their first sync call; by the time
+    // the run returns, every compute that began has returned.
+    let computes = Computes::default();
+    let counting = computes.clone();
+    let run = Simulation::from_job(move || {
+        let counting = counting.clone();
+        Job::builder(Fold::default(), move |_| Counted(counting.clone()))
+            .workers(4)
+            .iterations(6)
+            .barrier_mode(true)
+    })
+    .schedule(vec![Fault::WorkerCrash {
+        rank: 2,
+        iteration: 3,
+        after_result: false,
+    }])
+    .run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    match &run.outcome {
+        Err(error) => assert_eq!(error.rank(), Some(2), "{error}"),
+        Ok(o) => panic!("completed with {} though rank 2 crashed", o.result),
+    }
+    let began = computes.began.load(Ordering::SeqCst);
+    assert!(began > 8, "{began}");
+    assert_eq!(computes.returned.load(Ordering::SeqCst), began);
+    // The same crash in the job as the program builds it.
     let run = Simulation::from_job(|| gathering(FailurePolicy::Fail))
         .schedule(vec![Fault::WorkerCrash {
             rank: 2,

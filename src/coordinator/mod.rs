@@ -76,8 +76,44 @@ impl WorkerReport {
 
 /// One value a worker attached to its report, encoded so that it crosses processes alike:
 /// what it is, is up to the job (a path, a file's manifest, a catalog entry).
-#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Attachment(Vec<u8>);
+
+// On the wire as bytes (MessagePack `bin`), not as a list of numbers.
+impl serde::Serialize for Attachment {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Attachment {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Attachment;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an attachment's bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Attachment, E> {
+                Ok(Attachment(v.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Attachment, E> {
+                Ok(Attachment(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Attachment, A::Error> {
+                let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    bytes.push(b);
+                }
+                Ok(Attachment(bytes))
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
+}
 
 impl std::fmt::Debug for Attachment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -183,14 +219,14 @@ pub enum Lifecycle<'a> {
 /// Hooks around a job's life, run with the master. Every hook has a default that does
 /// nothing; an `Err` (or a panic) fails the job, naming the hook.
 ///
-/// A coordinator is an actor of the job: it runs on a thread of its own, so its hooks'
-/// I/O never holds up the job's coordination, and it receives the job's life as typed
-/// messages, one at a time and in order ([`handle`](Self::handle)): [`Started`]
-/// (`on_start`), one [`WorkerDone`] per worker as that worker stops (`on_worker_done`, a
-/// live report), then either [`Finished`] (`on_finish`) or [`Failed`] (`on_error`),
-/// exactly once. `handle` gets the job's context ([`JobInfo`]: its id, its workers, its
-/// attempt) and calls the hook of each message; override it where a hook needs the
-/// context.
+/// A coordinator is an actor of the job: it runs on a thread of its own and receives the
+/// job's life as typed messages, one at a time and in order ([`handle`](Self::handle)):
+/// [`Started`] (`on_start`, before any worker starts), one [`WorkerDone`] for each worker
+/// that completed its part, as it stops (`on_worker_done`, a live report: the job goes on
+/// meanwhile; a failed or left-out rank sends none), then either [`Finished`]
+/// (`on_finish`) or [`Failed`] (`on_error`), exactly once — `run` returns after it did.
+/// `handle` gets the job's context ([`JobInfo`]: its id, its workers, its attempt) and
+/// calls the hook of each message; override it where a hook needs the context.
 ///
 /// [`Started`]: Lifecycle::Started
 /// [`WorkerDone`]: Lifecycle::WorkerDone
@@ -281,8 +317,11 @@ pub trait Coordinator: Send + 'static {
 /// and `on_worker_done` run in order, `on_finish` in reverse (output before input), and
 /// `on_error` runs every one, in reverse, even when some fail (the first failure is
 /// returned, the others logged). A failed `on_start` stops the ones after it from
-/// starting. Each member receives its messages through its own
-/// [`handle`](Coordinator::handle), with the job's context.
+/// starting. The job delivers each message through the composite's
+/// [`handle`](Coordinator::handle), and each member receives it through its own `handle`,
+/// with the job's context. (Calling a composite's `on_*` hooks directly calls each
+/// member's `on_*` hook, without a context: a member that overrides only `handle` hears
+/// nothing that way.)
 ///
 /// Each member's `on_finish` is atomic on its own, but the members together are not: when
 /// one fails, the ones that finished before it (those added after it) keep what they
@@ -316,7 +355,8 @@ impl Composite {
 }
 
 impl Composite {
-    /// Runs `hook` on each member in `order`, stopping at the first failure.
+    /// Runs `hook` on each member, in order (`forward`) or in reverse, stopping at the first
+    /// failure.
     fn each(
         &mut self,
         forward: bool,
@@ -392,5 +432,40 @@ impl Coordinator for Composite {
 
     fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
         self.every_reversed(|p| p.on_error(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attachment_crosses_the_wire_as_bytes_and_garbage_is_an_error_not_a_panic() {
+        let files: Vec<String> = (0..50).map(|i| format!("part-{i:05}.csv")).collect();
+        let report = crate::protocol::ToMaster::<u64>::Done {
+            attempt: 1,
+            rows: RowCounts::default(),
+            attachments: vec![Attachment::new(&files).unwrap()],
+        };
+        let wire = crate::codec::to_vec(&report).unwrap();
+        // Verbatim in the message (MessagePack `bin`), not a number per byte.
+        let bytes = &Attachment::new(&files).unwrap().0;
+        assert!(wire.windows(bytes.len()).any(|w| w == bytes.as_slice()));
+        let high = Attachment::new(&[0xf0u8; 64][..]).unwrap();
+        let wire = crate::codec::to_vec(&high).unwrap();
+        assert!(
+            wire.len() <= high.len() + 2,
+            "{} bytes for {}",
+            wire.len(),
+            high.len()
+        );
+        let back = crate::codec::round_trip(&report).unwrap();
+        let crate::protocol::ToMaster::Done { attachments, .. } = back else {
+            panic!("not a Done");
+        };
+        assert_eq!(attachments[0].decode::<Vec<String>>().unwrap(), files);
+        let garbage = Attachment(vec![0xc1, 0xff, 0x00]);
+        let error = garbage.decode::<Vec<String>>().unwrap_err();
+        assert!(error.message.contains("cannot decode it as a"), "{error}");
     }
 }

@@ -423,13 +423,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         }
         self.config.validate()?;
         if let Some(c) = &self.checkpoint {
-            if c.every == 0 {
-                return Err(ConfigError::new(
-                    "checkpoint",
-                    c.every,
-                    "a checkpoint every 1 or more iterations",
-                ));
-            }
+            check_checkpoint_every(c.every)?;
         }
         Ok(Job {
             plan: Plan {
@@ -469,4 +463,16 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
             .field("workers_set", &self.workers_set)
             .finish()
     }
+}
+
+/// A checkpoint every `every` iterations: at least 1.
+pub(crate) fn check_checkpoint_every(every: Iteration) -> Result<(), ConfigError> {
+    if every == 0 {
+        return Err(ConfigError::new(
+            "checkpoint",
+            every,
+            "a checkpoint every 1 or more iterations",
+        ));
+    }
+    Ok(())
 }

@@ -298,11 +298,15 @@ impl CoordinatorSlot {
         };
         let (tx, rx) = std::sync::mpsc::channel();
         addr.do_send(Fail(None, error.clone(), Some(tx)));
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(wait) {
-            tracing::error!(
+        match rx.recv_timeout(wait) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tracing::error!(
                 ?wait,
                 "the coordinator's on_error did not return in time; it is left to run"
-            );
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                tracing::error!("the job's coordinator is gone: its on_error could not run")
+            }
         }
     }
 

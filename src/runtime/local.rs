@@ -174,7 +174,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
-            let (sync, answers) = super::worker::sync_link(Arc::clone(&link), attempt, config);
+            let (sync, answers) = super::worker::sync_link(
+                Arc::clone(&link),
+                attempt,
+                super::worker::sync_patience(config),
+            );
             ctx.sync = Some(sync);
             let name = format!("superstep-{}-worker-{rank}", config.job_id);
             (

@@ -230,10 +230,15 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             let exits = PoolExits::default();
             let shutdown = plan.config.shutdown_timeout;
             let grace = plan.config.failure_grace.min(shutdown);
-            let coordinator = job.coordination.clone();
+            // The coordinator's thread ends with the job's, even if this one panics.
+            let coordinator = Closing(job.coordination.clone());
             let outcome = actix::System::new().block_on(launch(plan, job, exits.clone()));
-            // Its end ran by now (or the caller gave up on this thread): its thread ends.
-            coordinator.close();
+            if let Err(error) = &outcome {
+                // A job that failed before its node could clean up still does (once: the
+                // coordinator's actor runs nothing after its end ran).
+                coordinator.0.fail_from_outside(error, shutdown);
+            }
+            drop(coordinator);
             // The system, its actors and the pool's last handle are dropped by now; the
             // pool's threads end once their current work returns. A failed job waits only
             // its grace for them.
@@ -284,6 +289,15 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
                 return Err(JobError::Runtime { message });
             }
         }
+    }
+}
+
+/// Stops the coordinator's actor, and waits for its thread, when dropped.
+struct Closing(CoordinatorSlot);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 

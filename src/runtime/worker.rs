@@ -265,10 +265,11 @@ impl SyncAnswers {
 
 /// A worker's end of barrier mode: the link its sync calls go out on, and where their
 /// answers come in.
+/// A call waits at most `patience` for its answer (`Duration::MAX`: until it comes).
 pub(crate) fn sync_link<W>(
     link: Arc<dyn WorkerLink<W>>,
     attempt: Attempt,
-    config: &JobConfig,
+    patience: Duration,
 ) -> (SyncLink<W>, SyncAnswers) {
     let (to, answers) = mpsc::channel();
     let ended = Arc::new(std::sync::OnceLock::new());
@@ -276,13 +277,19 @@ pub(crate) fn sync_link<W>(
         link,
         answers,
         attempt,
-        patience: config
-            .sync_timeout
-            .checked_add(Duration::from_secs(5))
-            .unwrap_or(Duration::MAX),
+        patience,
         ended: Arc::clone(&ended),
     };
     (sync, SyncAnswers { to, ended })
+}
+
+/// How long a sync call waits for its answer in a job with these settings: longer than
+/// the barrier's own sync timeout, which normally answers first.
+pub(crate) fn sync_patience(config: &JobConfig) -> Duration {
+    config
+        .sync_timeout
+        .checked_add(Duration::from_secs(5))
+        .unwrap_or(Duration::MAX)
 }
 
 /// Why a worker in barrier mode fails when it reaches a master's node started again: its

@@ -102,7 +102,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use crate::compute::{JobEnd, MasterComputable, Payload, WorkerComputable};
 use crate::config::JobConfig;
-use crate::coordinator::{Coordinator, JobInfo, Shard};
+use crate::coordinator::{Coordinator, Input, JobInfo, Shard};
 use crate::error::JobError;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
@@ -481,8 +481,8 @@ pub struct Simulation<M, W> {
     workers: WorkerFactory<M, W>,
     combine: Option<CombineFn<W>>,
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
-    /// Each rank's shard of the job's input, or why sharding failed.
-    shards: Result<Option<Arc<Vec<Shard>>>, JobError>,
+    /// The job's input, sharded by each master's process as `run` shards it.
+    input: Option<Input>,
     /// The job's settings beyond the simulated ones (a job simulated from its builder).
     base: Option<Arc<JobConfig>>,
     config: SimConfig,
@@ -495,7 +495,7 @@ impl<M, W> Clone for Simulation<M, W> {
             workers: Arc::clone(&self.workers),
             combine: self.combine.clone(),
             worker_hooks: self.worker_hooks.clone(),
-            shards: self.shards.clone(),
+            input: self.input.clone(),
             base: self.base.clone(),
             config: self.config.clone(),
         }
@@ -529,7 +529,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             workers: Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) }),
             combine: None,
             worker_hooks: Vec::new(),
-            shards: Ok(None),
+            input: None,
             base: None,
             config: SimConfig::default(),
         }
@@ -596,13 +596,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             first.combine.clone(),
             first.worker_hooks.clone(),
         );
-        let mut coordinator = first.coordinator;
-        let shards = crate::runtime::coordination::shards(
-            coordinator.as_mut(),
-            first.input.as_ref(),
-            config.workers,
-        )
-        .map(|s| s.map(Arc::new));
+        let input = first.input.clone();
         Simulation {
             master: Arc::new(move || {
                 let built = make();
@@ -615,7 +609,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             workers,
             combine,
             worker_hooks,
-            shards,
+            input,
             base,
             config,
         }
@@ -951,6 +945,9 @@ struct Node<M, W> {
     sync: Option<SimSync<W>>,
     /// In barrier mode: the compute under way on its own thread, parked in a sync call.
     parked: Option<Computing>,
+    /// The worker failed while its compute was under way: it stops with this once the
+    /// compute is done (what it computed is not sent).
+    pending_stop: Option<OwnedEnding<M>>,
 }
 
 fn lock<T>(task: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -982,6 +979,26 @@ struct SimSync<W> {
     to_sim: mpsc::Sender<FromCompute<W>>,
     /// Where the answers to its calls go (as the runtime's worker hands them over).
     answers: SyncAnswers,
+    /// The thread of the compute under way, joined once it returned.
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long (in real time) the simulator waits for a compute of barrier mode to call or
+/// return before it gives up on it as hung.
+const COMPUTE_PATIENCE: Duration = Duration::from_secs(60);
+
+impl<W> SimSync<W> {
+    /// What the compute's thread does next: a call, or its return (its thread then
+    /// joined); `None` when it does neither within [`COMPUTE_PATIENCE`].
+    fn next(&mut self) -> Option<FromCompute<W>> {
+        let next = self.from.recv_timeout(COMPUTE_PATIENCE).ok()?;
+        if let FromCompute::Returned(_) = next {
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+        }
+        Some(next)
+    }
 }
 
 /// A compute under way: its iteration and the faults drawn for it.
@@ -1132,8 +1149,11 @@ struct World<'s, M: Payload, W: Payload> {
     /// Per rank: when the last message on its connection arrives, to the master and to
     /// the worker (connections deliver in order).
     arrivals: Vec<(Duration, Duration)>,
-    /// Per rank: the cut of the network between it and the master, if any: until when.
-    cuts: Vec<Option<Duration>>,
+    /// Per rank: the cut of the network between it and the master, if any: from when
+    /// until when.
+    cuts: Vec<Option<(Duration, Duration)>>,
+    /// Each rank's shard of the job's input, as the master's process sharded it.
+    shards: Option<Arc<Vec<Shard>>>,
 }
 
 const LATENCY_US: Range<u64> = 50..500;
@@ -1170,15 +1190,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             pending: config.schedule.clone(),
             arrivals: vec![(Duration::ZERO, Duration::ZERO); config.workers],
             cuts: vec![None; config.workers],
+            shards: None,
         };
-        if let Err(error) = world.job.validate() {
+        let checkpoints = config
+            .checkpoint_every
+            .map_or(Ok(()), crate::job::check_checkpoint_every);
+        if let Err(error) = world.job.validate().and(checkpoints) {
             // Settings the runtime refuses fail the simulated job too.
             world.outcome = Some(Err(error.into()));
-            return world;
-        }
-        if let Err(error) = &sim.shards {
-            // Sharding failed: the job fails before it starts, as `run` would.
-            world.outcome = Some(Err(error.clone()));
             return world;
         }
         world.start_master(0);
@@ -1222,7 +1241,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let iteration = r.iteration;
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
         }
-        let made = (self.sim.master)();
+        let mut made = (self.sim.master)();
+        // Sharded as every process shards, with the coordinator that then starts.
+        let shards = crate::runtime::coordination::shards(
+            made.coordinator.as_mut(),
+            self.sim.input.as_ref(),
+            self.config.workers,
+        );
+        match shards {
+            Ok(shards) => self.shards = shards.map(Arc::new),
+            Err(error) => {
+                self.log(|| format!("the input cannot be sharded: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        }
         // The coordinator starts before anything else of the process, as in the runtime.
         let info = JobInfo::new(&*self.job_id, self.config.workers, attempt);
         let mut coordination = made.coordinator.map(|c| Coordination::new(c, info));
@@ -1692,6 +1725,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             _ => Duration::ZERO,
         };
         let latency = latency + delayed;
+        // Across a cut of the network: held until it heals, or lost with the connection.
+        let Some(latency) = self.across_cut(from, latency) else {
+            return;
+        };
         if duplicate || (is_result && self.chance(self.config.faults.duplicate)) {
             // The copy a network delivers twice: the same bytes, decoded again.
             if let Ok(copy) = crate::codec::round_trip(&msg) {
@@ -1711,9 +1748,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         } else {
             latency
         };
-        let Some(latency) = self.across_cut(from, latency) else {
-            return;
-        };
         let latency = self.in_order(from, Way::ToMaster, latency);
         self.at(
             latency,
@@ -1729,11 +1763,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// the network there if any: it arrives once a short cut heals; across a long one
     /// (`None`) it is lost with the connection.
     fn across_cut(&mut self, rank: Rank, latency: Duration) -> Option<Duration> {
-        let heal = match self.cuts.get(rank).copied().flatten() {
-            Some(heal) if heal > self.now => heal,
+        let (from, heal) = match self.cuts.get(rank).copied().flatten() {
+            Some((from, heal)) if from <= self.now && self.now < heal => (from, heal),
             _ => return Some(latency),
         };
-        if heal - self.now >= HEARTBEAT_TIMEOUT {
+        if heal - from >= HEARTBEAT_TIMEOUT {
+            // The connection dies with the cut: nothing it carries from now arrives.
             return None;
         }
         Some(heal - self.now + latency)
@@ -1745,7 +1780,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             return;
         };
         let lasts = Duration::from_millis(millis);
-        *slot = Some(self.now + lasts);
+        *slot = Some((self.now, self.now + lasts));
         self.log(|| format!("the network to worker {rank} is cut for {lasts:?}"));
         if lasts >= HEARTBEAT_TIMEOUT {
             let (generation, master) = (self.nodes[rank].generation, self.master_generation);
@@ -1920,10 +1955,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 if !self.is_current(rank, generation) {
                     return;
                 }
+                self.nodes[rank].busy = false;
+                if let Some(ending) = self.nodes[rank].pending_stop.take() {
+                    return self.stop(rank, ending);
+                }
                 if let ToMaster::Result(r) = &sent {
                     self.sent[rank].push((r.attempt, r.iteration));
                 }
-                self.nodes[rank].busy = false;
                 let failed = match &sent {
                     ToMaster::Failed { error, .. } => Some(error.clone()),
                     _ => None,
@@ -1990,7 +2028,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 generation,
                 master,
             } => {
-                if master == self.master_generation && self.master.is_some() {
+                // (Only the connection of the process it cut: a later one is another.)
+                let same = self
+                    .nodes
+                    .get(rank)
+                    .is_some_and(|n| n.generation == generation);
+                if same && master == self.master_generation && self.master.is_some() {
                     self.log(|| format!("the master hears nothing from worker {rank}"));
                     self.lost(rank, "its heartbeats stopped (a network partition)");
                 }
@@ -2012,8 +2055,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                         self.stop(rank, OwnedEnding::Failed(error));
                     }
                     self.nodes[rank].alive = false;
-                    let heals =
-                        self.cuts[rank].map_or(Duration::ZERO, |h| h.saturating_sub(self.now));
+                    let heals = self.cuts[rank]
+                        .map_or(Duration::ZERO, |(_, heal)| heal.saturating_sub(self.now));
                     self.process_ended(rank, heals);
                 }
             }
@@ -2069,6 +2112,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                         error: error.clone(),
                     };
                     self.send_to_master(rank, failed);
+                    let node = &mut self.nodes[rank];
+                    if node.busy {
+                        // Its compute returned and its result is on the way out: it stops
+                        // once that is done, as the runtime's worker waits for its code.
+                        node.pending_stop = Some(OwnedEnding::Failed(error));
+                        return;
+                    }
                     return self.stop(rank, OwnedEnding::Failed(error));
                 }
                 if !node.ready {
@@ -2106,23 +2156,25 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     /// A new process for `rank`: its code runs `init`, then it registers.
     fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
-        let shards = self.sim.shards.as_ref().ok().and_then(Option::as_ref);
         let mut ctx = crate::runtime::worker_context(
             &self.job,
             &self.job_id,
             rank,
-            shards,
+            self.shards.as_ref(),
             JobEnd::default(),
         );
         let sync = self.config.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
             let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
-            let (link, answers) = crate::runtime::worker::sync_link(link, attempt, &self.job);
+            // A call waits as long as it takes: the simulator answers it, or ends it, in
+            // virtual time; a real-time limit would make a run depend on the machine.
+            let (link, answers) = crate::runtime::worker::sync_link(link, attempt, Duration::MAX);
             ctx.sync = Some(link);
             SimSync {
                 from,
                 to_sim,
                 answers,
+                thread: None,
             }
         });
         let hooks = self
@@ -2151,6 +2203,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             mailbox: VecDeque::new(),
             sync,
             parked: None,
+            pending_stop: None,
         };
         match started {
             Worked::Started(Err(error)) => {
@@ -2229,29 +2282,44 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let Some(node) = self.nodes.get_mut(rank) else {
             return;
         };
-        let (Some(sync), Some(_)) = (&node.sync, node.parked.take()) else {
+        let (Some(sync), Some(_)) = (&mut node.sync, node.parked.take()) else {
             return;
         };
         sync.answers.end(error);
-        while let Ok(FromCompute::Call(_)) = sync.from.recv() {}
-        node.busy = false;
+        // Every call after the end fails at once, without a word: the next is its return.
+        loop {
+            match sync.next() {
+                Some(FromCompute::Returned(_)) => break,
+                Some(FromCompute::Call(_)) => continue,
+                None => {
+                    self.violations.push(format!(
+                        "worker {rank}'s compute did not return within {COMPUTE_PATIENCE:?} once its sync call failed"
+                    ));
+                    break;
+                }
+            }
+        }
+        self.nodes[rank].busy = false;
     }
 
     /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
     /// a sync call goes to the master and the compute parks; a return ends the compute.
     fn follow(&mut self, rank: Rank, computing: Computing) {
-        let Some(sync) = &self.nodes[rank].sync else {
+        let Some(sync) = &mut self.nodes[rank].sync else {
             return;
         };
-        match sync.from.recv() {
-            Ok(FromCompute::Call(msg)) => {
+        match sync.next() {
+            Some(FromCompute::Call(msg)) => {
                 self.nodes[rank].parked = Some(computing);
                 self.send_to_master(rank, msg);
             }
-            Ok(FromCompute::Returned(worked)) => self.computed(rank, computing, worked),
-            Err(_) => {
+            Some(FromCompute::Returned(worked)) => self.computed(rank, computing, worked),
+            None => {
+                self.violations.push(format!(
+                    "worker {rank}'s compute neither called nor returned within {COMPUTE_PATIENCE:?}"
+                ));
                 let worked = Worked::Iterated(Err(JobError::Runtime {
-                    message: format!("worker {rank}'s compute thread ended without returning"),
+                    message: format!("worker {rank}'s compute hung"),
                 }));
                 self.computed(rank, computing, worked);
             }
@@ -2396,11 +2464,18 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                         let worked = lock(&task).run(Work::Iterate(iteration, last));
                         let _ = to_sim.send(FromCompute::Returned(worked));
                     });
-                if let Err(e) = spawned {
-                    let worked = Worked::Iterated(Err(JobError::Runtime {
-                        message: format!("could not start worker {rank}'s compute thread: {e}"),
-                    }));
-                    return self.computed(rank, computing, worked);
+                match spawned {
+                    Ok(thread) => {
+                        if let Some(sync) = &mut self.nodes[rank].sync {
+                            sync.thread = Some(thread);
+                        }
+                    }
+                    Err(e) => {
+                        let worked = Worked::Iterated(Err(JobError::Runtime {
+                            message: format!("could not start worker {rank}'s compute thread: {e}"),
+                        }));
+                        return self.computed(rank, computing, worked);
+                    }
                 }
                 self.follow(rank, computing);
             }

@@ -25,6 +25,7 @@ mod round;
 mod schedule;
 mod sync;
 mod worker;
+mod worker_node;
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,6 +46,7 @@ pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
+pub(crate) use worker_node::{master_lost_in_barrier_mode, Work, Worked, WorkerAction, WorkerNode};
 
 /// A worker's rank: `0..workers`.
 pub type Rank = usize;

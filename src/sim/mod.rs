@@ -107,12 +107,12 @@ use crate::error::JobError;
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
     Action, Attempt, Drops, Envelope, FailurePolicy, Iteration, MasterDone, MasterNode,
-    MasterRound, MasterWork, NodeSettings, Rank, Reach, Report, ToMaster, ToWorker, WorkerCommand,
-    WorkerState,
+    MasterRound, MasterWork, NodeSettings, Rank, Reach, Report, ToMaster, ToWorker, Work, Worked,
+    WorkerCommand, WorkerState,
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
-use crate::runtime::worker::{SyncAnswers, Work, Worked, WorkerTask};
+use crate::runtime::worker::{SyncAnswers, WorkerTask};
 use crate::runtime::{
     Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, MasterParts, OwnedEnding,
     WorkerFactory, WorkerHookFactory,
@@ -2101,7 +2101,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 node.attempt = attempt;
                 if node.sync.is_some() {
                     // As the runtime's worker: its sync calls cannot be carried over.
-                    let error = crate::runtime::worker::master_lost_in_barrier_mode(rank, attempt);
+                    let error = crate::protocol::master_lost_in_barrier_mode(rank, attempt);
                     self.settle(rank, &error);
                     self.log(|| format!("worker {rank} reconnects, and fails: {error}"));
                     let node = &mut self.nodes[rank];
@@ -2216,7 +2216,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     },
                 );
                 node.state.stop();
-                self.stop_worker(rank, &mut node, OwnedEnding::Failed(error));
+                let task = Arc::clone(&node.task);
+                self.stop_worker(rank, &task, attempt, OwnedEnding::Failed(error));
             }
             _ => {
                 // A crash scheduled in iteration 0: during start-up, before it registers.
@@ -2247,12 +2248,18 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         node.alive && node.generation == generation
     }
 
-    /// The worker of `rank` stops with `ending`: its interceptors' `post_application`
-    /// runs, then it says it is done (as the runtime's worker does).
-    fn stop_worker(&mut self, rank: Rank, node: &mut Node<M, W>, ending: OwnedEnding<M>) {
-        let attempt = node.attempt;
+    /// The worker of `rank` (whose code is `task`, running in `attempt`) stops with
+    /// `ending`: its interceptors' `post_application` runs, then it says it is done (as the
+    /// runtime's worker does).
+    fn stop_worker(
+        &mut self,
+        rank: Rank,
+        task: &Mutex<WorkerTask<M, W>>,
+        attempt: Attempt,
+        ending: OwnedEnding<M>,
+    ) {
         let (stopped, done) = {
-            let mut task = lock(&node.task);
+            let mut task = lock(task);
             (task.run(Work::Stop(ending)), task.done(attempt))
         };
         if let Worked::Stopped(Err(error)) = stopped {
@@ -2263,16 +2270,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     /// [`stop_worker`](Self::stop_worker) for the running worker of `rank`.
     fn stop(&mut self, rank: Rank, ending: OwnedEnding<M>) {
-        let task = Arc::clone(&self.nodes[rank].task);
-        let attempt = self.nodes[rank].attempt;
-        let (stopped, done) = {
-            let mut task = lock(&task);
-            (task.run(Work::Stop(ending)), task.done(attempt))
-        };
-        if let Worked::Stopped(Err(error)) = stopped {
-            self.send_to_master(rank, ToMaster::Failed { attempt, error });
-        }
-        self.send_to_master(rank, done);
+        let node = &self.nodes[rank];
+        let (task, attempt) = (Arc::clone(&node.task), node.attempt);
+        self.stop_worker(rank, &task, attempt, ending);
     }
 
     /// Ends the compute of `rank` parked in a sync call, if any, as the runtime's worker

@@ -46,7 +46,7 @@ pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
-pub(crate) use worker_node::{master_lost_in_barrier_mode, Work, Worked, WorkerAction, WorkerNode};
+pub(crate) use worker_node::{Work, Worked, WorkerAction, WorkerNode};
 
 /// A worker's rank: `0..workers`.
 pub type Rank = usize;

@@ -509,7 +509,7 @@ impl<M, W> WorkerNode<M, W> {
 
 /// Why a worker in barrier mode fails when it reaches a master's node started again: its
 /// sync calls cannot be carried over to that node.
-pub(crate) fn master_lost_in_barrier_mode(rank: Rank, attempt: Attempt) -> JobError {
+fn master_lost_in_barrier_mode(rank: Rank, attempt: Attempt) -> JobError {
     JobError::MasterLost {
         reason: format!(
             "worker {rank} reached a master started again (attempt {attempt}), and a job in barrier mode cannot carry its sync calls over to it"

@@ -278,7 +278,7 @@ pub(crate) fn sync_patience(config: &JobConfig) -> Duration {
 
 /// How long a worker that failed on its own waits, once stopped, for the master to say
 /// what the job's first failure was (normally its abort arrives within milliseconds).
-const VERDICT_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const VERDICT_GRACE: Duration = Duration::from_secs(2);
 
 /// Where and within how long a worker reports how the job ended for it.
 pub(crate) struct EndingReport<M> {

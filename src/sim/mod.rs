@@ -12,9 +12,10 @@
 //! interceptors and checkpoints — built the way the runtime builds it, from the settings
 //! and the newest checkpoint. The simulator only delivers messages, advances the clock and
 //! injects faults: what a round, a recovery or the end of a job means is decided in the
-//! node. A worker's [`WorkerState`] acts on each master
-//! message once, in increasing order, skipping ahead when it is late, and says it is done
-//! when told to stop. Every result crosses the wire encoding on its way, as between
+//! node. Each worker is driven by the runtime's worker node (`protocol::WorkerNode`): it
+//! acts on each master message once, in increasing order, skipping ahead when it is late,
+//! waits for the job's first failure when it failed on its own, and says it is done when
+//! it stops — its start-up, computes and timers taking virtual time. Every result crosses the wire encoding on its way, as between
 //! processes. In barrier mode each worker's compute runs on a thread of its own, as in
 //! the runtime, and its `barrier()` and `all_gather()` calls travel the simulated network
 //! to the master's node and back; the simulator waits for a compute to call or return
@@ -90,7 +91,7 @@
 pub mod strategies;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex};
@@ -108,7 +109,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::protocol::{
     Action, Attempt, Drops, Envelope, FailurePolicy, Iteration, MasterDone, MasterNode,
     MasterRound, MasterWork, NodeSettings, Rank, Reach, Report, ToMaster, ToWorker, Work, Worked,
-    WorkerCommand, WorkerState,
+    WorkerAction, WorkerNode,
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
@@ -867,9 +868,16 @@ fn wire_copy<T: Payload>(msg: T, direction: impl FnOnce() -> String) -> Result<T
 type Generation = u32;
 
 enum Event<M, W> {
+    /// The start-up of a worker's code returned (its `init` took its time).
     WorkerStarted {
         rank: Rank,
         generation: Generation,
+        worked: Worked<W>,
+    },
+    WorkerTimer {
+        rank: Rank,
+        generation: Generation,
+        timer: WorkerTimer,
     },
     ToMaster {
         generation: Generation,
@@ -884,7 +892,7 @@ enum Event<M, W> {
     Computed {
         rank: Rank,
         generation: Generation,
-        sent: ToMaster<W>,
+        worked: Worked<W>,
         then_crash: bool,
     },
     WorkerCrash {
@@ -933,21 +941,29 @@ struct Node<M, W> {
     /// The master's generation it is connected to.
     master: Generation,
     alive: bool,
-    ready: bool,
-    busy: bool,
-    attempt: Attempt,
+    /// The worker's node, as the runtime's worker actor drives it: every decision about
+    /// the worker's lifecycle is its.
+    worker: WorkerNode<M, W>,
     /// The worker's code, interceptors and context, as the runtime runs them (locked by
     /// the compute's own thread in barrier mode, while the simulator waits for it).
     task: Arc<Mutex<WorkerTask<M, W>>>,
-    state: WorkerState,
-    mailbox: VecDeque<ToWorker<M>>,
+    /// The job's failure as its process hears of it.
+    end: JobEnd,
     /// In barrier mode: the ends of its sync calls.
     sync: Option<SimSync<W>>,
     /// In barrier mode: the compute under way on its own thread, parked in a sync call.
     parked: Option<Computing>,
-    /// The worker failed while its compute was under way: it stops with this once the
-    /// compute is done (what it computed is not sent).
-    pending_stop: Option<OwnedEnding<M>>,
+    /// Whether it reported a failed ending: its process then ends (and may be started
+    /// again by its launcher).
+    failed: bool,
+}
+
+/// A timer a worker's node armed.
+#[derive(Debug, Clone, Copy)]
+enum WorkerTimer {
+    Grace,
+    StopDeadline,
+    Verdict,
 }
 
 fn lock<T>(task: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1213,6 +1229,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         for rank in 0..config.workers {
             let node = world.spawn(rank, 0, 0);
             world.nodes.push(node);
+            world.start_worker(rank);
         }
         world.drive();
         world
@@ -1610,9 +1627,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             // die with it.
             for rank in 0..self.nodes.len() {
                 self.settle(rank, &JobError::Cancelled);
-                let node = &mut self.nodes[rank];
-                node.alive = false;
-                node.mailbox.clear();
+                self.nodes[rank].alive = false;
             }
         }
         let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
@@ -1913,15 +1928,36 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     fn handle(&mut self, event: Event<M, W>) {
         match event {
-            Event::WorkerStarted { rank, generation } => {
+            Event::WorkerStarted {
+                rank,
+                generation,
+                worked,
+            } => {
                 if !self.is_current(rank, generation) {
                     return;
                 }
-                self.nodes[rank].ready = true;
-                let attempt = self.nodes[rank].attempt;
-                self.log(|| format!("worker {rank} started, registers in attempt {attempt}"));
-                self.send_to_master(rank, ToMaster::Registered { attempt });
-                self.work_mailbox(rank);
+                let attempt = self.nodes[rank].worker.attempt();
+                self.log(|| format!("worker {rank} started in attempt {attempt}"));
+                self.nodes[rank].worker.handle_worked(worked, false);
+                self.drive_worker(rank);
+            }
+            Event::WorkerTimer {
+                rank,
+                generation,
+                timer,
+            } => {
+                if !self.is_current(rank, generation) {
+                    return;
+                }
+                let worker = &mut self.nodes[rank].worker;
+                match timer {
+                    WorkerTimer::Grace => worker.handle_grace_over(),
+                    WorkerTimer::StopDeadline => {
+                        worker.handle_stop_deadline(self.job.shutdown_timeout)
+                    }
+                    WorkerTimer::Verdict => worker.handle_verdict_over(),
+                }
+                self.drive_worker(rank);
             }
             Event::ToMaster {
                 generation,
@@ -1943,43 +1979,26 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 self.stats.messages += 1;
-                self.nodes[rank].mailbox.push_back(msg);
-                self.work_mailbox(rank);
+                self.nodes[rank].worker.handle_message(msg);
+                self.drive_worker(rank);
             }
             Event::Computed {
                 rank,
                 generation,
-                sent,
+                worked,
                 then_crash,
             } => {
                 if !self.is_current(rank, generation) {
                     return;
                 }
-                self.nodes[rank].busy = false;
-                if let Some(ending) = self.nodes[rank].pending_stop.take() {
-                    return self.stop(rank, ending);
-                }
-                if let ToMaster::Result(r) = &sent {
-                    self.sent[rank].push((r.attempt, r.iteration));
-                }
-                let failed = match &sent {
-                    ToMaster::Failed { error, .. } => Some(error.clone()),
-                    _ => None,
+                let stale = {
+                    let task = lock(&self.nodes[rank].task);
+                    task.stale.swap(false, std::sync::atomic::Ordering::AcqRel)
                 };
-                self.send_to_master(rank, sent);
-                if then_crash {
+                self.nodes[rank].worker.handle_worked(worked, stale);
+                self.drive_worker(rank);
+                if then_crash && self.is_current(rank, generation) {
                     self.crash_worker(rank, "right after its result left");
-                } else if let Some(error) = failed {
-                    // Its code failed: it stops, as a worker does, and says it is done.
-                    self.nodes[rank].state.stop();
-                    self.stop(rank, OwnedEnding::Failed(error));
-                    if !self.gang() {
-                        // Its process ends: what a launcher may start again.
-                        self.nodes[rank].alive = false;
-                        self.process_ended(rank, Duration::ZERO);
-                    }
-                } else {
-                    self.work_mailbox(rank);
                 }
             }
             Event::WorkerCrash { rank, generation } => {
@@ -2038,26 +2057,18 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     self.lost(rank, "its heartbeats stopped (a network partition)");
                 }
                 if self.is_current(rank, generation) {
-                    // Its process gives up on the master it cannot hear, and ends.
+                    // Its transport gives up on the master it cannot hear, and tells it so
+                    // (as a TCP worker without a reconnect timeout does).
                     let error = JobError::MasterLost {
                         reason: format!(
                             "worker {rank} heard nothing from the master for {HEARTBEAT_TIMEOUT:?}"
                         ),
                     };
-                    self.log(|| format!("worker {rank} hears nothing from the master, and ends"));
-                    self.settle(rank, &error);
-                    let node = &mut self.nodes[rank];
-                    let stopping = node.state.is_stopping();
-                    node.state.stop();
-                    node.mailbox.clear();
-                    node.busy = false;
-                    if !stopping {
-                        self.stop(rank, OwnedEnding::Failed(error));
-                    }
-                    self.nodes[rank].alive = false;
-                    let heals = self.cuts[rank]
-                        .map_or(Duration::ZERO, |(_, heal)| heal.saturating_sub(self.now));
-                    self.process_ended(rank, heals);
+                    self.log(|| format!("worker {rank} hears nothing from the master"));
+                    let worker = &mut self.nodes[rank].worker;
+                    let attempt = worker.attempt();
+                    worker.handle_message(ToWorker::Abort { attempt, error });
+                    self.drive_worker(rank);
                 }
             }
             Event::MasterCrashNow { master, when } => {
@@ -2088,45 +2099,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 let attempt = m.node.attempt();
-                let master = self.master_generation;
-                let node = &mut self.nodes[rank];
-                node.mailbox.clear();
-                node.master = master;
-                // As a worker's transport tells it after each handshake; only a stopping
-                // worker (whose job ended) does not register again.
+                self.nodes[rank].master = self.master_generation;
+                self.log(|| format!("worker {rank} reaches the master again (attempt {attempt})"));
+                // As a worker's transport tells it after each handshake.
                 let connected = ToWorker::<M>::Connected { attempt };
-                if node.state.on_message(&connected) != WorkerCommand::Register(attempt) {
-                    return;
-                }
-                node.attempt = attempt;
-                if node.sync.is_some() {
-                    // As the runtime's worker: its sync calls cannot be carried over.
-                    let error = crate::protocol::master_lost_in_barrier_mode(rank, attempt);
-                    self.settle(rank, &error);
-                    self.log(|| format!("worker {rank} reconnects, and fails: {error}"));
-                    let node = &mut self.nodes[rank];
-                    node.state.stop();
-                    node.mailbox.clear();
-                    let failed = ToMaster::Failed {
-                        attempt,
-                        error: error.clone(),
-                    };
-                    self.send_to_master(rank, failed);
-                    let node = &mut self.nodes[rank];
-                    if node.busy {
-                        // Its compute returned and its result is on the way out: it stops
-                        // once that is done, as the runtime's worker waits for its code.
-                        node.pending_stop = Some(OwnedEnding::Failed(error));
-                        return;
-                    }
-                    return self.stop(rank, OwnedEnding::Failed(error));
-                }
-                if !node.ready {
-                    // Still starting: it registers in the new attempt once started.
-                    return;
-                }
-                self.log(|| format!("worker {rank} reconnects, registers in attempt {attempt}"));
-                self.send_to_master(rank, ToMaster::Registered { attempt });
+                self.nodes[rank].worker.handle_message(connected);
+                self.drive_worker(rank);
             }
         }
     }
@@ -2154,14 +2132,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     // ---- the workers ------------------------------------------------------------------
 
-    /// A new process for `rank`: its code runs `init`, then it registers.
+    /// A new process for `rank`: its code starts (`init`), in `attempt`.
     fn spawn(&mut self, rank: Rank, generation: Generation, attempt: Attempt) -> Node<M, W> {
+        let end = JobEnd::default();
         let mut ctx = crate::runtime::worker_context(
             &self.job,
             &self.job_id,
             rank,
             self.shards.as_ref(),
-            JobEnd::default(),
+            end.clone(),
         );
         let sync = self.config.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
@@ -2183,57 +2162,31 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             .iter()
             .map(|make| make(rank))
             .collect();
-        let task = Arc::new(Mutex::new(WorkerTask::new(
-            (self.sim.workers)(rank),
-            hooks,
-            ctx,
-            attempt,
-        )));
-        let started = lock(&task).run(Work::Start);
-        let startup = Duration::from_micros(self.rng.random_range(500..5_000));
-        let mut node = Node {
+        let own_failure_ends_job = self.config.policy == FailurePolicy::Fail;
+        let task = WorkerTask::new((self.sim.workers)(rank), hooks, ctx, attempt)
+            .failure_ends_job(own_failure_ends_job);
+        Node {
             generation,
             master: self.master_generation,
             alive: true,
-            ready: false,
-            busy: false,
-            attempt,
-            task,
-            state: WorkerState::new(attempt),
-            mailbox: VecDeque::new(),
+            worker: WorkerNode::new(
+                rank,
+                attempt,
+                own_failure_ends_job,
+                self.config.barrier_mode,
+            ),
+            task: Arc::new(Mutex::new(task)),
+            end,
             sync,
             parked: None,
-            pending_stop: None,
-        };
-        match started {
-            Worked::Started(Err(error)) => {
-                // It fails, then stops as a worker does: `post_application`, then `Done`.
-                self.send_to_master(
-                    rank,
-                    ToMaster::Failed {
-                        attempt,
-                        error: error.clone(),
-                    },
-                );
-                node.state.stop();
-                let task = Arc::clone(&node.task);
-                self.stop_worker(rank, &task, attempt, OwnedEnding::Failed(error));
-            }
-            _ => {
-                // A crash scheduled in iteration 0: during start-up, before it registers.
-                let crashes = self
-                    .scheduled(|f| {
-                        matches!(f, Fault::WorkerCrash { rank: r, iteration: 0, .. } if *r == rank)
-                    })
-                    .is_some();
-                if crashes {
-                    self.worker_crashes += 1;
-                    self.at(startup / 2, Event::WorkerCrash { rank, generation });
-                }
-                self.at(startup, Event::WorkerStarted { rank, generation });
-            }
+            failed: false,
         }
-        node
+    }
+
+    /// Starts the new process of `rank` (in place in `nodes`).
+    fn start_worker(&mut self, rank: Rank) {
+        self.nodes[rank].worker.start();
+        self.drive_worker(rank);
     }
 
     /// A new process for `rank`, in the place of the old one (which stops).
@@ -2241,6 +2194,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.settle(rank, &JobError::Cancelled);
         let generation = self.nodes[rank].generation + 1;
         self.nodes[rank] = self.spawn(rank, generation, attempt);
+        self.start_worker(rank);
     }
 
     fn is_current(&self, rank: Rank, generation: Generation) -> bool {
@@ -2248,31 +2202,144 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         node.alive && node.generation == generation
     }
 
-    /// The worker of `rank` (whose code is `task`, running in `attempt`) stops with
-    /// `ending`: its interceptors' `post_application` runs, then it says it is done (as the
-    /// runtime's worker does).
-    fn stop_worker(
-        &mut self,
-        rank: Rank,
-        task: &Mutex<WorkerTask<M, W>>,
-        attempt: Attempt,
-        ending: OwnedEnding<M>,
-    ) {
-        let (stopped, done) = {
-            let mut task = lock(task);
-            (task.run(Work::Stop(ending)), task.done(attempt))
-        };
-        if let Worked::Stopped(Err(error)) = stopped {
-            self.send_to_master(rank, ToMaster::Failed { attempt, error });
+    /// Carries out what the worker's node of `rank` asks, in order, as the runtime's
+    /// worker actor does — in virtual time.
+    fn drive_worker(&mut self, rank: Rank) {
+        loop {
+            let node = &mut self.nodes[rank];
+            if !node.alive {
+                return;
+            }
+            let Some(action) = node.worker.poll_action() else {
+                return;
+            };
+            let attempt = node.worker.attempt();
+            match action {
+                WorkerAction::Run(Work::Start) => self.start_up(rank),
+                WorkerAction::Run(Work::Iterate(iteration, last)) => {
+                    self.compute(rank, iteration, last)
+                }
+                WorkerAction::Run(work @ Work::Stop(_)) => {
+                    // `post_application` takes no time worth simulating.
+                    let worked = {
+                        let mut task = lock(&node.task);
+                        task.attempt = attempt;
+                        task.run(work)
+                    };
+                    node.worker.handle_worked(worked, false);
+                }
+                WorkerAction::Send(msg) => {
+                    if let ToMaster::Registered { attempt } = msg {
+                        self.log(|| format!("worker {rank} registers in attempt {attempt}"));
+                    }
+                    self.send_to_master(rank, msg);
+                }
+                WorkerAction::SendResult(report) => {
+                    let iteration = report.iteration;
+                    self.sent[rank].push((report.attempt, iteration));
+                    self.send_to_master(rank, ToMaster::Result(report));
+                    self.nodes[rank].worker.handle_sent(iteration, Ok(()));
+                }
+                WorkerAction::SendDone => {
+                    let done = lock(&node.task).done(attempt);
+                    self.send_to_master(rank, done);
+                }
+                WorkerAction::Answer(epoch, result) => {
+                    if let Some(sync) = &node.sync {
+                        sync.answers.answer(epoch, result);
+                    }
+                    if let Some(computing) = node.parked.take() {
+                        self.follow(rank, computing);
+                    }
+                }
+                WorkerAction::Verdict(error) | WorkerAction::EndSync(error) => {
+                    // A call waiting fails, and the compute goes on to return.
+                    if let Some(sync) = &node.sync {
+                        sync.answers.end(&error);
+                    }
+                    if let Some(computing) = node.parked.take() {
+                        self.follow(rank, computing);
+                    }
+                }
+                WorkerAction::EndJob(error) => node.end.end(&error),
+                WorkerAction::MarkStale => {
+                    let task = lock(&node.task);
+                    task.stale.store(true, std::sync::atomic::Ordering::Release);
+                }
+                WorkerAction::ArmGrace => {
+                    let grace = self.job.failure_grace.min(self.job.shutdown_timeout);
+                    self.arm(rank, grace, WorkerTimer::Grace);
+                }
+                WorkerAction::ArmStopDeadline => {
+                    let within = self.job.shutdown_timeout;
+                    self.arm(rank, within, WorkerTimer::StopDeadline);
+                }
+                WorkerAction::ArmVerdictGrace => {
+                    let within = crate::runtime::worker::VERDICT_GRACE;
+                    self.arm(rank, within, WorkerTimer::Verdict);
+                }
+                WorkerAction::Report(ending) => {
+                    node.failed = matches!(ending, OwnedEnding::Failed(_));
+                }
+                WorkerAction::Stop => return self.worker_stopped(rank),
+            }
         }
-        self.send_to_master(rank, done);
     }
 
-    /// [`stop_worker`](Self::stop_worker) for the running worker of `rank`.
-    fn stop(&mut self, rank: Rank, ending: OwnedEnding<M>) {
+    fn arm(&mut self, rank: Rank, after: Duration, timer: WorkerTimer) {
+        let generation = self.nodes[rank].generation;
+        self.at(
+            after,
+            Event::WorkerTimer {
+                rank,
+                generation,
+                timer,
+            },
+        );
+    }
+
+    /// The worker of `rank` is done. One that failed ends its process, which its launcher
+    /// may start again once the network lets it connect.
+    fn worker_stopped(&mut self, rank: Rank) {
+        if !self.nodes[rank].failed || self.gang() {
+            return;
+        }
+        self.nodes[rank].alive = false;
+        self.settle(rank, &JobError::Cancelled);
+        let heals =
+            self.cuts[rank].map_or(Duration::ZERO, |(_, heal)| heal.saturating_sub(self.now));
+        self.process_ended(rank, heals);
+    }
+
+    /// The start-up of the worker of `rank` runs (`init`, interceptors'
+    /// `pre_application`) and returns after its (virtual) time; it may crash meanwhile.
+    fn start_up(&mut self, rank: Rank) {
         let node = &self.nodes[rank];
-        let (task, attempt) = (Arc::clone(&node.task), node.attempt);
-        self.stop_worker(rank, &task, attempt, ending);
+        let generation = node.generation;
+        let worked = {
+            let mut task = lock(&node.task);
+            task.attempt = node.worker.attempt();
+            task.run(Work::Start)
+        };
+        let startup = Duration::from_micros(self.rng.random_range(500..5_000));
+        // A crash scheduled in iteration 0: during start-up, before it registers.
+        let crashes = self
+            .scheduled(
+                |f| matches!(f, Fault::WorkerCrash { rank: r, iteration: 0, .. } if *r == rank),
+            )
+            .is_some();
+        if crashes {
+            self.worker_crashes += 1;
+            self.at(startup / 2, Event::WorkerCrash { rank, generation });
+        }
+        self.at(
+            startup,
+            Event::WorkerStarted {
+                rank,
+                generation,
+                worked,
+            },
+        );
     }
 
     /// Ends the compute of `rank` parked in a sync call, if any, as the runtime's worker
@@ -2299,7 +2366,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
             }
         }
-        self.nodes[rank].busy = false;
     }
 
     /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
@@ -2326,90 +2392,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
     }
 
-    /// What arrived for a compute parked in a sync call: the answer (the compute goes on),
-    /// or the job's end (the call fails, and the worker stops once the compute returned).
-    /// Anything else waits for the compute to return.
-    fn work_parked(&mut self, rank: Rank) {
-        loop {
-            let node = &mut self.nodes[rank];
-            let Some(at) = node.mailbox.iter().position(|m| {
-                matches!(
-                    m,
-                    ToWorker::SyncReply { .. } | ToWorker::Abort { .. } | ToWorker::Finish { .. }
-                )
-            }) else {
-                return;
-            };
-            let Some(msg) = node.mailbox.remove(at) else {
-                return;
-            };
-            match node.state.on_message(&msg) {
-                WorkerCommand::Answer => {
-                    let (Some(sync), ToWorker::SyncReply { epoch, result, .. }) = (&node.sync, msg)
-                    else {
-                        continue;
-                    };
-                    sync.answers.answer(epoch, result);
-                    let Some(computing) = node.parked.take() else {
-                        continue;
-                    };
-                    self.follow(rank, computing);
-                    if self.nodes[rank].parked.is_none() {
-                        return;
-                    }
-                }
-                WorkerCommand::Stop => {
-                    let error = match &msg {
-                        ToWorker::Abort { error, .. } => error.clone(),
-                        _ => JobError::Cancelled,
-                    };
-                    self.settle(rank, &error);
-                    self.nodes[rank].mailbox.clear();
-                    let ending =
-                        OwnedEnding::told(msg).unwrap_or(OwnedEnding::Failed(JobError::Cancelled));
-                    return self.stop(rank, ending);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Works through what arrived while the worker started or computed: acts on each
-    /// message in order, and of several iterations computes only the newest.
-    fn work_mailbox(&mut self, rank: Rank) {
-        let node = &mut self.nodes[rank];
-        if node.parked.is_some() {
-            return self.work_parked(rank);
-        }
-        if !node.ready || node.busy {
-            return;
-        }
-        let mut compute = None;
-        while let Some(msg) = node.mailbox.pop_front() {
-            match node.state.on_message(&msg) {
-                WorkerCommand::Compute(iteration) => {
-                    if let ToWorker::Iterate { last, .. } = msg {
-                        compute = Some((iteration, last));
-                    }
-                }
-                WorkerCommand::Stop => {
-                    node.mailbox.clear();
-                    let ending =
-                        OwnedEnding::told(msg).unwrap_or(OwnedEnding::Failed(JobError::Cancelled));
-                    return self.stop(rank, ending);
-                }
-                // `Connected` comes with a reconnect, never through the mailbox.
-                WorkerCommand::Answer
-                | WorkerCommand::Register(_)
-                | WorkerCommand::Proceed
-                | WorkerCommand::Drop => {}
-            }
-        }
-        if let Some((iteration, last)) = compute {
-            self.compute(rank, iteration, last);
-        }
-    }
-
     fn compute(&mut self, rank: Rank, iteration: Iteration, last: Option<Arc<M>>) {
         let faults = self.config.faults;
         let slow = self
@@ -2432,9 +2414,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             took *= 20;
         }
         let node = &mut self.nodes[rank];
-        let attempt = node.attempt;
+        let attempt = node.worker.attempt();
         lock(&node.task).attempt = attempt;
-        node.busy = true;
         self.log(|| {
             format!(
                 "worker {rank} computes iteration {iteration} of attempt {attempt}{}",
@@ -2491,22 +2472,16 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             crash,
             during,
         } = computing;
-        let node = &self.nodes[rank];
-        let (attempt, generation) = (node.attempt, node.generation);
-        let sent = match worked {
-            Worked::Iterated(Ok(report)) => ToMaster::Result(Report {
+        let generation = self.nodes[rank].generation;
+        let worked = match worked {
+            Worked::Iterated(Ok(report)) => Worked::Iterated(Ok(Report {
                 // Virtual time, so that a seed replays the same run.
                 elapsed: took,
                 ..report
-            }),
-            Worked::Iterated(Err(error)) => ToMaster::Failed { attempt, error },
-            _ => ToMaster::Failed {
-                attempt,
-                error: JobError::Runtime {
-                    message: format!("worker {rank} did not compute iteration {iteration}"),
-                },
-            },
+            })),
+            other => other,
         };
+        tracing::trace!(rank, iteration, "computed");
         if during {
             self.worker_crashes += 1;
             let at = Duration::from_micros(self.rng.random_range(0..took.as_micros() as u64));
@@ -2520,7 +2495,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 Event::Computed {
                     rank,
                     generation,
-                    sent,
+                    worked,
                     then_crash: crash,
                 },
             );
@@ -2531,8 +2506,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.settle(rank, &JobError::Cancelled);
         let node = &mut self.nodes[rank];
         node.alive = false;
-        node.busy = false;
-        node.mailbox.clear();
         let generation = node.generation;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));

@@ -718,6 +718,12 @@ fn a_job_simulated_from_its_builder_runs_every_part_of_it_as_the_runtime_does() 
         assert_eq!(sim_seen.count(what), seen.count(what), "{what}");
     }
     assert_eq!(sim_ledger.split(), ledger.split());
+    // A shutdown without a time limit is one too in virtual time.
+    let unlimited = Simulation::from_job(|| {
+        built(Seen::default(), Ledger::default()).shutdown_timeout(Duration::MAX)
+    })
+    .run(0);
+    assert!(unlimited.outcome.is_ok(), "{:?}", unlimited.outcome);
     // Its input is sharded for the workers the simulation runs, as `run` would shard it.
     let six = Simulation::from_job(|| built(Seen::default(), Ledger::default()))
         .workers(6)

@@ -502,10 +502,11 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
 
     /// The worker's code is home with what it did.
     fn worked(&mut self, worked: Worked<W>) {
-        if let Worked::Iterated(Ok(report)) = &worked {
+        let stale = self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
+        // (An iteration of a master left behind tells nothing about the next one's time.)
+        if let (Worked::Iterated(Ok(report)), false) = (&worked, stale) {
             self.placer.observe(report.elapsed);
         }
-        let stale = self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
         self.node.handle_worked(worked, stale);
     }
 }

@@ -956,6 +956,10 @@ struct Node<M, W> {
     /// Whether it reported a failed ending: its process then ends (and may be started
     /// again by its launcher).
     failed: bool,
+    /// Its node said it is done: it does nothing more.
+    stopped: bool,
+    /// It crashes right after its next result left.
+    crash_after_send: bool,
 }
 
 /// A timer a worker's node armed.
@@ -1703,13 +1707,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     // ---- the network ------------------------------------------------------------------
 
     fn send_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
-        let generation = self
-            .nodes
-            .get(from)
-            .map_or(self.master_generation, |n| n.master);
-        let latency = self.latency();
-        let is_result = msg.carries_result();
-        // Every result crosses the wire encoding, as it would between processes: what
+        // Every message crosses the wire encoding, as it would between processes: what
         // arrives is the decoded copy, or the job fails as it would over TCP.
         let attempt = match &msg {
             ToMaster::Result(report) => report.attempt,
@@ -1718,12 +1716,24 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             | ToMaster::Done { attempt, .. }
             | ToMaster::Sync { attempt, .. } => *attempt,
         };
+        let msg = wire_copy(msg, || format!("worker {from} → master"))
+            .unwrap_or_else(|error| ToMaster::Failed { attempt, error });
+        self.carry_to_master(from, msg);
+    }
+
+    /// Carries a message that crossed the wire encoding from `from` to the master, over
+    /// the simulated network and its faults.
+    fn carry_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
+        let generation = self
+            .nodes
+            .get(from)
+            .map_or(self.master_generation, |n| n.master);
+        let latency = self.latency();
+        let is_result = msg.carries_result();
         let iteration = match &msg {
             ToMaster::Result(report) => Some(report.iteration),
             _ => None,
         };
-        let msg = wire_copy(msg, || format!("worker {from} → master"))
-            .unwrap_or_else(|error| ToMaster::Failed { attempt, error });
         let on_result = |f: &Fault, kind: fn(Rank, Iteration) -> Fault| {
             iteration.is_some_and(|i| *f == kind(from, i))
         };
@@ -1979,6 +1989,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 self.stats.messages += 1;
+                // The master's abort: the process hears the job failed (an abort with this
+                // rank's own failure dismisses only this worker), as the runtime's does.
+                if let ToWorker::Abort { error, .. } = &msg {
+                    if crate::protocol::Recovery::recoverable(error) != Some(rank) {
+                        self.nodes[rank].end.end(error);
+                    }
+                }
                 self.nodes[rank].worker.handle_message(msg);
                 self.drive_worker(rank);
             }
@@ -1995,9 +2012,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     let task = lock(&self.nodes[rank].task);
                     task.stale.swap(false, std::sync::atomic::Ordering::AcqRel)
                 };
+                // It crashes right after its result left (or, without one, after what it
+                // sends instead).
+                self.nodes[rank].crash_after_send = then_crash;
                 self.nodes[rank].worker.handle_worked(worked, stale);
                 self.drive_worker(rank);
-                if then_crash && self.is_current(rank, generation) {
+                if std::mem::take(&mut self.nodes[rank].crash_after_send)
+                    && self.is_current(rank, generation)
+                {
                     self.crash_worker(rank, "right after its result left");
                 }
             }
@@ -2180,6 +2202,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             sync,
             parked: None,
             failed: false,
+            stopped: false,
+            crash_after_send: false,
         }
     }
 
@@ -2197,9 +2221,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.start_worker(rank);
     }
 
+    /// Whether the process of `generation` is the running worker of `rank`: alive, and
+    /// not done.
     fn is_current(&self, rank: Rank, generation: Generation) -> bool {
         let node = &self.nodes[rank];
-        node.alive && node.generation == generation
+        node.alive && !node.stopped && node.generation == generation
     }
 
     /// Carries out what the worker's node of `rank` asks, in order, as the runtime's
@@ -2207,7 +2233,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     fn drive_worker(&mut self, rank: Rank) {
         loop {
             let node = &mut self.nodes[rank];
-            if !node.alive {
+            if !node.alive || node.stopped {
                 return;
             }
             let Some(action) = node.worker.poll_action() else {
@@ -2237,8 +2263,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 WorkerAction::SendResult(report) => {
                     let iteration = report.iteration;
                     self.sent[rank].push((report.attempt, iteration));
-                    self.send_to_master(rank, ToMaster::Result(report));
-                    self.nodes[rank].worker.handle_sent(iteration, Ok(()));
+                    // A result that does not survive the wire encoding is the worker's
+                    // failure, as its transport reports it.
+                    let direction = || format!("worker {rank} → master");
+                    let sent = match crate::codec::through_wire(ToMaster::Result(report), direction)
+                    {
+                        Ok(copy) => {
+                            self.carry_to_master(rank, copy);
+                            Ok(())
+                        }
+                        Err(undecodable) => Err(TransportError::from(undecodable)),
+                    };
+                    if std::mem::take(&mut self.nodes[rank].crash_after_send) {
+                        return self.crash_worker(rank, "right after its result left");
+                    }
+                    self.nodes[rank].worker.handle_sent(iteration, sent);
                 }
                 WorkerAction::SendDone => {
                     let done = lock(&node.task).done(attempt);
@@ -2287,6 +2326,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn arm(&mut self, rank: Rank, after: Duration, timer: WorkerTimer) {
+        if self.now.checked_add(after).is_none() {
+            // No limit: a timer that never fires.
+            return;
+        }
         let generation = self.nodes[rank].generation;
         self.at(
             after,
@@ -2301,6 +2344,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// The worker of `rank` is done. One that failed ends its process, which its launcher
     /// may start again once the network lets it connect.
     fn worker_stopped(&mut self, rank: Rank) {
+        self.nodes[rank].stopped = true;
         if !self.nodes[rank].failed || self.gang() {
             return;
         }

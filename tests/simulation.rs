@@ -859,42 +859,34 @@ fn in_barrier_mode_a_crash_under_fail_ends_the_job_with_no_rank_left_waiting() {
     use superstep::sim::{CrashPoint, Fault};
     // A worker crashes while the others wait for it in their first sync call; by the time
     // the run returns, every compute that began has returned.
+    let rank_2_crashes = |sim: Simulation<u64, u64>| {
+        let run = sim
+            .schedule(vec![Fault::WorkerCrash {
+                rank: 2,
+                iteration: 3,
+                after_result: false,
+            }])
+            .run(0);
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        match &run.outcome {
+            Err(error) => assert_eq!(error.rank(), Some(2), "{error}"),
+            Ok(o) => panic!("completed with {} though rank 2 crashed", o.result),
+        }
+    };
     let computes = Computes::default();
     let counting = computes.clone();
-    let run = Simulation::from_job(move || {
+    rank_2_crashes(Simulation::from_job(move || {
         let counting = counting.clone();
         Job::builder(Fold::default(), move |_| Counted(counting.clone()))
             .workers(4)
             .iterations(6)
             .barrier_mode(true)
-    })
-    .schedule(vec![Fault::WorkerCrash {
-        rank: 2,
-        iteration: 3,
-        after_result: false,
-    }])
-    .run(0);
-    assert!(run.violations.is_empty(), "{:?}", run.violations);
-    match &run.outcome {
-        Err(error) => assert_eq!(error.rank(), Some(2), "{error}"),
-        Ok(o) => panic!("completed with {} though rank 2 crashed", o.result),
-    }
+    }));
     let began = computes.began.load(Ordering::SeqCst);
     assert!(began > 8, "{began}");
     assert_eq!(computes.returned.load(Ordering::SeqCst), began);
     // The same crash in the job as the program builds it.
-    let run = Simulation::from_job(|| gathering(FailurePolicy::Fail))
-        .schedule(vec![Fault::WorkerCrash {
-            rank: 2,
-            iteration: 3,
-            after_result: false,
-        }])
-        .run(0);
-    assert!(run.violations.is_empty(), "{:?}", run.violations);
-    match &run.outcome {
-        Err(error) => assert_eq!(error.rank(), Some(2), "{error}"),
-        Ok(o) => panic!("completed with {} though rank 2 crashed", o.result),
-    }
+    rank_2_crashes(Simulation::from_job(|| gathering(FailurePolicy::Fail)));
     // The master's process crashes and starts again: its workers cannot carry their sync
     // calls over to it, and say so.
     let run = Simulation::from_job(|| gathering(FailurePolicy::Fail))

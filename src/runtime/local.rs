@@ -13,7 +13,7 @@ use crate::compute::{JobEnd, Payload};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
-use crate::protocol::{Attempt, FailurePolicy, Rank, Recovery, ToWorker};
+use crate::protocol::{Attempt, FailurePolicy, Rank, ToWorker};
 use crate::transport::{Transport, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the actor of each rank
@@ -148,14 +148,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             let addr = addr.clone();
             let end = parts.end.clone();
             Box::new(move |msg: ToWorker<M>| {
-                // The master's abort: this process hears the job failed here, on the
-                // transport's thread, even while user code holds the job's. (An abort with
-                // this rank's own failure dismisses only this worker.)
-                if let ToWorker::Abort { error, .. } = &msg {
-                    if Recovery::recoverable(error) != Some(rank) {
-                        end.end(error);
-                    }
-                }
+                // Here, on the transport's thread, even while user code holds the job's.
+                super::worker::hear_abort(&end, rank, &msg);
                 addr.do_send(msg)
             })
         };

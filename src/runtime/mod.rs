@@ -235,10 +235,9 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             let outcome = actix::System::new().block_on(launch(plan, job, exits.clone()));
             if let Err(error) = &outcome {
                 // A job that failed before its node could clean up still does (once: the
-                // coordinator's actor runs nothing after its end ran).
+                // coordinator's actor runs nothing after its end ran), within the limit.
                 coordinator.0.fail_from_outside(error, shutdown);
             }
-            drop(coordinator);
             // The system, its actors and the pool's last handle are dropped by now; the
             // pool's threads end once their current work returns. A failed job waits only
             // its grace for them.
@@ -252,6 +251,9 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
             }
             // The receiver is gone only if the watchdog already gave up on the job.
             let _ = tx.send(outcome);
+            // The coordinator's thread is joined only now: a hook that never returns holds
+            // up this thread, not `run`.
+            drop(coordinator);
         })
         .map_err(|e| JobError::Runtime {
             message: format!("could not start the job's thread: {e}"),

@@ -13,8 +13,8 @@ use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::protocol::{
-    Attempt, Epoch, Iteration, Rank, Report, SyncError, SyncResult, ToMaster, ToWorker, Work,
-    Worked, WorkerAction, WorkerNode,
+    Attempt, Epoch, Iteration, Rank, Recovery, Report, SyncError, SyncResult, ToMaster, ToWorker,
+    Work, Worked, WorkerAction, WorkerNode,
 };
 use crate::transport::{TransportError, WorkerLink};
 
@@ -249,6 +249,17 @@ impl SyncAnswers {
 
 /// A worker's end of barrier mode: the link its sync calls go out on, and where their
 /// answers come in.
+/// What the master told the worker of `rank`, as its process hears it: an abort ends the
+/// job for the process (no compute of it starts from now on), unless it carries this
+/// rank's own failure, which dismisses only this worker.
+pub(crate) fn hear_abort<M>(end: &JobEnd, rank: Rank, msg: &ToWorker<M>) {
+    if let ToWorker::Abort { error, .. } = msg {
+        if Recovery::recoverable(error) != Some(rank) {
+            end.end(error);
+        }
+    }
+}
+
 /// A call waits at most `patience` for its answer (`Duration::MAX`: until it comes).
 pub(crate) fn sync_link<W>(
     link: Arc<dyn WorkerLink<W>>,

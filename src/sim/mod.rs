@@ -1024,7 +1024,6 @@ impl<W> SimSync<W> {
 /// A compute under way: its iteration and the faults drawn for it.
 #[derive(Debug, Clone, Copy)]
 struct Computing {
-    iteration: Iteration,
     took: Duration,
     crash: bool,
     during: bool,
@@ -1107,12 +1106,14 @@ impl CheckpointStore for SimStore {
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
-        let files = lock(&self.files).clone();
-        let newest_first = files.into_iter().rev().map(|(iteration, bytes)| {
+        // Each file read as it is reached, newest first, as on disk.
+        let files = lock(&self.files);
+        let newest_first = files.iter().rev().map(|(iteration, bytes)| {
             let path = std::path::PathBuf::from(format!("sim/checkpoint-{iteration}"));
-            (path, Ok(bytes))
+            (path, Ok(bytes.clone()))
         });
         let loaded = crate::checkpoint::newest_readable(newest_first);
+        drop(files);
         *lock(&self.skipped) += loaded.as_ref().map_or(0, |l| l.skipped.len() as u32);
         Ok(loaded)
     }
@@ -1989,13 +1990,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 self.stats.messages += 1;
-                // The master's abort: the process hears the job failed (an abort with this
-                // rank's own failure dismisses only this worker), as the runtime's does.
-                if let ToWorker::Abort { error, .. } = &msg {
-                    if crate::protocol::Recovery::recoverable(error) != Some(rank) {
-                        self.nodes[rank].end.end(error);
-                    }
-                }
+                crate::runtime::worker::hear_abort(&self.nodes[rank].end, rank, &msg);
                 self.nodes[rank].worker.handle_message(msg);
                 self.drive_worker(rank);
             }
@@ -2467,7 +2462,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             )
         });
         let computing = Computing {
-            iteration,
             took,
             crash,
             during,
@@ -2511,7 +2505,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// compute time passed, unless it crashes first.
     fn computed(&mut self, rank: Rank, computing: Computing, worked: Worked<W>) {
         let Computing {
-            iteration,
             took,
             crash,
             during,
@@ -2525,7 +2518,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             })),
             other => other,
         };
-        tracing::trace!(rank, iteration, "computed");
         if during {
             self.worker_crashes += 1;
             let at = Duration::from_micros(self.rng.random_range(0..took.as_micros() as u64));

@@ -14,34 +14,17 @@ use std::time::{Duration, Instant};
 
 #[path = "support/tcp.rs"]
 mod tcp;
+#[path = "support/trivial.rs"]
+mod trivial;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use superstep::prelude::*;
 use superstep::JobOutcome;
 use tcp::run_over_tcp;
+use trivial::{Echo, Fold};
 
 /// Iterations run and not counted, so the measured ones are in their steady state.
 const WARMUP: u64 = 20;
-
-struct Echo(u64);
-impl WorkerComputable for Echo {
-    type MasterResult = u64;
-    type WorkerResult = u64;
-    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
-        Ok(ctx.last_master_result().copied().unwrap_or(0) + self.0)
-    }
-}
-
-struct Fold;
-impl MasterComputable for Fold {
-    type MasterResult = u64;
-    type WorkerResult = u64;
-    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
-        Ok(Step::Continue(
-            ctx.worker_results().iter().sum::<u64>() % 1_000_003,
-        ))
-    }
-}
 
 /// The measured iterations' time: each from its broadcast to its master result.
 fn iterating(outcome: &JobOutcome<u64>) -> Duration {
@@ -102,6 +85,29 @@ fn tokio_round(runtime: &tokio::runtime::Runtime, workers: usize, iters: u64) ->
     })
 }
 
+/// The peer a user would write instead: a rayon parallel map and reduce over `workers`
+/// tasks per iteration (one task per worker, as each worker's compute is one unit of
+/// work), on a pool of one thread per core.
+fn rayon_round(pool: &rayon::ThreadPool, workers: usize, iters: u64) -> Duration {
+    use rayon::prelude::*;
+    let states: Vec<u64> = (0..workers as u64).collect();
+    pool.install(|| {
+        let mut value = 0u64;
+        let start = Instant::now();
+        for _ in 0..iters {
+            let last = value;
+            value = states
+                .par_iter()
+                .with_max_len(1)
+                .map(|s| last + s)
+                .sum::<u64>()
+                % 1_000_003;
+        }
+        std::hint::black_box(value);
+        start.elapsed()
+    })
+}
+
 fn in_memory(c: &mut Criterion) {
     let one_thread = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -110,6 +116,9 @@ fn in_memory(c: &mut Criterion) {
         .worker_threads(2)
         .build()
         .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("a rayon pool");
     let mut group = c.benchmark_group("iteration/memory");
     group
         .sample_size(20)
@@ -129,6 +138,9 @@ fn in_memory(c: &mut Criterion) {
             &workers,
             |b, &n| b.iter_custom(|iters| tokio_round(&multi_thread, n, iters)),
         );
+        group.bench_with_input(BenchmarkId::new("rayon", workers), &workers, |b, &n| {
+            b.iter_custom(|iters| rayon_round(&pool, n, iters))
+        });
     }
     group.finish();
 }

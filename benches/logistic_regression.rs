@@ -1,4 +1,5 @@
-//! The logistic regression job's time per iteration against its sequential implementation,
+//! The logistic regression job's time per iteration against its sequential implementation
+//! and against the same descent written with rayon (on as many threads as workers),
 //! measured in the same run.
 //!
 //! ```text
@@ -38,6 +39,15 @@ fn sequential(data: &lr::Dataset, iters: u64) -> Duration {
     start.elapsed()
 }
 
+/// The peer: the same descent with rayon on a pool of `threads` threads.
+fn rayon(pool: &rayon::ThreadPool, data: &lr::Dataset, iters: u64) -> Duration {
+    pool.install(|| {
+        let start = Instant::now();
+        std::hint::black_box(lr::rayon(data, iters, RATE));
+        start.elapsed()
+    })
+}
+
 fn logistic_regression(c: &mut Criterion) {
     let data = Arc::new(lr::Dataset::generate(ROWS, FEATURES, 42));
     let mut group = c.benchmark_group("logistic_regression_iteration");
@@ -48,9 +58,20 @@ fn logistic_regression(c: &mut Criterion) {
     group.bench_function("sequential", |b| {
         b.iter_custom(|iters| sequential(&data, iters))
     });
-    for workers in [1usize, 2] {
+    // Every worker count the machine has cores for, beside rayon on as many threads.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut counts = vec![1usize, 2, 4, 8, 16];
+    counts.retain(|&n| n <= cores.max(2));
+    for workers in counts {
         group.bench_with_input(BenchmarkId::new("superstep", workers), &workers, |b, &n| {
             b.iter_custom(|iters| superstep(&data, n, iters))
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .build()
+            .expect("a rayon pool");
+        group.bench_with_input(BenchmarkId::new("rayon", workers), &workers, |b, _| {
+            b.iter_custom(|iters| rayon(&pool, &data, iters))
         });
     }
     group.finish();

@@ -241,6 +241,38 @@ pub fn sequential(data: &Dataset, iterations: u64, rate: f64) -> Model {
     model
 }
 
+/// The same descent written with rayon, as a user would without this library: each
+/// iteration a parallel fold of the rows' gradients and a reduce, on the rayon pool this is
+/// called in.
+pub fn rayon(data: &Dataset, iterations: u64, rate: f64) -> Model {
+    use rayon::prelude::*;
+    let zero = || Gradient {
+        grad: vec![0.0; data.features],
+        loss: 0.0,
+        rows: 0,
+    };
+    let mut model = Model {
+        weights: vec![0.0; data.features],
+        loss: f64::NAN,
+    };
+    for _ in 0..iterations {
+        let weights = &model.weights;
+        let total = (0..data.rows)
+            .into_par_iter()
+            .with_min_len(4096)
+            .fold(zero, |mut acc, i| {
+                accumulate(data, i..i + 1, weights, &mut acc);
+                acc
+            })
+            .reduce(zero, |mut a, b| {
+                a.add_from(&b);
+                a
+            });
+        model = step(&model.weights, &total, rate);
+    }
+    model
+}
+
 /// The largest absolute difference between two weight vectors.
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "weight vectors differ in length");

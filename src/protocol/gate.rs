@@ -470,8 +470,9 @@ impl<W> Gate<W> {
         self.stage = Stage::Idle;
         let reported = self.round.reported();
         let left_out = self.round.left_out();
-        let mut results = Vec::new();
-        for (rank, report) in self.round.close() {
+        let closed = self.round.close();
+        let mut results = Vec::with_capacity(closed.len());
+        for (rank, report) in closed {
             self.tally.count(rank, &report);
             results.push(report.result);
         }

@@ -477,7 +477,10 @@ impl<M, W> MasterNode<M, W> {
                 }
                 return;
             }
-            ToMaster::Result(ref report) if report.attempt == self.attempt() => {
+            // (Only barrier mode makes sync calls.)
+            ToMaster::Result(ref report)
+                if report.attempt == self.attempt() && self.settings.config.barrier_mode =>
+            {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration);
                 self.apply(now, step, reach);

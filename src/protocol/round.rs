@@ -170,12 +170,16 @@ impl<T> Round<T> {
 
     /// The ranks that delivered a result in this round, in rank order.
     pub fn reported(&self) -> Vec<Rank> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::Held(_) | Slot::Taken))
-            .map(|(r, _)| r)
-            .collect()
+        // Sized once: no reallocation as it fills, whatever the worker count.
+        let mut reported = Vec::with_capacity(self.filled);
+        reported.extend(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s, Slot::Held(_) | Slot::Taken))
+                .map(|(r, _)| r),
+        );
+        reported
     }
 
     /// The ranks left out of this round, in rank order.
@@ -231,18 +235,18 @@ impl<T> Round<T> {
 
     /// Closes the round and takes what arrived and was not taken yet, in rank order.
     pub fn close(&mut self) -> Vec<(Rank, T)> {
+        let mut held = Vec::with_capacity(self.held);
         self.open = false;
         self.filled = 0;
         self.out = 0;
         self.held = 0;
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(r, s)| match std::mem::replace(s, Slot::Empty) {
+        held.extend(self.slots.iter_mut().enumerate().filter_map(
+            |(r, s)| match std::mem::replace(s, Slot::Empty) {
                 Slot::Held(t) => Some((r, t)),
                 Slot::Empty | Slot::Taken | Slot::Out => None,
-            })
-            .collect()
+            },
+        ));
+        held
     }
 
     /// What was dropped so far, over every iteration.

@@ -10,7 +10,7 @@ use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
 use super::coordination::{self, Coordination, CoordinatorSlot};
-use super::local::{LocalParts, LocalWorkers};
+use super::local::{HostedMasterLink, LocalParts, LocalWorkers};
 use super::master::MasterTask;
 use super::node::{Arrived, NodeActor, NodeParts};
 use super::pool::{guarded, ComputePool, PoolExits};
@@ -72,6 +72,17 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         workers: config.workers,
         fingerprint: fingerprint::<M, W>(&config, input.as_ref(), combine.is_some()),
     })?;
+    // A transport that runs the whole job here leaves the connecting to the runtime: the
+    // node actor hosts every worker and steps it directly.
+    let in_process = transport.in_process();
+    if in_process.is_some() && !(topology.master && topology.workers.len() == config.workers) {
+        return Err(JobError::Transport {
+            message: format!(
+                "a transport that runs the job in one process must run the master and all {} workers here, not {topology:?}",
+                config.workers
+            ),
+        });
+    }
     let started = Instant::now();
     let pool = Arc::new(ComputePool::new(
         config.compute_threads(),
@@ -121,23 +132,29 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         let inbox = node_ctx.address();
         let fail_ends_job = config.failure_policy == FailurePolicy::Fail;
         let heard = job.end.clone();
-        let link = transport.bind_master(
-            attempt,
-            Box::new(move |env| {
-                // Under `Fail` a worker's failure ends the job: this process hears of it
-                // here, on the transport's thread, even while user code holds the job's.
-                if let (true, ToMaster::Failed { error, attempt: a }) = (fail_ends_job, &env.msg) {
-                    // (Of this attempt only: one of a master left behind is stale.)
-                    if *a == attempt {
-                        heard.end(&error.clone().attributed_to(env.from));
+        let link: Box<dyn crate::transport::MasterLink<M>> = if in_process.is_some() {
+            Box::new(HostedMasterLink)
+        } else {
+            transport.bind_master(
+                attempt,
+                Box::new(move |env| {
+                    // Under `Fail` a worker's failure ends the job: this process hears of it
+                    // here, on the transport's thread, even while user code holds the job's.
+                    if let (true, ToMaster::Failed { error, attempt: a }) =
+                        (fail_ends_job, &env.msg)
+                    {
+                        // (Of this attempt only: one of a master left behind is stale.)
+                        if *a == attempt {
+                            heard.end(&error.clone().attributed_to(env.from));
+                        }
                     }
-                }
-                inbox.do_send(Arrived {
-                    env,
-                    at: Instant::now(),
-                })
-            }),
-        )?;
+                    inbox.do_send(Arrived {
+                        env,
+                        at: Instant::now(),
+                    })
+                }),
+            )?
+        };
         // Before any worker of this process starts, and before any iteration anywhere.
         if let Some(coordinator) = coordinator.take() {
             let info = JobInfo::new(config.job_id.clone(), config.workers, attempt);
@@ -159,6 +176,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         ended: ended_tx,
         shards,
         end: job.end.clone(),
+        host: in_process.map(|_| node_ctx.address()),
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
@@ -169,16 +187,20 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let _transport = if let Some((link, checkpoint, resumed)) = bound {
         let link = Arc::new(std::sync::Mutex::new(link));
         let abort_link = Arc::clone(&link);
-        let _ = job.abort.set(Box::new(move |error: &JobError| {
-            let link = abort_link.lock().unwrap_or_else(|e| e.into_inner());
-            let msg = ToWorker::Abort {
-                attempt,
-                error: error.clone(),
-            };
-            if let Err(e) = link.broadcast(msg) {
-                tracing::warn!(error = %e, "could not tell the workers the job failed");
-            }
-        }));
+        // (Hosted workers share the job's thread, held by the code the watchdog gives up
+        // on: what reaches them is the process's `JobEnd`, set already.)
+        let _ = in_process.is_none().then(|| {
+            job.abort.set(Box::new(move |error: &JobError| {
+                let link = abort_link.lock().unwrap_or_else(|e| e.into_inner());
+                let msg = ToWorker::Abort {
+                    attempt,
+                    error: error.clone(),
+                };
+                if let Err(e) = link.broadcast(msg) {
+                    tracing::warn!(error = %e, "could not tell the workers the job failed");
+                }
+            }))
+        });
         let (task, node) = master_process(
             MasterParts {
                 master,
@@ -212,6 +234,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             outcome: outcome_tx,
             tick: tick(&config),
             end: job.end.clone(),
+            wire_check: in_process.is_some_and(|p| p.wire_check),
         }));
         None
     } else {

@@ -1,31 +1,65 @@
 //! The workers of this process: started when the job starts, and started again when a
 //! failure policy replaces one of them or restarts them all.
+//!
+//! A worker is reached through the transport, in an actor of its own ([`WorkerActor`]), or
+//! — when the transport runs the whole job in this process ([`Transport::in_process`]) —
+//! hosted by the master's node actor, which steps its driver directly ([`Hosted`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::{Addr, AsyncContext, Context};
 
+use super::node::{Arrived, NodeActor};
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
-use super::worker::{EndingReport, WorkerActor, WorkerTask};
+use super::worker::{EndingReport, WorkerActor, WorkerDriver, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::{JobEnd, Payload};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
-use crate::protocol::{Attempt, FailurePolicy, Rank, ToWorker};
-use crate::transport::{Transport, WorkerLink};
+use crate::protocol::{Attempt, Envelope, FailurePolicy, Rank, ToMaster, ToWorker};
+use crate::transport::{Transport, TransportError, WorkerLink};
 
-/// Everything it takes to start a worker of this process, and the actor of each rank
+/// Everything it takes to start a worker of this process, and the worker of each rank
 /// running here.
 pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
     parts: LocalParts<M, W>,
-    /// By rank; `None` for a rank that runs in another process.
-    actors: Vec<Option<Running<M, W>>>,
+    /// By rank.
+    slots: Vec<Slot<M, W>>,
+    /// Hosted workers replaced while their code was away or their stop under way: they run
+    /// to their end, their messages no longer reaching the master's node.
+    retired: Vec<Hosted<M, W>>,
+    /// Hosted workers made but not started yet: the node actor starts them.
+    fresh: Vec<Rank>,
+    /// Which connection of each rank is the current one (hosted workers): a link of an
+    /// earlier one is closed.
+    generations: Arc<[AtomicU64]>,
 }
 
-/// A worker actor running here, and its attempt.
-type Running<M, W> = (Addr<WorkerActor<M, W>>, Attempt);
+/// The worker of a rank, as this process runs it.
+enum Slot<M: Payload, W: Payload> {
+    /// The rank runs in another process.
+    Elsewhere,
+    /// In an actor of its own, in this attempt.
+    Actor(Addr<WorkerActor<M, W>>, Attempt),
+    /// Stepped by the master's node actor; `None` once it stopped.
+    Hosted(Option<Box<Hosted<M, W>>>),
+}
+
+/// A hosted worker replaced, and the message that tells it to stop.
+pub(crate) type ToRetire<M, W> = (Box<Hosted<M, W>>, ToWorker<M>);
+
+/// A worker stepped by the master's node actor: its driver, and which connection of its
+/// rank it is.
+pub(crate) struct Hosted<M: Payload, W: Payload> {
+    pub(crate) driver: WorkerDriver<M, W>,
+    pub(crate) rank: Rank,
+    pub(crate) generation: u64,
+    pub(crate) attempt: Attempt,
+}
 
 /// What it takes to start a worker of this process.
 pub(crate) struct LocalParts<M: Payload, W: Payload> {
@@ -42,12 +76,20 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) shards: Option<Arc<Vec<Shard>>>,
     /// The job's failure as this process hears of it.
     pub(crate) end: JobEnd,
+    /// The master's node actor, when it hosts this process's workers.
+    pub(crate) host: Option<Addr<NodeActor<M, W>>>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     pub(crate) fn new(parts: LocalParts<M, W>) -> Self {
-        let actors = (0..parts.config.workers).map(|_| None).collect();
-        LocalWorkers { parts, actors }
+        let n = parts.config.workers;
+        LocalWorkers {
+            slots: (0..n).map(|_| Slot::Elsewhere).collect(),
+            retired: Vec::new(),
+            fresh: Vec::new(),
+            generations: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            parts,
+        }
     }
 
     /// Lets go of everything but the transport, which the workers' links need as long as
@@ -59,64 +101,157 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
 
     /// Whether the worker of `rank` runs in this process.
     pub(crate) fn is_local(&self, rank: Rank) -> bool {
-        self.actors.get(rank).is_some_and(Option::is_some)
+        !matches!(self.slots.get(rank), None | Some(Slot::Elsewhere))
+    }
+
+    /// The job's worker count.
+    pub(crate) fn ranks(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the master's node actor steps the worker of `rank` directly.
+    pub(crate) fn is_hosted(&self, rank: Rank) -> bool {
+        matches!(self.slots.get(rank), Some(Slot::Hosted(_)))
+    }
+
+    /// Whether the master's node actor steps every worker of the job directly.
+    pub(crate) fn hosts_all(&self) -> bool {
+        self.parts.host.is_some()
+    }
+
+    /// The hosted worker of `rank` that is the rank's current one, if it runs.
+    pub(crate) fn hosted(&mut self, rank: Rank) -> Option<&mut Hosted<M, W>> {
+        match self.slots.get_mut(rank) {
+            Some(Slot::Hosted(Some(hosted))) => Some(hosted),
+            _ => None,
+        }
+    }
+
+    /// The hosted worker of `rank` of connection `generation`: the rank's current one or
+    /// one retired, if it still runs.
+    pub(crate) fn hosted_of(&mut self, rank: Rank, generation: u64) -> Option<&mut Hosted<M, W>> {
+        if let Some(Slot::Hosted(Some(h))) = self.slots.get(rank) {
+            if h.generation == generation {
+                return self.hosted(rank);
+            }
+        }
+        self.retired
+            .iter_mut()
+            .find(|h| h.rank == rank && h.generation == generation)
+    }
+
+    /// The hosted worker of `rank` of connection `generation` stopped: it is let go.
+    pub(crate) fn hosted_stopped(&mut self, rank: Rank, generation: u64) {
+        if let Some(Slot::Hosted(slot)) = self.slots.get_mut(rank) {
+            if slot.as_ref().is_some_and(|h| h.generation == generation) {
+                *slot = None;
+                return;
+            }
+        }
+        self.retired
+            .retain(|h| !(h.rank == rank && h.generation == generation));
+    }
+
+    /// Whether a message of the hosted worker of `rank`, of connection `generation`, may
+    /// still reach the master's node: no replacement took its rank.
+    pub(crate) fn is_current(&self, rank: Rank, generation: u64) -> bool {
+        self.generations[rank].load(Ordering::Acquire) == generation
+    }
+
+    /// The hosted workers made and not started yet, by rank (taken: the caller starts
+    /// them).
+    pub(crate) fn take_fresh(&mut self) -> Vec<Rank> {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// Keeps a hosted worker that was replaced and has not stopped yet: it runs to its
+    /// end.
+    pub(crate) fn retire_hosted(&mut self, hosted: Box<Hosted<M, W>>) {
+        self.retired.push(*hosted);
     }
 
     /// Starts the worker of `rank` in `attempt`, for the first time.
     pub(crate) fn start(&mut self, rank: Rank, attempt: Attempt) -> Result<(), JobError> {
         let started = self.spawn(rank, attempt, false)?;
-        self.actors[rank] = Some(started);
+        self.slots[rank] = started;
         Ok(())
     }
 
     /// Replaces the worker of `rank` by a new one in `attempt`: the new one's link closes
-    /// the old one's, and the old one, if it still runs, is told to stop with `cause`.
+    /// the old one's, and the old one, if it still runs, is told to stop with `cause` —
+    /// an actor at once, a hosted worker by the caller (returned with the message for it).
     pub(crate) fn replace(
         &mut self,
         rank: Rank,
         attempt: Attempt,
         cause: &JobError,
-    ) -> Result<(), JobError> {
+    ) -> (Result<(), JobError>, Option<ToRetire<M, W>>) {
         let spawned = self.spawn(rank, attempt, true);
         // Told to stop also when its replacement could not be made: the job fails then.
-        self.retire(rank, cause);
-        let new = spawned.map_err(|e| JobError::Runtime {
-            message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
-        })?;
-        self.actors[rank] = Some(new);
-        Ok(())
+        let old = self.retire(rank, cause);
+        let replaced = match spawned {
+            Ok(new) => {
+                self.slots[rank] = new;
+                Ok(())
+            }
+            Err(e) => Err(JobError::Runtime {
+                message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
+            }),
+        };
+        (replaced, old)
     }
 
     /// Replaces every worker of this process by a new one in `attempt`. If one cannot be
-    /// made, every worker not yet replaced is still told to stop.
+    /// made, every worker not yet replaced is still told to stop. Hosted workers to tell
+    /// are returned, with the message for each.
     pub(crate) fn replace_all(
         &mut self,
         attempt: Attempt,
         cause: &JobError,
-    ) -> Result<(), JobError> {
-        let ranks: Vec<Rank> = (0..self.actors.len())
+    ) -> (Result<(), JobError>, Vec<ToRetire<M, W>>) {
+        let ranks: Vec<Rank> = (0..self.slots.len())
             .filter(|&r| self.is_local(r))
             .collect();
         let mut first = Ok(());
+        let mut told = Vec::new();
         for rank in ranks {
-            if first.is_ok() {
-                first = self.replace(rank, attempt, cause);
+            let old = if first.is_ok() {
+                let (replaced, old) = self.replace(rank, attempt, cause);
+                first = replaced;
+                old
             } else {
-                self.retire(rank, cause);
-            }
+                self.retire(rank, cause)
+            };
+            told.extend(old);
         }
-        first
+        (first, told)
     }
 
     /// Tells the worker of `rank`, if it still runs, to stop with `cause`. A worker that
     /// failed is stopping already and drops this; one of an attempt that ended stops with
-    /// the failure that ended it.
-    fn retire(&mut self, rank: Rank, cause: &JobError) {
-        if let Some((old, attempt)) = self.actors.get_mut(rank).and_then(Option::take) {
-            old.do_send(ToWorker::Abort {
-                attempt,
-                error: cause.clone(),
-            });
+    /// the failure that ended it. A hosted one is returned with the message, for the
+    /// caller to step.
+    fn retire(&mut self, rank: Rank, cause: &JobError) -> Option<ToRetire<M, W>> {
+        let slot = self.slots.get_mut(rank)?;
+        match std::mem::replace(slot, Slot::Elsewhere) {
+            Slot::Actor(old, attempt) => {
+                old.do_send(ToWorker::Abort {
+                    attempt,
+                    error: cause.clone(),
+                });
+                None
+            }
+            Slot::Hosted(old) => {
+                *slot = Slot::Hosted(None);
+                old.map(|old| {
+                    let msg = ToWorker::Abort {
+                        attempt: old.attempt,
+                        error: cause.clone(),
+                    };
+                    (old, msg)
+                })
+            }
+            Slot::Elsewhere => None,
         }
     }
 
@@ -128,7 +263,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         rank: Rank,
         attempt: Attempt,
         replace: bool,
-    ) -> Result<Running<M, W>, JobError> {
+    ) -> Result<Slot<M, W>, JobError> {
         let parts = &mut self.parts;
         let (factory, hooks) = (&parts.factory, &parts.hooks);
         let (computable, hooks) = guarded(|| {
@@ -143,21 +278,35 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         })?;
         let config = &parts.config;
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
-        let addr = worker_ctx.address();
-        let inbox = {
-            let addr = addr.clone();
-            let end = parts.end.clone();
-            Box::new(move |msg: ToWorker<M>| {
-                // Here, on the transport's thread, even while user code holds the job's.
-                super::worker::hear_abort(&end, rank, &msg);
-                addr.do_send(msg)
-            })
+        let (link, generation): (Arc<dyn WorkerLink<W>>, u64) = match &parts.host {
+            Some(node) => {
+                // A new connection of the rank: the old one's link is closed from now on.
+                let generation = self.generations[rank].fetch_add(1, Ordering::AcqRel) + 1;
+                let link = HostedLink {
+                    rank,
+                    generation,
+                    generations: Arc::clone(&self.generations),
+                    node: node.clone(),
+                    wire_check: parts.transport.in_process().is_some_and(|p| p.wire_check),
+                };
+                (Arc::new(link), generation)
+            }
+            None => {
+                let addr = worker_ctx.address();
+                let end = parts.end.clone();
+                let inbox = Box::new(move |msg: ToWorker<M>| {
+                    // Here, on the transport's thread, even while user code holds the job's.
+                    super::worker::hear_abort(&end, rank, &msg);
+                    addr.do_send(msg)
+                });
+                let link = if replace {
+                    parts.transport.reconnect_worker(rank, inbox)?
+                } else {
+                    parts.transport.connect_worker(rank, inbox)?
+                };
+                (Arc::from(link), 0)
+            }
         };
-        let link: Arc<dyn WorkerLink<W>> = Arc::from(if replace {
-            parts.transport.reconnect_worker(rank, inbox)?
-        } else {
-            parts.transport.connect_worker(rank, inbox)?
-        });
         let mut ctx = super::worker_context(
             config,
             &parts.job_id,
@@ -195,10 +344,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 Executor::Pool(Arc::clone(&parts.pool)),
             )
         };
-        worker_ctx.run(WorkerActor::new(
+        let driver = WorkerDriver::new(
             WorkerTask::new(computable, hooks, ctx, attempt)
                 .failure_ends_job(config.failure_policy == FailurePolicy::Fail),
-            link,
             sync_answers,
             executor,
             Placer::new(placement, config.inline_threshold),
@@ -210,7 +358,62 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 end: parts.end.clone(),
                 own_failure_ends_job: config.failure_policy == FailurePolicy::Fail,
             },
-        ));
-        Ok((addr, attempt))
+        );
+        if parts.host.is_some() {
+            self.fresh.push(rank);
+            return Ok(Slot::Hosted(Some(Box::new(Hosted {
+                driver,
+                rank,
+                generation,
+                attempt,
+            }))));
+        }
+        let addr = worker_ctx.address();
+        worker_ctx.run(WorkerActor::new(driver, link));
+        Ok(Slot::Actor(addr, attempt))
+    }
+}
+
+/// The node's link when it hosts every worker: it reaches each directly, never through a
+/// link, so nothing is sent here; every rank is reachable.
+pub(crate) struct HostedMasterLink;
+
+impl<M: Payload> crate::transport::MasterLink<M> for HostedMasterLink {
+    fn send(&self, to: Rank, _: ToWorker<M>) -> Result<(), TransportError> {
+        Err(TransportError::NotConnected { rank: to })
+    }
+
+    fn broadcast(&self, _: ToWorker<M>) -> Result<(), TransportError> {
+        Err(TransportError::Unsupported(
+            "the node hosts every worker: it hands them a broadcast directly".into(),
+        ))
+    }
+}
+
+/// A hosted worker's link to the master's node, for what its compute thread sends itself
+/// (sync calls, in barrier mode): a message to the node actor. Closed once a replacement
+/// took the rank.
+struct HostedLink<M: Payload, W: Payload> {
+    rank: Rank,
+    generation: u64,
+    generations: Arc<[AtomicU64]>,
+    node: Addr<NodeActor<M, W>>,
+    wire_check: bool,
+}
+
+impl<M: Payload, W: Payload> WorkerLink<W> for HostedLink<M, W> {
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        if self.generations[self.rank].load(Ordering::Acquire) != self.generation {
+            return Err(TransportError::Replaced { rank: self.rank });
+        }
+        let rank = self.rank;
+        let msg = crate::transport::wire_checked(self.wire_check, msg, || {
+            format!("worker {rank} → master")
+        })?;
+        self.node.do_send(Arrived {
+            env: Envelope { from: rank, msg },
+            at: Instant::now(),
+        });
+        Ok(())
     }
 }

@@ -12,20 +12,21 @@ use actix::{
 use tokio::sync::oneshot;
 
 use super::coordination::CoordinatorSlot;
-use super::local::LocalWorkers;
+use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
+use super::worker::{hear_abort, Homeward, Host, Timer, WorkDone as WorkerDone, WorkerDriver};
 use super::Cancel;
 use crate::compute::{JobEnd, Payload};
 use crate::config::JobConfig;
-use crate::error::{Cause, JobError};
+use crate::error::{Cause, JobError, Waiting};
 use crate::events::Events;
 use crate::protocol::{
     Action, Envelope, MasterDone, MasterNode, MasterWork, Rank, Reach, ToMaster, ToWorker,
 };
 use crate::report::JobOutcome;
-use crate::transport::{MasterLink, TransportError};
+use crate::transport::{wire_checked, MasterLink, TransportError};
 
 /// A worker's message, stamped with when the transport handed it over: its deadline is
 /// judged by that instant, not by when the node got to it (inline compute may have held
@@ -90,6 +91,9 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) tick: Duration,
     /// The job's failure as this process hears of it.
     pub(crate) end: JobEnd,
+    /// Whether what the node hands its hosted workers, and what they send it, goes
+    /// through the wire encoding first (the in-memory transport's wire check).
+    pub(crate) wire_check: bool,
 }
 
 /// Whether an action was carried out, or waits for the coordinator's actor.
@@ -117,6 +121,107 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
     tick: Duration,
     end: JobEnd,
+    /// What the workers this actor hosts sent the node, in the order they sent it: taken
+    /// by the node as one batch, stamped with one clock read, in a buffer reused every
+    /// round.
+    inbox: Vec<Envelope<ToMaster<W>>>,
+    /// Whether a batch is due ([`Gathered`] is queued).
+    gathering: bool,
+    /// While a broadcast is handed to the hosted workers: when the last unit of work run
+    /// inline ended — the next one's start, so that a round reads the clock once per
+    /// worker.
+    clock: Option<Instant>,
+    /// Whether a broadcast is being handed to the hosted workers (`clock` runs on).
+    chaining: bool,
+    wire_check: bool,
+}
+
+/// The hosted workers' messages wait in the inbox: the node takes them as one batch.
+struct Gathered;
+
+impl Message for Gathered {
+    type Result = ();
+}
+
+/// A hosted worker's unit of work came back from the pool.
+struct HostedHome<M, W> {
+    rank: Rank,
+    generation: u64,
+    done: WorkerDone<M, W>,
+}
+
+impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
+    type Result = ();
+}
+
+/// The node actor as the host of one of its workers.
+struct NodeHost<'a, M: Payload, W: Payload> {
+    rank: Rank,
+    generation: u64,
+    /// Whether no replacement took the rank: a replaced worker's messages no longer reach
+    /// the node.
+    current: bool,
+    inbox: &'a mut Vec<Envelope<ToMaster<W>>>,
+    wire_check: bool,
+    ctx: &'a mut Context<NodeActor<M, W>>,
+    stopped: bool,
+    clock: &'a mut Option<Instant>,
+    /// Whether the node actor entered the watch for the whole broadcast.
+    watching: bool,
+}
+
+impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
+    fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let rank = self.rank;
+        if !self.current {
+            return Err(TransportError::Replaced { rank });
+        }
+        let msg = wire_checked(self.wire_check, msg, || format!("worker {rank} → master"))?;
+        self.inbox.push(Envelope { from: rank, msg });
+        Ok(())
+    }
+
+    fn homeward(&mut self) -> Homeward<M, W> {
+        let addr = self.ctx.address();
+        let (rank, generation) = (self.rank, self.generation);
+        Box::new(move |done| {
+            match addr.try_send(HostedHome {
+                rank,
+                generation,
+                done,
+            }) {
+                Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
+                // An unbounded mailbox is never full.
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn arm(&mut self, timer: Timer, after: Duration) {
+        let (rank, generation) = (self.rank, self.generation);
+        self.ctx.run_later(after, move |act, ctx| {
+            act.step(ctx, rank, generation, |driver, host| {
+                driver.handle_timer(timer, host)
+            });
+            act.settle(ctx);
+        });
+    }
+
+    fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    fn now(&mut self) -> Instant {
+        *self.clock.get_or_insert_with(Instant::now)
+    }
+
+    fn ran_until(&mut self, at: Instant) {
+        *self.clock = Some(at);
+    }
+
+    fn watching(&self) -> bool {
+        self.watching
+    }
 }
 
 impl<M: Payload, W: Payload> NodeActor<M, W> {
@@ -135,6 +240,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             outcome: Some(parts.outcome),
             tick: parts.tick,
             end: parts.end,
+            inbox: Vec::new(),
+            gathering: false,
+            clock: None,
+            chaining: false,
+            wire_check: parts.wire_check,
         }
     }
 
@@ -144,13 +254,134 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.node.poll_action() {
             if self.carry_out(ctx, action) == Carried::Waiting {
-                return;
+                break;
+            }
+        }
+        // What the hosted workers sent meanwhile is taken in a handler of its own: a round
+        // of inline code yields to the event loop (timers, other messages) before the next.
+        if !self.inbox.is_empty() && !self.gathering {
+            self.gathering = true;
+            ctx.notify(Gathered);
+        }
+    }
+
+    /// Hands the node what the hosted workers sent, as one batch, then drives on.
+    fn settle(&mut self, ctx: &mut Context<Self>) {
+        if !self.inbox.is_empty() {
+            // The buffer goes back with its capacity: no allocation per round.
+            let mut batch = std::mem::take(&mut self.inbox);
+            let now = Instant::now();
+            let reach = LinkReach(&self.link);
+            for env in batch.drain(..) {
+                self.node.handle_message(now, env, &reach);
+            }
+            self.inbox = batch;
+        }
+        self.drive(ctx);
+    }
+
+    /// Steps the hosted worker of `rank`, connection `generation`, if it still runs: `f`
+    /// hands it what happened. Returns whether it ran.
+    fn step(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rank: Rank,
+        generation: u64,
+        f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
+    ) -> bool {
+        let current = self.local.is_current(rank, generation);
+        let Some(hosted) = self.local.hosted_of(rank, generation) else {
+            return false;
+        };
+        let mut host = NodeHost {
+            rank,
+            generation,
+            current,
+            inbox: &mut self.inbox,
+            wire_check: self.wire_check,
+            ctx,
+            stopped: false,
+            clock: &mut self.clock,
+            watching: self.chaining,
+        };
+        f(&mut hosted.driver, &mut host);
+        if host.stopped {
+            self.local.hosted_stopped(rank, generation);
+        }
+        if !self.chaining {
+            self.clock = None;
+        }
+        true
+    }
+
+    /// Starts the hosted workers made since the last call.
+    fn start_fresh(&mut self, ctx: &mut Context<Self>) {
+        for rank in self.local.take_fresh() {
+            if let Some(generation) = self.local.hosted(rank).map(|h| h.generation) {
+                self.step(ctx, rank, generation, |driver, host| driver.start(host));
             }
         }
     }
 
+    /// Tells a replaced hosted worker to stop; it runs to its end.
+    fn retire(&mut self, ctx: &mut Context<Self>, old: Box<Hosted<M, W>>, msg: ToWorker<M>) {
+        let (rank, generation) = (old.rank, old.generation);
+        self.local.retire_hosted(old);
+        self.step(ctx, rank, generation, |driver, host| {
+            driver.handle_message(msg, host)
+        });
+    }
+
+    /// Hands `msg` to the hosted worker of `rank`.
+    fn deliver(&mut self, ctx: &mut Context<Self>, rank: Rank, msg: ToWorker<M>) {
+        let msg = match wire_checked(self.wire_check, msg, || format!("master → worker {rank}")) {
+            Ok(msg) => msg,
+            Err(e) => return self.failed(e.into()),
+        };
+        hear_abort(&self.end, rank, &msg);
+        let Some(generation) = self.local.hosted(rank).map(|h| h.generation) else {
+            return tracing::debug!(rank, %msg, "the worker stopped: dropped a message for it");
+        };
+        self.step(ctx, rank, generation, |driver, host| {
+            driver.handle_message(msg, host)
+        });
+    }
+
+    /// Hands `msg` to every hosted worker, in rank order: each runs what it asks for (an
+    /// iteration's inline compute, at once) and leaves what it sends in the inbox.
+    fn deliver_all(&mut self, ctx: &mut Context<Self>, msg: ToWorker<M>) {
+        // Checked once, as a broadcast is encoded once; clones share the master result:
+        // each is an `Arc` bump, never a copy of `M`.
+        let msg = match wire_checked(self.wire_check, msg, || "master → every worker".into()) {
+            Ok(msg) => msg,
+            Err(e) => return self.failed(e.into()),
+        };
+        // One clock read starts the run; the watch is entered once for it, each worker's
+        // inline code saying who runs: their deadline is the broadcast's, as the gate's is.
+        let start = Instant::now();
+        let during = match &msg {
+            ToWorker::Iterate { iteration, .. } => Waiting::Iteration(*iteration),
+            ToWorker::Finish { .. } | ToWorker::Abort { .. } => Waiting::Shutdown,
+            _ => Waiting::Registration,
+        };
+        self.watch.enter_at(Who::Worker(0), during, start);
+        self.clock = Some(start);
+        self.chaining = true;
+        for rank in 0..self.local.ranks() {
+            if let Some(generation) = self.local.hosted(rank).map(|h| h.generation) {
+                self.step(ctx, rank, generation, |driver, host| {
+                    driver.handle_message(msg.clone(), host)
+                });
+            }
+        }
+        self.chaining = false;
+        self.clock = None;
+        self.watch.exit();
+    }
+
     fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) -> Carried {
         match action {
+            Action::Send { to, msg } if self.local.is_hosted(to) => self.deliver(ctx, to, msg),
             Action::Send { to, msg } => self.send(to, msg),
             Action::Broadcast(msg) => {
                 if let ToWorker::Abort { error, .. } = &msg {
@@ -158,7 +389,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                     // a long one may stop early.
                     self.end.end(error);
                 }
-                self.broadcast(msg)
+                if self.local.hosts_all() {
+                    self.deliver_all(ctx, msg)
+                } else {
+                    self.broadcast(msg)
+                }
             }
             Action::RunMaster(work) => self.run_master(ctx, work),
             Action::ReplaceWorker {
@@ -166,12 +401,22 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 attempt,
                 cause,
             } => {
-                if let Err(failed) = self.local.replace(rank, attempt, &cause) {
+                let (replaced, old) = self.local.replace(rank, attempt, &cause);
+                self.start_fresh(ctx);
+                if let Some((old, msg)) = old {
+                    self.retire(ctx, old, msg);
+                }
+                if let Err(failed) = replaced {
                     self.failed(failed);
                 }
             }
             Action::ReplaceAll { attempt, cause } => {
-                if let Err(failed) = self.local.replace_all(attempt, &cause) {
+                let (replaced, old) = self.local.replace_all(attempt, &cause);
+                self.start_fresh(ctx);
+                for (old, msg) in old {
+                    self.retire(ctx, old, msg);
+                }
+                if let Err(failed) = replaced {
                     self.failed(failed);
                 }
             }
@@ -313,7 +558,51 @@ impl<M: Payload, W: Payload> Actor for NodeActor<M, W> {
         // Timeouts are checked on a coarse tick rather than one timer per wait: arming and
         // cancelling a timer each round would cost more than the round itself.
         ctx.run_interval(self.tick, |act, ctx| act.on_tick(ctx));
+        self.start_fresh(ctx);
         self.drive(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Gathered> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, _: Gathered, ctx: &mut Context<Self>) {
+        self.gathering = false;
+        self.settle(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<HostedHome<M, W>> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, home: HostedHome<M, W>, ctx: &mut Context<Self>) {
+        let HostedHome {
+            rank,
+            generation,
+            done,
+        } = home;
+        let mut done = Some(done);
+        self.step(ctx, rank, generation, |driver, host| {
+            if let Some(done) = done.take() {
+                driver.handle_done(done, host)
+            }
+        });
+        if let Some(WorkerDone { mut task, .. }) = done {
+            // The worker ended without it (the job failed, and gave up on this code after
+            // its grace): the code's interceptors still see the end, on the pool.
+            let error = self
+                .end
+                .first()
+                .map_or(JobError::Cancelled, |(e, _)| e.clone());
+            self.pool.spawn(move || {
+                drop(
+                    task.run(crate::protocol::Work::Stop(super::OwnedEnding::Failed(
+                        error,
+                    ))),
+                )
+            });
+        }
+        self.settle(ctx);
     }
 }
 

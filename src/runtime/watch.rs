@@ -48,6 +48,31 @@ impl Watch {
 
     /// Inline code of `who` starts, during `during`.
     pub(crate) fn enter(&self, who: Who, during: Waiting) {
+        self.enter_at(who, during, Instant::now());
+    }
+
+    /// Inline code of `who` starts at `at` (a clock read of the caller's), during `during`.
+    pub(crate) fn enter_at(&self, who: Who, during: Waiting, at: Instant) {
+        let (who, kind, iteration) = Self::code(who, during);
+        self.who.store(who, Ordering::Relaxed);
+        self.during.store(kind, Ordering::Relaxed);
+        self.iteration.store(iteration, Ordering::Relaxed);
+        let since = at.saturating_duration_since(self.origin).as_nanos();
+        let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
+        self.since.store(since + 1, Ordering::Release);
+    }
+
+    /// Inline code of `who` goes on from where the code before it left off, during
+    /// `during`: units run back to back, the watch entered once for them all at the first
+    /// one's start ([`enter_at`](Self::enter_at)), so that their deadline is the run's.
+    pub(crate) fn rename(&self, who: Who, during: Waiting) {
+        let (who, kind, iteration) = Self::code(who, during);
+        self.who.store(who, Ordering::Relaxed);
+        self.during.store(kind, Ordering::Relaxed);
+        self.iteration.store(iteration, Ordering::Relaxed);
+    }
+
+    fn code(who: Who, during: Waiting) -> (u64, u8, u64) {
         let who = match who {
             Who::Master => MASTER,
             Who::Worker(rank) => rank as u64,
@@ -57,10 +82,7 @@ impl Watch {
             Waiting::Iteration(i) => (1, i),
             Waiting::Shutdown => (2, 0),
         };
-        self.who.store(who, Ordering::Relaxed);
-        self.during.store(kind, Ordering::Relaxed);
-        self.iteration.store(iteration, Ordering::Relaxed);
-        self.since.store(self.nanos() + 1, Ordering::Release);
+        (who, kind, iteration)
     }
 
     /// The inline code returned.

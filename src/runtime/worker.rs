@@ -34,6 +34,9 @@ pub(crate) struct WorkerTask<M, W> {
     /// Set by the worker's actor while the work away belongs to a master it left behind
     /// (its failure then ends nothing).
     pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
+    /// When the unit of work under way started, then when its compute ended: one clock
+    /// read per iteration.
+    clock: Instant,
 }
 
 /// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
@@ -67,6 +70,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             entered: 0,
             failure_ends_job: false,
             stale: Arc::default(),
+            clock: Instant::now(),
         }
     }
 
@@ -99,6 +103,24 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     /// catches what is left (a user type's `Drop`, say) so that no panic reaches the pool
     /// or the actor.
     pub(crate) fn run(&mut self, work: Work<M>) -> Worked<W> {
+        self.run_at(work, Instant::now()).0
+    }
+
+    /// Runs one unit of work that started at `started` (a clock read of the caller's,
+    /// which units run back to back share): returns what it did and when it ended, from
+    /// one clock read.
+    pub(crate) fn run_at(&mut self, work: Work<M>, started: Instant) -> (Worked<W>, Instant) {
+        self.clock = started;
+        let worked = self.run_unclocked(work);
+        let ended = match worked {
+            // Its compute read the clock as it ended.
+            Worked::Iterated(Ok(_)) => self.clock,
+            _ => Instant::now(),
+        };
+        (worked, ended)
+    }
+
+    fn run_unclocked(&mut self, work: Work<M>) -> Worked<W> {
         let phase = match work {
             Work::Start => Phase::Init,
             Work::Iterate(..) => Phase::Compute,
@@ -161,7 +183,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         last: Option<Arc<M>>,
     ) -> Result<Report<W>, JobError> {
         let _span = tracing::debug_span!("worker", rank = self.ctx.rank, iteration).entered();
-        let started = Instant::now();
+        let started = self.clock;
         self.ctx.iteration = iteration;
         // `None` in iteration 1 — also when a restarted job starts over.
         self.ctx.last = last;
@@ -190,12 +212,13 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let result = self.ctx.result.take().expect("the result was set above");
+        self.clock = Instant::now();
         Ok(Report {
             attempt: self.attempt,
             iteration,
             result,
             halt_vote: self.ctx.halt_vote,
-            elapsed: started.elapsed(),
+            elapsed: self.clock.saturating_duration_since(started),
         })
     }
 
@@ -304,15 +327,66 @@ pub(crate) struct EndingReport<M> {
     pub(crate) own_failure_ends_job: bool,
 }
 
+/// A timer a worker's node armed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Timer {
+    /// [`WorkerNode::handle_grace_over`].
+    Grace,
+    /// [`WorkerNode::handle_stop_deadline`], after this long.
+    StopDeadline(Duration),
+    /// [`WorkerNode::handle_verdict_over`].
+    VerdictGrace,
+}
+
+/// A unit of a worker's code, back from the pool: handed to the worker's driver with
+/// [`WorkerDriver::handle_done`].
+pub(crate) struct WorkDone<M, W> {
+    pub(crate) task: Box<WorkerTask<M, W>>,
+    pub(crate) worked: Worked<W>,
+}
+
+/// How a unit of work done away gets home: called on the thread it ran on. It gives the
+/// work back when nobody takes it (the worker is gone).
+pub(crate) type Homeward<M, W> =
+    Box<dyn FnOnce(WorkDone<M, W>) -> Result<(), WorkDone<M, W>> + Send>;
+
+/// Where a worker's driver lives: its own actor (a worker reached through a transport), or
+/// the master's node actor (a worker of the node's own process, stepped directly).
+pub(crate) trait Host<M, W> {
+    /// Sends `msg` to the master's node.
+    fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError>;
+    /// Where a unit of work run on the pool comes back to.
+    fn homeward(&mut self) -> Homeward<M, W>;
+    /// Calls `timer` on this worker's driver after `after`.
+    fn arm(&mut self, timer: Timer, after: Duration);
+    /// The time now, for a unit of work that starts inline: a host that runs units back to
+    /// back hands on when the last one ended ([`ran_until`](Self::ran_until)) instead of
+    /// reading the clock again.
+    fn now(&mut self) -> Instant {
+        Instant::now()
+    }
+    /// A unit of work run inline ended at `at`.
+    fn ran_until(&mut self, at: Instant) {
+        let _ = at;
+    }
+    /// Whether the host entered the watch for a run of units back to back (they then only
+    /// say who runs): the default, no — each unit enters it.
+    fn watching(&self) -> bool {
+        false
+    }
+    /// The worker is done: nothing more reaches its driver.
+    fn stop(&mut self);
+}
+
 /// Drives one worker's node ([`WorkerNode`]): feeds it the master's messages and what the
 /// worker's code did, and carries out what it asks — running the code inline or on the
-/// pool (see [`Placer`]), sending, answering sync calls, arming its timers, reporting.
-pub(crate) struct WorkerActor<M: Payload, W: Payload> {
+/// pool (see [`Placer`]), sending, answering sync calls, arming its timers, reporting —
+/// through its [`Host`].
+pub(crate) struct WorkerDriver<M: Payload, W: Payload> {
     rank: Rank,
     node: WorkerNode<M, W>,
     /// `None` while the task is away on the pool.
     task: Option<Box<WorkerTask<M, W>>>,
-    link: Arc<dyn WorkerLink<W>>,
     /// In barrier mode: where answers to sync calls go, to the compute waiting for them.
     sync_answers: Option<SyncAnswers>,
     executor: Executor,
@@ -333,10 +407,9 @@ pub(crate) struct WorkerActor<M: Payload, W: Payload> {
     heard: Arc<std::sync::OnceLock<JobError>>,
 }
 
-impl<M: Payload, W: Payload> WorkerActor<M, W> {
+impl<M: Payload, W: Payload> WorkerDriver<M, W> {
     pub(crate) fn new(
         task: WorkerTask<M, W>,
-        link: Arc<dyn WorkerLink<W>>,
         sync_answers: Option<SyncAnswers>,
         executor: Executor,
         placer: Placer,
@@ -344,7 +417,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         ending: EndingReport<M>,
     ) -> Self {
         let barrier_mode = sync_answers.is_some();
-        WorkerActor {
+        WorkerDriver {
             rank: task.ctx.rank,
             node: WorkerNode::new(
                 task.ctx.rank,
@@ -361,14 +434,42 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             sync_answers,
             watch,
             task: Some(Box::new(task)),
-            link,
             executor,
             placer,
         }
     }
 
-    fn try_send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.link.send(msg))) {
+    /// Starts the worker: its start-up runs.
+    pub(crate) fn start(&mut self, host: &mut impl Host<M, W>) {
+        self.node.start();
+        self.drive(host);
+    }
+
+    /// A message from the master's node.
+    pub(crate) fn handle_message(&mut self, msg: ToWorker<M>, host: &mut impl Host<M, W>) {
+        self.node.handle_message(msg);
+        self.drive(host);
+    }
+
+    /// A unit of work came back from the pool.
+    pub(crate) fn handle_done(&mut self, done: WorkDone<M, W>, host: &mut impl Host<M, W>) {
+        self.task = Some(done.task);
+        self.worked(done.worked);
+        self.drive(host);
+    }
+
+    /// A timer the node armed went off.
+    pub(crate) fn handle_timer(&mut self, timer: Timer, host: &mut impl Host<M, W>) {
+        match timer {
+            Timer::Grace => self.node.handle_grace_over(),
+            Timer::StopDeadline(within) => self.node.handle_stop_deadline(within),
+            Timer::VerdictGrace => self.node.handle_verdict_over(),
+        }
+        self.drive(host);
+    }
+
+    fn try_send(host: &mut impl Host<M, W>, msg: ToMaster<W>) -> Result<(), TransportError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.send(msg))) {
             Ok(sent) => sent,
             Err(payload) => Err(TransportError::Io(format!(
                 "the transport panicked: {}",
@@ -377,8 +478,8 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
         }
     }
 
-    fn send(&self, msg: ToMaster<W>) {
-        match self.try_send(msg) {
+    fn send(&self, host: &mut impl Host<M, W>, msg: ToMaster<W>) {
+        match Self::try_send(host, msg) {
             Ok(()) => {}
             // A replacement took this worker's rank: its link is closed on purpose.
             Err(TransportError::Replaced { .. }) => {
@@ -395,14 +496,14 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     }
 
     /// Carries out every action the node queued, in order, feeding back what they did.
-    fn drive(&mut self, ctx: &mut Context<Self>) {
+    fn drive(&mut self, host: &mut impl Host<M, W>) {
         while let Some(action) = self.node.poll_action() {
             match action {
-                WorkerAction::Run(work) => self.run(ctx, work),
-                WorkerAction::Send(msg) => self.send(msg),
+                WorkerAction::Run(work) => self.run(host, work),
+                WorkerAction::Send(msg) => self.send(host, msg),
                 WorkerAction::SendResult(report) => {
                     let iteration = report.iteration;
-                    let sent = self.try_send(ToMaster::Result(report));
+                    let sent = Self::try_send(host, ToMaster::Result(report));
                     self.node.handle_sent(iteration, sent);
                 }
                 WorkerAction::SendDone => {
@@ -415,7 +516,7 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                             attachments: Vec::new(),
                         },
                     };
-                    self.send(done);
+                    self.send(host, done);
                 }
                 WorkerAction::Answer(epoch, result) => {
                     if let Some(answers) = &self.sync_answers {
@@ -440,38 +541,25 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
                 WorkerAction::MarkStale => {
                     self.stale.store(true, std::sync::atomic::Ordering::Release)
                 }
-                WorkerAction::ArmGrace => {
-                    ctx.run_later(self.grace, |act, ctx| {
-                        act.node.handle_grace_over();
-                        act.drive(ctx);
-                    });
-                }
+                WorkerAction::ArmGrace => host.arm(Timer::Grace, self.grace),
                 WorkerAction::ArmStopDeadline => {
                     let within = self.shutdown_timeout;
                     if Instant::now().checked_add(within).is_some() {
-                        ctx.run_later(within, move |act, ctx| {
-                            act.node.handle_stop_deadline(within);
-                            act.drive(ctx);
-                        });
+                        host.arm(Timer::StopDeadline(within), within);
                     }
                 }
-                WorkerAction::ArmVerdictGrace => {
-                    ctx.run_later(VERDICT_GRACE, |act, ctx| {
-                        act.node.handle_verdict_over();
-                        act.drive(ctx);
-                    });
-                }
+                WorkerAction::ArmVerdictGrace => host.arm(Timer::VerdictGrace, VERDICT_GRACE),
                 WorkerAction::Report(ending) => {
                     // Nobody listens only when the job is over already.
                     let _ = self.ended.send((self.rank, ending));
                 }
-                WorkerAction::Stop => ctx.stop(),
+                WorkerAction::Stop => host.stop(),
             }
         }
     }
 
     /// Runs one unit of the worker's code, inline or on the pool.
-    fn run(&mut self, ctx: &mut Context<Self>, work: Work<M>) {
+    fn run(&mut self, host: &mut impl Host<M, W>, work: Work<M>) {
         let Some(mut task) = self.task.take() else {
             // The node hands out work only while the code is here.
             tracing::error!(rank = self.rank, "work for a worker whose code is away");
@@ -484,22 +572,30 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
             Work::Stop(_) => (self.placer.inline_lifecycle(), Waiting::Shutdown),
         };
         if inline {
-            self.watch.enter(Who::Worker(self.rank), during);
-            let worked = task.run(work);
-            self.watch.exit();
+            let started = host.now();
+            let who = Who::Worker(self.rank);
+            let watching = host.watching();
+            if watching {
+                self.watch.rename(who, during);
+            } else {
+                self.watch.enter_at(who, during, started);
+            }
+            let (worked, ended) = task.run_at(work, started);
+            if !watching {
+                self.watch.exit();
+            }
+            host.ran_until(ended);
             self.task = Some(task);
             self.worked(worked);
         } else {
             // The pool thread owns the task until it sends it back with the outcome. If the
             // worker is gone by then (the job failed, and gave up on this code after its
             // grace), the code's interceptors still see the end, here.
-            let addr = ctx.address();
+            let home = host.homeward();
             let (heard, end) = (Arc::clone(&self.heard), self.end.clone());
             self.executor.spawn(move || {
                 let worked = task.run(work);
-                if let Err(actix::dev::SendError::Closed(WorkDone { mut task, .. })) =
-                    addr.try_send(WorkDone { task, worked })
-                {
+                if let Err(WorkDone { mut task, .. }) = home(WorkDone { task, worked }) {
                     let error = heard
                         .get()
                         .cloned()
@@ -522,12 +618,63 @@ impl<M: Payload, W: Payload> WorkerActor<M, W> {
     }
 }
 
+/// A worker reached through a transport (in a process without the master, or across a
+/// network from it): its driver in an actor of its own, its messages to the master on its
+/// link.
+pub(crate) struct WorkerActor<M: Payload, W: Payload> {
+    driver: WorkerDriver<M, W>,
+    link: Arc<dyn WorkerLink<W>>,
+}
+
+impl<M: Payload, W: Payload> WorkerActor<M, W> {
+    pub(crate) fn new(driver: WorkerDriver<M, W>, link: Arc<dyn WorkerLink<W>>) -> Self {
+        WorkerActor { driver, link }
+    }
+}
+
+/// The host of a worker in an actor of its own.
+struct ActorHost<'a, M: Payload, W: Payload> {
+    link: &'a Arc<dyn WorkerLink<W>>,
+    ctx: &'a mut Context<WorkerActor<M, W>>,
+}
+
+impl<M: Payload, W: Payload> Host<M, W> for ActorHost<'_, M, W> {
+    fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        self.link.send(msg)
+    }
+
+    fn homeward(&mut self) -> Homeward<M, W> {
+        let addr = self.ctx.address();
+        Box::new(move |done| match addr.try_send(Home(done)) {
+            Err(actix::dev::SendError::Closed(Home(done))) => Err(done),
+            // An unbounded mailbox is never full.
+            _ => Ok(()),
+        })
+    }
+
+    fn arm(&mut self, timer: Timer, after: Duration) {
+        self.ctx.run_later(after, move |act, ctx| {
+            act.driver.handle_timer(
+                timer,
+                &mut ActorHost {
+                    link: &act.link,
+                    ctx,
+                },
+            );
+        });
+    }
+
+    fn stop(&mut self) {
+        self.ctx.stop();
+    }
+}
+
 impl<M: Payload, W: Payload> Actor for WorkerActor<M, W> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.node.start();
-        self.drive(ctx);
+        let link = &self.link;
+        self.driver.start(&mut ActorHost { link, ctx });
     }
 }
 
@@ -539,27 +686,24 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
     type Result = ();
 
     fn handle(&mut self, msg: ToWorker<M>, ctx: &mut Context<Self>) {
-        self.node.handle_message(msg);
-        self.drive(ctx);
+        let link = &self.link;
+        self.driver
+            .handle_message(msg, &mut ActorHost { link, ctx });
     }
 }
 
 /// A unit of work came back from the pool.
-struct WorkDone<M, W> {
-    task: Box<WorkerTask<M, W>>,
-    worked: Worked<W>,
-}
+struct Home<M, W>(WorkDone<M, W>);
 
-impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
+impl<M: 'static, W: 'static> Message for Home<M, W> {
     type Result = ();
 }
 
-impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for WorkerActor<M, W> {
+impl<M: Payload, W: Payload> Handler<Home<M, W>> for WorkerActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, done: WorkDone<M, W>, ctx: &mut Context<Self>) {
-        self.task = Some(done.task);
-        self.worked(done.worked);
-        self.drive(ctx);
+    fn handle(&mut self, Home(done): Home<M, W>, ctx: &mut Context<Self>) {
+        let link = &self.link;
+        self.driver.handle_done(done, &mut ActorHost { link, ctx });
     }
 }

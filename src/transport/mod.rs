@@ -1,8 +1,9 @@
 //! How a message reaches a peer.
 //!
 //! The runtime talks to peers only through the three traits here, so a job runs unchanged
-//! over any implementation. [`MemoryTransport`] connects actors in one process with typed
-//! messages and no serialization.
+//! over any implementation. [`MemoryTransport`] runs the whole job in one process: the
+//! master's node steps its workers directly, with no message and no serialization
+//! ([`Transport::in_process`]).
 //!
 //! # Writing a transport
 //!
@@ -33,6 +34,52 @@ use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 pub use memory::MemoryTransport;
 pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
+
+/// A transport that runs every part of a job in this process ([`Transport::in_process`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InProcess {
+    /// Whether every message that carries a master or worker result goes through the wire
+    /// encoding first ([`MemoryTransport::wire_check`]).
+    pub wire_check: bool,
+}
+
+impl InProcess {
+    /// Every part of the job in this process, with the wire check on or off.
+    pub fn new(wire_check: bool) -> Self {
+        InProcess { wire_check }
+    }
+}
+
+/// `msg` as a peer across a wire would get it, if it carries a result and `wire_check` is
+/// on: encoded and decoded again.
+pub(crate) fn wire_checked<T: serde::Serialize + serde::de::DeserializeOwned + Carries>(
+    wire_check: bool,
+    msg: T,
+    direction: impl FnOnce() -> String,
+) -> Result<T, TransportError> {
+    if !(wire_check && msg.carries_result()) {
+        return Ok(msg);
+    }
+    Ok(crate::codec::through_wire(msg, direction)?)
+}
+
+/// A message that may carry a user's result.
+pub(crate) trait Carries {
+    fn carries_result(&self) -> bool;
+}
+
+impl<M> Carries for ToWorker<M> {
+    fn carries_result(&self) -> bool {
+        ToWorker::carries_result(self)
+    }
+}
+
+impl<W> Carries for ToMaster<W> {
+    fn carries_result(&self) -> bool {
+        ToMaster::carries_result(self)
+    }
+}
 
 /// Where a transport delivers incoming messages. Cheap to call from any thread; never
 /// blocks.
@@ -288,6 +335,17 @@ pub trait Transport<M, W>: Send + 'static {
     /// transport: its world size). A job whose worker count was not set takes it; one set
     /// to another count is refused with a [`ConfigError`](crate::ConfigError).
     fn world_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether this transport runs every part of the job in this process and leaves the
+    /// connecting to the runtime (`Some`): [`prepare`](Self::prepare) answers the master
+    /// and every rank, and the master's node then steps each worker directly — a broadcast
+    /// is handed to every worker's state machine in turn, and their results are taken as
+    /// one batch — with no message through the transport:
+    /// [`bind_master`](Self::bind_master), [`connect_worker`](Self::connect_worker) and
+    /// [`reconnect_worker`](Self::reconnect_worker) are not called. The default: `None`.
+    fn in_process(&self) -> Option<InProcess> {
         None
     }
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::admission::{log_every, Refusals, Unproven};
+use super::lane::{Lane, Writing};
 use super::wire::{self, Refusal, Wire, WireError};
 use super::{lock, Shared, TcpSettings};
 use crate::codec::Undecodable;
@@ -192,35 +193,38 @@ async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> std::io::Resu
     writer.write_all(frame).await
 }
 
-/// Writes queued frames, and a heartbeat whenever nothing else went out for a heartbeat
-/// interval. When the transport stops, writes what is still queued, then ends. Returns
-/// why a write failed, if one did.
+/// The writer of a connection's lane ([`Lane`]): lets senders write directly while it
+/// runs, writes the frames they queued, and sends a heartbeat whenever no queued frame
+/// went out for a heartbeat interval (frames written directly do not put it off: a
+/// heartbeat is a few bytes). When the transport stops, writes what is still queued, then
+/// ends; the write half is shut down when the last handle on it goes. Returns why a write
+/// failed, if one did.
 async fn write_loop(
-    mut writer: OwnedWriteHalf,
+    lane: Weak<Lane>,
+    writer: OwnedWriteHalf,
     queue: &mut mpsc::UnboundedReceiver<Bytes>,
     mut stop: watch::Receiver<bool>,
     heartbeat: Bytes,
     interval: Duration,
 ) -> Result<(), String> {
     let failed = |e: std::io::Error| format!("could not write to it: {e}");
+    let writing = Writing::start(lane, writer);
     loop {
         tokio::select! {
             frame = queue.recv() => match frame {
-                Some(frame) => write_frame(&mut writer, &frame).await.map_err(failed)?,
+                Some(frame) => writing.write_queued(&frame).await.map_err(failed)?,
                 None => break,
             },
-            _ = tokio::time::sleep(interval) => {
-                write_frame(&mut writer, &heartbeat).await.map_err(failed)?;
-            }
+            _ = tokio::time::sleep(interval) => writing.send(heartbeat.clone()),
             _ = stop.changed() => {
+                writing.stop();
                 while let Ok(frame) = queue.try_recv() {
-                    write_frame(&mut writer, &frame).await.map_err(failed)?;
+                    writing.write_queued(&frame).await.map_err(failed)?;
                 }
                 break;
             }
         }
     }
-    let _ = writer.shutdown().await;
     Ok(())
 }
 
@@ -286,6 +290,9 @@ impl Drop for Claim {
         lock(&self.peers).conns[self.rank] = None;
     }
 }
+
+/// An accepted worker's lane, and the queue its writer takes frames from.
+type Accepted = (Weak<Lane>, mpsc::UnboundedReceiver<Bytes>);
 
 /// How a connection's handshake ended, when no worker came of it.
 enum Turned {
@@ -460,7 +467,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             _ = stopped(&mut stop) => Err(Turned::Stopping),
         };
         lock(&self.unproven).leave(id);
-        let (claim, queue) = match shaken {
+        let (claim, (lane, queue)) = match shaken {
             Ok(accepted) => accepted,
             Err(turned) => return self.turn_away(turned, peer, writer).await,
         };
@@ -474,7 +481,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             async move {
                 let mut queue = queue;
                 // A failed write shows as a closed connection to the reader.
-                let _ = write_loop(writer, &mut queue, stop, heartbeat, interval).await;
+                let _ = write_loop(lane, writer, &mut queue, stop, heartbeat, interval).await;
             }
             .in_current_span(),
         );
@@ -570,7 +577,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<(Claim, mpsc::UnboundedReceiver<Bytes>), (Option<Rank>, Refusal)> {
+    ) -> Result<(Claim, Accepted), (Option<Rank>, Refusal)> {
         let s = &self.settings;
         let broken = |rank: Option<Rank>| move |reason: String| (rank, Refusal::Protocol(reason));
         let Wire::Hello {
@@ -638,16 +645,17 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 },
             ));
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (lane, rx) = Lane::new();
         let claim = {
             let mut peers = lock(&self.peers);
             if peers.holds(rank) {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
-            peers.conns[rank] = Some(tx.clone());
-            // The job ended already: the worker hears how, right after its welcome.
+            peers.conns[rank] = Some(Arc::clone(&lane));
+            // The job ended already: the worker hears how, right after its welcome (queued:
+            // nothing is written directly before the writer runs).
             if let Some(ending) = &peers.ending {
-                let _ = tx.send(ending.clone());
+                let _ = lane.send(ending.clone());
             }
             Claim {
                 peers: Arc::clone(&self.peers),
@@ -664,7 +672,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             .map_err(|e| broken(claimed)(e.to_string()))?;
         // Welcomed: the rank has connected (what the master's node waits for at start).
         lock(&self.peers).ever[rank] = true;
-        Ok((claim, rx))
+        Ok((claim, (Arc::downgrade(&lane), rx)))
     }
 
     /// Delivers a connected worker's messages. A message that does not decode as the job's
@@ -732,7 +740,7 @@ pub(super) struct Client<M, W> {
     /// The worker's queue of frames for the master, for a failure the connection itself
     /// finds (a message that does not decode). Weak: the queue ends when the worker's
     /// link is dropped, as it must for the writer to end.
-    pub(super) to_master: mpsc::WeakUnboundedSender<Bytes>,
+    pub(super) to_master: Weak<Lane>,
     pub(super) _types: PhantomData<fn() -> W>,
 }
 
@@ -778,10 +786,10 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 }
             };
             if lost.is_some() {
-                let mut dropped = 0;
-                while queue.try_recv().is_ok() {
-                    dropped += 1;
-                }
+                let dropped = self
+                    .to_master
+                    .upgrade()
+                    .map_or(0, |lane| lane.clear(&mut queue));
                 tracing::info!(
                     rank = s.rank,
                     attempt = joined_attempt,
@@ -967,6 +975,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
     ) -> SessionEnd {
         let s = &self.settings;
         let write = write_loop(
+            Weak::clone(&self.to_master),
             writer,
             queue,
             self.stop.clone(),

@@ -24,6 +24,7 @@
 mod admission;
 mod conn;
 mod env;
+mod lane;
 pub mod wire;
 
 use std::fmt;
@@ -34,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
@@ -45,6 +46,7 @@ use crate::compute::Payload;
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 pub use env::ClusterEnv;
+use lane::Lane;
 use wire::Wire;
 
 /// The settings of a [`TcpTransport`]; [`TcpSettings::new`] gives the defaults.
@@ -486,7 +488,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             Some(local) => local.to_string(),
             None => self.settings.master_addr.clone(),
         };
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (lane, rx) = Lane::new();
         let said_done = Arc::new(AtomicBool::new(false));
         let client = conn::Client::<M, W> {
             settings: Arc::clone(&self.settings),
@@ -496,13 +498,13 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             stop: io.stop.subscribe(),
             first_attempt: self.attempt.unwrap_or(conn::FIRST_ATTEMPT),
             fingerprint: Arc::clone(&self.fingerprint),
-            to_master: tx.downgrade(),
+            to_master: Arc::downgrade(&lane),
             _types: PhantomData,
         };
         let span = tracing::warn_span!("worker_link", job = %self.settings.job_id, rank);
         io.spawn(client.run(rx).instrument(span));
         Ok(Box::new(TcpWorkerLink::<W> {
-            tx,
+            lane,
             said_done,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
@@ -515,8 +517,8 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
 /// a worker either was connected when the end was sent, or hears it right after its
 /// welcome.
 struct Peers {
-    /// By rank: where to queue frames for the worker's connection.
-    conns: Vec<Option<mpsc::UnboundedSender<Bytes>>>,
+    /// By rank: the worker's connection's lane.
+    conns: Vec<Option<Arc<Lane>>>,
     /// By rank: whether it ever connected.
     ever: Vec<bool>,
     /// The job's last message (finish or abort), once broadcast.
@@ -605,7 +607,7 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
 }
 
 struct TcpWorkerLink<W> {
-    tx: mpsc::UnboundedSender<Bytes>,
+    lane: Arc<Lane>,
     /// Set once the worker queued its last message (`Done`): its connection is then not
     /// made again.
     said_done: Arc<AtomicBool>,
@@ -621,7 +623,7 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
         if done {
             self.said_done.store(true, Ordering::SeqCst);
         }
-        self.tx.send(frame).map_err(|_| TransportError::Closed)
+        self.lane.send(frame).map_err(|_| TransportError::Closed)
     }
 }
 

@@ -1,0 +1,157 @@
+//! A connection's way out: frames are written by the thread that sends them — the
+//! coordination thread, mostly — when nothing is queued ahead of them and the socket takes
+//! them whole, with no hand-off to the transport's I/O thread and no wake-up of it; the
+//! rest is queued for the I/O thread's writer, which writes it in order. The writer's own
+//! heartbeats go the same way, so no two writes ever interleave.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use bytes::Bytes;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
+
+/// The lane's queue is gone: its connection ended.
+#[derive(Debug)]
+pub(super) struct Closed;
+
+/// One connection's outgoing frames (see the [module docs](self)).
+pub(super) struct Lane {
+    inner: Mutex<Inner>,
+    queue: mpsc::UnboundedSender<Bytes>,
+}
+
+struct Inner {
+    /// The connection's write half, while its writer runs: frames may be written
+    /// directly.
+    writer: Option<Arc<OwnedWriteHalf>>,
+    /// Frames queued for the writer and not written yet: while there are any, a new frame
+    /// queues behind them.
+    queued: usize,
+}
+
+impl Lane {
+    /// A lane, and the queue its writer takes frames from.
+    pub(super) fn new() -> (Arc<Lane>, mpsc::UnboundedReceiver<Bytes>) {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let lane = Lane {
+            inner: Mutex::new(Inner {
+                writer: None,
+                queued: 0,
+            }),
+            queue,
+        };
+        (Arc::new(lane), rx)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `frame`: written at once if nothing is queued and the socket takes it, else
+    /// (what is left of it) queued for the writer.
+    pub(super) fn send(&self, frame: Bytes) -> Result<(), Closed> {
+        let mut inner = self.lock();
+        let mut rest = frame;
+        if inner.queued == 0 {
+            if let Some(writer) = &inner.writer {
+                match writer.try_write(&rest) {
+                    Ok(n) if n == rest.len() => return Ok(()),
+                    Ok(n) if n > 0 => rest = rest.slice(n..),
+                    // Would block, or failed: the writer waits for the socket, or finds
+                    // the failure.
+                    _ => {}
+                }
+            }
+        }
+        self.queue.send(rest).map_err(|_| Closed)?;
+        inner.queued += 1;
+        Ok(())
+    }
+
+    /// The writer wrote a queued frame.
+    fn written(&self) {
+        let mut inner = self.lock();
+        inner.queued = inner.queued.saturating_sub(1);
+    }
+
+    /// The writer runs with `writer`, or (`None`) no longer does.
+    fn open(&self, writer: Option<Arc<OwnedWriteHalf>>) {
+        self.lock().writer = writer;
+    }
+
+    /// Drops every frame queued (for a master this connection lost: the next one hears
+    /// nothing of them); returns how many.
+    pub(super) fn clear(&self, queue: &mut mpsc::UnboundedReceiver<Bytes>) -> usize {
+        let mut inner = self.lock();
+        let mut dropped = 0;
+        while queue.try_recv().is_ok() {
+            dropped += 1;
+        }
+        inner.queued = 0;
+        dropped
+    }
+}
+
+/// The writer's handle on its lane: weak, so that the queue closes — and the writer ends —
+/// once everyone that sends on the lane let go of it.
+pub(super) struct Writing {
+    lane: Weak<Lane>,
+    writer: Arc<OwnedWriteHalf>,
+}
+
+impl Writing {
+    /// The writer of `lane` starts with `writer`: from now on frames may be written
+    /// directly.
+    pub(super) fn start(lane: Weak<Lane>, writer: OwnedWriteHalf) -> Self {
+        let writer = Arc::new(writer);
+        if let Some(lane) = lane.upgrade() {
+            lane.open(Some(Arc::clone(&writer)));
+        }
+        Writing { lane, writer }
+    }
+
+    /// Writes a queued frame whole, waiting for the socket as it must.
+    pub(super) async fn write_queued(&self, frame: &[u8]) -> std::io::Result<()> {
+        write_all(&self.writer, frame).await?;
+        if let Some(lane) = self.lane.upgrade() {
+            lane.written();
+        }
+        Ok(())
+    }
+
+    /// Sends the writer's own frame (a heartbeat) on the lane, so that it never cuts into
+    /// a frame written directly.
+    pub(super) fn send(&self, frame: Bytes) {
+        if let Some(lane) = self.lane.upgrade() {
+            let _ = lane.send(frame);
+        }
+    }
+
+    /// The writer stops: frames queue from now on (and are written by nobody).
+    pub(super) fn stop(&self) {
+        if let Some(lane) = self.lane.upgrade() {
+            lane.open(None);
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Writes all of `buf` on a write half shared with the senders' direct writes (which wait
+/// for the lane's queue, so they never run meanwhile).
+async fn write_all(writer: &OwnedWriteHalf, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        writer.writable().await?;
+        match writer.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::coordination::{self, Coordination, CoordinatorSlot};
 use super::local::{HostedMasterLink, LocalParts, LocalWorkers};
 use super::master::MasterTask;
-use super::node::{Arrived, NodeActor, NodeParts};
+use super::node::{Arrivals, NodeActor, NodeParts};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::watch::Watch;
 use super::{
@@ -108,6 +108,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     }
     // The context first: the transport's inbox needs the node's address before it runs.
     let node_ctx = Context::<NodeActor<M, W>>::new();
+    let arrivals = Arrivals::new(node_ctx.address());
     let mut bound = None;
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).
@@ -129,7 +130,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 "the master's process was started again; the job goes on as a new attempt"
             );
         }
-        let inbox = node_ctx.address();
+        let inbox = Arc::clone(&arrivals);
         let fail_ends_job = config.failure_policy == FailurePolicy::Fail;
         let heard = job.end.clone();
         let link: Box<dyn crate::transport::MasterLink<M>> = if in_process.is_some() {
@@ -148,10 +149,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                             heard.end(&error.clone().attributed_to(env.from));
                         }
                     }
-                    inbox.do_send(Arrived {
-                        env,
-                        at: Instant::now(),
-                    })
+                    inbox.deliver(env)
                 }),
             )?
         };
@@ -176,7 +174,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         ended: ended_tx,
         shards,
         end: job.end.clone(),
-        host: in_process.map(|_| node_ctx.address()),
+        host: in_process.map(|_| Arc::clone(&arrivals)),
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
@@ -235,6 +233,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             tick: tick(&config),
             end: job.end.clone(),
             wire_check: in_process.is_some_and(|p| p.wire_check),
+            arrivals,
         }));
         None
     } else {

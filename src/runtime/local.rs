@@ -7,11 +7,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use actix::{Addr, AsyncContext, Context};
 
-use super::node::{Arrived, NodeActor};
+use super::node::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
 use super::worker::{EndingReport, WorkerActor, WorkerDriver, WorkerTask};
@@ -76,8 +75,9 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) shards: Option<Arc<Vec<Shard>>>,
     /// The job's failure as this process hears of it.
     pub(crate) end: JobEnd,
-    /// The master's node actor, when it hosts this process's workers.
-    pub(crate) host: Option<Addr<NodeActor<M, W>>>,
+    /// Where the master's node actor takes workers' messages from other threads, when it
+    /// hosts this process's workers.
+    pub(crate) host: Option<Arc<Arrivals<M, W>>>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -286,7 +286,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                     rank,
                     generation,
                     generations: Arc::clone(&self.generations),
-                    node: node.clone(),
+                    node: Arc::clone(node),
                     wire_check: parts.transport.in_process().is_some_and(|p| p.wire_check),
                 };
                 (Arc::new(link), generation)
@@ -391,13 +391,13 @@ impl<M: Payload> crate::transport::MasterLink<M> for HostedMasterLink {
 }
 
 /// A hosted worker's link to the master's node, for what its compute thread sends itself
-/// (sync calls, in barrier mode): a message to the node actor. Closed once a replacement
+/// (sync calls, in barrier mode): an arrival for the node actor. Closed once a replacement
 /// took the rank.
 struct HostedLink<M: Payload, W: Payload> {
     rank: Rank,
     generation: u64,
     generations: Arc<[AtomicU64]>,
-    node: Addr<NodeActor<M, W>>,
+    node: Arc<Arrivals<M, W>>,
     wire_check: bool,
 }
 
@@ -410,10 +410,7 @@ impl<M: Payload, W: Payload> WorkerLink<W> for HostedLink<M, W> {
         let msg = crate::transport::wire_checked(self.wire_check, msg, || {
             format!("worker {rank} → master")
         })?;
-        self.node.do_send(Arrived {
-            env: Envelope { from: rank, msg },
-            at: Instant::now(),
-        });
+        self.node.deliver(Envelope { from: rank, msg });
         Ok(())
     }
 }

@@ -36,7 +36,52 @@ pub(crate) struct Arrived<W> {
     pub(crate) at: Instant,
 }
 
-impl<W: 'static> Message for Arrived<W> {
+/// Workers' messages from other threads (the transport's, a compute thread's sync calls),
+/// gathered for the node actor: the first of a batch wakes it with one message
+/// ([`Drain`]), the rest join the batch while it has not taken it — no hand-off per
+/// message when they come in bursts. Invariant: while the batch is not empty, a `Drain`
+/// is queued that has not started.
+pub(crate) struct Arrivals<M: Payload, W: Payload> {
+    batch: Mutex<Vec<Arrived<W>>>,
+    node: actix::Addr<NodeActor<M, W>>,
+}
+
+impl<M: Payload, W: Payload> Arrivals<M, W> {
+    /// Arrivals for the node actor at `node`.
+    pub(crate) fn new(node: actix::Addr<NodeActor<M, W>>) -> Arc<Self> {
+        Arc::new(Arrivals {
+            batch: Mutex::new(Vec::new()),
+            node,
+        })
+    }
+
+    /// `env` arrived now.
+    pub(crate) fn deliver(&self, env: Envelope<ToMaster<W>>) {
+        let arrived = Arrived {
+            env,
+            at: Instant::now(),
+        };
+        let first = {
+            let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+            batch.push(arrived);
+            batch.len() == 1
+        };
+        if first {
+            self.node.do_send(Drain);
+        }
+    }
+
+    /// Takes the batch, leaving `spare` (empty) in its place.
+    fn take(&self, spare: Vec<Arrived<W>>) -> Vec<Arrived<W>> {
+        let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *batch, spare)
+    }
+}
+
+/// The batch of [`Arrivals`] waits for the node actor.
+pub(crate) struct Drain;
+
+impl Message for Drain {
     type Result = ();
 }
 
@@ -94,6 +139,8 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     /// Whether what the node hands its hosted workers, and what they send it, goes
     /// through the wire encoding first (the in-memory transport's wire check).
     pub(crate) wire_check: bool,
+    /// Where workers' messages from other threads wait for the node.
+    pub(crate) arrivals: Arc<Arrivals<M, W>>,
 }
 
 /// Whether an action was carried out, or waits for the coordinator's actor.
@@ -133,6 +180,9 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     clock: Option<Instant>,
     /// Whether a broadcast is being handed to the hosted workers (`clock` runs on).
     chaining: bool,
+    arrivals: Arc<Arrivals<M, W>>,
+    /// The buffer the next batch of arrivals is swapped out into.
+    spare: Vec<Arrived<W>>,
     wire_check: bool,
 }
 
@@ -244,6 +294,8 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             gathering: false,
             clock: None,
             chaining: false,
+            arrivals: parts.arrivals,
+            spare: Vec::new(),
             wire_check: parts.wire_check,
         }
     }
@@ -606,12 +658,18 @@ impl<M: Payload, W: Payload> Handler<HostedHome<M, W>> for NodeActor<M, W> {
     }
 }
 
-impl<M: Payload, W: Payload> Handler<Arrived<W>> for NodeActor<M, W> {
+impl<M: Payload, W: Payload> Handler<Drain> for NodeActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, msg: Arrived<W>, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Drain, ctx: &mut Context<Self>) {
+        // The taken batch's buffer comes back as the next spare: no allocation per batch.
+        let spare = std::mem::take(&mut self.spare);
+        let mut batch = self.arrivals.take(spare);
         let reach = LinkReach(&self.link);
-        self.node.handle_message(msg.at, msg.env, &reach);
+        for arrived in batch.drain(..) {
+            self.node.handle_message(arrived.at, arrived.env, &reach);
+        }
+        self.spare = batch;
         self.drive(ctx);
     }
 }

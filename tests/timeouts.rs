@@ -234,3 +234,51 @@ fn an_endless_timeout_means_no_limit() {
     .unwrap();
     assert_eq!(*outcome.result, 12);
 }
+
+/// Sleeps in its `post_application`: the end of a worker that takes a while.
+struct SlowEnd;
+
+impl WorkerInterceptor<u64, u64> for SlowEnd {
+    fn post_application(
+        &mut self,
+        _: &WorkerContext<u64, u64>,
+        _: superstep::Ending<'_>,
+    ) -> Result<(), BoxError> {
+        sleep(Duration::from_millis(150));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stop_run_inline_after_a_long_failed_compute_has_its_own_shutdown_deadline() {
+    // The compute fails after longer than the shutdown timeout; the worker's stop then runs
+    // inline, within the same broadcast. Its deadline starts with it, not with the
+    // broadcast: the job fails with the compute's failure, not a shutdown timeout.
+    let err = Job::builder(summing_master(), |rank| FnWorker {
+        f: move |_: &mut WorkerContext<u64, u64>| {
+            if rank == 0 {
+                sleep(Duration::from_millis(600));
+                return Err("gave up".into());
+            }
+            Ok(1)
+        },
+    })
+    .workers(2)
+    .iterations(3)
+    .placement(Placement::Inline)
+    .shutdown_timeout(SHORT)
+    .worker_interceptor(|_| SlowEnd)
+    .run()
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JobError::Worker {
+                rank: 0,
+                phase: superstep::Phase::Compute,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

@@ -255,7 +255,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         }
     }
 
-    /// Makes and starts a worker of `rank` in `attempt`: its code first, then its link
+    /// Makes a worker of `rank` in `attempt` (an actor is started at once; a hosted worker
+    /// is started by the node actor, from `fresh`): its code first, then its link
     /// (which, when it `replace`s, closes the old worker's), so that a factory that fails
     /// leaves the old link as it was.
     fn spawn(
@@ -280,8 +281,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
         let (link, generation): (Arc<dyn WorkerLink<W>>, u64) = match &parts.host {
             Some(node) => {
-                // A new connection of the rank: the old one's link is closed from now on.
-                let generation = self.generations[rank].fetch_add(1, Ordering::AcqRel) + 1;
+                // A new connection of the rank: the old one's link is closed from now on —
+                // under the arrivals' lock, so that none of its sync calls is being
+                // delivered meanwhile.
+                let generation =
+                    node.hold(|| self.generations[rank].fetch_add(1, Ordering::AcqRel) + 1);
                 let link = HostedLink {
                     rank,
                     generation,
@@ -403,14 +407,14 @@ struct HostedLink<M: Payload, W: Payload> {
 
 impl<M: Payload, W: Payload> WorkerLink<W> for HostedLink<M, W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        if self.generations[self.rank].load(Ordering::Acquire) != self.generation {
-            return Err(TransportError::Replaced { rank: self.rank });
-        }
         let rank = self.rank;
         let msg = crate::transport::wire_checked(self.wire_check, msg, || {
             format!("worker {rank} → master")
         })?;
-        self.node.deliver(Envelope { from: rank, msg });
+        let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;
+        if !self.node.deliver_if(Envelope { from: rank, msg }, current) {
+            return Err(TransportError::Replaced { rank });
+        }
         Ok(())
     }
 }

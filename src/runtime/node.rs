@@ -28,9 +28,9 @@ use crate::protocol::{
 use crate::report::JobOutcome;
 use crate::transport::{wire_checked, MasterLink, TransportError};
 
-/// A worker's message, stamped with when the transport handed it over: its deadline is
-/// judged by that instant, not by when the node got to it (inline compute may have held
-/// the thread meanwhile).
+/// A worker's message from another thread (the transport's, or a hosted worker's compute
+/// thread), stamped with when it was handed over: its deadline is judged by that instant,
+/// not by when the node got to it (inline compute may have held the thread meanwhile).
 pub(crate) struct Arrived<W> {
     pub(crate) env: Envelope<ToMaster<W>>,
     pub(crate) at: Instant,
@@ -57,18 +57,36 @@ impl<M: Payload, W: Payload> Arrivals<M, W> {
 
     /// `env` arrived now.
     pub(crate) fn deliver(&self, env: Envelope<ToMaster<W>>) {
-        let arrived = Arrived {
+        self.deliver_if(env, || true);
+    }
+
+    /// Delivers `env` if `current` still holds, judged under the same lock as
+    /// [`hold`](Self::hold): a link closed under it delivers nothing after.
+    pub(crate) fn deliver_if(
+        &self,
+        env: Envelope<ToMaster<W>>,
+        current: impl FnOnce() -> bool,
+    ) -> bool {
+        let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        if !current() {
+            return false;
+        }
+        batch.push(Arrived {
             env,
             at: Instant::now(),
-        };
-        let first = {
-            let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
-            batch.push(arrived);
-            batch.len() == 1
-        };
-        if first {
+        });
+        if batch.len() == 1 {
+            // Under the lock, so that the invariant holds at every moment (an unbounded
+            // mailbox's send never blocks).
             self.node.do_send(Drain);
         }
+        true
+    }
+
+    /// Runs `f` under the batch's lock: no delivery is under way meanwhile.
+    pub(crate) fn hold<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        f()
     }
 
     /// Takes the batch, leaving `spare` (empty) in its place.
@@ -178,8 +196,9 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// inline ended — the next one's start, so that a round reads the clock once per
     /// worker.
     clock: Option<Instant>,
-    /// Whether a broadcast is being handed to the hosted workers (`clock` runs on).
-    chaining: bool,
+    /// While a broadcast is handed to the hosted workers (`clock` runs on): the watch
+    /// entry made for it, what it waits for and since when.
+    chaining: Option<(Waiting, Instant)>,
     arrivals: Arc<Arrivals<M, W>>,
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
@@ -216,8 +235,9 @@ struct NodeHost<'a, M: Payload, W: Payload> {
     ctx: &'a mut Context<NodeActor<M, W>>,
     stopped: bool,
     clock: &'a mut Option<Instant>,
-    /// Whether the node actor entered the watch for the whole broadcast.
-    watching: bool,
+    /// The watch entry the node actor made for the whole broadcast, if it is handing one
+    /// out.
+    watching: Option<(Waiting, Instant)>,
 }
 
 impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
@@ -226,7 +246,13 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         if !self.current {
             return Err(TransportError::Replaced { rank });
         }
+        let encoded = self.wire_check && msg.carries_result();
         let msg = wire_checked(self.wire_check, msg, || format!("worker {rank} → master"))?;
+        if encoded {
+            // The encoding took time no compute should be charged with: the next inline
+            // unit reads the clock afresh.
+            *self.clock = None;
+        }
         self.inbox.push(Envelope { from: rank, msg });
         Ok(())
     }
@@ -269,7 +295,7 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         *self.clock = Some(at);
     }
 
-    fn watching(&self) -> bool {
+    fn watching(&self) -> Option<(Waiting, Instant)> {
         self.watching
     }
 }
@@ -293,7 +319,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             inbox: Vec::new(),
             gathering: false,
             clock: None,
-            chaining: false,
+            chaining: None,
             arrivals: parts.arrivals,
             spare: Vec::new(),
             wire_check: parts.wire_check,
@@ -301,8 +327,9 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     }
 
     /// Carries out every action the node queued, in order, feeding back what they did. An
-    /// action that waits for the coordinator's actor holds the rest (and every message)
-    /// until it is done, then drives on.
+    /// action that waits for the coordinator's actor holds the rest (and every message not
+    /// taken yet; a batch taken before it was handed to the node whole) until it is done,
+    /// then drives on.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.node.poll_action() {
             if self.carry_out(ctx, action) == Carried::Waiting {
@@ -360,7 +387,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         if host.stopped {
             self.local.hosted_stopped(rank, generation);
         }
-        if !self.chaining {
+        if self.chaining.is_none() {
             self.clock = None;
         }
         true
@@ -418,7 +445,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         };
         self.watch.enter_at(Who::Worker(0), during, start);
         self.clock = Some(start);
-        self.chaining = true;
+        self.chaining = Some((during, start));
         for rank in 0..self.local.ranks() {
             if let Some(generation) = self.local.hosted(rank).map(|h| h.generation) {
                 self.step(ctx, rank, generation, |driver, host| {
@@ -426,7 +453,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 });
             }
         }
-        self.chaining = false;
+        self.chaining = None;
         self.clock = None;
         self.watch.exit();
     }

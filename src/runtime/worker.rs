@@ -31,7 +31,7 @@ pub(crate) struct WorkerTask<M, W> {
     /// then known to the process at once, on the thread it failed on, so no compute starts
     /// after it.
     failure_ends_job: bool,
-    /// Set by the worker's actor while the work away belongs to a master it left behind
+    /// Set by the worker's driver while the work away belongs to a master it left behind
     /// (its failure then ends nothing).
     pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
     /// When the unit of work under way started, then when its compute ended: one clock
@@ -369,10 +369,12 @@ pub(crate) trait Host<M, W> {
     fn ran_until(&mut self, at: Instant) {
         let _ = at;
     }
-    /// Whether the host entered the watch for a run of units back to back (they then only
-    /// say who runs): the default, no — each unit enters it.
-    fn watching(&self) -> bool {
-        false
+    /// The watch entry the host made for a run of units back to back — what they wait
+    /// for, and since when — if it made one: a unit of that kind then only says who runs,
+    /// one of another kind enters the watch for itself and puts the host's entry back.
+    /// The default: none — each unit enters the watch.
+    fn watching(&self) -> Option<(Waiting, Instant)> {
+        None
     }
     /// The worker is done: nothing more reaches its driver.
     fn stop(&mut self);
@@ -574,15 +576,22 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         if inline {
             let started = host.now();
             let who = Who::Worker(self.rank);
+            // A unit of the run's own kind shares its deadline; another (a stop after a
+            // failure, say) has its own, from its own start.
             let watching = host.watching();
-            if watching {
+            let chained = watching.filter(|(kind, _)| {
+                std::mem::discriminant(kind) == std::mem::discriminant(&during)
+            });
+            if chained.is_some() {
                 self.watch.rename(who, during);
             } else {
                 self.watch.enter_at(who, during, started);
             }
             let (worked, ended) = task.run_at(work, started);
-            if !watching {
-                self.watch.exit();
+            match (chained, watching) {
+                (Some(_), _) => {}
+                (None, Some((kind, since))) => self.watch.enter_at(who, kind, since),
+                (None, None) => self.watch.exit(),
             }
             host.ran_until(ended);
             self.task = Some(task);

@@ -1,8 +1,8 @@
-//! A connection's way out: frames are written by the thread that sends them — the
-//! coordination thread, mostly — when nothing is queued ahead of them and the socket takes
-//! them whole, with no hand-off to the transport's I/O thread and no wake-up of it; the
-//! rest is queued for the I/O thread's writer, which writes it in order. The writer's own
-//! heartbeats go the same way, so no two writes ever interleave.
+//! A connection's way out: when nothing is queued ahead of a frame, the thread that sends
+//! it — the coordination thread, mostly — writes what the socket takes at once, with no
+//! hand-off to the transport's I/O thread and no wake-up of it; the rest of the frame (all
+//! of it, when something is queued) is queued for the I/O thread's writer, which writes in
+//! order. The writer's own heartbeats go the same way, so no two writes ever interleave.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 

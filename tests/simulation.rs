@@ -1027,3 +1027,34 @@ fn a_short_partition_delays_everything_and_loses_nothing_a_long_one_loses_the_wo
     assert!(run.outcome.is_ok(), "{:?}", run.outcome);
     assert_eq!(run.stats.lost, vec![1]);
 }
+
+#[test]
+fn a_worker_started_again_during_a_long_partition_connects_once_it_heals() {
+    use superstep::sim::Fault;
+    // Worker 1 crashes right after its result of iteration 4; the network to it is then
+    // cut for longer than the heartbeat timeout, and its launcher starts it again before
+    // the cut heals. The new process cannot connect across the cut: it registers once the
+    // network heals, and the job ends with the fault-free result — it used to lose that
+    // registration with the cut connection and time out.
+    let schedule = vec![
+        Fault::WorkerCrash {
+            rank: 1,
+            iteration: 4,
+            after_result: true,
+        },
+        Fault::Partition {
+            rank: 1,
+            iteration: 5,
+            millis: 37,
+        },
+    ];
+    let expected = fault_free(3, 6);
+    for seed in 0..20 {
+        let run = job(3, 6)
+            .policy(FailurePolicy::RestartWorker { max_restarts: 6 })
+            .schedule(schedule.clone())
+            .run(seed);
+        ends_with(expected)(&run).unwrap();
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+    }
+}

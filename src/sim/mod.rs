@@ -196,8 +196,9 @@ pub enum Fault {
     /// heals, in order. Longer, both ends hear silence: the master's node loses the worker
     /// (as over TCP, after the heartbeat timeout), whose process ends on the master's
     /// loss; what either sent meanwhile is lost. Under `RestartWorker` its launcher starts
-    /// it again once the network heals. (Not under `RestartAll`: its workers share the
-    /// master's process.)
+    /// it again once the network heals; a process of the rank started during the cut (in
+    /// the place of one that crashed) connects once it heals, and what it sent meanwhile
+    /// goes then. (Not under `RestartAll`: its workers share the master's process.)
     Partition {
         /// The rank cut off.
         rank: Rank,
@@ -1171,8 +1172,8 @@ struct World<'s, M: Payload, W: Payload> {
     /// the worker (connections deliver in order).
     arrivals: Vec<(Duration, Duration)>,
     /// Per rank: the cut of the network between it and the master, if any: from when
-    /// until when.
-    cuts: Vec<Option<(Duration, Duration)>>,
+    /// until when, and the generation of the rank's process whose connection it cut.
+    cuts: Vec<Option<(Duration, Duration, Generation)>>,
     /// Each rank's shard of the job's input, as the master's process sharded it.
     shards: Option<Arc<Vec<Shard>>>,
 }
@@ -1789,11 +1790,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// the network there if any: it arrives once a short cut heals; across a long one
     /// (`None`) it is lost with the connection.
     fn across_cut(&mut self, rank: Rank, latency: Duration) -> Option<Duration> {
-        let (from, heal) = match self.cuts.get(rank).copied().flatten() {
-            Some((from, heal)) if from <= self.now && self.now < heal => (from, heal),
+        let (from, heal, cut) = match self.cuts.get(rank).copied().flatten() {
+            Some((from, heal, cut)) if from <= self.now && self.now < heal => (from, heal, cut),
             _ => return Some(latency),
         };
-        if heal - from >= HEARTBEAT_TIMEOUT {
+        // A process started during the cut has no connection yet: it connects once the
+        // network heals (its tries before fail), and what it sends goes then.
+        let connected_since_cut = self.nodes.get(rank).is_some_and(|n| n.generation != cut);
+        if heal - from >= HEARTBEAT_TIMEOUT && !connected_since_cut {
             // The connection dies with the cut: nothing it carries from now arrives.
             return None;
         }
@@ -1806,7 +1810,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             return;
         };
         let lasts = Duration::from_millis(millis);
-        *slot = Some((self.now, self.now + lasts));
+        let generation = self.nodes[rank].generation;
+        *slot = Some((self.now, self.now + lasts, generation));
         self.log(|| format!("the network to worker {rank} is cut for {lasts:?}"));
         if lasts >= HEARTBEAT_TIMEOUT {
             let (generation, master) = (self.nodes[rank].generation, self.master_generation);
@@ -2346,7 +2351,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.nodes[rank].alive = false;
         self.settle(rank, &JobError::Cancelled);
         let heals =
-            self.cuts[rank].map_or(Duration::ZERO, |(_, heal)| heal.saturating_sub(self.now));
+            self.cuts[rank].map_or(Duration::ZERO, |(_, heal, _)| heal.saturating_sub(self.now));
         self.process_ended(rank, heals);
     }
 

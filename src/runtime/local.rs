@@ -127,6 +127,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         }
     }
 
+    /// Whether the rank's current hosted worker runs (it has not stopped).
+    pub(crate) fn is_running(&self, rank: Rank) -> bool {
+        matches!(self.slots.get(rank), Some(Slot::Hosted(Some(_))))
+    }
+
     /// The hosted worker of `rank` of connection `generation`: the rank's current one or
     /// one retired, if it still runs.
     pub(crate) fn hosted_of(&mut self, rank: Rank, generation: u64) -> Option<&mut Hosted<M, W>> {
@@ -408,7 +413,8 @@ struct HostedLink<M: Payload, W: Payload> {
 impl<M: Payload, W: Payload> WorkerLink<W> for HostedLink<M, W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
-        let msg = crate::transport::wire_checked(self.wire_check, msg, || {
+        let carries = msg.carries_result();
+        let msg = crate::transport::wire_checked(self.wire_check, carries, msg, || {
             format!("worker {rank} → master")
         })?;
         let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;

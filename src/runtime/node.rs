@@ -16,7 +16,9 @@ use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
-use super::worker::{hear_abort, Homeward, Host, Timer, WorkDone as WorkerDone, WorkerDriver};
+use super::worker::{
+    hear_abort, stop_given_up, Homeward, Host, Timer, WorkDone as WorkerDone, WorkerDriver,
+};
 use super::Cancel;
 use crate::compute::{JobEnd, Payload};
 use crate::config::JobConfig;
@@ -246,9 +248,11 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         if !self.current {
             return Err(TransportError::Replaced { rank });
         }
-        let encoded = self.wire_check && msg.carries_result();
-        let msg = wire_checked(self.wire_check, msg, || format!("worker {rank} → master"))?;
-        if encoded {
+        let carries = msg.carries_result();
+        let msg = wire_checked(self.wire_check, carries, msg, || {
+            format!("worker {rank} → master")
+        })?;
+        if self.wire_check && carries {
             // The encoding took time no compute should be charged with: the next inline
             // unit reads the clock afresh.
             *self.clock = None;
@@ -393,12 +397,23 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         true
     }
 
+    /// Steps the rank's current hosted worker, if it runs (see [`step`](Self::step)).
+    fn step_current(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rank: Rank,
+        f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
+    ) -> bool {
+        match self.local.hosted(rank).map(|h| h.generation) {
+            Some(generation) => self.step(ctx, rank, generation, f),
+            None => false,
+        }
+    }
+
     /// Starts the hosted workers made since the last call.
     fn start_fresh(&mut self, ctx: &mut Context<Self>) {
         for rank in self.local.take_fresh() {
-            if let Some(generation) = self.local.hosted(rank).map(|h| h.generation) {
-                self.step(ctx, rank, generation, |driver, host| driver.start(host));
-            }
+            self.step_current(ctx, rank, |driver, host| driver.start(host));
         }
     }
 
@@ -413,17 +428,18 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
 
     /// Hands `msg` to the hosted worker of `rank`.
     fn deliver(&mut self, ctx: &mut Context<Self>, rank: Rank, msg: ToWorker<M>) {
-        let msg = match wire_checked(self.wire_check, msg, || format!("master → worker {rank}")) {
+        let carries = msg.carries_result();
+        let msg = match wire_checked(self.wire_check, carries, msg, || {
+            format!("master → worker {rank}")
+        }) {
             Ok(msg) => msg,
             Err(e) => return self.failed(e.into()),
         };
         hear_abort(&self.end, rank, &msg);
-        let Some(generation) = self.local.hosted(rank).map(|h| h.generation) else {
+        if !self.local.is_running(rank) {
             return tracing::debug!(rank, %msg, "the worker stopped: dropped a message for it");
-        };
-        self.step(ctx, rank, generation, |driver, host| {
-            driver.handle_message(msg, host)
-        });
+        }
+        self.step_current(ctx, rank, |driver, host| driver.handle_message(msg, host));
     }
 
     /// Hands `msg` to every hosted worker, in rank order: each runs what it asks for (an
@@ -431,7 +447,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     fn deliver_all(&mut self, ctx: &mut Context<Self>, msg: ToWorker<M>) {
         // Checked once, as a broadcast is encoded once; clones share the master result:
         // each is an `Arc` bump, never a copy of `M`.
-        let msg = match wire_checked(self.wire_check, msg, || "master → every worker".into()) {
+        let carries = msg.carries_result();
+        let msg = match wire_checked(self.wire_check, carries, msg, || {
+            "master → every worker".into()
+        }) {
             Ok(msg) => msg,
             Err(e) => return self.failed(e.into()),
         };
@@ -447,11 +466,9 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         self.clock = Some(start);
         self.chaining = Some((during, start));
         for rank in 0..self.local.ranks() {
-            if let Some(generation) = self.local.hosted(rank).map(|h| h.generation) {
-                self.step(ctx, rank, generation, |driver, host| {
-                    driver.handle_message(msg.clone(), host)
-                });
-            }
+            self.step_current(ctx, rank, |driver, host| {
+                driver.handle_message(msg.clone(), host)
+            });
         }
         self.chaining = None;
         self.clock = None;
@@ -669,17 +686,9 @@ impl<M: Payload, W: Payload> Handler<HostedHome<M, W>> for NodeActor<M, W> {
         if let Some(WorkerDone { mut task, .. }) = done {
             // The worker ended without it (the job failed, and gave up on this code after
             // its grace): the code's interceptors still see the end, on the pool.
-            let error = self
-                .end
-                .first()
-                .map_or(JobError::Cancelled, |(e, _)| e.clone());
-            self.pool.spawn(move || {
-                drop(
-                    task.run(crate::protocol::Work::Stop(super::OwnedEnding::Failed(
-                        error,
-                    ))),
-                )
-            });
+            let end = self.end.clone();
+            self.pool
+                .spawn(move || stop_given_up(&mut task, None, &end));
         }
         self.settle(ctx);
     }

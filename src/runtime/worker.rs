@@ -605,12 +605,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             self.executor.spawn(move || {
                 let worked = task.run(work);
                 if let Err(WorkDone { mut task, .. }) = home(WorkDone { task, worked }) {
-                    let error = heard
-                        .get()
-                        .cloned()
-                        .or_else(|| end.first().map(|(e, _)| e.clone()))
-                        .unwrap_or(JobError::Cancelled);
-                    let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
+                    stop_given_up(&mut task, heard.get().cloned(), &end);
                 }
             });
         }
@@ -625,6 +620,20 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         }
         self.node.handle_worked(worked, stale);
     }
+}
+
+/// Ends the code of a worker that ended without it (the job failed, and gave up on this
+/// code after its grace): its interceptors' `post_application` runs with the verdict the
+/// worker `heard`, else the process's first failure.
+pub(crate) fn stop_given_up<M: Payload, W: Payload>(
+    task: &mut WorkerTask<M, W>,
+    heard: Option<JobError>,
+    end: &JobEnd,
+) {
+    let error = heard
+        .or_else(|| end.first().map(|(e, _)| e.clone()))
+        .unwrap_or(JobError::Cancelled);
+    let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
 }
 
 /// A worker reached through a transport (in a process without the master, or across a

@@ -51,34 +51,19 @@ impl InProcess {
     }
 }
 
-/// `msg` as a peer across a wire would get it, if it carries a result and `wire_check` is
-/// on: encoded and decoded again.
-pub(crate) fn wire_checked<T: serde::Serialize + serde::de::DeserializeOwned + Carries>(
+/// `msg` as a peer across a wire would get it, if it `carries` a result (see
+/// `ToWorker::carries_result`, `ToMaster::carries_result`) and `wire_check` is on: encoded
+/// and decoded again.
+pub(crate) fn wire_checked<T: serde::Serialize + serde::de::DeserializeOwned>(
     wire_check: bool,
+    carries: bool,
     msg: T,
     direction: impl FnOnce() -> String,
 ) -> Result<T, TransportError> {
-    if !(wire_check && msg.carries_result()) {
+    if !(wire_check && carries) {
         return Ok(msg);
     }
     Ok(crate::codec::through_wire(msg, direction)?)
-}
-
-/// A message that may carry a user's result.
-pub(crate) trait Carries {
-    fn carries_result(&self) -> bool;
-}
-
-impl<M> Carries for ToWorker<M> {
-    fn carries_result(&self) -> bool {
-        ToWorker::carries_result(self)
-    }
-}
-
-impl<W> Carries for ToMaster<W> {
-    fn carries_result(&self) -> bool {
-        ToMaster::carries_result(self)
-    }
 }
 
 /// Where a transport delivers incoming messages. Cheap to call from any thread; never

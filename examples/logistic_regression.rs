@@ -14,14 +14,14 @@
 //!
 //! ```text
 //! cargo build --release --example logistic_regression
-//! cargo run --release --bin superstep-launch -- --nproc 4 -- target/release/examples/logistic_regression
+//! cargo run --release --features launcher --bin superstep-launch -- --nproc 4 -- target/release/examples/logistic_regression
 //! ```
 //!
 //! With checkpoints, a process that dies is started again (the master resumes from its
 //! newest checkpoint; the workers reach it again and carry on; a worker's is replaced):
 //!
 //! ```text
-//! cargo run --release --bin superstep-launch -- --nproc 4 --restarts 2 -- \
+//! cargo run --release --features launcher --bin superstep-launch -- --nproc 4 --restarts 2 -- \
 //!     target/release/examples/logistic_regression --checkpoint-dir /tmp/lr-checkpoints \
 //!     --replace-workers 2
 //! ```
@@ -36,9 +36,8 @@ use std::time::Instant;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use superstep::checkpoint::FsCheckpointStore;
+use superstep::coordinator::Input;
 use superstep::prelude::*;
-use superstep::transport::TcpTransport;
-use superstep::FailurePolicy;
 
 use lr::{Dataset, Gradient, LrMaster, LrWorker, Model};
 
@@ -107,28 +106,38 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
+    let generated = Instant::now();
+    let data = Arc::new(Dataset::generate(args.rows, args.features, args.seed));
+    let shared = Arc::clone(&data);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // In a cluster job the environment decides the workers (one per process) and this
-    // process's rank; otherwise every worker runs here, in memory.
-    let cluster = match TcpTransport::<Model, Gradient>::from_env() {
-        Ok(cluster) => cluster,
+    // process's rank; otherwise every worker runs here, in memory. Each worker takes its
+    // rows from its shard of the input.
+    let builder = Job::builder(
+        LrMaster {
+            features: args.features,
+            rate: args.rate,
+        },
+        move |_| LrWorker::sharded(Arc::clone(&shared)),
+    )
+    .workers(cores)
+    .cluster_from_env();
+    let builder = match builder {
+        Ok(builder) => builder,
         Err(error) => {
             eprintln!("{error}");
             return ExitCode::FAILURE;
         }
     };
-    let rank = cluster.as_ref().map(|t| t.settings().rank);
-    let runs_master = rank.is_none_or(|r| r == 0);
-    let workers = match &cluster {
-        Some(t) => t.settings().world_size,
-        None => args.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }),
+    let builder = match args.workers {
+        Some(workers) => builder.workers(workers),
+        None => builder,
     };
-
-    let generated = Instant::now();
-    let data = Arc::new(Dataset::generate(args.rows, args.features, args.seed));
+    let (rank, runs_master, workers) = (
+        builder.process_rank(),
+        builder.runs_master(),
+        builder.worker_count(),
+    );
     println!(
         "generated {} rows x {} features (seed {}) in {:.2?}; {} workers, {} iterations",
         args.rows,
@@ -148,20 +157,8 @@ fn main() -> ExitCode {
         ProgressStyle::with_template("{bar:40} {pos}/{len} iterations, {elapsed} {msg}")
             .expect("a valid template"),
     );
-    let ranges = lr::split(args.rows, workers);
-    let shared = Arc::clone(&data);
     let progress = bar.clone();
-    let builder = Job::builder(
-        LrMaster {
-            features: args.features,
-            rate: args.rate,
-        },
-        move |rank| LrWorker::new(Arc::clone(&shared), ranges[rank].clone()),
-    );
-    let builder = match cluster {
-        Some(transport) => builder.transport(transport),
-        None => builder,
-    };
+    let builder = builder.input(Input::Rows(args.rows as u64));
     let builder = match args.replace_workers {
         0 => builder,
         max_restarts => builder.failure_policy(FailurePolicy::RestartWorker { max_restarts }),
@@ -179,7 +176,6 @@ fn main() -> ExitCode {
     };
     let outcome = builder
         .job_id("logistic-regression")
-        .workers(workers)
         .iterations(args.iterations)
         // Sum the gradients as they arrive, in rank order: the master never holds one per
         // worker, and the sum is the same, bit for bit, as summing them all at the end.

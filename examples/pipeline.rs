@@ -5,8 +5,8 @@
 //! printed at the end.
 //!
 //! ```text
-//! cargo run --release --example pipeline
-//! cargo run --release --example pipeline -- --rows 2000000 --workers 8 --bad-every 1000 --skip-malformed
+//! cargo run --release --features pipeline --example pipeline
+//! cargo run --release --features pipeline --example pipeline -- --rows 2000000 --workers 8 --bad-every 1000 --skip-malformed
 //! ```
 
 #[path = "support/pipeline.rs"]

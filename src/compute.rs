@@ -377,12 +377,24 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Sends `message` to every rank and returns every rank's message of the same epoch, in
     /// rank order (index `r` is rank `r`'s, this rank's own included). Spark's
-    /// `BarrierTaskContext.allGather()`, for any serde type — the same type on every rank.
+    /// `BarrierTaskContext.allGather()`, for any serde type — the same type on every rank
+    /// — and for borrowed ones, which come back owned: a `&str` gathers `String`s, a
+    /// `&[T]` gathers `Vec<T>`s.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let addresses: Vec<String> = ctx.all_gather("10.0.0.7:7000")?;
+    /// let counts: Vec<u64> = ctx.all_gather(&42u64)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// Fails as [`barrier`](Self::barrier) does.
-    pub fn all_gather<T: Serialize + DeserializeOwned>(
-        &mut self,
-        message: &T,
-    ) -> Result<Vec<T>, SyncError> {
+    pub fn all_gather<T>(&mut self, message: &T) -> Result<Vec<T::Owned>, SyncError>
+    where
+        T: Serialize + ToOwned + ?Sized,
+        T::Owned: DeserializeOwned,
+    {
         let bytes = crate::codec::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
         self.sync_call(SyncKind::AllGather, bytes)?
             .iter()

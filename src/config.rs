@@ -1,4 +1,5 @@
-//! Job settings: plain data with defaults and a `validate` step.
+//! Job settings: plain data with defaults and a `validate` step, read from code, from a
+//! settings document of any serde format, and from the environment.
 
 use std::time::Duration;
 
@@ -26,17 +27,60 @@ pub enum Placement {
     /// In every placement the master's `pre_application` and `post_application` run
     /// inline: at those points the coordination thread has nothing else to do.
     #[default]
+    #[serde(alias = "auto")]
     Auto,
     /// Always run user code inline on the coordination thread: lowest latency for trivial
     /// compute, but a slow compute stalls the whole job, timeouts included.
+    #[serde(alias = "inline")]
     Inline,
     /// Always run user code on the compute pool, which has one thread per core.
+    #[serde(alias = "pool")]
     Pool,
 }
 
 /// The settings of a job. Every setting has a default; [`JobConfig::validate`] checks
 /// them all and names the first invalid one.
+///
+/// # From a file
+///
+/// A settings document in any serde format names only the settings it changes; the rest
+/// keep their defaults. Durations are written as people write them (`"30s"`, `"1h 30m"`,
+/// `"250ms"`; a number is seconds), and a setting the job does not have is an error
+/// naming it:
+///
+/// ```
+/// # use superstep::JobConfig;
+/// let config: JobConfig = serde_json::from_str(
+///     r#"{"workers": 4, "iterations": 10, "iteration_timeout": "90s"}"#,
+/// )?;
+/// assert_eq!((config.workers, config.iterations), (4, 10));
+/// assert_eq!(config.iteration_timeout, std::time::Duration::from_secs(90));
+/// assert_eq!(config.job_id, "superstep");
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+///
+/// # From the environment
+///
+/// [`with_env`](JobConfig::with_env) (or
+/// [`JobBuilder::settings_from_env`](crate::JobBuilder::settings_from_env)) lets the
+/// environment override the common settings, for a run that differs from the code's or
+/// the file's without a rebuild:
+///
+/// | variable | setting |
+/// |---|---|
+/// | `SUPERSTEP_WORKERS` | [`workers`](JobConfig::workers) |
+/// | `SUPERSTEP_ITERATIONS` | [`iterations`](JobConfig::iterations) |
+/// | `SUPERSTEP_PLACEMENT` | [`placement`](JobConfig::placement): `auto`, `inline` or `pool` |
+/// | `SUPERSTEP_COMPUTE_THREADS` | [`compute_threads`](JobConfig::compute_threads) |
+/// | `SUPERSTEP_STARTUP_TIMEOUT` | [`startup_timeout`](JobConfig::startup_timeout) |
+/// | `SUPERSTEP_ITERATION_TIMEOUT` | [`iteration_timeout`](JobConfig::iteration_timeout) |
+/// | `SUPERSTEP_SHUTDOWN_TIMEOUT` | [`shutdown_timeout`](JobConfig::shutdown_timeout) |
+/// | `SUPERSTEP_SYNC_TIMEOUT` | [`sync_timeout`](JobConfig::sync_timeout) |
+/// | `SUPERSTEP_FAILURE_GRACE` | [`failure_grace`](JobConfig::failure_grace) |
+///
+/// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct JobConfig {
     /// A name for the job, used in logs, spans and (over a network) to keep jobs apart.
@@ -55,23 +99,27 @@ pub struct JobConfig {
     /// its shard) until it registers — over a network, also until its process started and
     /// connected — and the master's `pre_application`. Longer than an iteration's by
     /// default: 30 min.
+    #[serde(with = "duration")]
     pub startup_timeout: Duration,
     /// How long one iteration may wait (`Duration::MAX` means no limit): for every worker's result from the moment the
     /// iteration is broadcast, and for the master's compute. Default 10 min.
+    #[serde(with = "duration")]
     pub iteration_timeout: Duration,
     /// How long the end of the job may take (`Duration::MAX` means no limit): every worker's `post_application`. Default 1 min.
+    #[serde(with = "duration")]
     pub shutdown_timeout: Duration,
     /// Once the job failed, how long its end waits for workers still running user code
     /// (their compute, their `post_application`) before the job returns its first failure
     /// and leaves that code to end on its own thread, naming the ranks. Default 250 ms.
     /// A compute can stop earlier: see
     /// [`WorkerContext::check_cancelled`](crate::WorkerContext::check_cancelled).
-    #[serde(default = "default_failure_grace")]
+    #[serde(with = "duration")]
     pub failure_grace: Duration,
     /// Where user compute runs. Default [`Placement::Auto`].
     pub placement: Placement,
     /// With [`Placement::Auto`], an iteration that took less than this runs inline the next
     /// time. Default 50 µs.
+    #[serde(with = "duration")]
     pub inline_threshold: Duration,
     /// Threads of the compute pool; `None` (the default) means one per available core.
     /// (In barrier mode workers compute on threads of their own, and the pool serves the
@@ -86,6 +134,7 @@ pub struct JobConfig {
     /// (Spark's `spark.barrier.sync.timeout`, whose 365-day default is not copied). Default
     /// 10 min; `Duration::MAX` means no limit. The iteration timeout still bounds the whole
     /// iteration; if it passes while an epoch gathers, the error is the epoch's timeout.
+    #[serde(with = "duration")]
     pub sync_timeout: Duration,
     /// The fraction of workers an iteration may go on with once
     /// [`min_workers_timeout`](JobConfig::min_workers_timeout) has passed (Guagua's
@@ -100,6 +149,7 @@ pub struct JobConfig {
     /// `ceil(min_workers_ratio × workers)` (Guagua's `guagua.min.workers.timeout`). Measured
     /// from the broadcast that starts the iteration. Default 5 s; unused while the ratio
     /// is 1.0.
+    #[serde(with = "duration")]
     pub min_workers_timeout: Duration,
     /// What the job does when a worker fails — its code errs or panics in start-up or an
     /// iteration, or it is lost (its process killed, its heartbeats gone). Default
@@ -214,8 +264,8 @@ impl JobConfig {
                     "failure_policy",
                     self.failure_policy,
                     &format!(
-                        "needs a min_workers_ratio whose quorum ceil(ratio × workers) is below the {} workers (it is {}): it goes on without a failed worker only while the quorum remains",
-                        self.workers,
+                        "needs a min_workers_ratio whose quorum ceil(ratio × workers) is below the job's {} (it is {}): it goes on without a failed worker only while the quorum remains",
+                        crate::error::counted(self.workers, "worker"),
                         self.quorum()
                     ),
                 ));
@@ -264,6 +314,143 @@ impl JobConfig {
     }
 }
 
+impl JobConfig {
+    /// These settings, with those the environment sets overriding them (the variables are
+    /// in the [type's docs](JobConfig#from-the-environment)). An unset variable leaves
+    /// its setting as it is; a value that does not parse is an error naming the variable
+    /// and its value.
+    pub fn with_env(self) -> Result<Self, ConfigError> {
+        self.with_vars(|var| std::env::var(var).ok())
+    }
+
+    /// As [`with_env`](JobConfig::with_env), with the variables read by `get`.
+    pub fn with_vars(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        fn number<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, ConfigError> {
+            value
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::new(var, value, "must be a whole number"))
+        }
+        let time = |var: &str, value: &str| {
+            parse_duration(value).map_err(|why| ConfigError::new(var, value, &why))
+        };
+        if let Some(v) = get("SUPERSTEP_WORKERS") {
+            self.workers = number("SUPERSTEP_WORKERS", &v)?;
+        }
+        if let Some(v) = get("SUPERSTEP_ITERATIONS") {
+            self.iterations = number("SUPERSTEP_ITERATIONS", &v)?;
+        }
+        if let Some(v) = get("SUPERSTEP_PLACEMENT") {
+            self.placement = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => Placement::Auto,
+                "inline" => Placement::Inline,
+                "pool" => Placement::Pool,
+                _ => {
+                    return Err(ConfigError::new(
+                        "SUPERSTEP_PLACEMENT",
+                        &v,
+                        "must be auto, inline or pool",
+                    ))
+                }
+            };
+        }
+        if let Some(v) = get("SUPERSTEP_COMPUTE_THREADS") {
+            self.compute_threads = Some(number("SUPERSTEP_COMPUTE_THREADS", &v)?);
+        }
+        for (var, setting) in [
+            ("SUPERSTEP_STARTUP_TIMEOUT", &mut self.startup_timeout),
+            ("SUPERSTEP_ITERATION_TIMEOUT", &mut self.iteration_timeout),
+            ("SUPERSTEP_SHUTDOWN_TIMEOUT", &mut self.shutdown_timeout),
+            ("SUPERSTEP_SYNC_TIMEOUT", &mut self.sync_timeout),
+            ("SUPERSTEP_FAILURE_GRACE", &mut self.failure_grace),
+        ] {
+            if let Some(v) = get(var) {
+                *setting = time(var, &v)?;
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// A duration as people write it: `30s`, `1h 30m`, `250ms` (humantime's forms), or a
+/// number of seconds (`30`, `2.5`).
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| "must be a number of seconds, 0 or more".to_string());
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        format!("must be a duration such as \"30s\", \"1h 30m\" or \"250ms\", or a number of seconds ({e})")
+    })
+}
+
+/// Durations in settings documents: written as `"30s"`, read from such a string, a number
+/// of seconds, or the `{"secs": …, "nanos": …}` of serde's own form.
+pub(crate) mod duration {
+    use std::fmt;
+    use std::time::Duration;
+
+    use serde::de::{self, MapAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*d))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        d.deserialize_any(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl<'de> Visitor<'de> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration such as \"30s\", or a number of seconds")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+            super::parse_duration(v).map_err(|why| E::custom(format!("{v:?} {why}")))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(v))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+            u64::try_from(v)
+                .map(Duration::from_secs)
+                .map_err(|_| E::custom(format!("{v} seconds is below 0")))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Duration, E> {
+            Duration::try_from_secs_f64(v)
+                .map_err(|_| E::custom(format!("{v} is not a number of seconds, 0 or more")))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Duration, A::Error> {
+            let (mut secs, mut nanos) = (None::<u64>, None::<u32>);
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "secs" => secs = Some(map.next_value()?),
+                    "nanos" => nanos = Some(map.next_value()?),
+                    other => return Err(de::Error::unknown_field(other, &["secs", "nanos"])),
+                }
+            }
+            let secs = secs.ok_or_else(|| de::Error::missing_field("secs"))?;
+            let nanos = nanos.unwrap_or(0);
+            if nanos >= 1_000_000_000 {
+                return Err(de::Error::custom(format!(
+                    "{nanos} nanos is a second or more"
+                )));
+            }
+            Ok(Duration::new(secs, nanos))
+        }
+    }
+}
+
 /// `ceil(ratio × workers)`, at least 1 and at most `workers`.
 pub(crate) fn quorum(ratio: f64, workers: usize) -> usize {
     // Less a hair, so that a product a rounding error above a whole number (0.7 × 10 is
@@ -275,6 +462,112 @@ pub(crate) fn quorum(ratio: f64, workers: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partial_document_keeps_the_defaults_and_reads_durations_as_written() {
+        let config: JobConfig = serde_json::from_str(
+            r#"{"workers": 4, "iterations": 10, "startup_timeout": "1h 30m",
+                "iteration_timeout": 90, "failure_grace": "250ms", "sync_timeout": 2.5,
+                "shutdown_timeout": {"secs": 3, "nanos": 5}, "placement": "pool"}"#,
+        )
+        .unwrap();
+        let expected = JobConfig {
+            workers: 4,
+            iterations: 10,
+            startup_timeout: Duration::from_secs(5400),
+            iteration_timeout: Duration::from_secs(90),
+            failure_grace: Duration::from_millis(250),
+            sync_timeout: Duration::from_millis(2500),
+            shutdown_timeout: Duration::new(3, 5),
+            placement: Placement::Pool,
+            ..JobConfig::default()
+        };
+        assert_eq!(config, expected);
+        let empty: JobConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty, JobConfig::default());
+    }
+
+    #[test]
+    fn a_document_round_trips_with_durations_as_text() {
+        let config = JobConfig {
+            iteration_timeout: Duration::MAX,
+            inline_threshold: Duration::from_micros(50),
+            ..JobConfig::default()
+        };
+        let text = serde_json::to_string(&config).unwrap();
+        assert!(text.contains(r#""inline_threshold":"50us""#), "{text}");
+        assert_eq!(serde_json::from_str::<JobConfig>(&text).unwrap(), config);
+    }
+
+    #[test]
+    fn a_wrong_setting_in_a_document_is_named() {
+        let err = serde_json::from_str::<JobConfig>(r#"{"wokers": 4}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
+        let err =
+            serde_json::from_str::<JobConfig>(r#"{"iteration_timeout": "soon"}"#).unwrap_err();
+        assert!(
+            err.to_string().contains(r#""soon" must be a duration"#),
+            "{err}"
+        );
+        let err = serde_json::from_str::<JobConfig>(r#"{"iteration_timeout": -1}"#).unwrap_err();
+        assert!(err.to_string().contains("below 0"), "{err}");
+    }
+
+    #[test]
+    fn the_environment_overrides_the_common_settings() {
+        let vars = [
+            ("SUPERSTEP_WORKERS", "8"),
+            ("SUPERSTEP_ITERATIONS", "3"),
+            ("SUPERSTEP_PLACEMENT", "Inline"),
+            ("SUPERSTEP_COMPUTE_THREADS", "2"),
+            ("SUPERSTEP_ITERATION_TIMEOUT", "2m"),
+            ("SUPERSTEP_SYNC_TIMEOUT", "45"),
+        ];
+        let get = |var: &str| {
+            vars.iter()
+                .find(|(v, _)| *v == var)
+                .map(|(_, value)| value.to_string())
+        };
+        let base = JobConfig {
+            job_id: "from-code".into(),
+            workers: 2,
+            ..JobConfig::default()
+        };
+        let config = base.with_vars(get).unwrap();
+        let expected = JobConfig {
+            job_id: "from-code".into(),
+            workers: 8,
+            iterations: 3,
+            placement: Placement::Inline,
+            compute_threads: Some(2),
+            iteration_timeout: Duration::from_secs(120),
+            sync_timeout: Duration::from_secs(45),
+            ..JobConfig::default()
+        };
+        assert_eq!(config, expected);
+        let unset = JobConfig::default().with_vars(|_| None).unwrap();
+        assert_eq!(unset, JobConfig::default());
+    }
+
+    #[test]
+    fn a_wrong_value_in_the_environment_names_its_variable() {
+        let err = JobConfig::default()
+            .with_vars(|var| (var == "SUPERSTEP_ITERATIONS").then(|| "ten".to_string()))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid setting `SUPERSTEP_ITERATIONS` = "ten": must be a whole number"#
+        );
+        let err = JobConfig::default()
+            .with_vars(|var| (var == "SUPERSTEP_SHUTDOWN_TIMEOUT").then(|| "1 fortnight".into()))
+            .unwrap_err();
+        assert_eq!(err.setting, "SUPERSTEP_SHUTDOWN_TIMEOUT");
+        assert!(err.requirement.starts_with("must be a duration"), "{err}");
+        let err = JobConfig::default()
+            .with_vars(|var| (var == "SUPERSTEP_PLACEMENT").then(|| "gpu".into()))
+            .unwrap_err();
+        assert_eq!(err.requirement, "must be auto, inline or pool");
+    }
 
     #[test]
     fn the_default_configuration_is_valid() {

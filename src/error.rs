@@ -471,3 +471,12 @@ impl JobError {
         }
     }
 }
+
+/// `n` of a thing, in words that agree with `n`: "1 worker", "3 workers".
+pub(crate) fn counted(n: usize, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}

@@ -164,6 +164,7 @@ mod payload;
 pub mod protocol;
 mod report;
 mod runtime;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod transport;
 
@@ -183,14 +184,16 @@ pub use report::{IterationReport, JobOutcome, JobReport, Recovered};
 pub use runtime::Cancel;
 
 /// The README's examples compile and pass as doctests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "tcp", feature = "sim", feature = "pipeline"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 /// The names most jobs use.
 pub mod prelude {
+    pub use crate::protocol::SyncError;
     pub use crate::{
-        BoxError, Ending, Job, JobError, JobEvent, MasterComputable, MasterContext,
-        MasterInterceptor, Step, WorkerComputable, WorkerContext, WorkerInterceptor,
+        BoxError, Ending, FailurePolicy, Floats, Job, JobBuilder, JobError, JobEvent, JobOutcome,
+        MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step,
+        WorkerComputable, WorkerContext, WorkerInterceptor,
     };
 }

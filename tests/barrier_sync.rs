@@ -83,6 +83,25 @@ fn all_gather_returns_every_rank_message_in_rank_order_and_barrier_waits_for_the
 }
 
 #[test]
+fn all_gather_takes_borrowed_messages_and_gives_them_back_owned() {
+    let outcome = barrier_job(3, 2, |rank| FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            let name = format!("rank-{rank}");
+            let names: Vec<String> = ctx.all_gather(name.as_str())?;
+            assert_eq!(names, ["rank-0", "rank-1", "rank-2"]);
+            let hello: Vec<String> = ctx.all_gather("hello")?;
+            assert_eq!(hello, ["hello"; 3]);
+            let rows: Vec<Vec<u64>> = ctx.all_gather(&[rank as u64, 7][..])?;
+            assert_eq!(rows, [vec![0, 7], vec![1, 7], vec![2, 7]]);
+            Ok(names.len() as u64)
+        }),
+    })
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 2 * 3 * 3);
+}
+
+#[test]
 fn several_calls_in_one_compute_across_many_iterations_meet_their_epochs() {
     let workers = 4;
     barrier_job(workers, 6, move |rank| FnWorker {
@@ -415,6 +434,7 @@ fn compute_that_uses_rayon_syncs_in_barrier_mode() {
 /// failed. Every process returns the job's first failure — rank 1's, as the master saw
 /// it — as fast as in memory: the waiting call and the late one are answered by the abort,
 /// not by a timeout (sync 30 s, shutdown 60 s by default here).
+#[cfg(feature = "tcp")]
 #[test]
 fn over_tcp_a_failure_ends_every_process_at_once_with_the_job_first_failure() {
     let started = std::time::Instant::now();

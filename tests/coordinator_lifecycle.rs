@@ -7,7 +7,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{over_tcp, summing_master, FnWorker};
+#[cfg(feature = "tcp")]
+use common::over_tcp;
+use common::{summing_master, FnWorker};
 use superstep::coordinator::{Coordinator, JobInfo, Lifecycle, WorkerReport};
 use superstep::prelude::*;
 use superstep::{FailurePolicy, Hook, Placement};
@@ -235,6 +237,7 @@ fn after_every_worker_restarts_the_context_names_the_new_attempt_and_only_its_at
     assert_eq!(*heard.committed.lock().unwrap(), expected_files(3, 2));
 }
 
+#[cfg(feature = "tcp")]
 #[test]
 fn over_tcp_what_each_worker_attached_crosses_to_the_coordinator() {
     let heard = Heard::default();

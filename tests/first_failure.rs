@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{over_tcp, summing_master, FnWorker, WorkerFn};
+#[cfg(feature = "tcp")]
+use common::over_tcp;
+use common::{summing_master, FnWorker, WorkerFn};
 use superstep::coordinator::{Coordinator, WorkerReport};
 use superstep::prelude::*;
 use superstep::{Cancel, Phase, Placement};
@@ -169,6 +171,7 @@ fn the_coordinator_cleans_up_once_before_run_returns_even_when_compute_holds_the
     }
 }
 
+#[cfg(feature = "tcp")]
 #[test]
 fn over_tcp_every_process_returns_the_first_failure_within_the_grace() {
     let seen = Arc::new(Seen::default());

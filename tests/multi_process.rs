@@ -21,7 +21,7 @@ use superstep::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, FsCheckpointStore, Loaded,
 };
 use superstep::prelude::*;
-use superstep::transport::{ClusterEnv, TcpSettings, TcpTransport};
+use superstep::transport::ClusterEnv;
 use superstep::FailurePolicy;
 
 const BEHAVIOUR: &str = "SUPERSTEP_TEST_BEHAVIOUR";
@@ -298,9 +298,6 @@ fn child_process() {
         .with_env_filter("warn")
         .with_ansi(false)
         .try_init();
-    let mut settings = TcpSettings::from_cluster(&env).unwrap();
-    settings.heartbeat_interval = Duration::from_millis(100);
-    settings.heartbeat_timeout = Duration::from_secs(1);
     let behaviour = std::env::var(BEHAVIOUR).unwrap_or_default();
     // A process started again in the place of a killed one does not fail again.
     let fault = match behaviour.as_str() {
@@ -320,11 +317,13 @@ fn child_process() {
     } else {
         FailurePolicy::Fail
     };
-    let transport = TcpTransport::new(settings).unwrap();
+    // The heartbeats' settings come from the environment the test gave the launcher.
     let mut job = job(&data(), env.world_size, fault)
+        .cluster_from_env()
+        .unwrap()
         .failure_policy(policy)
-        .barrier_mode(behaviour == KILL_MASTER_BARRIER)
-        .transport(transport);
+        .barrier_mode(behaviour == KILL_MASTER_BARRIER);
+    assert_eq!(job.process_rank(), Some(env.rank));
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
             std::fs::write(
@@ -380,6 +379,8 @@ fn launch(n: usize, behaviour: &str) -> Output {
         ])
         .env(BEHAVIOUR, behaviour)
         .env(CHECKPOINTS, checkpoints.path())
+        .env("SUPERSTEP_HEARTBEAT_INTERVAL", "100ms")
+        .env("SUPERSTEP_HEARTBEAT_TIMEOUT", "1s")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -409,6 +410,21 @@ fn assert_results(stdout: &str, ranks: std::ops::Range<usize>, expected: &str, b
             .unwrap_or_else(|| panic!("{behaviour}: no result from rank {rank}: {stdout}"));
         assert_eq!(result, expected, "{behaviour}: rank {rank}");
     }
+}
+
+#[test]
+fn the_launchers_help_opens_with_what_it_does() {
+    let out = Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        help.lines().next(),
+        Some("Start N local processes of a superstep job binary as one cluster job"),
+        "{help}"
+    );
 }
 
 #[test]

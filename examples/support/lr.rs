@@ -11,8 +11,8 @@ use std::sync::Arc;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use superstep::coordinator::Shard;
 use superstep::prelude::*;
-use superstep::JobBuilder;
 
 /// Rows of features and 0/1 labels, row-major.
 pub struct Dataset {
@@ -136,11 +136,27 @@ fn step(weights: &[f64], total: &Gradient, rate: f64) -> Model {
 pub struct LrWorker {
     data: Arc<Dataset>,
     range: Range<usize>,
+    /// Whether `init` takes the range from the worker's shard of the input.
+    sharded: bool,
 }
 
 impl LrWorker {
     pub fn new(data: Arc<Dataset>, range: Range<usize>) -> Self {
-        LrWorker { data, range }
+        LrWorker {
+            data,
+            range,
+            sharded: false,
+        }
+    }
+
+    /// A worker that reads the rows of its shard of `Input::Rows` (`ctx.shard()`).
+    #[allow(dead_code)]
+    pub fn sharded(data: Arc<Dataset>) -> Self {
+        LrWorker {
+            data,
+            range: 0..0,
+            sharded: true,
+        }
     }
 }
 
@@ -149,6 +165,12 @@ impl WorkerComputable for LrWorker {
     type WorkerResult = Gradient;
 
     fn init(&mut self, ctx: &mut WorkerContext<Model, Gradient>) -> Result<(), BoxError> {
+        if self.sharded {
+            self.range = match ctx.shard() {
+                Some(Shard::Rows(rows)) => rows.start as usize..rows.end as usize,
+                other => return Err(format!("expected a shard of rows, got {other:?}").into()),
+            };
+        }
         if self.range.end > self.data.rows {
             return Err(format!(
                 "worker {}: rows {:?} are outside the data set of {} rows",

@@ -40,7 +40,7 @@ use nix::unistd::Pid;
 
 /// Start N local processes of a superstep job binary as one cluster job.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// How many processes (= workers); rank 0 also runs the master.
     #[arg(long, default_value_t = 2)]

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::{Attempt, HaltedBy, Iteration};
 
 pub use fs::FsCheckpointStore;
+#[cfg(feature = "sim")]
 pub(crate) use fs::{encode, newest_readable};
 
 /// The master's state after an iteration: what a restarted job resumes from.

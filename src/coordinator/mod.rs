@@ -18,17 +18,21 @@
 //! sharding must give the same shards in every process: split what every process sees
 //! alike), and only the master's process runs `on_start`, `on_finish` and `on_error`.
 
+mod counts;
+#[cfg(feature = "pipeline")]
 mod output;
+#[cfg(feature = "pipeline")]
 mod rows;
 mod shard;
 
 use crate::error::{BoxError, JobError};
 use crate::protocol::{Attempt, Rank};
 
+pub use counts::{MalformedRows, Rejected, RowCounts, MAX_RECORDED_REJECTS};
+#[cfg(feature = "pipeline")]
 pub use output::{AtomicCommit, CommitStep, FileMerge, Manifest, MergeFormat, Staging};
-pub use rows::{
-    MalformedRows, Rejected, RowCounts, RowError, RowFormat, RowSource, MAX_RECORDED_REJECTS,
-};
+#[cfg(feature = "pipeline")]
+pub use rows::{RowError, RowFormat, RowSource};
 pub use shard::{split_files, split_lines, split_rows, Input, LineRange, LineReader, Shard};
 
 /// What one worker reported when it stopped.

@@ -6,71 +6,9 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
+use super::counts::{MalformedRows, Rejected, RowCounts};
 use super::shard::{LineCounter, LineRange, LineReader};
-
-/// The most rejected rows a worker records one by one; past it they are only counted.
-pub const MAX_RECORDED_REJECTS: usize = 1_000;
-
-/// What a malformed row does ([`JobBuilder::malformed_rows`](crate::JobBuilder::malformed_rows)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum MalformedRows {
-    /// The row fails the worker (and the job), naming its file and line. The default.
-    #[default]
-    Fail,
-    /// The row is skipped, counted as rejected, and recorded with its file, line and why.
-    Skip,
-}
-
-/// A row that could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rejected {
-    /// The file.
-    pub file: PathBuf,
-    /// Its 1-based line number.
-    pub line: u64,
-    /// Why it was rejected.
-    pub reason: String,
-}
-
-impl std::fmt::Display for Rejected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}: {}", self.file.display(), self.line, self.reason)
-    }
-}
-
-/// How many rows a worker (or the job) read, wrote and rejected, and the rejected ones.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RowCounts {
-    /// Rows read (rejected ones included).
-    pub read: u64,
-    /// Rows written.
-    pub written: u64,
-    /// Rows rejected as malformed.
-    pub rejected: u64,
-    /// The rejected rows, up to [`MAX_RECORDED_REJECTS`] per worker; `rejected` counts
-    /// them all.
-    pub rejects: Vec<Rejected>,
-}
-
-impl RowCounts {
-    /// Adds `other`'s counts and records.
-    pub fn add(&mut self, other: &RowCounts) {
-        self.read += other.read;
-        self.written += other.written;
-        self.rejected += other.rejected;
-        self.rejects.extend(other.rejects.iter().cloned());
-    }
-
-    /// Counts a rejected row, recording it while there is room.
-    pub fn reject(&mut self, rejected: Rejected) {
-        self.rejected += 1;
-        if self.rejects.len() < MAX_RECORDED_REJECTS {
-            self.rejects.push(rejected);
-        }
-    }
-}
 
 /// Why a row could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -359,6 +297,7 @@ impl<T: DeserializeOwned> Iterator for RowSource<T> {
 mod tests {
     use super::super::shard::split_lines;
     use super::*;
+    use serde::Deserialize;
 
     #[derive(Debug, Deserialize, PartialEq)]
     struct Row {

@@ -278,6 +278,7 @@ impl Read for LineReader {
 
 /// Counts lines up to a byte offset, for naming the line of a bad row: scans forward from
 /// the last offset asked, so a worker pays for the scan only when a row is bad, and once.
+#[cfg(feature = "pipeline")]
 #[derive(Debug)]
 pub(crate) struct LineCounter {
     path: PathBuf,
@@ -286,6 +287,7 @@ pub(crate) struct LineCounter {
     newlines: u64,
 }
 
+#[cfg(feature = "pipeline")]
 impl LineCounter {
     pub(crate) fn new(path: PathBuf) -> Self {
         LineCounter {
@@ -375,6 +377,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "pipeline")]
     #[test]
     fn the_line_of_an_offset_is_counted_forward() {
         let dir = tempfile::tempdir().unwrap();

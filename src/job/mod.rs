@@ -55,6 +55,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             input: None,
             cancel: None,
             workers_set: false,
+            rank: None,
         }
     }
 
@@ -130,6 +131,8 @@ pub struct JobBuilder<M, W> {
     /// Whether the worker count was set ([`workers`](Self::workers) or
     /// [`config`](Self::config)), rather than left to its default.
     workers_set: bool,
+    /// This process's rank in a cluster job ([`cluster_from_env`](Self::cluster_from_env)).
+    rank: Option<Rank>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -240,6 +243,16 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self.config = config;
         self.workers_set = true;
         self
+    }
+
+    /// Lets the environment override the common settings set so far
+    /// ([`JobConfig::with_env`]: `SUPERSTEP_ITERATIONS`, `SUPERSTEP_ITERATION_TIMEOUT`,
+    /// …). Fails naming the variable whose value does not parse.
+    pub fn settings_from_env(mut self) -> Result<Self, ConfigError> {
+        let workers = self.config.workers;
+        self.config = self.config.with_env()?;
+        self.workers_set |= self.config.workers != workers;
+        Ok(self)
     }
 
     /// Adds an interceptor to the master. Several nest like a call stack, in the order
@@ -405,6 +418,61 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
         self
+    }
+
+    /// Runs the job as one process of a cluster job when this process's environment says
+    /// it is one — `superstep-launch`, torchrun, Slurm, Open MPI, a Kubernetes indexed job
+    /// ([`ClusterEnv`](crate::transport::ClusterEnv)) — over TCP, with one worker per
+    /// process (the workers set to the world size); otherwise the job stays as built so
+    /// far, in memory. The one line of glue a cluster binary needs:
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # struct W; impl WorkerComputable for W { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> { Ok(1) } }
+    /// # struct M; impl MasterComputable for M { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, _: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> { Ok(Step::Halt(1)) } }
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let outcome = Job::builder(M, |_| W)
+    ///     .workers(4) // in memory; a cluster job has one worker per process
+    ///     .cluster_from_env()?
+    ///     .run()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The same binary then runs alone (`cargo run`), and as every process of a cluster
+    /// job (`superstep-launch --nproc 4 -- ./job`, `torchrun`, `srun`). A worker count set
+    /// after this call must be the world size. Fails, naming the variable, when the
+    /// environment describes a cluster wrongly (a rank outside the world size, no master
+    /// address, a bad number).
+    #[cfg(feature = "tcp")]
+    pub fn cluster_from_env(mut self) -> Result<Self, crate::transport::TransportError> {
+        let Some(transport) = crate::transport::TcpTransport::<M, W>::from_env()? else {
+            return Ok(self);
+        };
+        let settings = transport.settings();
+        self.rank = Some(settings.rank);
+        self.config.workers = settings.world_size;
+        self.workers_set = false;
+        Ok(self.transport(transport))
+    }
+
+    /// This process's rank in a cluster job found by
+    /// [`cluster_from_env`](Self::cluster_from_env), or `None` when the job runs in this
+    /// process alone.
+    pub fn process_rank(&self) -> Option<Rank> {
+        self.rank
+    }
+
+    /// Whether this process runs the master: always in memory; rank 0 of a cluster job.
+    pub fn runs_master(&self) -> bool {
+        self.rank.is_none_or(|r| r == 0)
+    }
+
+    /// The number of workers as set so far: the world size after
+    /// [`cluster_from_env`](Self::cluster_from_env) found a cluster.
+    pub fn worker_count(&self) -> usize {
+        self.config.workers
     }
 
     /// Checks the settings and makes the job.

@@ -380,6 +380,7 @@ impl<M, W> MasterNode<M, W> {
 
     /// When [`handle_timeout`](Self::handle_timeout) should be called next, if any wait
     /// is under way.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let master = match self.master {
             MasterAt::Away {
@@ -405,16 +406,19 @@ impl<M, W> MasterNode<M, W> {
     }
 
     /// Every arrival the gate dropped so far (stale, duplicate, of an unknown rank).
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn drops(&self) -> super::Drops {
         self.gate.drops()
     }
 
     /// The ranks the job goes on without for good.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn lost(&self) -> Vec<Rank> {
         self.gate.lost()
     }
 
     /// The iteration being gathered, if one is.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn gathering(&self) -> Option<Iteration> {
         match self.stage {
             Stage::Gathering(i) => Some(i),

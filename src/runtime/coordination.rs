@@ -41,8 +41,9 @@ pub(crate) fn shards(
     if shards.len() != workers {
         return Err(failed(Cause::from_error(
             format!(
-                "{} shards for {workers} workers: one per worker",
-                shards.len()
+                "{} for {}: one per worker",
+                crate::error::counted(shards.len(), "shard"),
+                crate::error::counted(workers, "worker")
             )
             .into(),
         )));

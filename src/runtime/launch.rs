@@ -78,8 +78,8 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     if in_process.is_some() && !(topology.master && topology.workers.len() == config.workers) {
         return Err(JobError::Transport {
             message: format!(
-                "a transport that runs the job in one process must run the master and all {} workers here, not {topology:?}",
-                config.workers
+                "a transport that runs the job in one process must run the master and every worker ({}) here, not {topology:?}",
+                crate::error::counted(config.workers, "worker")
             ),
         });
     }

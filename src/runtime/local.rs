@@ -332,7 +332,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 super::worker::sync_patience(config),
             );
             ctx.sync = Some(sync);
-            let name = format!("superstep-{}-worker-{rank}", config.job_id);
+            let name = format!("{}-worker-{rank}", super::thread_prefix(&config.job_id));
             (
                 Placement::Pool,
                 Some(answers),

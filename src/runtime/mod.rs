@@ -46,6 +46,7 @@ pub use cancel::Cancel;
 
 use coordination::CoordinatorSlot;
 use launch::{launch, Shared};
+#[cfg(feature = "sim")]
 pub(crate) use launch::{master_process, MasterParts};
 use pool::PoolExits;
 use watch::Watch;
@@ -190,6 +191,17 @@ pub(crate) fn fingerprint<M, W>(
 /// The user's combiner of worker results (see `JobBuilder::combine`).
 pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
+/// The start of the names of a job's threads: `superstep-` and the job's id, or the id
+/// alone when it starts with `superstep` already (the default id's threads are
+/// `superstep-compute-0`, not `superstep-superstep-compute-0`).
+pub(crate) fn thread_prefix(job_id: &str) -> String {
+    if job_id.starts_with("superstep") {
+        job_id.to_string()
+    } else {
+        format!("superstep-{job_id}")
+    }
+}
+
 /// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
 /// 100 ms.
 pub(crate) fn tick(config: &JobConfig) -> Duration {
@@ -225,7 +237,7 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     let job = shared.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
-        .name(format!("superstep-{}", config.job_id))
+        .name(thread_prefix(&config.job_id))
         .spawn(move || {
             let exits = PoolExits::default();
             let shutdown = plan.config.shutdown_timeout;
@@ -330,7 +342,7 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
 ) -> Result<JobOutcome<M>, JobError> {
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
-        .name(format!("superstep-{}-run", plan.config.job_id))
+        .name(format!("{}-run", thread_prefix(&plan.config.job_id)))
         .spawn(move || {
             let _ = tx.send(execute(plan));
         })

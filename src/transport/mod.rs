@@ -28,11 +28,13 @@
 //! Sending must not block: queue the message and return.
 
 mod memory;
+#[cfg(feature = "tcp")]
 pub mod tcp;
 
 use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
 
 pub use memory::MemoryTransport;
+#[cfg(feature = "tcp")]
 pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
 
 /// A transport that runs every part of a job in this process ([`Transport::in_process`]).
@@ -189,7 +191,7 @@ pub enum TransportError {
         what: String,
     },
     /// The job's worker count and the cluster's world size differ.
-    #[error("the job has {job} workers but the cluster's world size is {cluster}")]
+    #[error("the job has {} but the cluster's world size is {cluster}", crate::error::counted(*job, "worker"))]
     WorldSize {
         /// The job's `workers`.
         job: usize,

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use superstep::prelude::*;
+#[cfg(feature = "tcp")]
 use superstep::JobOutcome;
 
 /// A worker whose compute is a closure.
@@ -124,6 +125,7 @@ impl Log {
 
 /// Settings of rank `rank` of a loopback job over TCP, with a secret and timeouts short
 /// enough for tests.
+#[cfg(feature = "tcp")]
 pub fn tcp_settings(
     rank: usize,
     world: usize,
@@ -144,6 +146,7 @@ pub fn tcp_settings(
 
 /// Rank 0's transport on a free loopback port, its settings adjusted by `adjust`, and the
 /// address workers dial.
+#[cfg(feature = "tcp")]
 pub fn tcp_master<M, W>(
     world: usize,
     job: &str,
@@ -160,6 +163,7 @@ pub fn tcp_master<M, W>(
 /// Runs a job of `world` ranks over loopback TCP, each rank in a thread of its own with
 /// its own transport (as separate processes would have), and returns every rank's outcome
 /// in rank order. `run` builds and runs rank `r`'s job on the transport it is given.
+#[cfg(feature = "tcp")]
 pub fn over_tcp<M, W, F>(world: usize, job: &str, run: F) -> Vec<Result<JobOutcome<M>, JobError>>
 where
     M: superstep::Payload,
@@ -191,6 +195,7 @@ where
 /// job's `fingerprint`, so the master's node takes it for one of its workers — and does
 /// nothing unless told: its transport (the connection lives as long as it does), its link
 /// to the master, and what the master's node tells it. Returns once it is connected.
+#[cfg(feature = "tcp")]
 #[allow(clippy::type_complexity)]
 pub fn tcp_link(
     rank: usize,

@@ -19,8 +19,14 @@ use crate::transport::TransportError;
 /// | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
 /// | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
 /// | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
-/// | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect, in seconds | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 |
-/// | how long a worker tries to reach a lost master again, in seconds | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
+/// | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 s |
+/// | how long a worker tries to reach a lost master again | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
+/// | how often a side with nothing to send sends a heartbeat | `SUPERSTEP_HEARTBEAT_INTERVAL`; default 1 s |
+/// | how long a side may hear nothing before its peer is lost | `SUPERSTEP_HEARTBEAT_TIMEOUT`; default 30 s |
+/// | how long a new connection's handshake may take | `SUPERSTEP_HANDSHAKE_TIMEOUT`; default 5 s |
+/// | the largest frame, in bytes | `SUPERSTEP_MAX_FRAME`; default 268435456 (256 MiB) |
+///
+/// Durations are written `30s`, `1m 30s`, `250ms`, or as a number of seconds (`2.5`).
 ///
 /// The world size is taken from the same launcher as the rank (torchrun's `WORLD_SIZE`
 /// with its `RANK`, not the `SLURM_NTASKS` of the allocation torchrun runs in).
@@ -71,6 +77,17 @@ pub struct ClusterEnv {
     /// if set: a master process started again in the place of one that died resumes the
     /// job from its newest checkpoint, and the workers that reach it carry on.
     pub reconnect_timeout: Option<Duration>,
+    /// How often a side with nothing to send sends a heartbeat
+    /// (`SUPERSTEP_HEARTBEAT_INTERVAL`), if set.
+    pub heartbeat_interval: Option<Duration>,
+    /// How long a side may hear nothing before its peer is lost
+    /// (`SUPERSTEP_HEARTBEAT_TIMEOUT`), if set.
+    pub heartbeat_timeout: Option<Duration>,
+    /// How long a new connection's handshake may take (`SUPERSTEP_HANDSHAKE_TIMEOUT`), if
+    /// set.
+    pub handshake_timeout: Option<Duration>,
+    /// The largest frame, in bytes (`SUPERSTEP_MAX_FRAME`), if set.
+    pub max_frame: Option<usize>,
     /// Which launcher's variables gave the rank: `superstep`, `torchrun`, `Open MPI`,
     /// `PMI`, `Slurm` or `Kubernetes`.
     pub launcher: &'static str,
@@ -226,6 +243,12 @@ impl ClusterEnv {
             restart_count,
             connect_timeout: seconds_of("SUPERSTEP_CONNECT_TIMEOUT")?,
             reconnect_timeout: seconds_of("SUPERSTEP_RECONNECT_TIMEOUT")?,
+            heartbeat_interval: seconds_of("SUPERSTEP_HEARTBEAT_INTERVAL")?,
+            heartbeat_timeout: seconds_of("SUPERSTEP_HEARTBEAT_TIMEOUT")?,
+            handshake_timeout: seconds_of("SUPERSTEP_HANDSHAKE_TIMEOUT")?,
+            max_frame: get("SUPERSTEP_MAX_FRAME")
+                .map(|v| parse("SUPERSTEP_MAX_FRAME", &v))
+                .transpose()?,
             launcher: launcher.map_or("superstep", |l| l.name),
         }))
     }
@@ -328,18 +351,10 @@ pub(crate) fn check_addr_port(addr: &str, lowest: u32) -> Result<u16, String> {
     Ok(port as u16)
 }
 
-/// A duration in seconds, fractions allowed.
+/// A duration: `30s`, `1m 30s`, or a number of seconds, fractions allowed.
 fn seconds(var: &str, value: &str) -> Result<Duration, TransportError> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-        .ok_or_else(|| {
-            TransportError::Env(format!(
-                "{var} = {value:?} is not a number of seconds (0 or more)"
-            ))
-        })
+    crate::config::parse_duration(value)
+        .map_err(|why| TransportError::Env(format!("{var} = {value:?} {why}")))
 }
 
 fn parse<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, TransportError> {
@@ -626,7 +641,7 @@ mod tests {
         );
         let err = with_addr(&[("SUPERSTEP_RECONNECT_TIMEOUT", "-1")]);
         assert!(
-            err.contains("SUPERSTEP_RECONNECT_TIMEOUT = \"-1\" is not a number of seconds"),
+            err.contains("SUPERSTEP_RECONNECT_TIMEOUT = \"-1\" must be a number of seconds"),
             "{err}"
         );
         let err = with_addr(&[("SLURM_RESTART_COUNT", "twice")]);
@@ -639,9 +654,25 @@ mod tests {
                     ("SUPERSTEP_RECONNECT_TIMEOUT", "2.5"),
                     ("SUPERSTEP_CONNECT_TIMEOUT", "120"),
                     ("SUPERSTEP_RESTART_COUNT", "3"),
+                    ("SUPERSTEP_HEARTBEAT_INTERVAL", "100ms"),
+                    ("SUPERSTEP_HEARTBEAT_TIMEOUT", "1m 30s"),
+                    ("SUPERSTEP_HANDSHAKE_TIMEOUT", "2s"),
+                    ("SUPERSTEP_MAX_FRAME", "1048576"),
                 ],
             ]
             .concat(),
+        );
+        let settings = crate::transport::TcpSettings::from_cluster(&restarted).unwrap();
+        assert_eq!(settings.heartbeat_interval, Duration::from_millis(100));
+        assert_eq!(settings.heartbeat_timeout, Duration::from_secs(90));
+        assert_eq!(settings.handshake_timeout, Duration::from_secs(2));
+        assert_eq!(settings.max_frame, 1 << 20);
+        let err = with_addr(&[("SUPERSTEP_HEARTBEAT_TIMEOUT", "a while")]);
+        assert!(
+            err.contains(
+                "SUPERSTEP_HEARTBEAT_TIMEOUT = \"a while\" must be a duration such as \"30s\""
+            ),
+            "{err}"
         );
         assert_eq!(
             restarted.reconnect_timeout,

@@ -50,7 +50,25 @@ use lane::Lane;
 use wire::Wire;
 
 /// The settings of a [`TcpTransport`]; [`TcpSettings::new`] gives the defaults.
-#[derive(Clone, PartialEq, Eq)]
+///
+/// A settings document in any serde format names only what it changes (the rest keep
+/// their defaults; [`Default`] is rank 0 of 1 with the master at `127.0.0.1:29500`), with
+/// durations written as `"30s"` or a number of seconds and the secret as text:
+///
+/// ```
+/// # use superstep::transport::TcpSettings;
+/// let settings: TcpSettings = serde_json::from_str(
+///     r#"{"rank": 2, "world_size": 4, "master_addr": "10.0.0.1:29500", "heartbeat_timeout": "1m"}"#,
+/// )?;
+/// assert_eq!(settings.heartbeat_timeout, std::time::Duration::from_secs(60));
+/// assert_eq!(settings.heartbeat_interval, std::time::Duration::from_secs(1));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+///
+/// In a cluster job the environment gives them ([`from_cluster`](Self::from_cluster),
+/// [`ClusterEnv`]), heartbeats and frame size included.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TcpSettings {
     /// This process's rank: it runs worker `rank`, and the master if `rank == 0`.
@@ -67,17 +85,21 @@ pub struct TcpSettings {
     /// The shared secret every worker must prove it knows (an empty one counts as none).
     /// It authenticates workers to the master; it does not encrypt the traffic, nor prove
     /// the master to the workers: run jobs on a network you trust, or through a tunnel.
+    #[serde(deserialize_with = "secret_text")]
     pub secret: Option<Vec<u8>>,
     /// The largest frame accepted or sent. Default 256 MiB.
     pub max_frame: usize,
     /// How long a new connection may take to complete the handshake. Default 5 s: a
     /// handshake is two round trips, and a peer that is slower than that holds a slot an
     /// authenticated worker may need.
+    #[serde(with = "crate::config::duration")]
     pub handshake_timeout: Duration,
     /// How often a side that has nothing else to send sends a heartbeat. Default 1 s.
+    #[serde(with = "crate::config::duration")]
     pub heartbeat_interval: Duration,
     /// How long a side may hear nothing from its peer before declaring it lost.
     /// Default 30 s.
+    #[serde(with = "crate::config::duration")]
     pub heartbeat_timeout: Duration,
     /// How long a worker keeps trying to reach the master at start-up, and how long the
     /// master's node waits for every rank's first connection before it fails the job
@@ -86,10 +108,12 @@ pub struct TcpSettings {
     /// that a misconfigured job (a wrong address, a wrong secret, a process that never
     /// started) fails in about a minute. Raise it when processes may start far apart
     /// (pods waiting for a node, say): `SUPERSTEP_CONNECT_TIMEOUT`.
+    #[serde(with = "crate::config::duration")]
     pub connect_timeout: Duration,
     /// How long a worker that lost the master keeps trying to reach it again — a master
     /// process started again in its place, say — before the job fails for it with
     /// `JobError::MasterLost`. Zero (the default) never tries: the loss is final at once.
+    #[serde(with = "crate::config::duration")]
     pub reconnect_timeout: Duration,
     /// How many times this process was started again in the place of one that died
     /// ([`ClusterEnv::restart_count`]). A master's node started again resumes from its
@@ -115,6 +139,18 @@ impl fmt::Debug for TcpSettings {
             .field("restart_count", &self.restart_count)
             .finish()
     }
+}
+
+impl Default for TcpSettings {
+    fn default() -> Self {
+        TcpSettings::new(0, 1, "127.0.0.1:29500")
+    }
+}
+
+/// A secret written as text in a settings document; an empty one is none.
+fn secret_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    let text: Option<String> = serde::Deserialize::deserialize(d)?;
+    Ok(text.filter(|t| !t.is_empty()).map(String::into_bytes))
 }
 
 impl TcpSettings {
@@ -149,6 +185,18 @@ impl TcpSettings {
         }
         if let Some(connect) = env.connect_timeout {
             settings.connect_timeout = connect;
+        }
+        if let Some(interval) = env.heartbeat_interval {
+            settings.heartbeat_interval = interval;
+        }
+        if let Some(timeout) = env.heartbeat_timeout {
+            settings.heartbeat_timeout = timeout;
+        }
+        if let Some(timeout) = env.handshake_timeout {
+            settings.handshake_timeout = timeout;
+        }
+        if let Some(max) = env.max_frame {
+            settings.max_frame = max;
         }
         if let Some(bind) = &env.bind {
             settings.bind = Some(bind_addr(bind, &settings.master_addr)?);
@@ -408,8 +456,9 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         }
         if self.io.is_none() {
             let name = format!(
-                "superstep-{}-io-{}",
-                self.settings.job_id, self.settings.rank
+                "{}-io-{}",
+                crate::runtime::thread_prefix(&self.settings.job_id),
+                self.settings.rank
             );
             self.io = Some(IoThread::start(name)?);
         }
@@ -630,6 +679,31 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partial_settings_document_keeps_the_defaults() {
+        let s: TcpSettings = serde_json::from_str(
+            r#"{"rank": 1, "world_size": 3, "master_addr": "node01:29400", "secret": "s3cret",
+                "bind": "0.0.0.0:29400", "heartbeat_interval": "250ms", "connect_timeout": 120}"#,
+        )
+        .unwrap();
+        let mut expected = TcpSettings::new(1, 3, "node01:29400");
+        expected.secret = Some(b"s3cret".to_vec());
+        expected.bind = Some("0.0.0.0:29400".parse().unwrap());
+        expected.heartbeat_interval = Duration::from_millis(250);
+        expected.connect_timeout = Duration::from_secs(120);
+        assert_eq!(s, expected);
+        let empty: TcpSettings = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty, TcpSettings::default());
+        empty.validate().unwrap();
+        let err = serde_json::from_str::<TcpSettings>(r#"{"heartbeat": "1s"}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `heartbeat`"),
+            "{err}"
+        );
+        let none: TcpSettings = serde_json::from_str(r#"{"secret": ""}"#).unwrap();
+        assert_eq!(none.secret, None);
+    }
 
     #[test]
     fn rank_0_binds_an_address_alone_on_the_master_address_port() {

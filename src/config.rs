@@ -163,6 +163,11 @@ pub struct JobConfig {
     /// [`WorkerContext::malformed_rows`](crate::WorkerContext::malformed_rows)): fail it,
     /// naming the file and line (the default), or skip and record it.
     pub malformed_rows: MalformedRows,
+    /// How many of the last iterations the job report keeps in detail
+    /// ([`JobReport::iterations`](crate::JobReport::iterations)); running totals count
+    /// every iteration ([`JobReport::totals`](crate::JobReport::totals)). Default 1,000
+    /// (about 100 KB); 0 keeps none.
+    pub report_iterations: usize,
 }
 
 fn default_failure_grace() -> Duration {
@@ -189,6 +194,7 @@ impl Default for JobConfig {
             min_workers_timeout: Duration::from_secs(5),
             failure_policy: FailurePolicy::Fail,
             malformed_rows: MalformedRows::Fail,
+            report_iterations: 1_000,
         }
     }
 }

@@ -25,6 +25,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// The part of the application lifecycle in which user code ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Phase {
+    /// Making the worker: the worker factory given to `Job::builder` (and the worker
+    /// interceptors' factories), before its `pre_application` and `init`.
+    Create,
     /// An interceptor's `pre_application`.
     PreApplication,
     /// A worker's [`init`](crate::WorkerComputable::init), which loads its shard.
@@ -43,11 +46,15 @@ pub enum Phase {
     /// The master computable's `save_state` or `restore_state`, writing or resuming from
     /// a checkpoint.
     Checkpoint,
+    /// A result's `Drop`: the master's result type is the master's, a worker's result
+    /// type that worker's, wherever the value was last held when it was dropped.
+    Drop,
 }
 
 impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Phase::Create => "create (the worker factory)",
             Phase::PreApplication => "pre_application",
             Phase::Init => "init",
             Phase::PreIteration => "pre_iteration",
@@ -56,6 +63,7 @@ impl fmt::Display for Phase {
             Phase::PostApplication => "post_application",
             Phase::Combine => "combine",
             Phase::Checkpoint => "checkpoint",
+            Phase::Drop => "drop (a result's Drop)",
         })
     }
 }
@@ -479,4 +487,12 @@ pub(crate) fn counted(n: usize, one: &str) -> String {
     } else {
         format!("{n} {one}s")
     }
+}
+
+/// Drops `value` under a guard: a panic in its `Drop` — user code — becomes a [`Cause`],
+/// to be named as the failure of the side whose type it is ([`Phase::Drop`]), not of
+/// the code that happened to hold it last, and never unwinds into the runtime.
+pub(crate) fn drop_guarded<T>(value: T) -> Result<(), Cause> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)))
+        .map_err(Cause::from_panic)
 }

@@ -178,9 +178,11 @@ pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
 pub use job::{Job, JobBuilder};
-pub use payload::Floats;
+pub use payload::{Element, Floats};
 pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
-pub use report::{IterationReport, JobOutcome, JobReport, Recovered};
+pub use report::{
+    DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
+};
 pub use runtime::Cancel;
 
 /// The README's examples compile and pass as doctests.

@@ -30,14 +30,76 @@ pub struct IterationReport {
     pub left_out: Vec<Rank>,
 }
 
+/// A duration's running total over many iterations, and the largest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DurationTotals {
+    /// The sum.
+    pub sum: Duration,
+    /// The largest.
+    pub max: Duration,
+}
+
+impl DurationTotals {
+    fn add(&mut self, d: Duration) {
+        self.sum = self.sum.saturating_add(d);
+        self.max = self.max.max(d);
+    }
+
+    /// The mean over `count` of them (zero for none).
+    pub fn mean(&self, count: u64) -> Duration {
+        match u32::try_from(count) {
+            Ok(0) => Duration::ZERO,
+            Ok(n) => self.sum / n,
+            Err(_) => Duration::from_secs_f64(self.sum.as_secs_f64() / count as f64),
+        }
+    }
+}
+
+/// Running totals over every iteration a job completed, however many of them the report
+/// keeps in detail ([`JobReport::iterations`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct IterationTotals {
+    /// Iterations completed.
+    pub count: u64,
+    /// Their durations ([`IterationReport::elapsed`]).
+    pub elapsed: DurationTotals,
+    /// The master's part of them ([`IterationReport::master_elapsed`]).
+    pub master_elapsed: DurationTotals,
+    /// The slowest worker's time in each ([`IterationReport::slowest`]).
+    pub slowest_worker: DurationTotals,
+    /// The most worker results the master held at once in any of them.
+    pub most_results_held: usize,
+    /// Ranks left out of them, summed ([`IterationReport::left_out`]).
+    pub left_out: u64,
+}
+
+impl IterationTotals {
+    pub(crate) fn add(&mut self, r: &IterationReport) {
+        self.count += 1;
+        self.elapsed.add(r.elapsed);
+        self.master_elapsed.add(r.master_elapsed);
+        if let Some((_, slowest)) = r.slowest {
+            self.slowest_worker.add(slowest);
+        }
+        self.most_results_held = self.most_results_held.max(r.results_held);
+        self.left_out += r.left_out.len() as u64;
+    }
+}
+
 /// How a job went, as the master saw it. In a process without the master (a worker's
 /// process over TCP) only `elapsed` is filled in.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobReport {
     /// From the start of the job until every worker registered.
     pub startup: Duration,
-    /// Every iteration that completed, in order.
+    /// The last iterations that completed, in order: at most
+    /// [`JobConfig::report_iterations`](crate::JobConfig::report_iterations) of them
+    /// (1,000 by default), so that a long job's report stays small; `totals` counts every
+    /// one.
     pub iterations: Vec<IterationReport>,
+    /// Running totals over every iteration that completed.
+    pub totals: IterationTotals,
     /// The whole job, start-up and shutdown included.
     pub elapsed: Duration,
     /// Who halted the job, if it ended before its iteration count.
@@ -77,7 +139,7 @@ pub struct Recovered {
 impl JobReport {
     /// The sum of the iterations' durations.
     pub fn iterating(&self) -> Duration {
-        self.iterations.iter().map(|i| i.elapsed).sum()
+        self.totals.elapsed.sum
     }
 }
 

@@ -176,3 +176,58 @@ fn a_job_runs_from_inside_an_async_runtime() {
     });
     assert_eq!(*outcome.result, 16);
 }
+
+#[test]
+fn the_report_keeps_the_last_iterations_in_detail_and_totals_every_one() {
+    let (subscriber, events) = superstep::events::channel();
+    let outcome = Job::builder(summing_master(), |rank| FnWorker {
+        f: move |ctx: &mut WorkerContext<u64, u64>| {
+            if rank == 1 && ctx.iteration() % 10 == 0 {
+                sleep(Duration::from_millis(2));
+            }
+            Ok(1)
+        },
+    })
+    .workers(2)
+    .iterations(40)
+    .report_iterations(5)
+    .on_event(subscriber)
+    .run()
+    .unwrap();
+    let report = &outcome.report;
+    let kept: Vec<u64> = report.iterations.iter().map(|i| i.iteration).collect();
+    assert_eq!(kept, [36, 37, 38, 39, 40]);
+    // Every iteration, kept or not, is in the totals: those the events reported.
+    let all: Vec<_> = events
+        .try_iter()
+        .filter_map(|e| match e {
+            JobEvent::IterationCompleted(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(all.len(), 40);
+    let totals = &report.totals;
+    assert_eq!(totals.count, 40);
+    let sum: Duration = all.iter().map(|r| r.elapsed).sum();
+    let max = all.iter().map(|r| r.elapsed).max().unwrap();
+    assert_eq!((totals.elapsed.sum, totals.elapsed.max), (sum, max));
+    assert_eq!(report.iterating(), sum);
+    assert_eq!(totals.elapsed.mean(40), sum / 40);
+    let master: Duration = all.iter().map(|r| r.master_elapsed).sum();
+    assert_eq!(totals.master_elapsed.sum, master);
+    let slowest = all.iter().filter_map(|r| r.slowest).map(|(_, d)| d).max();
+    assert_eq!(Some(totals.slowest_worker.max), slowest);
+    assert!(totals.slowest_worker.max >= Duration::from_millis(2));
+    assert_eq!(totals.most_results_held, 2);
+    assert_eq!(totals.left_out, 0);
+
+    let none = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .iterations(3)
+    .report_iterations(0)
+    .run()
+    .unwrap();
+    assert!(none.report.iterations.is_empty());
+    assert_eq!(none.report.totals.count, 3);
+}

@@ -232,3 +232,35 @@ fn refused_connections_are_logged_once_per_kind_per_interval_and_the_job_goes_on
         "400 refusals, each kind logged once (and summed up once per interval): {refused:#?}"
     );
 }
+
+#[test]
+fn a_connection_closed_in_its_handshake_is_said_to_be_closed_not_unreadable() {
+    logs();
+    let job = "closing";
+    let (master, addr) = tcp_master::<u64, u64>(2, job, |_| {});
+    let m = thread::spawn(move || summing(2).transport(master).run());
+    let [v0, v1] = wire::PROTOCOL_VERSION.to_be_bytes();
+    // Half a frame, then the end of the stream.
+    let mut half = TcpStream::connect(&addr).unwrap();
+    half.write_all(&[0, 0, 0, 100, v0, v1, 0x92]).unwrap();
+    half.shutdown(std::net::Shutdown::Write).unwrap();
+    let _ = half.read_to_end(&mut Vec::new());
+    // Nothing at all.
+    let mut nothing = TcpStream::connect(&addr).unwrap();
+    nothing.shutdown(std::net::Shutdown::Write).unwrap();
+    let _ = nothing.read_to_end(&mut Vec::new());
+    let worker = TcpTransport::new(tcp_settings(1, 2, &addr, job)).unwrap();
+    summing(2).transport(worker).run().unwrap();
+    m.join().unwrap().unwrap();
+    let noted = lines_with(&["job=closing", "refused a connection"]);
+    assert!(
+        noted
+            .iter()
+            .any(|l| l.contains("closed the connection in the middle of a frame")),
+        "{noted:#?}"
+    );
+    assert!(
+        noted.iter().all(|l| !l.contains("unreadable")),
+        "{noted:#?}"
+    );
+}

@@ -245,6 +245,13 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// How many of the last iterations the job report keeps in detail (see
+    /// [`JobConfig::report_iterations`]). Default 1,000.
+    pub fn report_iterations(mut self, iterations: usize) -> Self {
+        self.config.report_iterations = iterations;
+        self
+    }
+
     /// Lets the environment override the common settings set so far
     /// ([`JobConfig::with_env`]: `SUPERSTEP_ITERATIONS`, `SUPERSTEP_ITERATION_TIMEOUT`,
     /// …). Fails naming the variable whose value does not parse.

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::config::JobConfig;
 use crate::coordinator::WorkerReport;
-use crate::error::{Cause, Hook, JobError, Waiting};
+use crate::error::{Cause, Hook, JobError, Phase, Waiting};
 use crate::events::JobEvent;
 use crate::interceptor::Ending;
 use crate::report::{IterationReport, JobOutcome, JobReport, Recovered};
@@ -312,6 +312,8 @@ pub(crate) struct MasterNode<M, W> {
     /// Ranks the end of the job gives until the instant to reconnect.
     reconnecting: Option<(Instant, Vec<Rank>)>,
     report: JobReport,
+    /// The last iterations' reports, at most `JobConfig::report_iterations`.
+    recent: VecDeque<IterationReport>,
     started: Instant,
     iteration_started: Instant,
     span: Option<tracing::Span>,
@@ -355,6 +357,7 @@ impl<M, W> MasterNode<M, W> {
                 resumed_from: resumed.from.map(|(i, _)| i),
                 ..JobReport::default()
             },
+            recent: VecDeque::new(),
             started: now,
             iteration_started: now,
             span: None,
@@ -801,8 +804,29 @@ impl<M, W> MasterNode<M, W> {
             span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
         }
         self.event(|| JobEvent::IterationCompleted(report.clone()));
-        self.report.iterations.push(report);
-        self.last = Some(Arc::clone(&result));
+        self.report.totals.add(&report);
+        let keep = self.settings.config.report_iterations;
+        if keep > 0 {
+            if self.recent.len() >= keep {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(report);
+        }
+        // The result it replaces may be the last reference to it: its `Drop` is the
+        // master's code, and must not unwind into the node's driver.
+        let previous = self.last.replace(Arc::clone(&result));
+        if let Err(cause) = crate::error::drop_guarded(previous) {
+            let phase = Phase::Drop;
+            return self.fail(
+                now,
+                JobError::Master {
+                    iteration,
+                    phase,
+                    cause,
+                },
+                reach,
+            );
+        }
         match self.schedule.decide(iteration, halt, tally.halt_votes) {
             Next::Iterate(next) => self.begin(now, next, reach),
             Next::Finish { iterations, halted } => {
@@ -980,7 +1004,10 @@ impl<M, W> MasterNode<M, W> {
                     result: last,
                     iterations,
                     halted,
-                    report: std::mem::take(&mut self.report),
+                    report: JobReport {
+                        iterations: self.recent.drain(..).collect(),
+                        ..std::mem::take(&mut self.report)
+                    },
                 })
             }
             OwnedEnding::Failed(error) => Err(error),

@@ -86,7 +86,13 @@ impl Recovery {
                 | Phase::PreIteration
                 | Phase::Compute
                 | Phase::PostIteration => Some(*rank),
-                Phase::PostApplication | Phase::Combine | Phase::Checkpoint => None,
+                // A factory or a `Drop` that panics is the code's, not the worker's
+                // process's or its data's: a replacement would fail the same way.
+                Phase::Create
+                | Phase::PostApplication
+                | Phase::Combine
+                | Phase::Checkpoint
+                | Phase::Drop => None,
             },
             // A process of the rank that runs another job: under a policy that replaces
             // workers, another process of the rank may come.

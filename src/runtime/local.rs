@@ -199,9 +199,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 self.slots[rank] = new;
                 Ok(())
             }
-            Err(e) => Err(JobError::Runtime {
-                message: format!("worker {rank} failed ({cause}) and could not be replaced: {e}"),
-            }),
+            // The factory's own failure, as at start-up (logged with the one it replaces).
+            Err(e) => {
+                tracing::error!(%cause, error = %e, "worker {rank} failed and could not be replaced");
+                Err(e)
+            }
         };
         (replaced, old)
     }
@@ -279,7 +281,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         .map_err(|cause| JobError::Worker {
             rank,
             iteration: 0,
-            phase: Phase::Init,
+            phase: Phase::Create,
             cause,
         })?;
         let config = &parts.config;

@@ -9,7 +9,7 @@ use super::{Checkpointing, DynMaster, MasterHooks, Resume};
 use crate::checkpoint::Checkpoint;
 use crate::compute::MasterContext;
 use crate::compute::Payload;
-use crate::error::{Cause, JobError, Phase};
+use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::protocol::{
     Attempt, Computed, HaltedBy, Iteration, MasterDone, MasterRound, MasterWork, OwnedEnding,
     Resumed, Tally,
@@ -212,10 +212,28 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             guarded(|| hook.post_iteration(ctx))
                 .map_err(|c| Self::fail(iteration, Phase::PostIteration, c))?;
         }
-        // The workers' results are no longer needed: free them before the next round.
-        self.ctx.results = Vec::new();
-        self.ctx.combined = None;
-        self.ctx.last = Some(Arc::clone(&result));
+        // The workers' results are no longer needed: free them before the next round —
+        // each under a guard, as its `Drop` is its worker's code.
+        let results = std::mem::take(&mut self.ctx.results);
+        let ranks = std::mem::take(&mut self.ctx.reported);
+        let mut dropped = Ok(());
+        for (i, result) in results.into_iter().enumerate() {
+            if let Err(cause) = drop_guarded(result) {
+                let rank = ranks.get(i).copied().unwrap_or(i);
+                dropped = dropped.and(Err(JobError::Worker {
+                    rank,
+                    iteration,
+                    phase: Phase::Drop,
+                    cause,
+                }));
+            }
+        }
+        self.ctx.reported = ranks;
+        dropped?;
+        drop_guarded(self.ctx.combined.take())
+            .map_err(|c| Self::fail(iteration, Phase::Drop, c))?;
+        let previous = self.ctx.last.replace(Arc::clone(&result));
+        drop_guarded(previous).map_err(|c| Self::fail(iteration, Phase::Drop, c))?;
         let halted = if halt {
             Some(HaltedBy::Master)
         } else {

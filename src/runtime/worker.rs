@@ -11,7 +11,7 @@ use super::{DynWorker, OwnedEnding, WorkerHooks};
 use crate::compute::{JobEnd, Payload, SyncLink, WorkerContext};
 use crate::config::JobConfig;
 use crate::coordinator::Shard;
-use crate::error::{Cause, JobError, Phase, Waiting};
+use crate::error::{drop_guarded, Cause, JobError, Phase, Waiting};
 use crate::protocol::{
     Attempt, Epoch, Iteration, Rank, Recovery, Report, SyncError, SyncResult, ToMaster, ToWorker,
     Work, Worked, WorkerAction, WorkerNode,
@@ -185,8 +185,14 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         let _span = tracing::debug_span!("worker", rank = self.ctx.rank, iteration).entered();
         let started = self.clock;
         self.ctx.iteration = iteration;
-        // `None` in iteration 1 — also when a restarted job starts over.
-        self.ctx.last = last;
+        // `None` in iteration 1 — also when a restarted job starts over. The result it
+        // replaces may be the last reference to it: its `Drop` is the master's code.
+        let previous = std::mem::replace(&mut self.ctx.last, last);
+        drop_guarded(previous).map_err(|cause| JobError::Master {
+            iteration,
+            phase: Phase::Drop,
+            cause,
+        })?;
         self.ctx.result = None;
         self.ctx.halt_vote = false;
         let ctx = &self.ctx;
@@ -224,7 +230,12 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
 
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
         if let OwnedEnding::Completed { last, .. } = ending {
-            self.ctx.last = Some(Arc::clone(last));
+            let previous = self.ctx.last.replace(Arc::clone(last));
+            drop_guarded(previous).map_err(|cause| JobError::Master {
+                iteration: self.ctx.iteration,
+                phase: Phase::Drop,
+                cause,
+            })?;
         }
         let ending = ending.as_ending();
         let ctx = &self.ctx;

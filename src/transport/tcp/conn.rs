@@ -119,8 +119,26 @@ impl Frames {
     async fn handshake(&mut self) -> Result<Handshake, Unreadable> {
         let frame = match self.frames.next().await {
             Some(Ok(frame)) => frame,
-            Some(Err(e)) => return Err(Unreadable::Other(format!("unreadable frame: {e}"))),
-            None => return Err(Unreadable::Other("the connection closed".into())),
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(Unreadable::Other(format!("unreadable frame: {e}")))
+            }
+            // What the codec says of a stream that ended inside a frame.
+            Some(Err(e)) if e.to_string() == "bytes remaining on stream" => {
+                return Err(Unreadable::Closed(
+                    "closed the connection in the middle of a frame, before its handshake completed"
+                        .into(),
+                ))
+            }
+            Some(Err(e)) => {
+                return Err(Unreadable::Closed(format!(
+                    "broke the connection before its handshake completed: {e}"
+                )))
+            }
+            None => {
+                return Err(Unreadable::Closed(
+                    "closed the connection before its handshake completed".into(),
+                ))
+            }
         };
         wire::decode::<Handshake>(&frame).map_err(|e| match e {
             WireError::Version { ours, theirs } => Unreadable::Version { ours, theirs },
@@ -133,7 +151,9 @@ impl Frames {
 enum Unreadable {
     /// The peer speaks another version of the wire protocol.
     Version { ours: u16, theirs: u16 },
-    /// The connection closed or broke, or the frame is not a handshake message.
+    /// The peer closed or broke the connection (what it did, said of the peer).
+    Closed(String),
+    /// The frame is not a handshake message.
     Other(String),
 }
 
@@ -144,7 +164,7 @@ impl std::fmt::Display for Unreadable {
                 f,
                 "the peer speaks protocol version {theirs}, this side version {ours}"
             ),
-            Unreadable::Other(reason) => f.write_str(reason),
+            Unreadable::Closed(reason) | Unreadable::Other(reason) => f.write_str(reason),
         }
     }
 }
@@ -525,6 +545,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
             Turned::Stopping => return,
         };
         lock(&self.refusals).note(&peer_name, rank, refusal.kind(), &refusal.to_string());
+        if let Refusal::Closed(_) = refusal {
+            // Nobody is there to tell.
+            return;
+        }
         if let (Some(rank), Refusal::Mismatch { .. }) = (rank, &refusal) {
             self.mismatched(rank, &refusal);
         }
@@ -580,14 +604,17 @@ impl<M: Payload, W: Payload> Server<M, W> {
     ) -> Result<(Claim, Accepted), (Option<Rank>, Refusal)> {
         let s = &self.settings;
         let broken = |rank: Option<Rank>| move |reason: String| (rank, Refusal::Protocol(reason));
+        // A peer that closed its connection is only noted; one that sent what is not a
+        // handshake broke it.
+        let refused = |rank: Option<Rank>, e: Unreadable| match e {
+            Unreadable::Closed(how) => (rank, Refusal::Closed(how)),
+            other => (rank, Refusal::Protocol(other.to_string())),
+        };
         let Wire::Hello {
             job_id,
             rank,
             fingerprint,
-        } = frames
-            .handshake()
-            .await
-            .map_err(|e| broken(None)(e.to_string()))?
+        } = frames.handshake().await.map_err(|e| refused(None, e))?
         else {
             return Err(broken(None)("expected a hello first".into()));
         };
@@ -607,7 +634,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             .await
             .map_err(|e| broken(claimed)(e.to_string()))?;
         let proof_frame = frames.handshake().await;
-        let Wire::Proof { mac } = proof_frame.map_err(|e| broken(claimed)(e.to_string()))? else {
+        let Wire::Proof { mac } = proof_frame.map_err(|e| refused(claimed, e))? else {
             return Err(broken(claimed)("expected a proof of the secret".into()));
         };
         let secret = s.secret.as_deref().unwrap_or_default();
@@ -1069,6 +1096,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     worker: ours.to_string(),
                 }))
             }
+            Err(Unreadable::Closed(how)) => Err(Unreached::Lost(format!("the master {how}"))),
             Err(other) => Err(lost("the master answered nothing")(other.to_string())),
         };
         let hello = Wire::<(), ()>::Hello {

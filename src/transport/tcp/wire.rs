@@ -25,7 +25,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 const HEADER: usize = 4 + 2;
 
@@ -84,6 +84,9 @@ pub(crate) enum Refusal {
     Stopping,
     /// The peer broke the handshake: an unreadable frame, a message out of order.
     Protocol(String),
+    /// The peer closed or broke its connection in the handshake (never sent: there is
+    /// nobody to tell; noted as it is).
+    Closed(String),
 }
 
 impl Refusal {
@@ -112,6 +115,7 @@ impl Refusal {
             Refusal::RankTaken { .. } => "a rank already connected",
             Refusal::Stopping => "the node stopping",
             Refusal::Protocol(_) => "a broken handshake",
+            Refusal::Closed(_) => "a connection closed in its handshake",
         }
     }
 }
@@ -133,7 +137,7 @@ impl std::fmt::Display for Refusal {
             Refusal::WrongSecret => f.write_str("wrong secret: its proof did not verify"),
             Refusal::RankTaken { rank } => write!(f, "rank {rank} is already connected"),
             Refusal::Stopping => f.write_str("the master's node is stopping"),
-            Refusal::Protocol(reason) => f.write_str(reason),
+            Refusal::Protocol(reason) | Refusal::Closed(reason) => f.write_str(reason),
         }
     }
 }

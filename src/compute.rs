@@ -85,6 +85,26 @@ pub trait MasterComputable: Send + 'static {
     /// The workers' result type.
     type WorkerResult: Payload;
 
+    /// Makes the first master result — an initial model, say — broadcast to every worker
+    /// with iteration 1 (their [`last_master_result`](WorkerContext::last_master_result))
+    /// and seen by the master's own first compute, so that it is computed once, in the
+    /// master, rather than in every worker. Runs after the interceptors'
+    /// `pre_application`, before any worker computes. The default makes none: iteration 1
+    /// then starts with no master result.
+    ///
+    /// Not called when the job resumes from a checkpoint, which has its master result; a
+    /// job that starts over from iteration 1 (`FailurePolicy::RestartAll` before any
+    /// checkpoint) calls it again.
+    ///
+    /// An `Err` or a panic fails the job as the master's, in [`Phase::Init`](crate::Phase::Init).
+    fn init(
+        &mut self,
+        ctx: &mut MasterContext<Self::MasterResult, Self::WorkerResult>,
+    ) -> Result<Option<Self::MasterResult>, BoxError> {
+        let _ = ctx;
+        Ok(None)
+    }
+
     /// Folds the workers' results of [`ctx.iteration()`](MasterContext::iteration),
     /// given in rank order by [`ctx.worker_results()`](MasterContext::worker_results),
     /// into the master result, and says whether to continue or halt.
@@ -319,7 +339,7 @@ impl<M, W> WorkerContext<M, W> {
     }
 
     /// What this worker read, wrote and rejected so far. Count here as you go (or add
-    /// a [`RowSource`](crate::coordinator::RowSource)'s counts): the worker reports it
+    /// a `RowSource`'s counts, with the `pipeline` feature): the worker reports it
     /// when it stops, and the job report totals every worker's
     /// ([`JobReport::rows`](crate::JobReport::rows)).
     pub fn rows(&mut self) -> &mut RowCounts {
@@ -354,7 +374,7 @@ impl<M, W> WorkerContext<M, W> {
     }
 
     /// The job's policy for malformed rows (`JobBuilder::malformed_rows`), to open a
-    /// [`RowSource`](crate::coordinator::RowSource) with.
+    /// `coordinator::RowSource` with (the `pipeline` feature).
     pub fn malformed_rows(&self) -> MalformedRows {
         self.malformed_rows
     }

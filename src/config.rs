@@ -159,7 +159,7 @@ pub struct JobConfig {
     /// since ranks wait for each other inside an iteration.
     pub failure_policy: FailurePolicy,
     /// What a malformed CSV or JSONL row does to a worker that reads it with
-    /// [`RowSource`](crate::coordinator::RowSource) (through
+    /// `coordinator::RowSource` (the `pipeline` feature; through
     /// [`WorkerContext::malformed_rows`](crate::WorkerContext::malformed_rows)): fail it,
     /// naming the file and line (the default), or skip and record it.
     pub malformed_rows: MalformedRows,

@@ -30,7 +30,9 @@ pub enum Phase {
     Create,
     /// An interceptor's `pre_application`.
     PreApplication,
-    /// A worker's [`init`](crate::WorkerComputable::init), which loads its shard.
+    /// A worker's [`init`](crate::WorkerComputable::init), which loads its shard, or the
+    /// master's [`init`](crate::MasterComputable::init), which makes the first master
+    /// result.
     Init,
     /// An interceptor's `pre_iteration`.
     PreIteration,

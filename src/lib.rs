@@ -124,6 +124,54 @@
 //! assert_eq!(*outcome.result, 30);
 //! ```
 //!
+//! ## The first master result, settings, and a cluster in one line
+//!
+//! [`MasterComputable::init`] makes the first master result (an initial model), computed
+//! once in the master and broadcast with iteration 1. [`JobConfig`] reads a partial
+//! settings document of any serde format (durations written `"30s"`), and
+//! [`JobBuilder::settings_from_env`] lets `SUPERSTEP_*` variables override the common
+//! settings. With the `tcp` feature (a default), `JobBuilder::cluster_from_env` runs the
+//! job as one process of a cluster job when the environment says it is one
+//! (`superstep-launch`, torchrun, Slurm, MPI, Kubernetes), and in memory otherwise.
+//!
+//! ```
+//! use superstep::prelude::*;
+//!
+//! struct Step1;
+//! impl WorkerComputable for Step1 {
+//!     type MasterResult = Floats;
+//!     type WorkerResult = f64;
+//!     fn compute(&mut self, ctx: &mut WorkerContext<Floats, f64>) -> Result<f64, BoxError> {
+//!         let model = ctx.last_master_result().ok_or("init made the first model")?;
+//!         Ok(model.iter().sum::<f64>() + ctx.rank() as f64)
+//!     }
+//! }
+//! struct Scale;
+//! impl MasterComputable for Scale {
+//!     type MasterResult = Floats;
+//!     type WorkerResult = f64;
+//!     fn init(&mut self, _: &mut MasterContext<Floats, f64>) -> Result<Option<Floats>, BoxError> {
+//!         Ok(Some(Floats::from(vec![0.5; 4])))
+//!     }
+//!     fn compute(&mut self, ctx: &mut MasterContext<Floats, f64>) -> Result<Step<Floats>, BoxError> {
+//!         let total: f64 = ctx.worker_results().iter().sum();
+//!         Ok(Step::Halt(Floats::from(vec![total])))
+//!     }
+//! }
+//!
+//! let config: superstep::JobConfig = serde_json::from_str(r#"{"workers": 3, "iteration_timeout": "90s"}"#)?;
+//! let outcome = Job::builder(Scale, |_| Step1).config(config).settings_from_env()?.run()?;
+//! assert_eq!(outcome.result[0], 3.0 * 2.0 + 0.0 + 1.0 + 2.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Cargo features
+//!
+//! An in-memory job needs none. `tcp` (default): `transport::TcpTransport`, the
+//! cluster environment and `JobBuilder::cluster_from_env`. `sim`: the deterministic
+//! simulator. `proptest`: its strategies. `pipeline`: CSV / JSONL rows, merged and
+//! atomically committed output. `launcher`: the `superstep-launch` binary.
+//!
 //! ## Watching a job
 //!
 //! [`JobBuilder::on_event`] receives [`JobEvent`]s (iterations started and completed with
@@ -140,9 +188,8 @@
 //! ## Layers
 //!
 //! `job` (this API) → `runtime` (actix actors) → [`protocol`] (sans-IO state machines) →
-//! [`transport`] (in memory by default; [`transport::TcpTransport`] runs the same job across
-//! processes and hosts, its roles read from the environment by
-//! [`TcpTransport::from_env`](transport::TcpTransport::from_env)) — with [`events`] on the
+//! [`transport`] (in memory by default; with the `tcp` feature, `transport::TcpTransport`
+//! runs the same job across processes and hosts, its roles read from the environment) — with [`events`] on the
 //! side, and [`coordinator`] (sharding, merged or atomically committed output, row counts)
 //! around a job's life. See `ARCHITECTURE.md` for the message flow and the semantics users
 //! can rely on.

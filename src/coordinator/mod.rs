@@ -7,9 +7,10 @@
 //! timeout, a cancellation), after every worker stopped or the shutdown timeout passed.
 //! [`Composite`] runs several.
 //!
-//! Built in: [`FileMerge`] (the parts into one CSV or JSONL file, atomically) and
-//! [`AtomicCommit`] (the parts into a new version of an output directory, switched by a
-//! rename). Workers read their shard with [`RowSource`] (CSV and JSONL rows into serde
+//! Built in, with the `pipeline` feature: `FileMerge` (the parts into one CSV or JSONL
+//! file, atomically) and `AtomicCommit` (the parts into a new version of an output
+//! directory, switched by a rename). Workers read their shard with `RowSource` (CSV and
+//! JSONL rows into serde
 //! types, malformed rows handled by a [`MalformedRows`] policy) and count what they read,
 //! wrote and rejected on their context ([`WorkerContext::rows`](crate::WorkerContext::rows));
 //! the job report totals it ([`JobReport::rows`](crate::JobReport::rows)).

@@ -170,7 +170,7 @@ impl LineRange {
 /// empty). With `header`, the first line is in none.
 ///
 /// A CSV record must not hold a newline inside a quoted field: like Hadoop's text input,
-/// the split works on lines ([`RowSource`](super::RowSource) rejects a line whose quote
+/// the split works on lines (`RowSource` rejects a line whose quote
 /// is not closed on it).
 pub fn split_lines(path: &Path, header: bool, workers: usize) -> io::Result<Vec<LineRange>> {
     let workers = workers.max(1) as u64;

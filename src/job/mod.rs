@@ -131,7 +131,7 @@ pub struct JobBuilder<M, W> {
     /// Whether the worker count was set ([`workers`](Self::workers) or
     /// [`config`](Self::config)), rather than left to its default.
     workers_set: bool,
-    /// This process's rank in a cluster job ([`cluster_from_env`](Self::cluster_from_env)).
+    /// This process's rank in a cluster job (found by `cluster_from_env`).
     rank: Option<Rank>,
 }
 
@@ -465,7 +465,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     }
 
     /// This process's rank in a cluster job found by
-    /// [`cluster_from_env`](Self::cluster_from_env), or `None` when the job runs in this
+    /// `cluster_from_env` (the `tcp` feature), or `None` when the job runs in this
     /// process alone.
     pub fn process_rank(&self) -> Option<Rank> {
         self.rank
@@ -477,7 +477,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     }
 
     /// The number of workers as set so far: the world size after
-    /// [`cluster_from_env`](Self::cluster_from_env) found a cluster.
+    /// `cluster_from_env` (the `tcp` feature) found a cluster.
     pub fn worker_count(&self) -> usize {
         self.config.workers
     }

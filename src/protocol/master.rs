@@ -147,7 +147,8 @@ pub(crate) struct Computed<M> {
 
 /// What the master's code did, for [`MasterNode::handle_master_done`].
 pub(crate) enum MasterDone<M> {
-    Started(Result<(), JobError>),
+    /// With the master's first master result, if its `init` made one.
+    Started(Result<Option<Arc<M>>, JobError>),
     Iterated {
         iteration: Iteration,
         tally: Tally,
@@ -615,7 +616,12 @@ impl<M, W> MasterNode<M, W> {
             return;
         }
         match done {
-            MasterDone::Started(Ok(())) => self.master_ready(now, reach),
+            MasterDone::Started(Ok(first)) => {
+                if first.is_some() {
+                    self.last = first;
+                }
+                self.master_ready(now, reach)
+            }
             MasterDone::Restarted(Ok(resumed)) => {
                 tracing::info!(attempt = self.attempt(), resumed_from = ?resumed.from.map(|(i, _)| i), "the job starts over as a new attempt");
                 self.resumed = resumed.from;
@@ -1420,7 +1426,7 @@ mod tests {
                     Action::Send { msg, .. } | Action::Broadcast(msg) => self.sent.push(msg),
                     Action::RunMaster(work) => {
                         let done = match work {
-                            MasterWork::Start => MasterDone::Started(Ok(())),
+                            MasterWork::Start => MasterDone::Started(Ok(None)),
                             MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
                                 from: None,
                                 last: None,

@@ -89,6 +89,10 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         };
         self.ctx = fresh;
         self.restore_state(&state)?;
+        if from.is_none() {
+            // Starting over from iteration 1: its first master result again.
+            self.init()?;
+        }
         Ok(Resumed {
             from,
             last: self.ctx.last.clone(),
@@ -172,7 +176,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
     }
 
-    fn start(&mut self) -> Result<(), JobError> {
+    fn start(&mut self) -> Result<Option<Arc<M>>, JobError> {
+        let resumed = self.restore.is_some();
         if let Some(state) = self.restore.take() {
             self.restore_state(&state)?;
         }
@@ -187,6 +192,22 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             self.entered = i + 1;
             guarded(|| hook.pre_application(ctx))
                 .map_err(|c| Self::fail(0, Phase::PreApplication, c))?;
+        }
+        // A job resumed from a checkpoint has its master result.
+        if !resumed {
+            self.init()?;
+        }
+        Ok(self.ctx.last.clone())
+    }
+
+    /// The computable's first master result, if it makes one: the last master result of
+    /// iteration 1.
+    fn init(&mut self) -> Result<(), JobError> {
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        if let Some(first) =
+            guarded(|| computable.init(ctx)).map_err(|c| Self::fail(0, Phase::Init, c))?
+        {
+            self.ctx.last = Some(Arc::new(first));
         }
         Ok(())
     }

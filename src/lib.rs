@@ -175,9 +175,14 @@
 //! ## Watching a job
 //!
 //! [`JobBuilder::on_event`] receives [`JobEvent`]s (iterations started and completed with
-//! their durations, workers done, halted, failed) for progress bars and logs; each
-//! iteration is also a `tracing` span named `iteration`. [`IterationTimer`] is an
-//! interceptor that records compute times per iteration and side.
+//! their durations, workers done, halted, failed) for progress bars and logs.
+//! [`IterationTimer`] is an interceptor that records compute times per iteration and
+//! side. The work is also `tracing` spans that nest across threads: `job` holds each
+//! `iteration` (INFO), and each worker's `compute` (fields `rank`, `iteration`,
+//! `attempt`) is a child of its iteration's span, as are the master's `master_compute`;
+//! `init`, `post_application` and `sync` waits have theirs (DEBUG). Filter with
+//! `RUST_LOG=superstep=info` for the job's shape, `superstep=debug` for every rank's
+//! work; `examples/trace.rs` records a run as a Chrome / Perfetto trace.
 //!
 //! ## Errors from user code
 //!
@@ -207,6 +212,8 @@ mod error;
 pub mod events;
 pub mod interceptor;
 mod job;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod payload;
 pub mod protocol;
 mod report;

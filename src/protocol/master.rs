@@ -315,6 +315,8 @@ pub(crate) struct MasterNode<M, W> {
     report: JobReport,
     /// The last iterations' reports, at most `JobConfig::report_iterations`.
     recent: VecDeque<IterationReport>,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::JobMetrics,
     started: Instant,
     iteration_started: Instant,
     span: Option<tracing::Span>,
@@ -359,6 +361,8 @@ impl<M, W> MasterNode<M, W> {
                 ..JobReport::default()
             },
             recent: VecDeque::new(),
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::JobMetrics::new(&settings.config.job_id),
             started: now,
             iteration_started: now,
             span: None,
@@ -422,6 +426,12 @@ impl<M, W> MasterNode<M, W> {
     }
 
     /// The iteration being gathered, if one is.
+    /// The span of the iteration under way, if one is: the parent of every span of its
+    /// work in this process (the workers' computes, the master's).
+    pub(crate) fn iteration_span(&self) -> Option<&tracing::Span> {
+        self.span.as_ref()
+    }
+
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn gathering(&self) -> Option<Iteration> {
         match self.stage {
@@ -732,7 +742,8 @@ impl<M, W> MasterNode<M, W> {
     /// Opens `iteration` and broadcasts it.
     fn begin(&mut self, now: Instant, iteration: Iteration, reach: &dyn Reach) {
         self.iteration_started = now;
-        let span = tracing::info_span!("iteration", job = %self.settings.config.job_id, iteration);
+        let attempt = self.attempt();
+        let span = tracing::info_span!("iteration", job = %self.settings.config.job_id, iteration, attempt);
         span.in_scope(|| tracing::debug!("iteration started"));
         self.span = Some(span);
         self.event(|| JobEvent::IterationStarted { iteration });
@@ -811,6 +822,11 @@ impl<M, W> MasterNode<M, W> {
         }
         self.event(|| JobEvent::IterationCompleted(report.clone()));
         self.report.totals.add(&report);
+        #[cfg(feature = "metrics")]
+        {
+            let drops = self.drops();
+            self.metrics.iteration(&report, drops);
+        }
         let keep = self.settings.config.report_iterations;
         if keep > 0 {
             if self.recent.len() >= keep {
@@ -1292,6 +1308,8 @@ impl<M, W> MasterNode<M, W> {
             action: action.clone(),
         };
         self.event(|| JobEvent::Recovering(recovered.clone()));
+        #[cfg(feature = "metrics")]
+        self.metrics.recovered(&recovered.action);
         self.report.recoveries.push(recovered);
         match action {
             Recover::LeaveOut(rank) => {

@@ -177,6 +177,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     }
 
     fn start(&mut self) -> Result<Option<Arc<M>>, JobError> {
+        let _span = tracing::debug_span!("master_init", attempt = self.attempt).entered();
         let resumed = self.restore.is_some();
         if let Some(state) = self.restore.take() {
             self.restore_state(&state)?;
@@ -213,8 +214,10 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     }
 
     fn iterate(&mut self, round: MasterRound<W>) -> Result<Computed<M>, JobError> {
-        let _span = round.span.entered();
         let iteration = round.iteration;
+        let _iteration = round.span.entered();
+        let _span =
+            tracing::debug_span!("master_compute", iteration, attempt = self.attempt).entered();
         let workers_halt = round.workers_halt;
         self.ctx.enter(iteration, round.gathered);
         let ctx = &self.ctx;
@@ -315,6 +318,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     }
 
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
+        let _span =
+            tracing::debug_span!("master_post_application", attempt = self.attempt).entered();
         let ending = ending.as_ending();
         let ctx = &self.ctx;
         let mut first = None;

@@ -236,9 +236,12 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     };
     let job = shared.clone();
     let (tx, rx) = std::sync::mpsc::channel();
+    // The job's span, a child of the caller's: every span of the job's work is under it.
+    let span = tracing::info_span!("job", job = %config.job_id, workers = config.workers);
     let thread = std::thread::Builder::new()
         .name(thread_prefix(&config.job_id))
         .spawn(move || {
+            let _job = span.entered();
             let exits = PoolExits::default();
             let shutdown = plan.config.shutdown_timeout;
             let grace = plan.config.failure_grace.min(shutdown);

@@ -240,9 +240,15 @@ struct NodeHost<'a, M: Payload, W: Payload> {
     /// The watch entry the node actor made for the whole broadcast, if it is handing one
     /// out.
     watching: Option<(Waiting, Instant)>,
+    /// The span the worker's code runs under: the master's iteration span, or the job's.
+    span: tracing::Span,
 }
 
 impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
+    fn span(&self) -> tracing::Span {
+        self.span.clone()
+    }
+
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
         if !self.current {
@@ -386,6 +392,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             stopped: false,
             clock: &mut self.clock,
             watching: self.chaining,
+            span: self
+                .node
+                .iteration_span()
+                .cloned()
+                .unwrap_or_else(tracing::Span::current),
         };
         f(&mut hosted.driver, &mut host);
         if host.stopped {

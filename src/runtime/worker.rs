@@ -37,6 +37,9 @@ pub(crate) struct WorkerTask<M, W> {
     /// When the unit of work under way started, then when its compute ended: one clock
     /// read per iteration.
     clock: Instant,
+    /// The parent of the span of the unit of work under way (set by its driver): the
+    /// iteration's span in the master's process, the job's elsewhere.
+    pub(crate) parent: tracing::Span,
 }
 
 /// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
@@ -71,6 +74,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             failure_ends_job: false,
             stale: Arc::default(),
             clock: Instant::now(),
+            parent: tracing::Span::none(),
         }
     }
 
@@ -163,6 +167,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     }
 
     fn start(&mut self) -> Result<(), JobError> {
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span = tracing::debug_span!(parent: &self.parent, "init", rank, attempt).entered();
         let ctx = &self.ctx;
         for (i, hook) in self.interceptors.iter_mut().enumerate() {
             self.entered = i + 1;
@@ -182,7 +188,9 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         iteration: Iteration,
         last: Option<Arc<M>>,
     ) -> Result<Report<W>, JobError> {
-        let _span = tracing::debug_span!("worker", rank = self.ctx.rank, iteration).entered();
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span = tracing::debug_span!(parent: &self.parent, "compute", rank, iteration, attempt)
+            .entered();
         let started = self.clock;
         self.ctx.iteration = iteration;
         // `None` in iteration 1 — also when a restarted job starts over. The result it
@@ -229,6 +237,9 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     }
 
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span =
+            tracing::debug_span!(parent: &self.parent, "post_application", rank, attempt).entered();
         if let OwnedEnding::Completed { last, .. } = ending {
             let previous = self.ctx.last.replace(Arc::clone(last));
             drop_guarded(previous).map_err(|cause| JobError::Master {
@@ -389,6 +400,11 @@ pub(crate) trait Host<M, W> {
     }
     /// The worker is done: nothing more reaches its driver.
     fn stop(&mut self);
+    /// The span a unit of the worker's code runs under, on whichever thread: the default
+    /// is the current one (the job's span, on the job's thread).
+    fn span(&self) -> tracing::Span {
+        tracing::Span::current()
+    }
 }
 
 /// Drives one worker's node ([`WorkerNode`]): feeds it the master's messages and what the
@@ -579,6 +595,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             return;
         };
         task.attempt = self.node.attempt();
+        task.parent = host.span();
         let (inline, during) = match work {
             Work::Iterate(i, _) => (self.placer.inline_iteration(), Waiting::Iteration(i)),
             Work::Start => (self.placer.inline_lifecycle(), Waiting::Registration),

@@ -102,7 +102,12 @@ impl Frames {
         loop {
             let wait = timeout.saturating_sub(self.silent_for());
             match tokio::time::timeout(wait, self.frames.next()).await {
-                Ok(Some(Ok(frame))) => return Ok(Some(frame)),
+                Ok(Some(Ok(frame))) => {
+                    // The frame and its length prefix.
+                    #[cfg(feature = "metrics")]
+                    crate::metrics::received(frame.len() + 4);
+                    return Ok(Some(frame));
+                }
                 Ok(Some(Err(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
                     return Err(format!("unreadable frame: {e}"))
                 }
@@ -118,7 +123,11 @@ impl Frames {
     /// The next handshake frame, decoded.
     async fn handshake(&mut self) -> Result<Handshake, Unreadable> {
         let frame = match self.frames.next().await {
-            Some(Ok(frame)) => frame,
+            Some(Ok(frame)) => {
+                #[cfg(feature = "metrics")]
+                crate::metrics::received(frame.len() + 4);
+                frame
+            }
             Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
                 return Err(Unreadable::Other(format!("unreadable frame: {e}")))
             }
@@ -210,6 +219,8 @@ fn proof(
 }
 
 async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> std::io::Result<()> {
+    #[cfg(feature = "metrics")]
+    crate::metrics::sent(frame.len());
     writer.write_all(frame).await
 }
 

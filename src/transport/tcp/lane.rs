@@ -50,6 +50,8 @@ impl Lane {
     /// Sends `frame`: written at once if nothing is queued and the socket takes it, else
     /// (what is left of it) queued for the writer.
     pub(super) fn send(&self, frame: Bytes) -> Result<(), Closed> {
+        #[cfg(feature = "metrics")]
+        crate::metrics::sent(frame.len());
         let mut inner = self.lock();
         let mut rest = frame;
         if inner.queued == 0 {

@@ -68,7 +68,7 @@ pub trait WorkerComputable: Send + 'static {
 
     /// Computes iteration [`ctx.iteration()`](WorkerContext::iteration) with the master
     /// result of the iteration before ([`ctx.last_master_result()`](WorkerContext::last_master_result),
-    /// `None` in iteration 1).
+    /// in iteration 1 the master's [`init`](MasterComputable::init) result, or `None`).
     ///
     /// An `Err` or a panic fails the job at once, naming this worker's rank and the
     /// iteration.
@@ -310,7 +310,8 @@ impl<M, W> WorkerContext<M, W> {
         self.iteration == 1
     }
 
-    /// The master result of the previous iteration; `None` in iteration 1. In
+    /// The master result of the previous iteration; in iteration 1 the master's
+    /// [`init`](MasterComputable::init) result, or `None`. In
     /// `post_application` after a completed job, the final master result.
     pub fn last_master_result(&self) -> Option<&M> {
         self.last.as_deref()
@@ -626,7 +627,8 @@ impl<M, W> MasterContext<M, W> {
         self.halt_votes
     }
 
-    /// The master result of the previous iteration; `None` in iteration 1.
+    /// The master result of the previous iteration; in iteration 1 the one
+    /// [`init`](MasterComputable::init) made, or `None`.
     pub fn last_master_result(&self) -> Option<&M> {
         self.last.as_deref()
     }

@@ -24,8 +24,10 @@ pub enum Placement {
     /// coordination thread, a longer one on the pool. Suits compute whose cost is about
     /// the same every iteration; if it varies widely, choose `Pool`. The default.
     ///
-    /// In every placement the master's `pre_application` and `post_application` run
-    /// inline: at those points the coordination thread has nothing else to do.
+    /// In every placement the master's start-up (`pre_application`, its `init`,
+    /// restoring a checkpoint) and its `post_application` run inline: at those points the
+    /// coordination thread has nothing else to do. A long master `init` holds the node's
+    /// timers and cancellation until it returns.
     #[default]
     #[serde(alias = "auto")]
     Auto,

@@ -49,7 +49,8 @@ pub enum Phase {
     /// a checkpoint.
     Checkpoint,
     /// A result's `Drop`: the master's result type is the master's, a worker's result
-    /// type that worker's, wherever the value was last held when it was dropped.
+    /// that worker's, wherever the value was last held when it was dropped (a fold of
+    /// combined results, or a context let go of whole, is the master's).
     Drop,
 }
 

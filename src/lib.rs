@@ -170,7 +170,8 @@
 //! An in-memory job needs none. `tcp` (default): `transport::TcpTransport`, the
 //! cluster environment and `JobBuilder::cluster_from_env`. `sim`: the deterministic
 //! simulator. `proptest`: its strategies. `pipeline`: CSV / JSONL rows, merged and
-//! atomically committed output. `launcher`: the `superstep-launch` binary.
+//! atomically committed output. `launcher`: the `superstep-launch` binary. `metrics`:
+//! the job's numbers through the `metrics` facade (`superstep::metrics`).
 //!
 //! ## Watching a job
 //!
@@ -179,7 +180,8 @@
 //! [`IterationTimer`] is an interceptor that records compute times per iteration and
 //! side. The work is also `tracing` spans that nest across threads: `job` holds each
 //! `iteration` (INFO), and each worker's `compute` (fields `rank`, `iteration`,
-//! `attempt`) is a child of its iteration's span, as are the master's `master_compute`;
+//! `attempt`) is a child of its iteration's span in the master's process (in a worker's
+//! own process, of that process's `job`), as is the master's `master_compute`;
 //! `init`, `post_application` and `sync` waits have theirs (DEBUG). Filter with
 //! `RUST_LOG=superstep=info` for the job's shape, `superstep=debug` for every rank's
 //! work; `examples/trace.rs` records a run as a Chrome / Perfetto trace.

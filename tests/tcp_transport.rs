@@ -652,3 +652,23 @@ fn a_master_started_again_after_its_job_ended_ends_at_once_with_the_final_result
         started.elapsed()
     );
 }
+
+#[test]
+fn a_settings_document_that_leaves_workers_out_takes_the_cluster_s_world_size() {
+    let job = |doc: &str| {
+        let transport =
+            TcpTransport::<u64, u64>::new(common::tcp_settings(1, 3, "127.0.0.1:1", "doc"))
+                .unwrap();
+        let config: superstep::JobConfig = serde_json::from_str(doc).unwrap();
+        Job::builder(summing_master(), |_| FnWorker {
+            f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+        })
+        .transport(transport)
+        .config(config)
+        .build()
+    };
+    assert_eq!(job(r#"{"iterations": 2}"#).unwrap().config().workers, 3);
+    assert_eq!(job(r#"{"workers": 3}"#).unwrap().config().workers, 3);
+    let err = job(r#"{"workers": 2}"#).unwrap_err();
+    assert_eq!(err.setting, "workers", "{err}");
+}

@@ -240,8 +240,10 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
 
     /// Replaces every setting at once.
     pub fn config(mut self, config: JobConfig) -> Self {
+        // A document that leaves `workers` at its default leaves it to the cluster's
+        // world size, as a builder that never set it does.
+        self.workers_set = config.workers != JobConfig::default().workers;
         self.config = config;
-        self.workers_set = true;
         self
     }
 

@@ -425,13 +425,13 @@ impl<M, W> MasterNode<M, W> {
         self.gate.lost()
     }
 
-    /// The iteration being gathered, if one is.
     /// The span of the iteration under way, if one is: the parent of every span of its
     /// work in this process (the workers' computes, the master's).
     pub(crate) fn iteration_span(&self) -> Option<&tracing::Span> {
         self.span.as_ref()
     }
 
+    /// The iteration being gathered, if one is.
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub(crate) fn gathering(&self) -> Option<Iteration> {
         match self.stage {

@@ -87,7 +87,9 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             }
             None => (None, self.initial.clone().unwrap_or_default()),
         };
-        self.ctx = fresh;
+        // The old context's results go under a guard: their `Drop` is user code.
+        let old = std::mem::replace(&mut self.ctx, fresh);
+        drop_guarded(old).map_err(|c| Self::fail(self.ctx.iteration, Phase::Drop, c))?;
         self.restore_state(&state)?;
         if from.is_none() {
             // Starting over from iteration 1: its first master result again.

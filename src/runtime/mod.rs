@@ -344,9 +344,12 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     plan: Plan<M, W>,
 ) -> Result<JobOutcome<M>, JobError> {
     let (tx, rx) = oneshot::channel();
+    // The job's span is a child of the caller's, here as with `run`.
+    let caller = tracing::Span::current();
     std::thread::Builder::new()
         .name(format!("{}-run", thread_prefix(&plan.config.job_id)))
         .spawn(move || {
+            let _caller = caller.entered();
             let _ = tx.send(execute(plan));
         })
         .map_err(|e| JobError::Runtime {

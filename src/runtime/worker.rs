@@ -240,17 +240,21 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         let (rank, attempt) = (self.ctx.rank, self.attempt);
         let _span =
             tracing::debug_span!(parent: &self.parent, "post_application", rank, attempt).entered();
+        // A failure to let go of the last master result is the master's; the worker's
+        // interceptors still see the end.
+        let mut first = None;
         if let OwnedEnding::Completed { last, .. } = ending {
             let previous = self.ctx.last.replace(Arc::clone(last));
-            drop_guarded(previous).map_err(|cause| JobError::Master {
-                iteration: self.ctx.iteration,
-                phase: Phase::Drop,
-                cause,
-            })?;
+            if let Err(cause) = drop_guarded(previous) {
+                first = Some(JobError::Master {
+                    iteration: self.ctx.iteration,
+                    phase: Phase::Drop,
+                    cause,
+                });
+            }
         }
         let ending = ending.as_ending();
         let ctx = &self.ctx;
-        let mut first = None;
         for hook in self.interceptors[..self.entered].iter_mut().rev() {
             if let Err(c) = guarded(|| hook.post_application(ctx, ending)) {
                 first.get_or_insert(JobError::Worker {

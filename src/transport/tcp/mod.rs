@@ -51,8 +51,9 @@ use wire::Wire;
 
 /// The settings of a [`TcpTransport`]; [`TcpSettings::new`] gives the defaults.
 ///
-/// A settings document in any serde format names only what it changes (the rest keep
-/// their defaults; [`Default`] is rank 0 of 1 with the master at `127.0.0.1:29500`), with
+/// A settings document in any serde format names this process's `rank`, the
+/// `world_size` and the `master_addr` — a process that is not told which it is must not
+/// guess — and only the other settings it changes (the rest keep their defaults), with
 /// durations written as `"30s"` or a number of seconds and the secret as text:
 ///
 /// ```
@@ -68,7 +69,7 @@ use wire::Wire;
 /// In a cluster job the environment gives them ([`from_cluster`](Self::from_cluster),
 /// [`ClusterEnv`]), heartbeats and frame size included.
 #[derive(Clone, PartialEq, Eq, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TcpSettings {
     /// This process's rank: it runs worker `rank`, and the master if `rank == 0`.
@@ -79,27 +80,39 @@ pub struct TcpSettings {
     pub master_addr: String,
     /// Where rank 0 listens. Default: `127.0.0.1` and the master address's port. Any
     /// address other than loopback needs a `secret`.
+    #[serde(default)]
     pub bind: Option<SocketAddr>,
     /// The job's id: peers of another job are refused.
+    #[serde(default = "defaults::job_id")]
     pub job_id: String,
     /// The shared secret every worker must prove it knows (an empty one counts as none).
     /// It authenticates workers to the master; it does not encrypt the traffic, nor prove
     /// the master to the workers: run jobs on a network you trust, or through a tunnel.
-    #[serde(deserialize_with = "secret_text")]
+    #[serde(default, deserialize_with = "secret_text")]
     pub secret: Option<Vec<u8>>,
     /// The largest frame accepted or sent. Default 256 MiB.
+    #[serde(default = "defaults::max_frame")]
     pub max_frame: usize,
     /// How long a new connection may take to complete the handshake. Default 5 s: a
     /// handshake is two round trips, and a peer that is slower than that holds a slot an
     /// authenticated worker may need.
-    #[serde(with = "crate::config::duration")]
+    #[serde(
+        with = "crate::config::duration",
+        default = "defaults::handshake_timeout"
+    )]
     pub handshake_timeout: Duration,
     /// How often a side that has nothing else to send sends a heartbeat. Default 1 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(
+        with = "crate::config::duration",
+        default = "defaults::heartbeat_interval"
+    )]
     pub heartbeat_interval: Duration,
     /// How long a side may hear nothing from its peer before declaring it lost.
     /// Default 30 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(
+        with = "crate::config::duration",
+        default = "defaults::heartbeat_timeout"
+    )]
     pub heartbeat_timeout: Duration,
     /// How long a worker keeps trying to reach the master at start-up, and how long the
     /// master's node waits for every rank's first connection before it fails the job
@@ -108,16 +121,23 @@ pub struct TcpSettings {
     /// that a misconfigured job (a wrong address, a wrong secret, a process that never
     /// started) fails in about a minute. Raise it when processes may start far apart
     /// (pods waiting for a node, say): `SUPERSTEP_CONNECT_TIMEOUT`.
-    #[serde(with = "crate::config::duration")]
+    #[serde(
+        with = "crate::config::duration",
+        default = "defaults::connect_timeout"
+    )]
     pub connect_timeout: Duration,
     /// How long a worker that lost the master keeps trying to reach it again — a master
     /// process started again in its place, say — before the job fails for it with
     /// `JobError::MasterLost`. Zero (the default) never tries: the loss is final at once.
-    #[serde(with = "crate::config::duration")]
+    #[serde(
+        with = "crate::config::duration",
+        default = "defaults::reconnect_timeout"
+    )]
     pub reconnect_timeout: Duration,
     /// How many times this process was started again in the place of one that died
     /// ([`ClusterEnv::restart_count`]). A master's node started again resumes from its
     /// newest checkpoint as a new attempt.
+    #[serde(default)]
     pub restart_count: u32,
 }
 
@@ -141,9 +161,33 @@ impl fmt::Debug for TcpSettings {
     }
 }
 
-impl Default for TcpSettings {
-    fn default() -> Self {
-        TcpSettings::new(0, 1, "127.0.0.1:29500")
+/// The defaults of the settings a document may leave out: those of [`TcpSettings::new`].
+mod defaults {
+    use std::time::Duration;
+
+    fn new() -> super::TcpSettings {
+        super::TcpSettings::new(0, 1, String::new())
+    }
+    pub(super) fn job_id() -> String {
+        new().job_id
+    }
+    pub(super) fn max_frame() -> usize {
+        new().max_frame
+    }
+    pub(super) fn handshake_timeout() -> Duration {
+        new().handshake_timeout
+    }
+    pub(super) fn heartbeat_interval() -> Duration {
+        new().heartbeat_interval
+    }
+    pub(super) fn heartbeat_timeout() -> Duration {
+        new().heartbeat_timeout
+    }
+    pub(super) fn connect_timeout() -> Duration {
+        new().connect_timeout
+    }
+    pub(super) fn reconnect_timeout() -> Duration {
+        new().reconnect_timeout
     }
 }
 
@@ -693,15 +737,22 @@ mod tests {
         expected.heartbeat_interval = Duration::from_millis(250);
         expected.connect_timeout = Duration::from_secs(120);
         assert_eq!(s, expected);
-        let empty: TcpSettings = serde_json::from_str("{}").unwrap();
-        assert_eq!(empty, TcpSettings::default());
-        empty.validate().unwrap();
-        let err = serde_json::from_str::<TcpSettings>(r#"{"heartbeat": "1s"}"#).unwrap_err();
+        let least = r#"{"rank": 0, "world_size": 2, "master_addr": "127.0.0.1:29500""#;
+        let only: TcpSettings = serde_json::from_str(&format!("{least}}}")).unwrap();
+        assert_eq!(only, TcpSettings::new(0, 2, "127.0.0.1:29500"));
+        only.validate().unwrap();
+        // Which process this is, is never guessed.
+        let err = serde_json::from_str::<TcpSettings>(r#"{"master_addr": "10.0.0.1:29500"}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("missing field `rank`"), "{err}");
+        let err = serde_json::from_str::<TcpSettings>(&format!(r#"{least}, "heartbeat": "1s"}}"#))
+            .unwrap_err();
         assert!(
             err.to_string().contains("unknown field `heartbeat`"),
             "{err}"
         );
-        let none: TcpSettings = serde_json::from_str(r#"{"secret": ""}"#).unwrap();
+        let none: TcpSettings =
+            serde_json::from_str(&format!(r#"{least}, "secret": ""}}"#)).unwrap();
         assert_eq!(none.secret, None);
     }
 

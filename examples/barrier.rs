@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use superstep::prelude::*;
 
@@ -41,7 +41,10 @@ impl WorkerComputable for RingRank {
         out.write_all(format!("{rank} {iteration}\n").as_bytes())?;
         drop(out);
 
-        let (mut from, _) = listener.accept()?;
+        // The rank before greets within a bound: a rank that failed after the gather
+        // must not hold this one forever.
+        let mut from = accept_within(&listener, Duration::from_secs(30))
+            .map_err(|e| format!("rank {rank}: no greeting from the rank before it: {e}"))?;
         from.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut greeting = String::new();
         from.read_to_string(&mut greeting)?;
@@ -53,6 +56,30 @@ impl WorkerComputable for RingRank {
         // No rank leaves (and closes its listener) before every rank was greeted.
         ctx.barrier()?;
         Ok(heard)
+    }
+}
+
+/// The next connection to `listener`, or an error once `within` passed without one.
+fn accept_within(listener: &TcpListener, within: Duration) -> std::io::Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + within;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("none within {within:?}"),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -84,11 +111,16 @@ impl MasterComputable for Check {
 }
 
 fn main() -> ExitCode {
-    let workers = std::env::args()
-        .skip_while(|a| a != "--workers")
-        .nth(1)
-        .map_or(Ok(4), |n| n.parse::<usize>())
-        .unwrap_or(4);
+    let workers = match std::env::args().skip_while(|a| a != "--workers").nth(1) {
+        None => 4,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("--workers {n:?} is not a number of workers: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let job = Job::builder(Check, |_| RingRank)
         .job_id("barrier-example")
         .workers(workers)

@@ -240,13 +240,16 @@ struct NodeHost<'a, M: Payload, W: Payload> {
     /// The watch entry the node actor made for the whole broadcast, if it is handing one
     /// out.
     watching: Option<(Waiting, Instant)>,
-    /// The span the worker's code runs under: the master's iteration span, or the job's.
-    span: tracing::Span,
+    /// The master's iteration span, if one is under way: what the worker's code runs
+    /// under (else the job's), cloned only for a unit of code that runs.
+    iteration_span: Option<&'a tracing::Span>,
 }
 
 impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
     fn span(&self) -> tracing::Span {
-        self.span.clone()
+        self.iteration_span
+            .cloned()
+            .unwrap_or_else(tracing::Span::current)
     }
 
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
@@ -392,11 +395,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             stopped: false,
             clock: &mut self.clock,
             watching: self.chaining,
-            span: self
-                .node
-                .iteration_span()
-                .cloned()
-                .unwrap_or_else(tracing::Span::current),
+            iteration_span: self.node.iteration_span(),
         };
         f(&mut hosted.driver, &mut host);
         if host.stopped {

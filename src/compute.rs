@@ -10,19 +10,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::coordinator::{Attachment, MalformedRows, RowCounts, Shard};
+use crate::error::SyncError;
 use crate::error::{BoxError, JobError};
-use crate::protocol::{
-    Attempt, Epoch, Gathered, Iteration, Rank, SyncError, SyncKind, SyncResult, ToMaster,
-};
-use crate::transport::WorkerLink;
-
-/// A type that can travel as a master or worker result: the user's own serde type.
-///
-/// In-process nothing is serialized; the serde bounds are there so that the same job runs
-/// unchanged across processes.
-pub trait Payload: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static {}
-
-impl<T: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static> Payload for T {}
+use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
+use crate::payload::Payload;
+use crate::protocol::{Gathered, SyncResult, ToMaster};
 
 /// What the master's compute returns: its result of the iteration, and whether to go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,10 +204,17 @@ pub struct Cancelled {
     pub reason: String,
 }
 
+/// Where a worker's sync calls go: its link to the master's node, as its driver (the
+/// runtime's worker, or the simulator) gives it.
+pub(crate) trait SyncSender<W>: Send + Sync {
+    /// Sends the call; an error says why it could not go, as the job would fail with it.
+    fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError>;
+}
+
 /// A worker's way to make sync calls from its compute thread: send on the shared link,
 /// then wait for the answer its actor forwards.
 pub(crate) struct SyncLink<W> {
-    pub(crate) link: Arc<dyn WorkerLink<W>>,
+    pub(crate) link: Arc<dyn SyncSender<W>>,
     pub(crate) answers: mpsc::Receiver<(Epoch, SyncResult)>,
     pub(crate) attempt: Attempt,
     /// How long to wait for an answer before giving up on the barrier itself: longer than
@@ -445,13 +444,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let epoch = self.epoch;
         self.epoch += 1;
         sync.link
-            .send(ToMaster::Sync {
+            .send_call(ToMaster::Sync {
                 attempt: sync.attempt,
                 epoch,
                 kind,
                 message,
             })
-            .map_err(|e| SyncError::JobFailed(Box::new(e.into())))?;
+            .map_err(|e| SyncError::JobFailed(Box::new(e)))?;
         let _span = tracing::debug_span!("sync", rank = self.rank, epoch, %kind).entered();
         let deadline = Instant::now().checked_add(sync.patience);
         loop {

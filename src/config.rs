@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
-use crate::protocol::{FailurePolicy, Iteration};
+use crate::ids::Iteration;
+use crate::protocol::FailurePolicy;
 
 /// Where user compute runs.
 ///

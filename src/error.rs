@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Iteration, Rank};
+use crate::ids::{Epoch, Iteration, Rank, SyncKind};
 
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -301,7 +301,7 @@ pub enum JobError {
     /// Remedy: every rank must make the same sync calls in the same order each iteration;
     /// the error names the ranks and the epoch.
     #[error("barrier sync failed: {0}")]
-    Sync(crate::protocol::SyncError),
+    Sync(#[source] SyncError),
     /// A worker's connection was lost: it stopped sending (not even heartbeats) for longer
     /// than the failure detector allows, its connection closed, or it sent a frame that
     /// could not be read.
@@ -399,6 +399,91 @@ pub enum JobError {
         /// What was observed.
         message: String,
     },
+}
+
+/// Why a sync call failed. Every rank waiting in the epoch gets the same error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum SyncError {
+    /// Ranks made different calls in one epoch. Every rank must call the same method in the
+    /// same order.
+    #[error("different sync calls in epoch {epoch}: {}; every rank must make the same calls in the same order", Calls(.calls))]
+    Mismatch {
+        /// The epoch.
+        epoch: Epoch,
+        /// Who called what, in rank order.
+        calls: Vec<(Rank, SyncKind)>,
+    },
+    /// Not every rank made the call of this epoch within the sync timeout, counted from the
+    /// epoch's first arrival. (A rank that returned from compute without the call is not
+    /// waited for: that is [`SyncError::Unmatched`], at once.)
+    #[error("epoch {epoch} ({kind}) timed out after {waited:?} from its first arrival: rank(s) {missing:?} did not arrive")]
+    TimedOut {
+        /// The epoch.
+        epoch: Epoch,
+        /// The call the others made.
+        kind: SyncKind,
+        /// The ranks that did not arrive.
+        missing: Vec<Rank>,
+        /// How long the epoch waited.
+        waited: Duration,
+    },
+    /// Ranks returned from their compute without making the call that others made in this
+    /// epoch: the others would wait for them forever, so the epoch fails at once.
+    #[error("rank(s) {returned:?} returned from compute in iteration {iteration} without making call {epoch} ({kind}) that rank(s) {waiting:?} made")]
+    Unmatched {
+        /// The epoch.
+        epoch: Epoch,
+        /// The call the others made.
+        kind: SyncKind,
+        /// The iteration.
+        iteration: Iteration,
+        /// The ranks that returned without the call.
+        returned: Vec<Rank>,
+        /// The ranks that made it.
+        waiting: Vec<Rank>,
+    },
+    /// The call's epoch is not the barrier's: the rank is out of step.
+    #[error("rank {rank} called in epoch {epoch}, but the barrier is at epoch {current}")]
+    StaleEpoch {
+        /// The rank.
+        rank: Rank,
+        /// The epoch it called in.
+        epoch: Epoch,
+        /// The barrier's epoch.
+        current: Epoch,
+    },
+    /// The job failed (this is its first failure): every waiting rank is released.
+    #[error("the job failed: {0}")]
+    JobFailed(#[source] Box<JobError>),
+    /// `barrier()` or `all_gather()` was called outside `compute` (in `init`): sync calls
+    /// meet per iteration, so only compute may make them.
+    #[error("barrier() and all_gather() can only be called from compute, not from init")]
+    OutsideCompute,
+    /// `barrier()` or `all_gather()` was called in a job without barrier mode. Remedy:
+    /// build the job with `barrier_mode(true)`, which gives every worker a thread of its
+    /// own so that ranks can wait for each other.
+    #[error("barrier() and all_gather() need a job built with barrier_mode(true)")]
+    NotEnabled,
+    /// A message could not be encoded or decoded.
+    #[error("could not encode or decode an all_gather message: {0}")]
+    Codec(String),
+    /// No answer came from the barrier (it is gone, or much slower than its timeout).
+    #[error("no answer from the barrier within {0:?}")]
+    NoAnswer(Duration),
+}
+
+struct Calls<'a>(&'a [(Rank, SyncKind)]);
+impl fmt::Display for Calls<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (rank, kind)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "rank {rank} called {kind}")?;
+        }
+        Ok(())
+    }
 }
 
 /// `; refused: …` when connections were refused meanwhile.

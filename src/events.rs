@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::JobError;
-use crate::protocol::{HaltedBy, Iteration, Rank};
+use crate::ids::{Iteration, Rank};
+use crate::protocol::HaltedBy;
 use crate::report::{IterationReport, Recovered};
 
 /// Something that happened in a job.

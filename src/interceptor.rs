@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::compute::{MasterContext, WorkerContext};
 use crate::error::{BoxError, JobError};
-use crate::protocol::{Iteration, Rank};
+use crate::ids::{Iteration, Rank};
 
 /// How a job ended, as `post_application` is told.
 #[derive(Debug, Clone, Copy)]

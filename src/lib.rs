@@ -212,6 +212,7 @@ mod config;
 pub mod coordinator;
 mod error;
 pub mod events;
+mod ids;
 pub mod interceptor;
 mod job;
 #[cfg(feature = "metrics")]
@@ -225,17 +226,20 @@ pub mod sim;
 pub mod transport;
 
 pub use compute::{
-    Cancelled, MasterComputable, MasterContext, Payload, Step, WorkerComputable, WorkerContext,
+    Cancelled, MasterComputable, MasterContext, Step, WorkerComputable, WorkerContext,
 };
 pub use config::{JobConfig, Placement};
-pub use error::{BoxError, Cause, CauseKind, ConfigError, Hook, JobError, Phase, Waiting};
+pub use error::{
+    BoxError, Cause, CauseKind, ConfigError, Hook, JobError, Phase, SyncError, Waiting,
+};
 pub use events::JobEvent;
+pub use ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
 pub use job::{Job, JobBuilder};
-pub use payload::{Element, Floats};
-pub use protocol::{FailurePolicy, HaltedBy, Iteration, Rank};
+pub use payload::{Element, Floats, Payload};
+pub use protocol::{FailurePolicy, HaltedBy};
 pub use report::{
     DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
 };
@@ -248,10 +252,9 @@ struct ReadmeDoctests;
 
 /// The names most jobs use.
 pub mod prelude {
-    pub use crate::protocol::SyncError;
     pub use crate::{
         BoxError, Ending, FailurePolicy, Floats, Job, JobBuilder, JobError, JobEvent, JobOutcome,
-        MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step,
+        MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step, SyncError,
         WorkerComputable, WorkerContext, WorkerInterceptor,
     };
 }

@@ -11,6 +11,14 @@ use std::ops::{Deref, DerefMut};
 use serde::de::{DeserializeOwned, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// A type that can travel as a master or worker result: the user's own serde type.
+///
+/// In-process nothing is serialized; the serde bounds are there so that the same job runs
+/// unchanged across processes.
+pub trait Payload: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static> Payload for T {}
+
 /// A plain number [`Floats`] can hold: `f64`, `f32`, and the integers from 8 to 128 bits.
 /// Sealed: its wire form is the number's little-endian bytes.
 pub trait Element:

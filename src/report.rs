@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::coordinator::{RowCounts, WorkerReport};
 use crate::error::JobError;
-use crate::protocol::{Attempt, Drops, HaltedBy, Iteration, Rank, Recover};
+use crate::ids::{Attempt, Iteration, Rank};
+use crate::protocol::{Drops, HaltedBy, Recover};
 
 /// How one iteration went.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{summing_master, FnWorker};
 use superstep::prelude::*;
-use superstep::protocol::{SyncError, SyncKind};
 use superstep::{Phase, Placement};
+use superstep::{SyncError, SyncKind};
 
 /// Long enough that no passing test comes near it: a regression that made ranks wait out
 /// the sync timeout shows as a `TimedOut` error instead of the expected one.

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use superstep::protocol::{
-    Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, SyncKind, SyncState, ToMaster,
+    Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, SyncState, ToMaster,
 };
+use superstep::SyncKind;
 
 /// One arrival at the barrier: (rank, attempt, iteration, value).
 type Arrival = (usize, u32, u64, u64);

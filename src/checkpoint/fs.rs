@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
-use crate::protocol::Iteration;
+use crate::ids::Iteration;
 
 /// The first bytes of every checkpoint file.
 const MAGIC: &[u8; 6] = b"SSCKPT";

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Attempt, HaltedBy, Iteration};
+use crate::protocol::HaltedBy;
+
+use crate::ids::{Attempt, Iteration};
 
 pub use fs::FsCheckpointStore;
 #[cfg(feature = "sim")]

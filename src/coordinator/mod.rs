@@ -27,7 +27,7 @@ mod rows;
 mod shard;
 
 use crate::error::{BoxError, JobError};
-use crate::protocol::{Attempt, Rank};
+use crate::ids::{Attempt, Rank};
 
 pub use counts::{MalformedRows, Rejected, RowCounts, MAX_RECORDED_REJECTS};
 #[cfg(feature = "pipeline")]

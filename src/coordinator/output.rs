@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Coordinator, WorkerReport};
 use crate::error::{BoxError, JobError};
-use crate::protocol::Rank;
+use crate::ids::Rank;
 
 /// A job's staging directory, where each worker writes its part files
 /// (`part-00003.jsonl` for rank 3). Clone it into the worker factory; the coordinator that

@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointStore;
-use crate::compute::{MasterComputable, Payload, WorkerComputable};
+use crate::compute::{MasterComputable, WorkerComputable};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::{Coordinator, Input, MalformedRows};
 use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
+use crate::ids::{Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
-use crate::protocol::{Iteration, Rank};
+use crate::payload::Payload;
 use crate::report::JobOutcome;
 use crate::runtime::{
     self, Cancel, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,

@@ -3,8 +3,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{Attempt, Drops, Envelope, Iteration, Rank, Report, Round, ToMaster};
+use super::{Drops, Envelope, Report, Round, ToMaster};
+
 use crate::error::{Cause, JobError, Phase, Waiting};
+use crate::ids::{Attempt, Iteration, Rank};
 
 /// Folds the result of the next rank into the fold of every lower rank's
 /// (`combine(&mut fold, next)`); see [`Gate::combining`]. An `Err` fails the round as the

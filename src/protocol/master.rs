@@ -13,13 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Attempt, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, Iteration, Next, Rank,
-    Recover, Recovery, Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
+    Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, Next, Recover, Recovery,
+    Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
 };
+
 use crate::config::JobConfig;
 use crate::coordinator::WorkerReport;
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
 use crate::events::JobEvent;
+use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::Ending;
 use crate::report::{IterationReport, JobOutcome, JobReport, Recovered};
 

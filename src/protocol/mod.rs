@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Attachment, RowCounts};
 use crate::error::JobError;
+use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
@@ -44,16 +45,9 @@ pub(crate) use master::{
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
-pub use sync::{Epoch, SyncError, SyncKind, SyncResult, SyncState, SyncStep};
+pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Work, Worked, WorkerAction, WorkerNode};
-
-/// A worker's rank: `0..workers`.
-pub type Rank = usize;
-/// An iteration number. The first iteration is 1; 0 stands for start-up.
-pub type Iteration = u64;
-/// An attempt of the job; messages of another attempt are stale. The first attempt is 0.
-pub type Attempt = u32;
 
 /// A message with the rank of the worker it came from, as the transport stamps it.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Attempt, Rank};
 use crate::error::{JobError, Phase};
+use crate::ids::{Attempt, Rank};
 
 /// What a job does when one of its workers fails — its code returns an error or panics
 /// during start-up or an iteration, or it is lost (its process killed, its heartbeats gone).

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Attempt, Iteration, Rank};
+use crate::ids::{Attempt, Iteration, Rank};
 
 /// What [`Round::offer`] did with an arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

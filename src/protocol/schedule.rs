@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Iteration;
+use crate::ids::Iteration;
 
 /// Who halted the job before its iteration count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,8 @@
 //! A worker's view of the master's messages.
 
-use super::{Attempt, Iteration, ToWorker};
+use super::ToWorker;
+
+use crate::ids::{Attempt, Iteration};
 
 /// Which of the master's messages a worker acts on.
 ///

@@ -16,11 +16,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{
-    Attempt, Epoch, Iteration, OwnedEnding, Rank, Report, SyncResult, ToMaster, ToWorker,
-    WorkerCommand, WorkerState,
-};
+use super::{OwnedEnding, Report, SyncResult, ToMaster, ToWorker, WorkerCommand, WorkerState};
+
 use crate::error::{JobError, Waiting};
+use crate::ids::{Attempt, Epoch, Iteration, Rank};
 use crate::transport::TransportError;
 
 /// One unit of a worker's code.

@@ -10,7 +10,7 @@ use actix::{Actor, Addr, Arbiter, Context, Handler, Message};
 use super::pool::guarded;
 use crate::coordinator::{Coordinator, Input, JobInfo, Lifecycle, Shard, WorkerReport};
 use crate::error::{Cause, Hook, JobError};
-use crate::protocol::Attempt;
+use crate::ids::Attempt;
 
 /// Each worker's shard: the coordinator's, if it shards, else the input's own split; `None`
 /// when the job has no input.

@@ -9,22 +9,25 @@ use std::time::Instant;
 use actix::{AsyncContext, Context};
 use tokio::sync::oneshot;
 
+use super::arrivals::Arrivals;
 use super::coordination::{self, Coordination, CoordinatorSlot};
 use super::local::{HostedMasterLink, LocalParts, LocalWorkers};
 use super::master::MasterTask;
-use super::node::{Arrivals, NodeActor, NodeParts};
+use super::node::{NodeActor, NodeParts};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::watch::Watch;
 use super::{
     fingerprint, resume, start_attempt, tick, Checkpointing, CombineFn, DynMaster, MasterHooks,
     OwnedEnding, Plan, Resume,
 };
-use crate::compute::{JobEnd, MasterContext, Payload};
+use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;
+use crate::ids::Attempt;
+use crate::payload::Payload;
 use crate::protocol::{
-    Attempt, FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState,
-    ToMaster, ToWorker,
+    FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState, ToMaster,
+    ToWorker,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::LinkSpec;
@@ -108,7 +111,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     }
     // The context first: the transport's inbox needs the node's address before it runs.
     let node_ctx = Context::<NodeActor<M, W>>::new();
-    let arrivals = Arrivals::new(node_ctx.address());
+    let arrivals = Arrivals::new(node_ctx.address().recipient());
     let mut bound = None;
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).

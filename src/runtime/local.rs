@@ -10,16 +10,18 @@ use std::sync::Arc;
 
 use actix::{Addr, AsyncContext, Context};
 
-use super::node::Arrivals;
+use super::arrivals::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
 use super::worker::{EndingReport, WorkerActor, WorkerDriver, WorkerTask};
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
-use crate::compute::{JobEnd, Payload};
+use crate::compute::JobEnd;
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
-use crate::protocol::{Attempt, Envelope, FailurePolicy, Rank, ToMaster, ToWorker};
+use crate::ids::{Attempt, Rank};
+use crate::payload::Payload;
+use crate::protocol::{Envelope, FailurePolicy, ToMaster, ToWorker};
 use crate::transport::{Transport, TransportError, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank
@@ -77,7 +79,7 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) end: JobEnd,
     /// Where the master's node actor takes workers' messages from other threads, when it
     /// hosts this process's workers.
-    pub(crate) host: Option<Arc<Arrivals<M, W>>>,
+    pub(crate) host: Option<Arc<Arrivals<W>>>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -404,15 +406,15 @@ impl<M: Payload> crate::transport::MasterLink<M> for HostedMasterLink {
 /// A hosted worker's link to the master's node, for what its compute thread sends itself
 /// (sync calls, in barrier mode): an arrival for the node actor. Closed once a replacement
 /// took the rank.
-struct HostedLink<M: Payload, W: Payload> {
+struct HostedLink<W: Payload> {
     rank: Rank,
     generation: u64,
     generations: Arc<[AtomicU64]>,
-    node: Arc<Arrivals<M, W>>,
+    node: Arc<Arrivals<W>>,
     wire_check: bool,
 }
 
-impl<M: Payload, W: Payload> WorkerLink<W> for HostedLink<M, W> {
+impl<W: Payload> WorkerLink<W> for HostedLink<W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
         let carries = msg.carries_result();

@@ -8,11 +8,11 @@ use super::pool::guarded;
 use super::{Checkpointing, DynMaster, MasterHooks, Resume};
 use crate::checkpoint::Checkpoint;
 use crate::compute::MasterContext;
-use crate::compute::Payload;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
+use crate::ids::{Attempt, Iteration};
+use crate::payload::Payload;
 use crate::protocol::{
-    Attempt, Computed, HaltedBy, Iteration, MasterDone, MasterRound, MasterWork, OwnedEnding,
-    Resumed, Tally,
+    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Tally,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.

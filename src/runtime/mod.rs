@@ -16,6 +16,7 @@
 //! pool and its workers' threads end with the job — except, in a failed job, user code
 //! still running after the failure grace, which is left to end on its own thread.
 
+mod arrivals;
 mod cancel;
 pub(crate) mod coordination;
 mod launch;
@@ -32,14 +33,16 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::checkpoint::CheckpointStore;
-use crate::compute::{JobEnd, MasterComputable, MasterContext, Payload, WorkerComputable};
+use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
 use crate::events::Events;
+use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::payload::Payload;
+use crate::protocol::HaltedBy;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{Attempt, HaltedBy, Iteration, Rank};
 use crate::report::JobOutcome;
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;

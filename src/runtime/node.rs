@@ -11,6 +11,7 @@ use actix::{
 };
 use tokio::sync::oneshot;
 
+use super::arrivals::{Arrivals, Arrived, Drain};
 use super::coordination::CoordinatorSlot;
 use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
@@ -20,90 +21,17 @@ use super::worker::{
     hear_abort, stop_given_up, Homeward, Host, Timer, WorkDone as WorkerDone, WorkerDriver,
 };
 use super::Cancel;
-use crate::compute::{JobEnd, Payload};
+use crate::compute::JobEnd;
 use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Waiting};
 use crate::events::Events;
+use crate::ids::Rank;
+use crate::payload::Payload;
 use crate::protocol::{
-    Action, Envelope, MasterDone, MasterNode, MasterWork, Rank, Reach, ToMaster, ToWorker,
+    Action, Envelope, MasterDone, MasterNode, MasterWork, Reach, ToMaster, ToWorker,
 };
 use crate::report::JobOutcome;
 use crate::transport::{wire_checked, MasterLink, TransportError};
-
-/// A worker's message from another thread (the transport's, or a hosted worker's compute
-/// thread), stamped with when it was handed over: its deadline is judged by that instant,
-/// not by when the node got to it (inline compute may have held the thread meanwhile).
-pub(crate) struct Arrived<W> {
-    pub(crate) env: Envelope<ToMaster<W>>,
-    pub(crate) at: Instant,
-}
-
-/// Workers' messages from other threads (the transport's, a compute thread's sync calls),
-/// gathered for the node actor: the first of a batch wakes it with one message
-/// ([`Drain`]), the rest join the batch while it has not taken it — no hand-off per
-/// message when they come in bursts. Invariant: while the batch is not empty, a `Drain`
-/// is queued that has not started.
-pub(crate) struct Arrivals<M: Payload, W: Payload> {
-    batch: Mutex<Vec<Arrived<W>>>,
-    node: actix::Addr<NodeActor<M, W>>,
-}
-
-impl<M: Payload, W: Payload> Arrivals<M, W> {
-    /// Arrivals for the node actor at `node`.
-    pub(crate) fn new(node: actix::Addr<NodeActor<M, W>>) -> Arc<Self> {
-        Arc::new(Arrivals {
-            batch: Mutex::new(Vec::new()),
-            node,
-        })
-    }
-
-    /// `env` arrived now.
-    pub(crate) fn deliver(&self, env: Envelope<ToMaster<W>>) {
-        self.deliver_if(env, || true);
-    }
-
-    /// Delivers `env` if `current` still holds, judged under the same lock as
-    /// [`hold`](Self::hold): a link closed under it delivers nothing after.
-    pub(crate) fn deliver_if(
-        &self,
-        env: Envelope<ToMaster<W>>,
-        current: impl FnOnce() -> bool,
-    ) -> bool {
-        let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
-        if !current() {
-            return false;
-        }
-        batch.push(Arrived {
-            env,
-            at: Instant::now(),
-        });
-        if batch.len() == 1 {
-            // Under the lock, so that the invariant holds at every moment (an unbounded
-            // mailbox's send never blocks).
-            self.node.do_send(Drain);
-        }
-        true
-    }
-
-    /// Runs `f` under the batch's lock: no delivery is under way meanwhile.
-    pub(crate) fn hold<T>(&self, f: impl FnOnce() -> T) -> T {
-        let _batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
-        f()
-    }
-
-    /// Takes the batch, leaving `spare` (empty) in its place.
-    fn take(&self, spare: Vec<Arrived<W>>) -> Vec<Arrived<W>> {
-        let mut batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *batch, spare)
-    }
-}
-
-/// The batch of [`Arrivals`] waits for the node actor.
-pub(crate) struct Drain;
-
-impl Message for Drain {
-    type Result = ();
-}
 
 /// The master's code is back from the pool with what it did.
 struct WorkDone<M, W> {
@@ -160,7 +88,7 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     /// through the wire encoding first (the in-memory transport's wire check).
     pub(crate) wire_check: bool,
     /// Where workers' messages from other threads wait for the node.
-    pub(crate) arrivals: Arc<Arrivals<M, W>>,
+    pub(crate) arrivals: Arc<Arrivals<W>>,
 }
 
 /// Whether an action was carried out, or waits for the coordinator's actor.
@@ -201,7 +129,7 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// While a broadcast is handed to the hosted workers (`clock` runs on): the watch
     /// entry made for it, what it waits for and since when.
     chaining: Option<(Waiting, Instant)>,
-    arrivals: Arc<Arrivals<M, W>>,
+    arrivals: Arc<Arrivals<W>>,
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
     wire_check: bool,

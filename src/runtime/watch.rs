@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::JobConfig;
 use crate::error::{JobError, Waiting};
-use crate::protocol::{Iteration, Rank};
+use crate::ids::{Iteration, Rank};
 
 const MASTER: u64 = u64::MAX;
 

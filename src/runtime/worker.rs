@@ -8,13 +8,15 @@ use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 use super::pool::{guarded, Executor, Placer};
 use super::watch::{Watch, Who};
 use super::{DynWorker, OwnedEnding, WorkerHooks};
-use crate::compute::{JobEnd, Payload, SyncLink, WorkerContext};
+use crate::compute::{JobEnd, SyncLink, SyncSender, WorkerContext};
 use crate::config::JobConfig;
 use crate::coordinator::Shard;
+use crate::error::SyncError;
 use crate::error::{drop_guarded, Cause, JobError, Phase, Waiting};
+use crate::ids::{Attempt, Epoch, Iteration, Rank};
+use crate::payload::Payload;
 use crate::protocol::{
-    Attempt, Epoch, Iteration, Rank, Recovery, Report, SyncError, SyncResult, ToMaster, ToWorker,
-    Work, Worked, WorkerAction, WorkerNode,
+    Recovery, Report, SyncResult, ToMaster, ToWorker, Work, Worked, WorkerAction, WorkerNode,
 };
 use crate::transport::{TransportError, WorkerLink};
 
@@ -309,8 +311,18 @@ pub(crate) fn hear_abort<M>(end: &JobEnd, rank: Rank, msg: &ToWorker<M>) {
     }
 }
 
+/// A worker's link, as the way its sync calls go: a call that cannot go fails as the
+/// transport's error.
+struct LinkCalls<W>(Arc<dyn WorkerLink<W>>);
+
+impl<W: Payload> SyncSender<W> for LinkCalls<W> {
+    fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
+        self.0.send(call).map_err(JobError::from)
+    }
+}
+
 /// A call waits at most `patience` for its answer (`Duration::MAX`: until it comes).
-pub(crate) fn sync_link<W>(
+pub(crate) fn sync_link<W: Payload>(
     link: Arc<dyn WorkerLink<W>>,
     attempt: Attempt,
     patience: Duration,
@@ -318,7 +330,7 @@ pub(crate) fn sync_link<W>(
     let (to, answers) = mpsc::channel();
     let ended = Arc::new(std::sync::OnceLock::new());
     let sync = SyncLink {
-        link,
+        link: Arc::new(LinkCalls(link)),
         answers,
         attempt,
         patience,

@@ -101,15 +101,16 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
-use crate::compute::{JobEnd, MasterComputable, Payload, WorkerComputable};
+use crate::compute::{JobEnd, MasterComputable, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input, JobInfo, Shard};
 use crate::error::JobError;
+use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::payload::Payload;
 use crate::protocol::{
-    Action, Attempt, Drops, Envelope, FailurePolicy, Iteration, MasterDone, MasterNode,
-    MasterRound, MasterWork, NodeSettings, Rank, Reach, Report, ToMaster, ToWorker, Work, Worked,
-    WorkerAction, WorkerNode,
+    Action, Drops, Envelope, FailurePolicy, MasterDone, MasterNode, MasterRound, MasterWork,
+    NodeSettings, Reach, Report, ToMaster, ToWorker, Work, Worked, WorkerAction, WorkerNode,
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;

@@ -57,7 +57,8 @@ use proptest::prelude::*;
 #[cfg(doc)]
 use super::Simulation;
 use super::{CrashPoint, Fault, SimConfig};
-use crate::protocol::{FailurePolicy, Iteration};
+use crate::ids::Iteration;
+use crate::protocol::FailurePolicy;
 
 /// Where in an iteration the master's process crashes.
 pub fn crash_point() -> impl Strategy<Value = CrashPoint> {

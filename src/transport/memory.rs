@@ -8,8 +8,9 @@ use std::marker::PhantomData;
 
 use super::WorkerLink;
 use super::{InProcess, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError};
-use crate::compute::Payload;
-use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
+use crate::ids::{Attempt, Rank};
+use crate::payload::Payload;
+use crate::protocol::{Envelope, ToMaster, ToWorker};
 
 /// Runs the master and every worker in this process. The master's node steps each worker
 /// directly ([`Transport::in_process`]): a broadcast is handed to each worker as a typed

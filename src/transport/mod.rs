@@ -31,7 +31,9 @@ mod memory;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
-use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
+use crate::protocol::{Envelope, ToMaster, ToWorker};
+
+use crate::ids::{Attempt, Rank};
 
 pub use memory::MemoryTransport;
 #[cfg(feature = "tcp")]

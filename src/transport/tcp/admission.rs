@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::protocol::Rank;
+use crate::ids::Rank;
 
 /// How many connections may be in their handshake at once.
 pub(super) const SLOTS: usize = 64;

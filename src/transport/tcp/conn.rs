@@ -28,9 +28,10 @@ use super::lane::{Lane, Writing};
 use super::wire::{self, Refusal, Wire, WireError};
 use super::{lock, Shared, TcpSettings};
 use crate::codec::Undecodable;
-use crate::compute::Payload;
 use crate::error::{Cause, JobError, Waiting};
-use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
+use crate::ids::{Attempt, Rank};
+use crate::payload::Payload;
+use crate::protocol::{Envelope, ToMaster, ToWorker};
 use crate::transport::{Fingerprint, Inbox};
 
 /// The attempt a worker starts in, until a master's node tells it another.

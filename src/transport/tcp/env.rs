@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::protocol::Rank;
+use crate::ids::Rank;
 use crate::transport::TransportError;
 
 /// A process's part of a cluster job, read from its environment variables, as set by

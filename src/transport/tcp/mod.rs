@@ -42,8 +42,9 @@ use tracing::Instrument;
 use super::{
     Fingerprint, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink,
 };
-use crate::compute::Payload;
-use crate::protocol::{Attempt, Envelope, Rank, ToMaster, ToWorker};
+use crate::ids::{Attempt, Rank};
+use crate::payload::Payload;
+use crate::protocol::{Envelope, ToMaster, ToWorker};
 
 pub use env::ClusterEnv;
 use lane::Lane;

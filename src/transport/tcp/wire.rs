@@ -20,7 +20,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
-use crate::protocol::{Attempt, Rank, ToMaster, ToWorker};
+use crate::protocol::{ToMaster, ToWorker};
+
+use crate::ids::{Attempt, Rank};
 use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
 use crate::ids::Iteration;
-use crate::protocol::FailurePolicy;
+use crate::protocol::{FailurePolicy, NodeConfig, WorkerConfig};
 
 /// Where user compute runs.
 ///
@@ -311,6 +311,39 @@ impl JobConfig {
     /// `ceil(min_workers_ratio × workers)`, at least 1.
     pub fn quorum(&self) -> usize {
         quorum(self.min_workers_ratio, self.workers)
+    }
+
+    /// The settings the master's node runs by, with a checkpoint every `checkpoint_every`
+    /// iterations (`None`: the job keeps none): built once when the job starts.
+    pub(crate) fn node_config(&self, checkpoint_every: Option<Iteration>) -> NodeConfig {
+        NodeConfig {
+            job_id: self.job_id.clone(),
+            workers: self.workers,
+            iterations: self.iterations,
+            worker_halt: self.worker_halt,
+            barrier_mode: self.barrier_mode,
+            policy: self.failure_policy,
+            quorum: self.quorum(),
+            min_workers_timeout: self.min_workers_timeout,
+            startup_timeout: self.startup_timeout,
+            iteration_timeout: self.iteration_timeout,
+            shutdown_timeout: self.shutdown_timeout,
+            sync_timeout: self.sync_timeout,
+            failure_grace: NodeConfig::grace(self.failure_grace, self.shutdown_timeout),
+            checkpoint_every,
+            report_iterations: self.report_iterations,
+        }
+    }
+
+    /// The settings each worker's node runs by: built once when the job starts.
+    pub(crate) fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig::new(
+            self.failure_policy,
+            self.barrier_mode,
+            self.failure_grace,
+            self.shutdown_timeout,
+            self.sync_timeout,
+        )
     }
 
     /// The number of compute-pool threads this configuration asks for.

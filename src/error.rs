@@ -332,6 +332,11 @@ pub enum JobError {
     Checkpoint {
         /// What went wrong, naming the file or the job.
         message: String,
+        /// The error underneath (the store's, a decoder's), in the process where it
+        /// happened: `source()`.
+        #[source]
+        #[serde(skip)]
+        source: Option<ErrorSource>,
     },
     /// A job coordinator's hook returned an error or panicked (see
     /// [`Coordinator`](crate::coordinator::Coordinator)). After a failed `on_start` or
@@ -387,11 +392,16 @@ pub enum JobError {
         /// What the decoder said.
         message: String,
     },
-    /// A message could not be delivered.
+    /// A message could not be delivered, or a link could not be made.
     #[error("transport failed: {message}")]
     Transport {
         /// What went wrong, naming the peer.
         message: String,
+        /// The error underneath (the transport's, the operating system's), in the process
+        /// where it happened: `source()`.
+        #[source]
+        #[serde(skip)]
+        source: Option<ErrorSource>,
     },
     /// The runtime itself stopped without an outcome (a bug in superstep, not user code).
     #[error("the job's runtime stopped without an outcome: {message}")]
@@ -486,6 +496,52 @@ impl fmt::Display for Calls<'_> {
     }
 }
 
+/// The error underneath a [`JobError`] — an I/O error, a decoder's, a transport's — kept
+/// as the job error's [`source`](std::error::Error::source) in the process where it
+/// happened, so that a caller can walk the chain or downcast it (to a `std::io::Error`,
+/// say). Only its text crosses a network, in the job error's message; two sources compare
+/// equal whatever they hold, as a [`Cause`] compares by its message alone.
+#[derive(Clone)]
+pub struct ErrorSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl ErrorSource {
+    /// Keeps `error` as a source.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ErrorSource(Arc::new(error))
+    }
+}
+
+/// The error itself: what `source()` hands out, so that it downcasts to its own type.
+impl std::ops::Deref for ErrorSource {
+    type Target = dyn std::error::Error + Send + Sync + 'static;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+/// Always equal: what a source holds is not compared (it may not be comparable, and does
+/// not cross a network).
+impl PartialEq for ErrorSource {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ErrorSource {}
+
 /// `; refused: …` when connections were refused meanwhile.
 fn refused_note(refused: &[String]) -> String {
     if refused.is_empty() {
@@ -523,6 +579,24 @@ impl fmt::Display for Hook {
 }
 
 impl JobError {
+    /// A transport's failure: `message` names the peer and what was done; `source` is the
+    /// error underneath, if there is one.
+    pub(crate) fn transport(message: impl Into<String>, source: Option<ErrorSource>) -> Self {
+        JobError::Transport {
+            message: message.into(),
+            source,
+        }
+    }
+
+    /// The checkpoints' failure: `message` names the file or the job; `source` is the
+    /// error underneath, if there is one.
+    pub(crate) fn checkpoint(message: impl Into<String>, source: Option<ErrorSource>) -> Self {
+        JobError::Checkpoint {
+            message: message.into(),
+            source,
+        }
+    }
+
     /// The worker rank this error is about, if it is about one worker.
     pub fn rank(&self) -> Option<Rank> {
         match self {

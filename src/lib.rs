@@ -230,7 +230,7 @@ pub use compute::{
 };
 pub use config::{JobConfig, Placement};
 pub use error::{
-    BoxError, Cause, CauseKind, ConfigError, Hook, JobError, Phase, SyncError, Waiting,
+    BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, Phase, SyncError, Waiting,
 };
 pub use events::JobEvent;
 pub use ids::{Attempt, Epoch, Iteration, Rank, SyncKind};

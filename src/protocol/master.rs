@@ -12,12 +12,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::config::{NodeConfig, Save};
 use super::{
-    Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, Next, Recover, Recovery,
-    Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
+    Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, Next, Recover,
+    Recovery, Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait,
 };
 
-use crate::config::JobConfig;
 use crate::coordinator::WorkerReport;
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
 use crate::events::JobEvent;
@@ -112,6 +112,8 @@ pub(crate) struct MasterRound<W> {
     /// Whether the workers' votes halt the job after this iteration (the master's own
     /// halt is known once it computed): a checkpoint of it says so.
     pub(crate) workers_halt: bool,
+    /// Whether a checkpoint of the iteration is saved once the master computed it.
+    pub(crate) save: Save,
 }
 
 /// The master's code to run: the driver runs it where placement says and hands back a
@@ -192,6 +194,9 @@ pub(crate) enum Action<M, W> {
     },
     /// Start every worker of this process again in `attempt`.
     ReplaceAll { attempt: Attempt, cause: JobError },
+    /// The job failed with this, its first failure: no compute of this process starts
+    /// from now on (every worker is told next, with [`ToWorker::Abort`]).
+    EndJob(JobError),
     /// Tell the job's subscribers.
     Event(JobEvent),
     /// Give the coordinator this worker's report as it stops (`on_worker_done`).
@@ -258,9 +263,8 @@ enum Awaiting {
     Replacement,
 }
 
-/// What the node is built from, besides its parts.
+/// What the node is built from besides its settings: what its process is made of.
 pub(crate) struct NodeSettings {
-    pub(crate) config: Arc<JobConfig>,
     /// By rank: whether its worker runs in this process (the node replaces those itself).
     pub(crate) local: Vec<bool>,
     /// Whether the job has a coordinator, whose `on_finish` or `on_error` ends it.
@@ -295,6 +299,7 @@ pub(crate) struct NodeSettings {
 /// [`poll_timeout`](MasterNode::poll_timeout) has passed (calling it early is harmless).
 /// `now` never goes backwards. [`Action::Finished`] is the last action.
 pub(crate) struct MasterNode<M, W> {
+    config: Arc<NodeConfig>,
     settings: NodeSettings,
     gate: Gate<W>,
     sync: SyncState,
@@ -329,25 +334,31 @@ pub(crate) struct MasterNode<M, W> {
 }
 
 impl<M, W> MasterNode<M, W> {
-    /// A node that starts attempt `gate.attempt()` at `now`, from what a checkpoint gave
-    /// the master's code (`resumed`). Its first actions: the `Started` event and the
-    /// master's start-up.
+    /// A node that starts `attempt` at `now` with these settings, from what a checkpoint
+    /// gave the master's code (`resumed`); with a combiner, the gate folds each result into
+    /// the round's fold as it arrives. Its parts — the gate, the sync state, the recovery
+    /// and the schedule — are built here from the settings, and again from them for each
+    /// restart of every worker. Its first actions: the `Started` event and the master's
+    /// start-up.
     pub(crate) fn new(
+        config: Arc<NodeConfig>,
         settings: NodeSettings,
-        gate: Gate<W>,
-        sync: SyncState,
-        recovery: Recovery,
+        attempt: Attempt,
+        combiner: Option<Combiner<W>>,
         resumed: Resumed<M>,
         now: Instant,
     ) -> Self {
-        let c = &settings.config;
-        let schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
+        let c = &config;
+        let mut gate = Gate::new(c.gate(attempt), now);
+        if let Some(combiner) = combiner {
+            gate = gate.combining(combiner);
+        }
         let workers = c.workers;
         let mut node = MasterNode {
             gate,
-            sync,
-            recovery,
-            schedule,
+            sync: SyncState::new(workers, c.sync_timeout),
+            recovery: Recovery::new(c.policy, workers, c.quorum, attempt),
+            schedule: Schedule::new(c.iterations, workers, c.worker_halt),
             stage: Stage::Starting {
                 master_ready: false,
                 workers_ready: false,
@@ -364,7 +375,7 @@ impl<M, W> MasterNode<M, W> {
             },
             recent: VecDeque::new(),
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::JobMetrics::new(&settings.config.job_id),
+            metrics: crate::metrics::JobMetrics::new(&config.job_id),
             started: now,
             iteration_started: now,
             span: None,
@@ -372,8 +383,9 @@ impl<M, W> MasterNode<M, W> {
             wait_said: None,
             actions: VecDeque::new(),
             settings,
+            config,
         };
-        let c = Arc::clone(&node.settings.config);
+        let c = Arc::clone(&node.config);
         node.event(|| JobEvent::Started {
             job_id: c.job_id.clone(),
             workers: c.workers,
@@ -463,7 +475,7 @@ impl<M, W> MasterNode<M, W> {
     fn run_master(&mut self, now: Instant, work: MasterWork<M, W>) {
         let deadline = match &work {
             MasterWork::Iterate(round) => now
-                .checked_add(self.settings.config.iteration_timeout)
+                .checked_add(self.config.iteration_timeout)
                 .map(|at| (at, now, round.iteration)),
             _ => None,
         };
@@ -499,7 +511,7 @@ impl<M, W> MasterNode<M, W> {
             }
             // (Only barrier mode makes sync calls.)
             ToMaster::Result(ref report)
-                if report.attempt == self.attempt() && self.settings.config.barrier_mode =>
+                if report.attempt == self.attempt() && self.config.barrier_mode =>
             {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration);
@@ -612,6 +624,34 @@ impl<M, W> MasterNode<M, W> {
         self.on_failure(now, error, reach);
     }
 
+    /// A message the node asked to send did not go: to the worker of `to`, or (`None`)
+    /// to every worker. A message its worker could not read fails the job (or is recovered
+    /// from), as it would over a network; a broadcast that does not go fails it; one
+    /// worker out of reach is not a failure of its own — the transport reports its loss
+    /// when it sees it (its connection closed, its heartbeats gone).
+    pub(crate) fn handle_unsent(
+        &mut self,
+        now: Instant,
+        to: Option<Rank>,
+        why: Unsent,
+        reach: &dyn Reach,
+    ) {
+        match (to, why) {
+            (_, Unsent::Undecodable(error)) => self.on_failure(now, error, reach),
+            (Some(rank), Unsent::Replaced) => {
+                tracing::debug!(rank, "a message for a worker replaced meanwhile is dropped")
+            }
+            (Some(rank), Unsent::Failed(error)) => {
+                tracing::warn!(rank, %error, "could not reach a worker")
+            }
+            (None, Unsent::Replaced) => {}
+            (None, Unsent::Failed(source)) => {
+                let message = format!("could not send to every worker: {source}");
+                self.on_failure(now, JobError::transport(message, Some(source)), reach)
+            }
+        }
+    }
+
     /// The master's code is back with what it did.
     pub(crate) fn handle_master_done(
         &mut self,
@@ -658,7 +698,7 @@ impl<M, W> MasterNode<M, W> {
                 if checkpointed {
                     self.report.checkpoints.push(iteration);
                 }
-                if elapsed > self.settings.config.iteration_timeout {
+                if elapsed > self.config.iteration_timeout {
                     // Inline work cannot be timed out while it runs (it holds the thread
                     // the timer would fire on); the deadline still holds once it returns.
                     self.fail(
@@ -719,7 +759,7 @@ impl<M, W> MasterNode<M, W> {
         // complete, and ends now with its result — no worker need register (a master
         // started again after its job ended would wait for workers long gone). With a
         // coordinator it waits for them: their reports are what it commits.
-        let iterations = self.settings.config.iterations;
+        let iterations = self.config.iterations;
         let complete = self
             .resumed
             .is_some_and(|(r, halted)| r >= iterations || halted.is_some());
@@ -745,7 +785,7 @@ impl<M, W> MasterNode<M, W> {
     fn begin(&mut self, now: Instant, iteration: Iteration, reach: &dyn Reach) {
         self.iteration_started = now;
         let attempt = self.attempt();
-        let span = tracing::info_span!("iteration", job = %self.settings.config.job_id, iteration, attempt);
+        let span = tracing::info_span!("iteration", job = %self.config.job_id, iteration, attempt);
         span.in_scope(|| tracing::debug!("iteration started"));
         self.span = Some(span);
         self.event(|| JobEvent::IterationStarted { iteration });
@@ -781,6 +821,7 @@ impl<M, W> MasterNode<M, W> {
             }
         );
         self.stage = Stage::Computing(iteration);
+        let save = self.config.checkpoint(iteration, workers_halt);
         self.run_master(
             now,
             MasterWork::Iterate(MasterRound {
@@ -788,6 +829,7 @@ impl<M, W> MasterNode<M, W> {
                 gathered,
                 span,
                 workers_halt,
+                save,
             }),
         );
     }
@@ -829,7 +871,7 @@ impl<M, W> MasterNode<M, W> {
             let drops = self.drops();
             self.metrics.iteration(&report, drops);
         }
-        let keep = self.settings.config.report_iterations;
+        let keep = self.config.report_iterations;
         if keep > 0 {
             if self.recent.len() >= keep {
                 self.recent.pop_front();
@@ -924,6 +966,7 @@ impl<M, W> MasterNode<M, W> {
                     drained: false,
                 };
                 self.forget_awaited(now, reach);
+                self.actions.push_back(Action::EndJob(error.clone()));
                 // Release every rank waiting in a sync call at once, with the job's failure.
                 let step = self.sync.abort(&error);
                 self.apply(now, step, reach);
@@ -934,8 +977,7 @@ impl<M, W> MasterNode<M, W> {
                 // A failed job waits only its grace for workers still running user code,
                 // and for the master's own code away on the pool (its deadline comes
                 // sooner: past it, its `post_application` is skipped).
-                let c = &self.settings.config;
-                let grace = c.failure_grace.min(c.shutdown_timeout);
+                let grace = self.config.failure_grace;
                 if let MasterAt::Away {
                     deadline: Some((at, ..)),
                     ..
@@ -979,7 +1021,7 @@ impl<M, W> MasterNode<M, W> {
         if !self.settings.coordinated {
             return self.finalize(now, ending);
         }
-        let workers = self.settings.config.workers;
+        let workers = self.config.workers;
         match ending {
             OwnedEnding::Completed { .. } if self.report.workers.len() < workers => {
                 let reported: Vec<Rank> = self.report.workers.iter().map(|w| w.rank).collect();
@@ -1295,7 +1337,7 @@ impl<M, W> MasterNode<M, W> {
                     cause: error.clone(),
                 });
                 // Every rank is back; the master starts over from its newest checkpoint.
-                let c = &self.settings.config;
+                let c = &self.config;
                 self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
                 self.span = None;
                 self.stage = Stage::Starting {
@@ -1365,7 +1407,7 @@ impl<M, W> MasterNode<M, W> {
 mod tests {
     use super::*;
     use crate::coordinator::RowCounts;
-    use crate::protocol::{GateConfig, Report};
+    use crate::protocol::Report;
 
     /// Every rank connected.
     struct Connected;
@@ -1395,35 +1437,23 @@ mod tests {
 
     impl Harness {
         fn new(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
-            let config = JobConfig {
+            let config = NodeConfig {
                 workers,
                 iterations,
-                failure_policy: policy,
-                ..JobConfig::default()
+                policy,
+                quorum: workers,
+                ..NodeConfig::for_tests()
             };
             let t = Instant::now();
-            let gate = Gate::new(
-                GateConfig::new(
-                    workers,
-                    0,
-                    [
-                        config.startup_timeout,
-                        config.iteration_timeout,
-                        config.shutdown_timeout,
-                    ],
-                ),
-                t,
-            );
             let node = MasterNode::new(
+                Arc::new(config),
                 NodeSettings {
                     local: vec![true; workers],
                     coordinated: false,
                     listening: false,
-                    config: Arc::new(config),
                 },
-                gate,
-                SyncState::new(workers, Duration::from_secs(60)),
-                Recovery::new(policy, workers, workers, 0),
+                0,
+                None,
                 Resumed {
                     from: None,
                     last: None,

@@ -18,6 +18,7 @@
 //!   one place that decides what a round, a failure, a recovery and the end of a job mean.
 //!   The runtime's node actor and the simulator both drive it.
 
+mod config;
 mod gate;
 mod master;
 mod recovery;
@@ -34,20 +35,35 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Attachment, RowCounts};
-use crate::error::JobError;
+use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 
+pub(crate) use config::{abort_ends_job, NodeConfig, Save, WorkerConfig};
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
     Reach, Resumed,
 };
+pub(crate) use recovery::start_attempt;
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Work, Worked, WorkerAction, WorkerNode};
+
+/// Why a message could not be sent, as the nodes need to know it: the transport's error,
+/// sorted by the transport (`From<TransportError>`).
+#[derive(Debug, Clone)]
+pub(crate) enum Unsent {
+    /// The sender's link was closed on purpose: a replacement took its rank.
+    Replaced,
+    /// The message does not survive the wire encoding: its receiver could not read it.
+    Undecodable(JobError),
+    /// The link could not carry it (closed, not connected, too large for a frame, an I/O
+    /// error): the transport's error.
+    Failed(ErrorSource),
+}
 
 /// A message with the rank of the worker it came from, as the transport stamps it.
 #[derive(Debug, Clone, PartialEq)]

@@ -179,9 +179,39 @@ impl Recovery {
     }
 }
 
+/// The attempt a master's node starts in: 0 in the first process; in one started again
+/// in the place of one that died (for the `restarted`-th time), the newest checkpoint's
+/// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
+/// before (its own checkpoint's, no newer, plus one less), so messages of the attempt the
+/// workers ran before are stale to the new one.
+pub(crate) fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
+    if restarted == 0 {
+        return 0;
+    }
+    checkpoint.unwrap_or(0).saturating_add(restarted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_master_started_again_runs_an_attempt_past_every_earlier_one() {
+        assert_eq!(start_attempt(0, None), 0);
+        assert_eq!(start_attempt(0, Some(4)), 0, "a first process starts at 0");
+        // Restarts with checkpoints no newer each time: strictly increasing, and past
+        // the checkpoint's attempt.
+        let mut before = 0;
+        for (restarted, checkpoint) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(3))] {
+            let attempt = start_attempt(restarted, checkpoint);
+            assert!(
+                attempt > before,
+                "restart {restarted}: {attempt} after {before}"
+            );
+            assert!(checkpoint.is_none_or(|c| attempt > c));
+            before = attempt;
+        }
+    }
     use crate::error::Cause;
 
     fn crashed(rank: Rank) -> JobError {

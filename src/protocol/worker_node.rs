@@ -1,26 +1,30 @@
 //! A worker's node: its whole lifecycle as one state machine — start-up and
 //! registration, iterations (one at a time, a straggler skipping to the newest), sync
 //! answers, registering again with a master started again, its own failure, the job's
-//! failure (the verdict), and its stop — with no I/O and no clock.
+//! failure (the verdict), its stop, and the timers of each — with no I/O and no clock:
+//! time comes in as `now`.
 //!
 //! Call order: [`WorkerNode::start`] once; then, as they happen,
 //! [`handle_message`](WorkerNode::handle_message) (the master's messages, in order),
 //! [`handle_worked`](WorkerNode::handle_worked) (a unit of the worker's code came back),
 //! [`handle_sent`](WorkerNode::handle_sent) (right after carrying out a
-//! [`WorkerAction::SendResult`]) and the three timers it arms
-//! ([`handle_grace_over`](WorkerNode::handle_grace_over),
-//! [`handle_stop_deadline`](WorkerNode::handle_stop_deadline),
-//! [`handle_verdict_over`](WorkerNode::handle_verdict_over)); after each, carry out every
-//! [`poll_action`](WorkerNode::poll_action) in order.
+//! [`WorkerAction::SendResult`]) and [`handle_timeout`](WorkerNode::handle_timeout) (once
+//! the instant of [`poll_timeout`](WorkerNode::poll_timeout) has passed; calling it early
+//! is harmless); after each, carry out every [`poll_action`](WorkerNode::poll_action) in
+//! order, then arm one timer for [`poll_timeout`](WorkerNode::poll_timeout). `now` never
+//! goes backwards.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{OwnedEnding, Report, SyncResult, ToMaster, ToWorker, WorkerCommand, WorkerState};
+use super::config::WorkerConfig;
+use super::{
+    OwnedEnding, Report, SyncResult, ToMaster, ToWorker, Unsent, WorkerCommand, WorkerState,
+};
 
 use crate::error::{JobError, Waiting};
 use crate::ids::{Attempt, Epoch, Iteration, Rank};
-use crate::transport::TransportError;
 
 /// One unit of a worker's code.
 pub(crate) enum Work<M> {
@@ -64,97 +68,176 @@ pub(crate) enum WorkerAction<M, W> {
     /// The iteration away belongs to a master this worker left behind: what it brings back
     /// is stale, and its failure ends nothing.
     MarkStale,
-    /// The job failed while the worker's code is away: after the failure grace, call
-    /// [`WorkerNode::handle_grace_over`].
-    ArmGrace,
-    /// The worker began to stop: after the shutdown timeout, call
-    /// [`WorkerNode::handle_stop_deadline`].
-    ArmStopDeadline,
-    /// The worker stopped on its own failure: after a short wait for the master's word,
-    /// call [`WorkerNode::handle_verdict_over`].
-    ArmVerdictGrace,
     /// How the job ended for this worker: reported once.
     Report(OwnedEnding<M>),
     /// The worker is done; nothing follows.
     Stop,
 }
 
+/// A timer of a worker's node. Each is armed at most once, and fires at most once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Timer {
+    /// The job failed while the worker's code was away: the failure grace it is given.
+    Grace,
+    /// The worker began to stop: the shutdown timeout its stop is given.
+    StopDeadline,
+    /// The worker stopped on its own failure: how long it waits for the master's word.
+    Verdict,
+}
+
+impl Timer {
+    const ALL: [Timer; 3] = [Timer::Grace, Timer::StopDeadline, Timer::Verdict];
+}
+
+/// Where one timer stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Deadline {
+    #[default]
+    Unarmed,
+    At(Instant),
+    /// Armed with a duration that has no end: it never fires.
+    Never,
+    Fired,
+}
+
+/// The node's timers (quinn-proto's `TimerTable`): when each fires.
+#[derive(Debug, Default)]
+struct Timers([Deadline; 3]);
+
+impl Timers {
+    /// Arms `timer` to fire `after` from `now`, unless it was armed before.
+    fn arm(&mut self, timer: Timer, now: Instant, after: Duration) {
+        let slot = &mut self.0[timer as usize];
+        if *slot == Deadline::Unarmed {
+            *slot = now.checked_add(after).map_or(Deadline::Never, Deadline::At);
+        }
+    }
+
+    /// The earliest instant a timer fires at.
+    fn next(&self) -> Option<Instant> {
+        self.0
+            .iter()
+            .filter_map(|d| match d {
+                Deadline::At(at) => Some(*at),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether `timer` is due at `now`: if so, it is fired (it never fires again).
+    fn fire(&mut self, timer: Timer, now: Instant) -> bool {
+        let slot = &mut self.0[timer as usize];
+        match *slot {
+            Deadline::At(at) if now >= at => {
+                *slot = Deadline::Fired;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Where the worker stands.
+enum Stage<M> {
+    /// Its start-up (`pre_application`, `init`) has not returned: it registers once it
+    /// has.
+    Starting,
+    /// It started: it computes the iterations the master sends it.
+    Running,
+    /// Its stop (`post_application`) was handed out, with how the job ended for it.
+    Stopping(OwnedEnding<M>),
+    /// It stopped on its own failure, which may not be the job's first: it waits for the
+    /// master's word (its abort) to report the job's first failure, else its own.
+    AwaitingVerdict(OwnedEnding<M>),
+    /// It reported how the job ended for it (or gave up on its code): nothing follows.
+    Ended,
+}
+
+/// Where the worker's code is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    /// Here: a unit of work can be handed to it.
+    Home,
+    /// Away, running its start-up.
+    Starting,
+    /// Away, computing an iteration; `stale` once it belongs to a master this worker left
+    /// behind.
+    Iterating { stale: bool },
+    /// Away, running its stop.
+    Stopping,
+}
+
+/// What waits for the code to come home.
+enum Queued<M> {
+    /// The newest iteration that arrived meanwhile: a straggler the job went on without
+    /// skips to it, past any iteration it missed.
+    Iterate(Iteration, Option<Arc<M>>),
+    /// The worker's stop.
+    Stop(OwnedEnding<M>),
+}
+
+/// What the worker knows of the job's first failure.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// Nothing: the job runs, as far as this worker knows.
+    Unknown,
+    /// This worker failed before it heard of any failure: its own may be the job's first.
+    OwnFirst,
+    /// The master (or the transport, for a lost master) said the job failed with this.
+    Heard(JobError),
+}
+
 /// A worker's lifecycle (see the [module docs](self) for the call order).
+///
+/// # Lifecycle
+///
+/// `Starting` (its `init` runs; it registers once it returns) → `Running` (it computes
+/// each iteration it is sent, one at a time; one that arrives while it computes waits, and
+/// a newer one replaces it) → `Stopping` (its `post_application` runs, once the master
+/// says the job ended or its own code failed) → `Ended` (it reported how the job ended for
+/// it). A worker that stopped on its own failure passes through `AwaitingVerdict`: the
+/// master's abort says whether another failure came first. Three timers bound the waits:
+/// the failure grace for code still away when the job failed, the shutdown timeout for the
+/// stop, and the wait for the master's verdict.
 pub(crate) struct WorkerNode<M, W> {
     rank: Rank,
-    attempt: Attempt,
+    config: Arc<WorkerConfig>,
+    /// Which of the master's messages to act on; the attempt the worker runs in.
     state: WorkerState,
-    /// Whether a failure of this worker's code ends the job (`FailurePolicy::Fail`).
-    own_failure_ends_job: bool,
-    /// Whether the job runs in barrier mode: a worker's sync calls cannot be carried over
-    /// to a master started again.
-    barrier_mode: bool,
-    /// Whether the worker's code is here (not away running a unit of work).
-    home: bool,
-    /// Whether the work away is an iteration.
-    iterating: bool,
-    /// Whether `init` returned: the worker registers (again) only after it.
-    started: bool,
-    /// The job's first failure, once the master (or the transport, for a lost master)
-    /// said the job failed: the ending this worker reports when it failed too.
-    verdict: Option<JobError>,
-    /// This worker failed before hearing the job failed: once it stopped, it waits for the
-    /// master's word (its abort) to report the job's first failure rather than its own,
-    /// which may have come second.
-    failed_first: bool,
-    awaiting_verdict: Option<OwnedEnding<M>>,
-    /// A stop that arrived while the code was away.
-    pending_stop: Option<OwnedEnding<M>>,
-    /// The newest iteration that arrived while the code was away: a straggler the job
-    /// went on without skips to it, past any iteration it missed.
-    pending_iterate: Option<(Iteration, Option<Arc<M>>)>,
-    /// How the job ended for this worker, once it began to stop.
-    ending: Option<OwnedEnding<M>>,
-    reported: bool,
-    stop_deadline_armed: bool,
-    grace_armed: bool,
+    stage: Stage<M>,
+    code: Code,
+    queued: Option<Queued<M>>,
+    verdict: Verdict,
+    timers: Timers,
     actions: VecDeque<WorkerAction<M, W>>,
 }
 
 impl<M, W> WorkerNode<M, W> {
-    /// The worker of `rank`, starting in `attempt`.
-    pub(crate) fn new(
-        rank: Rank,
-        attempt: Attempt,
-        own_failure_ends_job: bool,
-        barrier_mode: bool,
-    ) -> Self {
+    /// The worker of `rank`, starting in `attempt`, with the job's settings for workers.
+    pub(crate) fn new(rank: Rank, attempt: Attempt, config: Arc<WorkerConfig>) -> Self {
         WorkerNode {
             rank,
-            attempt,
+            config,
             state: WorkerState::new(attempt),
-            own_failure_ends_job,
-            barrier_mode,
-            home: true,
-            iterating: false,
-            started: false,
-            verdict: None,
-            failed_first: false,
-            awaiting_verdict: None,
-            pending_stop: None,
-            pending_iterate: None,
-            ending: None,
-            reported: false,
-            stop_deadline_armed: false,
-            grace_armed: false,
+            stage: Stage::Starting,
+            code: Code::Home,
+            queued: None,
+            verdict: Verdict::Unknown,
+            timers: Timers::default(),
             actions: VecDeque::new(),
         }
     }
 
     /// The attempt the worker runs in: its code runs each unit of work in it.
     pub(crate) fn attempt(&self) -> Attempt {
-        self.attempt
+        self.state.attempt()
     }
 
     /// Whether the job ended for this worker (its verdict is known, or it began to stop):
     /// nothing waits for what it says any more.
     pub(crate) fn has_ended(&self) -> bool {
-        self.verdict.is_some() || self.ending.is_some()
+        matches!(self.verdict, Verdict::Heard(_))
+            || !matches!(self.stage, Stage::Starting | Stage::Running)
     }
 
     /// The next thing to do.
@@ -162,22 +245,32 @@ impl<M, W> WorkerNode<M, W> {
         self.actions.pop_front()
     }
 
+    /// When [`handle_timeout`](Self::handle_timeout) should be called next, if a timer
+    /// is armed.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match self.stage {
+            Stage::Ended => None,
+            _ => self.timers.next(),
+        }
+    }
+
     /// Starts the worker: its `init` (and interceptors' `pre_application`) runs.
     pub(crate) fn start(&mut self) {
         self.dispatch(Work::Start);
     }
 
-    /// A message from the master's node (or the transport's word about it).
-    pub(crate) fn handle_message(&mut self, msg: ToWorker<M>) {
+    /// A message from the master's node (or the transport's word about it), at `now`.
+    pub(crate) fn handle_message(&mut self, now: Instant, msg: ToWorker<M>) {
         match &msg {
-            ToWorker::Abort { attempt, error } if *attempt == self.attempt => {
+            ToWorker::Abort { attempt, error } if *attempt == self.attempt() => {
                 let error = error.clone();
-                self.hear_verdict(&error);
+                self.hear_verdict(now, &error);
             }
             // The job completed without this worker's failure mattering (the policy went
             // on without it): its own failure is its ending.
             ToWorker::Finish { attempt, .. }
-                if *attempt == self.attempt && self.awaiting_verdict.is_some() =>
+                if *attempt == self.attempt()
+                    && matches!(self.stage, Stage::AwaitingVerdict(_)) =>
             {
                 self.end_unheard();
                 return;
@@ -189,9 +282,11 @@ impl<M, W> WorkerNode<M, W> {
                 let ToWorker::Iterate { last, .. } = msg else {
                     return;
                 };
-                if self.home {
+                if self.code == Code::Home {
                     self.dispatch(Work::Iterate(iteration, last));
-                } else if let Some((skipped, _)) = self.pending_iterate.replace((iteration, last)) {
+                } else if let Some(Queued::Iterate(skipped, _)) =
+                    self.queued.replace(Queued::Iterate(iteration, last))
+                {
                     // Still computing an iteration the job went on without: it skips to
                     // the newest when it returns (its late result is dropped as stale).
                     tracing::debug!(rank = self.rank, skipped, "a straggler skips an iteration");
@@ -199,7 +294,7 @@ impl<M, W> WorkerNode<M, W> {
             }
             WorkerCommand::Stop => {
                 if let Some(ending) = OwnedEnding::told(msg) {
-                    self.begin_stop(ending);
+                    self.begin_stop(now, ending);
                 }
             }
             WorkerCommand::Answer => {
@@ -207,7 +302,7 @@ impl<M, W> WorkerNode<M, W> {
                     self.actions.push_back(WorkerAction::Answer(epoch, result));
                 }
             }
-            WorkerCommand::Register(attempt) => self.register_again(attempt),
+            WorkerCommand::Register(attempt) => self.register_again(now, attempt),
             WorkerCommand::Proceed => {}
             WorkerCommand::Drop => {
                 tracing::trace!(rank = self.rank, %msg, "dropped a message from the master");
@@ -215,23 +310,23 @@ impl<M, W> WorkerNode<M, W> {
         }
     }
 
-    /// A unit of the worker's code came back with `worked`; `stale` when it was marked
-    /// stale while away ([`WorkerAction::MarkStale`]).
-    pub(crate) fn handle_worked(&mut self, worked: Worked<W>, stale: bool) {
-        self.home = true;
-        self.iterating = false;
-        if stale && matches!(worked, Worked::Iterated(_)) {
+    /// A unit of the worker's code came back with `worked`, at `now`.
+    pub(crate) fn handle_worked(&mut self, now: Instant, worked: Worked<W>) {
+        let was = std::mem::replace(&mut self.code, Code::Home);
+        if was == (Code::Iterating { stale: true }) && matches!(worked, Worked::Iterated(_)) {
             tracing::debug!(
                 rank = self.rank,
                 "dropped the outcome of an iteration of the master this worker left behind"
             );
-            return self.after_work();
+            return self.after_work(now);
         }
         match worked {
             Worked::Started(Ok(())) => {
-                self.started = true;
-                if self.pending_stop.is_none() {
-                    let attempt = self.attempt;
+                if matches!(self.stage, Stage::Starting) {
+                    self.stage = Stage::Running;
+                }
+                if !matches!(self.queued, Some(Queued::Stop(_))) {
+                    let attempt = self.attempt();
                     self.send(ToMaster::Registered { attempt });
                 }
             }
@@ -246,18 +341,24 @@ impl<M, W> WorkerNode<M, W> {
                     "the job failed: the iteration is not computed"
                 );
             }
-            Worked::Stopped(result) => return self.stopped(result),
+            Worked::Stopped(result) => return self.stopped(now, result),
         }
-        self.after_work();
+        self.after_work(now);
     }
 
-    /// How sending the result of `iteration` went ([`WorkerAction::SendResult`]).
-    pub(crate) fn handle_sent(&mut self, iteration: Iteration, sent: Result<(), TransportError>) {
+    /// How sending the result of `iteration` went ([`WorkerAction::SendResult`]), at
+    /// `now`.
+    pub(crate) fn handle_sent(
+        &mut self,
+        now: Instant,
+        iteration: Iteration,
+        sent: Result<(), Unsent>,
+    ) {
         match sent {
             Ok(()) => {}
             // Replaced: its replacement redoes the iteration, and this worker is told to
             // stop.
-            Err(TransportError::Replaced { .. }) => {
+            Err(Unsent::Replaced) => {
                 tracing::debug!(
                     rank = self.rank,
                     iteration,
@@ -266,69 +367,78 @@ impl<M, W> WorkerNode<M, W> {
             }
             // A result that does not survive the wire encoding fails as the master would
             // see it over a network.
-            Err(e @ TransportError::Undecodable { .. }) => self.fail(e.into()),
+            Err(Unsent::Undecodable(error)) => self.fail(error),
             // A result that cannot be sent (too large for a frame, say) must not leave the
             // master waiting for it.
-            Err(e) => self.fail(JobError::Transport {
-                message: format!(
-                    "worker {} could not send its result of iteration {iteration}: {e}",
+            Err(Unsent::Failed(source)) => self.fail(JobError::transport(
+                format!(
+                    "worker {} could not send its result of iteration {iteration}: {source}",
                     self.rank
                 ),
-            }),
+                Some(source),
+            )),
         }
-        self.after_work();
+        self.after_work(now);
     }
 
-    /// The failure grace after the job's failure passed ([`WorkerAction::ArmGrace`]): if
-    /// the worker's code is still away, the worker ends with the job's failure, and the
-    /// code is left to end on its own thread.
-    pub(crate) fn handle_grace_over(&mut self) {
-        if self.home || self.reported {
-            return;
+    /// Time passed: fires the timers due at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        for timer in Timer::ALL {
+            if matches!(self.stage, Stage::Ended) {
+                return;
+            }
+            if self.timers.fire(timer, now) {
+                match timer {
+                    Timer::Grace => self.grace_over(),
+                    Timer::StopDeadline => self.stop_deadline_passed(),
+                    Timer::Verdict => {
+                        self.end_unheard();
+                    }
+                }
+            }
         }
-        let Some(verdict) = self.verdict.clone() else {
+    }
+
+    /// The failure grace after the job's failure passed: if the worker's code is still
+    /// away, the worker ends with the job's failure, and the code is left to end on its own
+    /// thread.
+    fn grace_over(&mut self) {
+        let Verdict::Heard(verdict) = &self.verdict else {
             return;
         };
+        if self.code == Code::Home {
+            return;
+        }
         tracing::warn!(
             rank = self.rank,
             "the job failed and this worker's code still runs after the failure grace: it is left to end on its own thread"
         );
-        self.report(OwnedEnding::Failed(verdict));
-        self.actions.push_back(WorkerAction::Stop);
+        let ending = OwnedEnding::Failed(verdict.clone());
+        self.end(Some(ending));
     }
 
-    /// The shutdown timeout passed since the worker began to stop
-    /// ([`WorkerAction::ArmStopDeadline`]): it reports its ending now, whatever its code is
-    /// doing (a process without the master must not wait for it forever).
-    pub(crate) fn handle_stop_deadline(&mut self, waited: std::time::Duration) {
+    /// The shutdown timeout passed since the worker began to stop: it reports its ending
+    /// now, whatever its code is doing (a process without the master must not wait for it
+    /// forever).
+    fn stop_deadline_passed(&mut self) {
         // Stopped, it waited for the master's word: its own failure, then.
-        if self.end_unheard() || self.reported {
+        if self.end_unheard() {
             return;
         }
         tracing::warn!(
             rank = self.rank,
             "the worker's code outlived the shutdown timeout; giving up on it"
         );
-        let ending = self
-            .ending
-            .clone()
-            .or_else(|| self.pending_stop.clone())
-            .unwrap_or_else(|| {
-                OwnedEnding::Failed(JobError::WorkersTimedOut {
-                    during: Waiting::Shutdown,
-                    missing: vec![self.rank],
-                    waited,
-                    refused: Vec::new(),
-                })
-            });
-        self.report(ending);
-        self.actions.push_back(WorkerAction::Stop);
-    }
-
-    /// The wait for the master's word after the worker stopped on its own failure passed
-    /// ([`WorkerAction::ArmVerdictGrace`]): it ends with its own failure.
-    pub(crate) fn handle_verdict_over(&mut self) {
-        self.end_unheard();
+        let ending = match (&self.stage, &self.queued) {
+            (Stage::Stopping(ending), _) | (_, Some(Queued::Stop(ending))) => ending.clone(),
+            _ => OwnedEnding::Failed(JobError::WorkersTimedOut {
+                during: Waiting::Shutdown,
+                missing: vec![self.rank],
+                waited: self.config.shutdown_timeout,
+                refused: Vec::new(),
+            }),
+        };
+        self.end(Some(ending));
     }
 
     fn send(&mut self, msg: ToMaster<W>) {
@@ -336,15 +446,18 @@ impl<M, W> WorkerNode<M, W> {
     }
 
     fn dispatch(&mut self, work: Work<M>) {
-        if !self.home {
+        if self.code != Code::Home {
             // Unreachable by the protocol; fail loudly rather than drop the work.
-            let attempt = self.attempt;
+            let attempt = self.attempt();
             let message = format!("work dispatched to worker {} while it was busy", self.rank);
             let error = JobError::Runtime { message };
             return self.send(ToMaster::Failed { attempt, error });
         }
-        self.home = false;
-        self.iterating = matches!(work, Work::Iterate(..));
+        self.code = match work {
+            Work::Start => Code::Starting,
+            Work::Iterate(..) => Code::Iterating { stale: false },
+            Work::Stop(_) => Code::Stopping,
+        };
         self.actions.push_back(WorkerAction::Run(work));
     }
 
@@ -355,128 +468,133 @@ impl<M, W> WorkerNode<M, W> {
         let error = match &self.verdict {
             // The job had failed already (this failure may be its consequence: a sync call
             // that the job's end answered): the job's first failure is this worker's end.
-            Some(first) => first.clone(),
-            None => {
-                if self.own_failure_ends_job {
+            Verdict::Heard(first) => first.clone(),
+            Verdict::Unknown | Verdict::OwnFirst => {
+                if self.config.failure_ends_job {
                     self.actions.push_back(WorkerAction::EndJob(error.clone()));
                 }
-                let attempt = self.attempt;
+                let attempt = self.attempt();
                 self.send(ToMaster::Failed {
                     attempt,
                     error: error.clone(),
                 });
-                self.failed_first = true;
+                self.verdict = Verdict::OwnFirst;
                 error
             }
         };
         self.state.stop();
         // An abort that arrived meanwhile carries the job's first failure: keep it.
-        self.pending_stop.get_or_insert(OwnedEnding::Failed(error));
+        if !matches!(self.queued, Some(Queued::Stop(_))) {
+            self.queued = Some(Queued::Stop(OwnedEnding::Failed(error)));
+        }
     }
 
     /// The master (or the transport, for a lost master) says the job failed with
     /// `error`: the job's first failure.
-    fn hear_verdict(&mut self, error: &JobError) {
-        if self.verdict.is_none() {
-            self.verdict = Some(error.clone());
+    fn hear_verdict(&mut self, now: Instant, error: &JobError) {
+        if !matches!(self.verdict, Verdict::Heard(_)) {
+            self.verdict = Verdict::Heard(error.clone());
             self.actions.push_back(WorkerAction::Verdict(error.clone()));
             // The code away is given the grace to come back.
-            if !self.home && !self.grace_armed {
-                self.grace_armed = true;
-                self.actions.push_back(WorkerAction::ArmGrace);
+            if self.code != Code::Home {
+                self.timers
+                    .arm(Timer::Grace, now, self.config.failure_grace);
             }
         }
-        if self.awaiting_verdict.take().is_some() {
-            self.report(OwnedEnding::Failed(error.clone()));
-            self.actions.push_back(WorkerAction::Stop);
+        if matches!(self.stage, Stage::AwaitingVerdict(_)) {
+            self.end(Some(OwnedEnding::Failed(error.clone())));
         }
     }
 
     /// A worker that stopped waiting for the master's verdict ends with its own failure.
     /// Returns whether it was waiting.
     fn end_unheard(&mut self) -> bool {
-        match self.awaiting_verdict.take() {
-            Some(own) => {
-                self.report(own);
-                self.actions.push_back(WorkerAction::Stop);
-                true
-            }
-            None => false,
-        }
+        let Stage::AwaitingVerdict(own) = &self.stage else {
+            return false;
+        };
+        let own = own.clone();
+        self.end(Some(own));
+        true
     }
 
-    fn report(&mut self, ending: OwnedEnding<M>) {
-        if !self.reported {
-            self.reported = true;
+    /// The worker is done: it reports how the job ended for it (when it knows), and stops.
+    fn end(&mut self, ending: Option<OwnedEnding<M>>) {
+        if matches!(self.stage, Stage::Ended) {
+            return;
+        }
+        self.stage = Stage::Ended;
+        if let Some(ending) = ending {
             self.actions.push_back(WorkerAction::Report(ending));
         }
-    }
-
-    fn arm_stop_deadline(&mut self) {
-        if !self.stop_deadline_armed {
-            self.stop_deadline_armed = true;
-            self.actions.push_back(WorkerAction::ArmStopDeadline);
-        }
+        self.actions.push_back(WorkerAction::Stop);
     }
 
     /// Starts what waited for the code to come home: a stop, or the newest iteration.
-    fn after_work(&mut self) {
-        if let Some(ending) = self.pending_stop.take() {
-            self.pending_iterate = None;
-            self.ending = Some(ending.clone());
-            self.arm_stop_deadline();
-            self.dispatch(Work::Stop(ending));
-        } else if let Some((iteration, last)) = self.pending_iterate.take() {
-            self.dispatch(Work::Iterate(iteration, last));
+    fn after_work(&mut self, now: Instant) {
+        match self.queued.take() {
+            Some(Queued::Stop(ending)) => {
+                self.timers
+                    .arm(Timer::StopDeadline, now, self.config.shutdown_timeout);
+                self.stage = Stage::Stopping(ending.clone());
+                self.dispatch(Work::Stop(ending));
+            }
+            Some(Queued::Iterate(iteration, last)) => self.dispatch(Work::Iterate(iteration, last)),
+            None => {}
         }
     }
 
     /// Registers with a master's node that has not seen this worker (a master process
     /// started again): in its attempt, keeping the shard `init` loaded, and dropping what
     /// was under way for the master left behind.
-    fn register_again(&mut self, attempt: Attempt) {
+    fn register_again(&mut self, now: Instant, attempt: Attempt) {
         tracing::info!(
             rank = self.rank,
             attempt,
             "reached the master again; registering in its attempt"
         );
-        self.attempt = attempt;
-        self.pending_iterate = None;
-        if self.barrier_mode {
+        if matches!(self.queued, Some(Queued::Iterate(..))) {
+            self.queued = None;
+        }
+        if self.config.barrier_mode {
             // A compute may be waiting in a sync call the new master never saw: it fails
             // now, rather than wait for an answer that is not coming.
             let error = master_lost_in_barrier_mode(self.rank, attempt);
             self.actions.push_back(WorkerAction::EndSync(error.clone()));
             self.fail(error);
             // Idle between iterations, nothing else would start the stop.
-            if self.home {
-                self.after_work();
+            if self.code == Code::Home {
+                self.after_work(now);
             }
             return;
         }
-        if !self.home && self.iterating {
+        if let Code::Iterating { stale } = &mut self.code {
+            *stale = true;
             self.actions.push_back(WorkerAction::MarkStale);
         }
-        if self.started {
+        if !matches!(self.stage, Stage::Starting) {
             self.send(ToMaster::Registered { attempt });
         }
     }
 
-    fn begin_stop(&mut self, ending: OwnedEnding<M>) {
-        self.arm_stop_deadline();
-        if self.home {
-            self.ending = Some(ending.clone());
+    fn begin_stop(&mut self, now: Instant, ending: OwnedEnding<M>) {
+        self.timers
+            .arm(Timer::StopDeadline, now, self.config.shutdown_timeout);
+        if self.code == Code::Home {
+            self.stage = Stage::Stopping(ending.clone());
             self.dispatch(Work::Stop(ending));
         } else {
-            self.pending_stop = Some(ending);
+            self.queued = Some(Queued::Stop(ending));
         }
     }
 
     /// The worker's code stopped (its `post_application` ran): it says so and ends.
-    fn stopped(&mut self, result: Result<(), JobError>) {
-        let mut ending = self.ending.take();
+    fn stopped(&mut self, now: Instant, result: Result<(), JobError>) {
+        let mut ending = match &self.stage {
+            Stage::Stopping(ending) => Some(ending.clone()),
+            _ => None,
+        };
         if let Err(error) = result {
-            let attempt = self.attempt;
+            let attempt = self.attempt();
             self.send(ToMaster::Failed {
                 attempt,
                 error: error.clone(),
@@ -486,23 +604,21 @@ impl<M, W> WorkerNode<M, W> {
             }
         }
         // A failed worker ends with the job's first failure, as the master knows it.
-        if let (Some(OwnedEnding::Failed(_)), Some(first)) = (&ending, &self.verdict) {
+        if let (Some(OwnedEnding::Failed(_)), Verdict::Heard(first)) = (&ending, &self.verdict) {
             ending = Some(OwnedEnding::Failed(first.clone()));
         }
         self.actions.push_back(WorkerAction::SendDone);
         match ending {
             // Its own failure may not be the job's first: the master's abort says.
             Some(failed @ OwnedEnding::Failed(_))
-                if self.failed_first && self.verdict.is_none() && !self.reported =>
+                if self.verdict == Verdict::OwnFirst && !matches!(self.stage, Stage::Ended) =>
             {
-                self.awaiting_verdict = Some(failed);
-                self.actions.push_back(WorkerAction::ArmVerdictGrace);
-                return;
+                self.stage = Stage::AwaitingVerdict(failed);
+                self.timers
+                    .arm(Timer::Verdict, now, self.config.verdict_grace);
             }
-            Some(ending) => self.report(ending),
-            None => {}
+            ending => self.end(ending),
         }
-        self.actions.push_back(WorkerAction::Stop);
     }
 }
 
@@ -519,6 +635,7 @@ fn master_lost_in_barrier_mode(rank: Rank, attempt: Attempt) -> JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::FailurePolicy;
 
     type Node = WorkerNode<u64, u64>;
 
@@ -555,9 +672,6 @@ mod tests {
                 WorkerAction::EndSync(_) => "end sync".into(),
                 WorkerAction::EndJob(_) => "end job".into(),
                 WorkerAction::MarkStale => "stale".into(),
-                WorkerAction::ArmGrace => "arm grace".into(),
-                WorkerAction::ArmStopDeadline => "arm stop deadline".into(),
-                WorkerAction::ArmVerdictGrace => "arm verdict grace".into(),
                 WorkerAction::Report(OwnedEnding::Completed { .. }) => "report completed".into(),
                 WorkerAction::Report(OwnedEnding::Failed(e)) => format!("report ({})", short(&e)),
                 WorkerAction::Stop => "stop".into(),
@@ -577,8 +691,16 @@ mod tests {
             iteration,
             result: 1,
             halt_vote: false,
-            elapsed: std::time::Duration::ZERO,
+            elapsed: Duration::ZERO,
         }))
+    }
+
+    /// The master's word that the job failed first elsewhere.
+    fn abort_first() -> ToWorker<u64> {
+        ToWorker::Abort {
+            attempt: 0,
+            error: error("first"),
+        }
     }
 
     fn iterate(iteration: Iteration) -> ToWorker<u64> {
@@ -589,124 +711,253 @@ mod tests {
         }
     }
 
-    fn started(node: &mut Node) {
+    /// A worker's settings: 1 s of failure grace, 10 s to stop, 2 s for the verdict.
+    fn config(policy: FailurePolicy, barrier_mode: bool) -> Arc<WorkerConfig> {
+        let secs = Duration::from_secs;
+        Arc::new(WorkerConfig::new(
+            policy,
+            barrier_mode,
+            secs(1),
+            secs(10),
+            secs(60),
+        ))
+    }
+
+    /// A node of `rank` under `Fail` (`ends`) or `RestartWorker`, started and registered
+    /// at `t`.
+    fn started(rank: Rank, ends: bool, barrier_mode: bool, t: Instant) -> Node {
+        let policy = if ends {
+            FailurePolicy::Fail
+        } else {
+            FailurePolicy::RestartWorker { max_restarts: 1 }
+        };
+        let mut node = Node::new(rank, 0, config(policy, barrier_mode));
         node.start();
-        assert_eq!(actions(node), ["run start"]);
-        node.handle_worked(Worked::Started(Ok(())), false);
-        assert_eq!(actions(node), ["registered 0"]);
+        assert_eq!(actions(&mut node), ["run start"]);
+        node.handle_worked(t, Worked::Started(Ok(())));
+        assert_eq!(actions(&mut node), ["registered 0"]);
+        node
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     #[test]
     fn a_straggler_skips_to_the_newest_iteration_once_its_code_is_back() {
-        let mut node = Node::new(1, 0, false, false);
-        started(&mut node);
-        node.handle_message(iterate(1));
+        let t = Instant::now();
+        let mut node = started(1, false, false, t);
+        node.handle_message(t, iterate(1));
         assert_eq!(actions(&mut node), ["run 1"]);
-        node.handle_message(iterate(2));
-        node.handle_message(iterate(3));
+        node.handle_message(t, iterate(2));
+        node.handle_message(t, iterate(3));
         assert!(actions(&mut node).is_empty(), "the code is away");
-        node.handle_worked(report(1), false);
+        node.handle_worked(t, report(1));
         assert_eq!(actions(&mut node), ["result 1"]);
-        node.handle_sent(1, Ok(()));
+        node.handle_sent(t, 1, Ok(()));
         assert_eq!(actions(&mut node), ["run 3"]);
+        assert_eq!(node.poll_timeout(), None, "no timer while the job runs");
     }
 
     #[test]
     fn a_worker_that_failed_first_reports_the_jobs_first_failure_once_the_master_says_it() {
-        let mut node = Node::new(2, 0, true, false);
-        started(&mut node);
-        node.handle_message(iterate(1));
+        let t = Instant::now();
+        let mut node = started(2, true, false, t);
+        node.handle_message(t, iterate(1));
         assert_eq!(actions(&mut node), ["run 1"]);
-        node.handle_worked(Worked::Iterated(Err(error("mine"))), false);
+        node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
         assert_eq!(
             actions(&mut node),
-            [
-                "end job",
-                "failed (mine)",
-                "arm stop deadline",
-                "run stop (mine)"
-            ]
+            ["end job", "failed (mine)", "run stop (mine)"]
         );
-        node.handle_worked(Worked::Stopped(Ok(())), false);
-        assert_eq!(actions(&mut node), ["done", "arm verdict grace"]);
+        assert_eq!(
+            node.poll_timeout(),
+            Some(t + secs(10)),
+            "the stop's deadline"
+        );
+        node.handle_worked(t + secs(1), Worked::Stopped(Ok(())));
+        assert_eq!(actions(&mut node), ["done"]);
+        assert_eq!(
+            node.poll_timeout(),
+            Some(t + secs(3)),
+            "the wait for the master's word comes first"
+        );
         // Another rank's failure came first: that is this worker's ending too.
-        node.handle_message(ToWorker::Abort {
-            attempt: 0,
-            error: error("first"),
-        });
+        node.handle_message(t + secs(2), abort_first());
         assert_eq!(
             actions(&mut node),
             ["verdict (first)", "report (first)", "stop"]
         );
+        assert_eq!(node.poll_timeout(), None, "an ended worker has no timer");
     }
 
     #[test]
-    fn without_the_masters_word_a_worker_ends_with_its_own_failure() {
-        let mut node = Node::new(0, 0, false, false);
-        started(&mut node);
-        node.handle_message(iterate(1));
-        node.handle_worked(Worked::Iterated(Err(error("mine"))), false);
-        node.handle_worked(Worked::Stopped(Ok(())), false);
+    fn without_the_masters_word_a_worker_ends_with_its_own_failure_when_its_wait_passes() {
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        node.handle_message(t, iterate(1));
+        node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
+        node.handle_worked(t, Worked::Stopped(Ok(())));
         let _ = actions(&mut node);
-        node.handle_verdict_over();
+        node.handle_timeout(t + secs(1));
+        assert!(actions(&mut node).is_empty(), "early: nothing is due");
+        node.handle_timeout(t + secs(2));
         assert_eq!(actions(&mut node), ["report (mine)", "stop"]);
     }
 
     #[test]
     fn the_jobs_failure_gives_code_away_the_grace_then_the_worker_ends_without_it() {
-        let mut node = Node::new(0, 0, false, false);
-        started(&mut node);
-        node.handle_message(iterate(1));
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        node.handle_message(t, iterate(1));
         let _ = actions(&mut node);
-        node.handle_message(ToWorker::Abort {
-            attempt: 0,
-            error: error("first"),
-        });
-        assert_eq!(
-            actions(&mut node),
-            ["verdict (first)", "arm grace", "arm stop deadline"]
-        );
-        node.handle_grace_over();
+        node.handle_message(t, abort_first());
+        assert_eq!(actions(&mut node), ["verdict (first)"]);
+        assert_eq!(node.poll_timeout(), Some(t + secs(1)), "the failure grace");
+        node.handle_timeout(t + secs(1));
         assert_eq!(actions(&mut node), ["report (first)", "stop"]);
+        assert_eq!(node.poll_timeout(), None);
     }
 
     #[test]
-    fn a_result_that_cannot_be_sent_fails_the_worker() {
-        let mut node = Node::new(3, 0, false, false);
-        started(&mut node);
-        node.handle_message(iterate(1));
-        node.handle_worked(report(1), false);
+    fn the_grace_covers_the_stop_too_and_fires_once() {
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        node.handle_message(t, iterate(1));
         let _ = actions(&mut node);
-        node.handle_sent(1, Err(TransportError::Encode("too large".into())));
+        node.handle_message(t, abort_first());
+        let _ = actions(&mut node);
+        // Its compute came back within the grace: its stop runs, within the same grace.
+        node.handle_worked(t + Duration::from_millis(10), report(1));
+        node.handle_sent(t + Duration::from_millis(10), 1, Ok(()));
+        assert_eq!(actions(&mut node), ["result 1", "run stop (first)"]);
+        assert_eq!(node.poll_timeout(), Some(t + secs(1)));
+        node.handle_timeout(t + secs(1));
+        assert_eq!(actions(&mut node), ["report (first)", "stop"]);
+        node.handle_timeout(t + secs(11));
+        assert!(actions(&mut node).is_empty(), "nothing fires twice");
+    }
+
+    #[test]
+    fn code_home_when_the_grace_passes_is_not_given_up_on() {
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        node.handle_message(t, iterate(1));
+        let _ = actions(&mut node);
+        node.handle_message(t, abort_first());
+        node.handle_worked(t, report(1));
+        node.handle_sent(t, 1, Ok(()));
+        node.handle_worked(t, Worked::Stopped(Ok(())));
+        assert_eq!(
+            actions(&mut node),
+            [
+                "verdict (first)",
+                "result 1",
+                "run stop (first)",
+                "done",
+                "report (first)",
+                "stop"
+            ]
+        );
+        assert_eq!(node.poll_timeout(), None, "an ended worker has no timer");
+    }
+
+    #[test]
+    fn a_stop_whose_code_outlives_the_shutdown_timeout_reports_its_ending_without_it() {
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        let last = Arc::new(9);
+        node.handle_message(
+            t,
+            ToWorker::Finish {
+                attempt: 0,
+                iterations: 3,
+                halted: false,
+                last,
+            },
+        );
+        assert_eq!(actions(&mut node), ["run stop (completed)"]);
+        assert_eq!(node.poll_timeout(), Some(t + secs(10)));
+        node.handle_timeout(t + secs(10));
+        assert_eq!(actions(&mut node), ["report completed", "stop"]);
+        // Its code, back at last, finds the worker ended.
+        node.handle_worked(t + secs(12), Worked::Stopped(Ok(())));
+        assert_eq!(actions(&mut node), ["done"]);
+    }
+
+    #[test]
+    fn a_timer_of_no_end_never_fires() {
+        let t = Instant::now();
+        let forever = Arc::new(WorkerConfig::new(
+            FailurePolicy::Fail,
+            false,
+            secs(1),
+            Duration::MAX,
+            secs(1),
+        ));
+        let mut node = Node::new(0, 0, forever);
+        node.start();
+        node.handle_worked(t, Worked::Started(Ok(())));
+        node.handle_message(
+            t,
+            ToWorker::Finish {
+                attempt: 0,
+                iterations: 1,
+                halted: false,
+                last: Arc::new(1),
+            },
+        );
+        let _ = actions(&mut node);
+        assert_eq!(node.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_result_that_cannot_be_sent_fails_the_worker_with_the_transports_error_as_source() {
+        let t = Instant::now();
+        let mut node = started(3, false, false, t);
+        node.handle_message(t, iterate(1));
+        node.handle_worked(t, report(1));
+        let _ = actions(&mut node);
+        let too_large = std::io::Error::other("too large");
+        node.handle_sent(
+            t,
+            1,
+            Err(Unsent::Failed(crate::ErrorSource::new(too_large))),
+        );
+        let failed = match node.poll_action() {
+            Some(WorkerAction::Send(ToMaster::Failed { error, .. })) => error,
+            _ => panic!("the worker fails first"),
+        };
+        assert!(failed
+            .to_string()
+            .contains("worker 3 could not send its result of iteration 1: too large"));
+        let source = std::error::Error::source(&failed).expect("a source");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
         let got = actions(&mut node);
-        assert_eq!(got.len(), 3, "{got:?}");
-        assert!(got[0].starts_with("failed (transport"), "{got:?}");
-        assert!(got[0].contains("worker 3 could not send its result of iteration 1"));
-        assert_eq!(got[1], "arm stop deadline");
-        assert!(got[2].starts_with("run stop (transport"), "{got:?}");
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].starts_with("run stop (transport"), "{got:?}");
     }
 
     #[test]
     fn reaching_a_master_started_again_drops_the_work_of_the_old_one() {
-        let mut node = Node::new(0, 0, false, false);
-        started(&mut node);
-        node.handle_message(ToWorker::Connected { attempt: 0 });
-        node.handle_message(iterate(1));
+        let t = Instant::now();
+        let mut node = started(0, false, false, t);
+        node.handle_message(t, ToWorker::Connected { attempt: 0 });
+        node.handle_message(t, iterate(1));
         let _ = actions(&mut node);
-        node.handle_message(ToWorker::Connected { attempt: 1 });
+        node.handle_message(t, ToWorker::Connected { attempt: 1 });
         assert_eq!(actions(&mut node), ["stale", "registered 1"]);
-        node.handle_worked(report(1), true);
+        node.handle_worked(t, report(1));
         assert!(actions(&mut node).is_empty(), "its result is not sent");
         assert_eq!(node.attempt(), 1);
         // In barrier mode the worker fails instead, and its sync calls with it.
-        let mut node = Node::new(0, 0, false, true);
-        started(&mut node);
-        node.handle_message(ToWorker::Connected { attempt: 0 });
-        node.handle_message(ToWorker::Connected { attempt: 1 });
+        let mut node = started(0, false, true, t);
+        node.handle_message(t, ToWorker::Connected { attempt: 0 });
+        node.handle_message(t, ToWorker::Connected { attempt: 1 });
         let got = actions(&mut node);
         assert_eq!(got[0], "end sync");
         assert!(got[1].starts_with("failed (the master"), "{got:?}");
-        assert_eq!(got[2..4], ["arm stop deadline".to_string(), got[3].clone()]);
-        assert!(got[3].starts_with("run stop"), "{got:?}");
+        assert!(got[2].starts_with("run stop"), "{got:?}");
+        assert_eq!(got.len(), 3);
     }
 }

@@ -16,18 +16,15 @@ use super::master::MasterTask;
 use super::node::{NodeActor, NodeParts};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::watch::Watch;
-use super::{
-    fingerprint, resume, start_attempt, tick, Checkpointing, CombineFn, DynMaster, MasterHooks,
-    OwnedEnding, Plan, Resume,
-};
+use super::{fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume};
+use crate::checkpoint::CheckpointStore;
 use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;
 use crate::ids::Attempt;
 use crate::payload::Payload;
 use crate::protocol::{
-    FailurePolicy, Gate, GateConfig, MasterNode, NodeSettings, Recovery, SyncState, ToMaster,
-    ToWorker,
+    start_attempt, Combiner, FailurePolicy, MasterNode, NodeConfig, NodeSettings, ToWorker,
 };
 use crate::report::{JobOutcome, JobReport};
 use crate::transport::LinkSpec;
@@ -50,6 +47,7 @@ pub(super) type AbortAll = Box<dyn Fn(&JobError) + Send + Sync>;
 
 pub(super) async fn launch<M: Payload, W: Payload>(
     plan: Plan<M, W>,
+    node_config: Arc<NodeConfig>,
     job: Shared,
     exits: PoolExits,
 ) -> Result<JobOutcome<M>, JobError> {
@@ -68,6 +66,9 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         input,
         cancel,
     } = plan;
+    // The settings every worker's node of this process runs by, decided once (the master's
+    // node's were, with the plan).
+    let worker_config = Arc::new(config.worker_config());
     let config = Arc::new(config);
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
     let topology = transport.prepare(&LinkSpec {
@@ -79,12 +80,13 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     // node actor hosts every worker and steps it directly.
     let in_process = transport.in_process();
     if in_process.is_some() && !(topology.master && topology.workers.len() == config.workers) {
-        return Err(JobError::Transport {
-            message: format!(
+        return Err(JobError::transport(
+            format!(
                 "a transport that runs the job in one process must run the master and every worker ({}) here, not {topology:?}",
                 crate::error::counted(config.workers, "worker")
             ),
-        });
+            None,
+        ));
     }
     let started = Instant::now();
     let pool = Arc::new(ComputePool::new(
@@ -119,9 +121,9 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     if topology.master {
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
-        let mut checkpoint = checkpoint;
-        let resumed = match &mut checkpoint {
-            Some(c) => resume::<M>(c.store.as_mut(), &config.job_id)?,
+        let mut store = checkpoint.map(|c| c.store);
+        let resumed = match &mut store {
+            Some(store) => resume::<M>(store.as_mut(), &config.job_id)?,
             None => None,
         };
         attempt = start_attempt(topology.restarted, resumed.as_ref().map(|r| r.attempt));
@@ -134,23 +136,17 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             );
         }
         let inbox = Arc::clone(&arrivals);
-        let fail_ends_job = config.failure_policy == FailurePolicy::Fail;
-        let heard = job.end.clone();
+        let (rules, heard) = (Arc::clone(&node_config), job.end.clone());
         let link: Box<dyn crate::transport::MasterLink<M>> = if in_process.is_some() {
             Box::new(HostedMasterLink)
         } else {
             transport.bind_master(
                 attempt,
                 Box::new(move |env| {
-                    // Under `Fail` a worker's failure ends the job: this process hears of it
-                    // here, on the transport's thread, even while user code holds the job's.
-                    if let (true, ToMaster::Failed { error, attempt: a }) =
-                        (fail_ends_job, &env.msg)
-                    {
-                        // (Of this attempt only: one of a master left behind is stale.)
-                        if *a == attempt {
-                            heard.end(&error.clone().attributed_to(env.from));
-                        }
+                    // A worker's failure that ends the job: this process hears of it here, on
+                    // the transport's thread, even while user code holds the job's.
+                    if let Some(error) = rules.ends_job_at_once(attempt, &env) {
+                        heard.end(&error);
                     }
                     inbox.deliver(env)
                 }),
@@ -163,10 +159,11 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 .start(Coordination::new(coordinator, info))
                 .await?;
         }
-        bound = Some((link, checkpoint, resumed));
+        bound = Some((link, store, resumed));
     }
     let mut local = LocalWorkers::new(LocalParts {
         config: Arc::clone(&config),
+        worker_config,
         job_id: Arc::clone(&job_id),
         factory: workers,
         hooks: worker_hooks,
@@ -185,7 +182,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             return Err(error);
         }
     }
-    let _transport = if let Some((link, checkpoint, resumed)) = bound {
+    let _transport = if let Some((link, store, resumed)) = bound {
         let link = Arc::new(std::sync::Mutex::new(link));
         let abort_link = Arc::clone(&link);
         // (Hosted workers share the job's thread, held by the code the watchdog gives up
@@ -207,13 +204,13 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 master,
                 hooks: master_hooks,
                 combine,
-                checkpoint,
+                store,
                 resumed,
                 attempt,
                 end: job.end.clone(),
             },
+            Arc::clone(&node_config),
             NodeSettings {
-                config: Arc::clone(&config),
                 local: (0..config.workers).map(|r| local.is_local(r)).collect(),
                 coordinated: job.coordination.is_set(),
                 listening: events.is_listened_to(),
@@ -233,7 +230,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             coordination: job.coordination.clone(),
             cancel,
             outcome: outcome_tx,
-            tick: tick(&config),
+            tick: node_config.check_interval(),
             end: job.end.clone(),
             wire_check: in_process.is_some_and(|p| p.wire_check),
             arrivals,
@@ -296,7 +293,8 @@ pub(crate) struct MasterParts<M, W> {
     pub(crate) master: DynMaster<M, W>,
     pub(crate) hooks: MasterHooks<M, W>,
     pub(crate) combine: Option<CombineFn<W>>,
-    pub(crate) checkpoint: Option<Checkpointing>,
+    /// Where the master's checkpoints go, if the job keeps them.
+    pub(crate) store: Option<Box<dyn CheckpointStore>>,
     pub(crate) resumed: Option<Resume<M>>,
     pub(crate) attempt: Attempt,
     /// The job's failure as the process hears of it.
@@ -308,58 +306,31 @@ pub(crate) struct MasterParts<M, W> {
 /// the simulator's).
 pub(crate) fn master_process<M: Payload, W: Payload>(
     parts: MasterParts<M, W>,
+    config: Arc<NodeConfig>,
     settings: NodeSettings,
     job_id: &Arc<str>,
     now: Instant,
 ) -> (MasterTask<M, W>, MasterNode<M, W>) {
-    let config = Arc::clone(&settings.config);
     let attempt = parts.attempt;
-    let mut gate = Gate::new(
-        GateConfig::new(
-            config.workers,
-            attempt,
-            [
-                config.startup_timeout,
-                config.iteration_timeout,
-                config.shutdown_timeout,
-            ],
-        )
-        .with_quorum(config.quorum(), config.min_workers_timeout),
-        now,
-    );
-    if let Some(combine) = parts.combine {
-        gate = gate.combining(Box::new(move |fold, next| {
+    // The user's combiner is user code: guarded, a panic in it is the master's failure.
+    let combiner = parts.combine.map(|combine| -> Combiner<W> {
+        Box::new(move |fold, next| {
             guarded(|| {
                 combine(fold, next);
                 Ok(())
             })
-        }));
-    }
+        })
+    });
     let task = MasterTask::new(
         parts.master,
         parts.hooks,
         MasterContext::new(config.workers, Arc::clone(job_id), config.iterations)
             .ending_with(parts.end),
-        parts.checkpoint,
+        parts.store,
         parts.resumed,
         attempt,
     )
-    .keeping_initial_state(matches!(
-        config.failure_policy,
-        FailurePolicy::RestartAll { .. }
-    ));
-    let node = MasterNode::new(
-        settings,
-        gate,
-        SyncState::new(config.workers, config.sync_timeout),
-        Recovery::new(
-            config.failure_policy,
-            config.workers,
-            config.quorum(),
-            attempt,
-        ),
-        task.resumed(),
-        now,
-    );
+    .keeping_initial_state(matches!(config.policy, FailurePolicy::RestartAll { .. }));
+    let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now);
     (task, node)
 }

@@ -13,7 +13,9 @@ use actix::{Addr, AsyncContext, Context};
 use super::arrivals::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
 use super::watch::Watch;
-use super::worker::{EndingReport, WorkerActor, WorkerDriver, WorkerTask};
+use super::worker::{EndingReport, WorkerDriver};
+use super::worker_actor::WorkerActor;
+use super::worker_task::WorkerTask;
 use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::JobEnd;
 use crate::config::{JobConfig, Placement};
@@ -21,7 +23,7 @@ use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
-use crate::protocol::{Envelope, FailurePolicy, ToMaster, ToWorker};
+use crate::protocol::{abort_ends_job, Envelope, ToMaster, ToWorker, WorkerConfig};
 use crate::transport::{Transport, TransportError, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank
@@ -65,6 +67,8 @@ pub(crate) struct Hosted<M: Payload, W: Payload> {
 /// What it takes to start a worker of this process.
 pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) config: Arc<JobConfig>,
+    /// The settings every worker's node of this process runs by.
+    pub(crate) worker_config: Arc<WorkerConfig>,
     pub(crate) job_id: Arc<str>,
     pub(crate) factory: WorkerFactory<M, W>,
     pub(crate) hooks: Vec<WorkerHookFactory<M, W>>,
@@ -308,8 +312,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 let addr = worker_ctx.address();
                 let end = parts.end.clone();
                 let inbox = Box::new(move |msg: ToWorker<M>| {
-                    // Here, on the transport's thread, even while user code holds the job's.
-                    super::worker::hear_abort(&end, rank, &msg);
+                    // The job's failure: this process hears of it here, on the transport's
+                    // thread, even while user code holds the job's.
+                    if let Some(error) = abort_ends_job(rank, &msg) {
+                        end.end(error);
+                    }
                     addr.do_send(msg)
                 });
                 let link = if replace {
@@ -330,10 +337,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
-            let (sync, answers) = super::worker::sync_link(
+            let (sync, answers) = super::sync_calls::sync_link(
                 Arc::clone(&link),
                 attempt,
-                super::worker::sync_patience(config),
+                parts.worker_config.sync_patience,
             );
             ctx.sync = Some(sync);
             let name = format!("{}-worker-{rank}", super::thread_prefix(&config.job_id));
@@ -357,19 +364,17 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 Executor::Pool(Arc::clone(&parts.pool)),
             )
         };
+        let worker_config = Arc::clone(&parts.worker_config);
         let driver = WorkerDriver::new(
-            WorkerTask::new(computable, hooks, ctx, attempt)
-                .failure_ends_job(config.failure_policy == FailurePolicy::Fail),
+            WorkerTask::new(computable, hooks, ctx, attempt, Arc::clone(&worker_config)),
+            worker_config,
             sync_answers,
             executor,
             Placer::new(placement, config.inline_threshold),
             Arc::clone(&parts.watch),
             EndingReport {
                 to: parts.ended.clone(),
-                within: config.shutdown_timeout,
-                grace: config.failure_grace.min(config.shutdown_timeout),
                 end: parts.end.clone(),
-                own_failure_ends_job: config.failure_policy == FailurePolicy::Fail,
             },
         );
         if parts.host.is_some() {

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pool::guarded;
-use super::{Checkpointing, DynMaster, MasterHooks, Resume};
-use crate::checkpoint::Checkpoint;
+use super::{DynMaster, MasterHooks, Resume};
+use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::compute::MasterContext;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, Iteration};
 use crate::payload::Payload;
 use crate::protocol::{
-    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Tally,
+    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Save, Tally,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -21,7 +21,8 @@ pub(crate) struct MasterTask<M, W> {
     interceptors: MasterHooks<M, W>,
     ctx: MasterContext<M, W>,
     entered: usize,
-    checkpointing: Option<Checkpointing>,
+    /// Where its checkpoints go, if the job keeps them.
+    store: Option<Box<dyn CheckpointStore>>,
     /// The computable's state to restore before the job starts, when it resumes.
     restore: Option<Vec<u8>>,
     /// Whether the checkpoint resumed from halted the job.
@@ -38,7 +39,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         computable: DynMaster<M, W>,
         interceptors: MasterHooks<M, W>,
         mut ctx: MasterContext<M, W>,
-        checkpointing: Option<Checkpointing>,
+        store: Option<Box<dyn CheckpointStore>>,
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
@@ -51,7 +52,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             interceptors,
             ctx,
             entered: 0,
-            checkpointing,
+            store,
             restore,
             resumed_halt,
             keep_initial: false,
@@ -75,8 +76,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let ctx = &self.ctx;
         let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
         fresh.end = ctx.end.clone();
-        let resumed = match &mut self.checkpointing {
-            Some(c) => super::resume::<M>(c.store.as_mut(), &fresh.job_id)?,
+        let resumed = match &mut self.store {
+            Some(store) => super::resume::<M>(store.as_mut(), &fresh.job_id)?,
             None => None,
         };
         let (from, state) = match resumed {
@@ -220,7 +221,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let _iteration = round.span.entered();
         let _span =
             tracing::debug_span!("master_compute", iteration, attempt = self.attempt).entered();
-        let workers_halt = round.workers_halt;
+        let (workers_halt, save) = (round.workers_halt, round.save);
         self.ctx.enter(iteration, round.gathered);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
@@ -265,9 +266,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         } else {
             workers_halt.then_some(HaltedBy::Workers)
         };
-        // The last iteration is always saved: a master started again after it ends at once.
-        let last = halted.is_some() || iteration >= self.ctx.iterations;
-        let checkpointed = self.save_checkpoint(iteration, &result, halted, last);
+        let due = match save {
+            Save::Yes => true,
+            Save::IfMasterHalts => halt,
+            Save::No => false,
+        };
+        let checkpointed = due && self.save_checkpoint(iteration, &result, halted);
         Ok(Computed {
             result,
             halt,
@@ -275,22 +279,18 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         })
     }
 
-    /// Saves a checkpoint of `iteration` if one is due — every `every` iterations, and the
-    /// `last` one. A checkpoint that cannot be made or written is logged and skipped: the
-    /// job goes on, and the one before stays.
+    /// Saves a checkpoint of `iteration` (the node said one is due). One that cannot be
+    /// made or written is logged and skipped: the job goes on, and the one before stays.
+    /// Returns whether it was saved.
     fn save_checkpoint(
         &mut self,
         iteration: Iteration,
         result: &M,
         halted: Option<HaltedBy>,
-        last: bool,
     ) -> bool {
-        let Some(checkpointing) = &mut self.checkpointing else {
+        let Some(store) = &mut self.store else {
             return false;
         };
-        if iteration % checkpointing.every != 0 && !last {
-            return false;
-        }
         let computable = &self.computable;
         let made = guarded(|| computable.save_state())
             .map_err(|cause| format!("save_state failed: {cause}"))
@@ -306,7 +306,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     halted,
                 })
             });
-        let saved = made.and_then(|c| checkpointing.store.save(&c).map_err(|e| e.to_string()));
+        let saved = made.and_then(|c| store.save(&c).map_err(|e| e.to_string()));
         match saved {
             Ok(()) => {
                 tracing::debug!(iteration, "checkpoint saved");

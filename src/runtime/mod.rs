@@ -24,11 +24,13 @@ mod local;
 pub(crate) mod master;
 mod node;
 mod pool;
+pub(crate) mod sync_calls;
 mod watch;
 pub(crate) mod worker;
+mod worker_actor;
+pub(crate) mod worker_task;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -36,13 +38,13 @@ use crate::checkpoint::CheckpointStore;
 use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
-use crate::error::{Cause, JobError};
+use crate::error::{Cause, ErrorSource, JobError};
 use crate::events::Events;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
-use crate::protocol::HaltedBy;
 pub(crate) use crate::protocol::OwnedEnding;
+use crate::protocol::{HaltedBy, NodeConfig};
 use crate::report::JobOutcome;
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
@@ -53,7 +55,7 @@ use launch::{launch, Shared};
 pub(crate) use launch::{master_process, MasterParts};
 use pool::PoolExits;
 use watch::Watch;
-pub(crate) use worker::worker_context;
+pub(crate) use worker_task::worker_context;
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;
 pub(crate) type DynMaster<M, W> = Box<dyn MasterComputable<MasterResult = M, WorkerResult = W>>;
@@ -84,6 +86,14 @@ pub(crate) struct Plan<M, W> {
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
     pub(crate) cancel: Option<Cancel>,
+}
+
+impl<M, W> Plan<M, W> {
+    /// The settings the job's master's node runs by.
+    pub(crate) fn node_config(&self) -> NodeConfig {
+        self.config
+            .node_config(self.checkpoint.as_ref().map(|c| c.every))
+    }
 }
 
 /// Where the master saves its checkpoints, and every how many iterations.
@@ -121,22 +131,28 @@ pub(crate) fn resume<M: Payload>(
     store: &mut dyn CheckpointStore,
     job_id: &str,
 ) -> Result<Option<Resume<M>>, JobError> {
-    let failed = |message: String| JobError::Checkpoint { message };
-    let Some(loaded) = store.latest().map_err(|e| failed(e.to_string()))? else {
+    let Some(loaded) = store
+        .latest()
+        .map_err(|e| JobError::checkpoint(e.to_string(), Some(ErrorSource::new(e))))?
+    else {
         return Ok(None);
     };
     let c = loaded.checkpoint;
     if c.job_id != job_id {
-        return Err(failed(format!(
-            "the newest checkpoint (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
-            c.iteration, c.job_id
-        )));
+        return Err(JobError::checkpoint(
+            format!(
+                "the newest checkpoint (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
+                c.iteration, c.job_id
+            ),
+            None,
+        ));
     }
     let last: M = crate::codec::from_slice(&c.master_result).map_err(|e| {
-        failed(format!(
+        let message = format!(
             "the master result of the checkpoint of iteration {} cannot be decoded as this job's: {e}",
             c.iteration
-        ))
+        );
+        JobError::checkpoint(message, Some(ErrorSource::new(e)))
     })?;
     tracing::info!(
         job = job_id,
@@ -150,18 +166,6 @@ pub(crate) fn resume<M: Payload>(
         state: c.master_state,
         halted: c.halted,
     }))
-}
-
-/// The attempt a master's node starts in: 0 in the first process; in one started again
-/// in the place of one that died (for the `restarted`-th time), the newest checkpoint's
-/// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
-/// before (its own checkpoint's, no newer, plus one less), so messages of the attempt the
-/// workers ran before are stale to the new one.
-pub(crate) fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
-    if restarted == 0 {
-        return 0;
-    }
-    checkpoint.unwrap_or(0).saturating_add(restarted)
 }
 
 /// What every process of this job must agree on: the crate's version (another wire
@@ -205,22 +209,6 @@ pub(crate) fn thread_prefix(job_id: &str) -> String {
     }
 }
 
-/// How often timeouts are checked: a twentieth of the shortest timeout, between 1 ms and
-/// 100 ms.
-pub(crate) fn tick(config: &JobConfig) -> Duration {
-    let mut shortest = config
-        .startup_timeout
-        .min(config.iteration_timeout)
-        .min(config.shutdown_timeout);
-    if config.barrier_mode {
-        shortest = shortest.min(config.sync_timeout);
-    }
-    if config.min_workers_ratio < 1.0 {
-        shortest = shortest.min(config.min_workers_timeout);
-    }
-    (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
-}
-
 /// Runs a job to its end on a thread of its own, and returns its outcome. Blocks the
 /// calling thread (which may be inside an async runtime: the job has its own).
 ///
@@ -230,7 +218,8 @@ pub(crate) fn tick(config: &JobConfig) -> Duration {
 /// thread to end whenever that code returns.
 pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
     plan.config.validate()?;
-    let config = plan.config.clone();
+    let config = Arc::new(plan.node_config());
+    let job_config = Arc::clone(&config);
     let shared = Shared {
         watch: Arc::new(Watch::new()),
         end: JobEnd::default(),
@@ -246,11 +235,11 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
         .spawn(move || {
             let _job = span.entered();
             let exits = PoolExits::default();
-            let shutdown = plan.config.shutdown_timeout;
-            let grace = plan.config.failure_grace.min(shutdown);
+            let (shutdown, grace) = (job_config.shutdown_timeout, job_config.failure_grace);
             // The coordinator's thread ends with the job's, even if this one panics.
             let coordinator = Closing(job.coordination.clone());
-            let outcome = actix::System::new().block_on(launch(plan, job, exits.clone()));
+            let outcome =
+                actix::System::new().block_on(launch(plan, job_config, job, exits.clone()));
             if let Err(error) = &outcome {
                 // A job that failed before its node could clean up still does (once: the
                 // coordinator's actor runs nothing after its end ran), within the limit.
@@ -276,7 +265,7 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
         .map_err(|e| JobError::Runtime {
             message: format!("could not start the job's thread: {e}"),
         })?;
-    let tick = tick(&config);
+    let tick = config.check_interval();
     loop {
         match rx.recv_timeout(tick) {
             Ok(outcome) => {
@@ -323,10 +312,9 @@ impl Drop for Closing {
 
 /// The job's first failure, once user code on the job's thread has held up its end for
 /// longer than the failure grace (that code never heard of the failure: it started first).
-fn held_up(shared: &Shared, config: &JobConfig) -> Option<JobError> {
+fn held_up(shared: &Shared, config: &NodeConfig) -> Option<JobError> {
     let (error, at) = shared.end.first()?;
-    let grace = config.failure_grace.min(config.shutdown_timeout);
-    if at.elapsed() <= grace + tick(config) {
+    if at.elapsed() <= config.failure_grace + config.check_interval() {
         return None;
     }
     let (running, since, stopping) = shared.watch.running()?;
@@ -363,27 +351,4 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
             message: "the job's thread ended without an outcome".into(),
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::start_attempt;
-
-    #[test]
-    fn a_master_started_again_runs_an_attempt_past_every_earlier_one() {
-        assert_eq!(start_attempt(0, None), 0);
-        assert_eq!(start_attempt(0, Some(4)), 0, "a first process starts at 0");
-        // Restarts with checkpoints no newer each time: strictly increasing, and past
-        // the checkpoint's attempt.
-        let mut before = 0;
-        for (restarted, checkpoint) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(3))] {
-            let attempt = start_attempt(restarted, checkpoint);
-            assert!(
-                attempt > before,
-                "restart {restarted}: {attempt} after {before}"
-            );
-            assert!(checkpoint.is_none_or(|c| attempt > c));
-            before = attempt;
-        }
-    }
 }

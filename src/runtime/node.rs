@@ -17,9 +17,8 @@ use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
-use super::worker::{
-    hear_abort, stop_given_up, Homeward, Host, Timer, WorkDone as WorkerDone, WorkerDriver,
-};
+use super::worker::{Homeward, Host, WorkDone as WorkerDone, WorkerDriver};
+use super::worker_task::stop_given_up;
 use super::Cancel;
 use crate::compute::JobEnd;
 use crate::config::JobConfig;
@@ -214,11 +213,11 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         })
     }
 
-    fn arm(&mut self, timer: Timer, after: Duration) {
+    fn arm(&mut self, after: Duration) {
         let (rank, generation) = (self.rank, self.generation);
         self.ctx.run_later(after, move |act, ctx| {
             act.step(ctx, rank, generation, |driver, host| {
-                driver.handle_timer(timer, host)
+                driver.handle_timeout(host)
             });
             act.settle(ctx);
         });
@@ -371,9 +370,8 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             format!("master → worker {rank}")
         }) {
             Ok(msg) => msg,
-            Err(e) => return self.failed(e.into()),
+            Err(e) => return self.unsent(Some(rank), e),
         };
-        hear_abort(&self.end, rank, &msg);
         if !self.local.is_running(rank) {
             return tracing::debug!(rank, %msg, "the worker stopped: dropped a message for it");
         }
@@ -390,7 +388,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             "master → every worker".into()
         }) {
             Ok(msg) => msg,
-            Err(e) => return self.failed(e.into()),
+            Err(e) => return self.unsent(None, e),
         };
         // One clock read starts the run; the watch is entered once for it, each worker's
         // inline code saying who runs: their deadline is the broadcast's, as the gate's is.
@@ -416,17 +414,14 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) -> Carried {
         match action {
             Action::Send { to, msg } if self.local.is_hosted(to) => self.deliver(ctx, to, msg),
-            Action::Send { to, msg } => self.send(to, msg),
+            Action::Send { to, msg } => self.send(Some(to), msg),
+            // No compute of this process starts from now on, and a long one may stop early.
+            Action::EndJob(error) => self.end.end(&error),
             Action::Broadcast(msg) => {
-                if let ToWorker::Abort { error, .. } = &msg {
-                    // The job failed: no compute of this process starts from now on, and
-                    // a long one may stop early.
-                    self.end.end(error);
-                }
                 if self.local.hosts_all() {
                     self.deliver_all(ctx, msg)
                 } else {
-                    self.broadcast(msg)
+                    self.send(None, msg)
                 }
             }
             Action::RunMaster(work) => self.run_master(ctx, work),
@@ -496,38 +491,32 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         self.node.handle_failure(Instant::now(), error, &reach);
     }
 
-    fn send(&mut self, rank: Rank, msg: ToWorker<M>) {
-        let sent = {
-            let link = lock(&self.link);
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.send(rank, msg)))
-        };
-        match sent {
-            Ok(Ok(())) => {}
-            // What the worker would not read over a network fails the job, as there.
-            Ok(Err(e @ TransportError::Undecodable { .. })) => self.failed(e.into()),
-            Ok(Err(e)) => tracing::warn!(rank, error = %e, "could not reach a worker"),
-            Err(payload) => {
-                tracing::error!(rank, cause = %Cause::from_panic(payload), "the transport panicked sending to a worker")
-            }
-        }
+    /// A message for the worker of `to` (`None`: for every worker) did not go: the node
+    /// decides what follows.
+    fn unsent(&mut self, to: Option<Rank>, error: TransportError) {
+        let reach = LinkReach(&self.link);
+        self.node
+            .handle_unsent(Instant::now(), to, error.into(), &reach);
     }
 
-    fn broadcast(&mut self, msg: ToWorker<M>) {
+    /// Sends `msg` to the worker of `to` (`None`: to every worker) over the link.
+    fn send(&mut self, to: Option<Rank>, msg: ToWorker<M>) {
         let sent = {
             let link = lock(&self.link);
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.broadcast(msg)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match to {
+                Some(rank) => link.send(rank, msg),
+                None => link.broadcast(msg),
+            }))
         };
         let error = match sent {
             Ok(Ok(())) => return,
-            Ok(Err(e)) => e.into(),
-            Err(payload) => JobError::Transport {
-                message: format!(
-                    "the transport panicked in a broadcast: {}",
-                    Cause::from_panic(payload)
-                ),
-            },
+            Ok(Err(e)) => e,
+            Err(payload) => TransportError::io(
+                format!("the transport panicked: {}", Cause::from_panic(payload)),
+                None,
+            ),
         };
-        self.failed(error);
+        self.unsent(to, error);
     }
 
     /// Runs the master's code: inline on this thread, or on the pool, as placement says.

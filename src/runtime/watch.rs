@@ -8,9 +8,9 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::JobConfig;
 use crate::error::{JobError, Waiting};
 use crate::ids::{Iteration, Rank};
+use crate::protocol::NodeConfig;
 
 const MASTER: u64 = u64::MAX;
 
@@ -106,18 +106,19 @@ impl Watch {
     }
 
     /// The timeout error for inline code that has run past its deadline, if any.
-    pub(crate) fn overdue(&self, config: &JobConfig) -> Option<JobError> {
+    pub(crate) fn overdue(&self, config: &NodeConfig) -> Option<JobError> {
         let since = self.since.load(Ordering::Acquire);
         if since == 0 {
             return None;
         }
         let who = self.who.load(Ordering::Relaxed);
         let iteration: Iteration = self.iteration.load(Ordering::Relaxed);
-        let (during, timeout) = match self.during.load(Ordering::Relaxed) {
-            0 => (Waiting::Registration, config.startup_timeout),
-            1 => (Waiting::Iteration(iteration), config.iteration_timeout),
-            _ => (Waiting::Shutdown, config.shutdown_timeout),
+        let during = match self.during.load(Ordering::Relaxed) {
+            0 => Waiting::Registration,
+            1 => Waiting::Iteration(iteration),
+            _ => Waiting::Shutdown,
         };
+        let timeout = config.timeout(during);
         if self.since.load(Ordering::Acquire) != since {
             return None; // it returned, or another run started, while we read
         }
@@ -144,10 +145,11 @@ mod tests {
 
     #[test]
     fn inline_code_past_its_deadline_is_named() {
-        let config = JobConfig {
+        let config = crate::JobConfig {
             iteration_timeout: Duration::from_millis(1),
-            ..JobConfig::default()
-        };
+            ..crate::JobConfig::default()
+        }
+        .node_config(None);
         let watch = Watch::new();
         assert_eq!(watch.overdue(&config), None);
         watch.enter(Who::Worker(4), Waiting::Iteration(9));

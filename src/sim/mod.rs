@@ -112,12 +112,14 @@ use crate::protocol::{
     Action, Drops, Envelope, FailurePolicy, MasterDone, MasterNode, MasterRound, MasterWork,
     NodeSettings, Reach, Report, ToMaster, ToWorker, Work, Worked, WorkerAction, WorkerNode,
 };
+use crate::protocol::{NodeConfig, Unsent, WorkerConfig};
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
-use crate::runtime::worker::{SyncAnswers, WorkerTask};
+use crate::runtime::sync_calls::SyncAnswers;
+use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::{
-    Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, MasterParts, OwnedEnding,
-    WorkerFactory, WorkerHookFactory,
+    CombineFn, DynMaster, DynWorker, MasterHooks, MasterParts, OwnedEnding, WorkerFactory,
+    WorkerHookFactory,
 };
 use crate::transport::{TransportError, WorkerLink};
 use crate::JobBuilder;
@@ -876,10 +878,11 @@ enum Event<M, W> {
         generation: Generation,
         worked: Worked<W>,
     },
+    /// The deadline `at` of the worker node of `rank` passed.
     WorkerTimer {
         rank: Rank,
         generation: Generation,
-        timer: WorkerTimer,
+        at: Instant,
     },
     ToMaster {
         generation: Generation,
@@ -962,14 +965,8 @@ struct Node<M, W> {
     stopped: bool,
     /// It crashes right after its next result left.
     crash_after_send: bool,
-}
-
-/// A timer a worker's node armed.
-#[derive(Debug, Clone, Copy)]
-enum WorkerTimer {
-    Grace,
-    StopDeadline,
-    Verdict,
+    /// The deadline of its node its timer is set for.
+    timer: Option<Instant>,
 }
 
 fn lock<T>(task: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1039,6 +1036,8 @@ struct MasterProcess<M: Payload, W: Payload> {
     /// The job's coordinator, in the master's process.
     coordination: Option<Coordination>,
     timer: Option<Instant>,
+    /// The job's failure as the master's process hears of it.
+    end: JobEnd,
 }
 
 /// Where the master's process crashes around a checkpoint write, if it does.
@@ -1147,6 +1146,9 @@ struct World<'s, M: Payload, W: Payload> {
     sim: &'s Simulation<M, W>,
     config: &'s SimConfig,
     job: Arc<JobConfig>,
+    /// The settings the nodes run by, as the runtime builds them from the job's.
+    node_config: Arc<NodeConfig>,
+    worker_config: Arc<WorkerConfig>,
     rng: ChaCha8Rng,
     base: Instant,
     now: Duration,
@@ -1189,10 +1191,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let config = &sim.config;
         let job = Arc::new(config.job_config(sim.base.as_deref()));
         let job_id: Arc<str> = Arc::from(job.job_id.as_str());
+        let node_config = Arc::new(job.node_config(config.checkpoint_every));
+        let worker_config = Arc::new(WorkerConfig {
+            // A call waits as long as it takes: the simulator answers it, or ends it, in
+            // virtual time; a real-time limit would make a run depend on the machine.
+            sync_patience: Duration::MAX,
+            ..job.worker_config()
+        });
         let mut world = World {
             sim,
             config,
             job,
+            node_config,
+            worker_config,
             rng: ChaCha8Rng::seed_from_u64(seed),
             base: Instant::now(),
             now: Duration::ZERO,
@@ -1260,7 +1271,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.stats.skipped_checkpoints += skipped;
             self.log(|| format!("the master skips {skipped} damaged checkpoint(s)"));
         }
-        let attempt = crate::runtime::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
+        let attempt =
+            crate::protocol::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
         if let Some(r) = &resumed {
             let iteration = r.iteration;
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
@@ -1290,24 +1302,22 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 return;
             }
         }
-        let c = Arc::clone(&self.job);
-        let checkpoint = self.config.checkpoint_every.map(|every| Checkpointing {
-            store: Box::new(store),
-            every,
-        });
+        let keeps = self.node_config.checkpoint_every.is_some();
+        let store = keeps.then(|| Box::new(store) as Box<dyn CheckpointStore>);
+        let end = JobEnd::default();
         let (task, node) = crate::runtime::master_process(
             MasterParts {
                 master: made.master,
                 hooks: made.hooks,
                 combine: self.sim.combine.clone(),
-                checkpoint,
+                store,
                 resumed,
                 attempt,
-                end: JobEnd::default(),
+                end: end.clone(),
             },
+            Arc::clone(&self.node_config),
             NodeSettings {
-                config: Arc::clone(&c),
-                local: vec![self.gang(); c.workers],
+                local: vec![self.gang(); self.config.workers],
                 coordinated: coordination.is_some(),
                 listening: false,
             },
@@ -1319,6 +1329,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             task: Some(Box::new(task)),
             coordination,
             timer: None,
+            end,
         });
     }
 
@@ -1459,6 +1470,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
             }
             Action::Event(_) => {}
+            Action::EndJob(error) => {
+                if let Some(master) = &self.master {
+                    master.end.end(&error);
+                }
+            }
             Action::Report(report) => {
                 if let Some(master) = self.master.as_mut() {
                     let attempt = master.node.attempt();
@@ -1955,25 +1971,21 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 }
                 let attempt = self.nodes[rank].worker.attempt();
                 self.log(|| format!("worker {rank} started in attempt {attempt}"));
-                self.nodes[rank].worker.handle_worked(worked, false);
+                let now = self.instant();
+                self.nodes[rank].worker.handle_worked(now, worked);
                 self.drive_worker(rank);
             }
             Event::WorkerTimer {
                 rank,
                 generation,
-                timer,
+                at,
             } => {
-                if !self.is_current(rank, generation) {
+                if !self.is_current(rank, generation) || self.nodes[rank].timer != Some(at) {
                     return;
                 }
-                let worker = &mut self.nodes[rank].worker;
-                match timer {
-                    WorkerTimer::Grace => worker.handle_grace_over(),
-                    WorkerTimer::StopDeadline => {
-                        worker.handle_stop_deadline(self.job.shutdown_timeout)
-                    }
-                    WorkerTimer::Verdict => worker.handle_verdict_over(),
-                }
+                self.nodes[rank].timer = None;
+                let now = self.instant();
+                self.nodes[rank].worker.handle_timeout(now);
                 self.drive_worker(rank);
             }
             Event::ToMaster {
@@ -1996,8 +2008,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 self.stats.messages += 1;
-                crate::runtime::worker::hear_abort(&self.nodes[rank].end, rank, &msg);
-                self.nodes[rank].worker.handle_message(msg);
+                // The process's inbox hears the job's failure (as the runtime's does).
+                if let Some(error) = crate::protocol::abort_ends_job(rank, &msg) {
+                    self.nodes[rank].end.end(error);
+                }
+                let now = self.instant();
+                self.nodes[rank].worker.handle_message(now, msg);
                 self.drive_worker(rank);
             }
             Event::Computed {
@@ -2009,14 +2025,16 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 if !self.is_current(rank, generation) {
                     return;
                 }
-                let stale = {
-                    let task = lock(&self.nodes[rank].task);
-                    task.stale.swap(false, std::sync::atomic::Ordering::AcqRel)
-                };
+                // (The node knows an iteration of a master left behind for itself; the
+                // task's flag is only for its own failure.)
+                lock(&self.nodes[rank].task)
+                    .stale
+                    .store(false, std::sync::atomic::Ordering::Release);
                 // It crashes right after its result left (or, without one, after what it
                 // sends instead).
                 self.nodes[rank].crash_after_send = then_crash;
-                self.nodes[rank].worker.handle_worked(worked, stale);
+                let now = self.instant();
+                self.nodes[rank].worker.handle_worked(now, worked);
                 self.drive_worker(rank);
                 if std::mem::take(&mut self.nodes[rank].crash_after_send)
                     && self.is_current(rank, generation)
@@ -2088,9 +2106,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                         ),
                     };
                     self.log(|| format!("worker {rank} hears nothing from the master"));
+                    let now = self.instant();
                     let worker = &mut self.nodes[rank].worker;
                     let attempt = worker.attempt();
-                    worker.handle_message(ToWorker::Abort { attempt, error });
+                    worker.handle_message(now, ToWorker::Abort { attempt, error });
                     self.drive_worker(rank);
                 }
             }
@@ -2126,7 +2145,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 self.log(|| format!("worker {rank} reaches the master again (attempt {attempt})"));
                 // As a worker's transport tells it after each handshake.
                 let connected = ToWorker::<M>::Connected { attempt };
-                self.nodes[rank].worker.handle_message(connected);
+                let now = self.instant();
+                self.nodes[rank].worker.handle_message(now, connected);
                 self.drive_worker(rank);
             }
         }
@@ -2168,9 +2188,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let sync = self.config.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
             let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
-            // A call waits as long as it takes: the simulator answers it, or ends it, in
-            // virtual time; a real-time limit would make a run depend on the machine.
-            let (link, answers) = crate::runtime::worker::sync_link(link, attempt, Duration::MAX);
+            let patience = self.worker_config.sync_patience;
+            let (link, answers) = crate::runtime::sync_calls::sync_link(link, attempt, patience);
             ctx.sync = Some(link);
             SimSync {
                 from,
@@ -2185,19 +2204,19 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             .iter()
             .map(|make| make(rank))
             .collect();
-        let own_failure_ends_job = self.config.policy == FailurePolicy::Fail;
-        let task = WorkerTask::new((self.sim.workers)(rank), hooks, ctx, attempt)
-            .failure_ends_job(own_failure_ends_job);
+        let config = Arc::clone(&self.worker_config);
+        let task = WorkerTask::new(
+            (self.sim.workers)(rank),
+            hooks,
+            ctx,
+            attempt,
+            Arc::clone(&config),
+        );
         Node {
             generation,
             master: self.master_generation,
             alive: true,
-            worker: WorkerNode::new(
-                rank,
-                attempt,
-                own_failure_ends_job,
-                self.config.barrier_mode,
-            ),
+            worker: WorkerNode::new(rank, attempt, config),
             task: Arc::new(Mutex::new(task)),
             end,
             sync,
@@ -2205,6 +2224,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             failed: false,
             stopped: false,
             crash_after_send: false,
+            timer: None,
         }
     }
 
@@ -2238,7 +2258,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 return;
             }
             let Some(action) = node.worker.poll_action() else {
-                return;
+                return self.arm(rank);
             };
             let attempt = node.worker.attempt();
             match action {
@@ -2253,7 +2273,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                         task.attempt = attempt;
                         task.run(work)
                     };
-                    node.worker.handle_worked(worked, false);
+                    node.worker.handle_worked(self.base + self.now, worked);
                 }
                 WorkerAction::Send(msg) => {
                     if let ToMaster::Registered { attempt } = msg {
@@ -2273,12 +2293,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                             self.carry_to_master(rank, copy);
                             Ok(())
                         }
-                        Err(undecodable) => Err(TransportError::from(undecodable)),
+                        Err(undecodable) => Err(Unsent::from(TransportError::from(undecodable))),
                     };
                     if std::mem::take(&mut self.nodes[rank].crash_after_send) {
                         return self.crash_worker(rank, "right after its result left");
                     }
-                    self.nodes[rank].worker.handle_sent(iteration, sent);
+                    let now = self.instant();
+                    self.nodes[rank].worker.handle_sent(now, iteration, sent);
                 }
                 WorkerAction::SendDone => {
                     let done = lock(&node.task).done(attempt);
@@ -2306,18 +2327,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     let task = lock(&node.task);
                     task.stale.store(true, std::sync::atomic::Ordering::Release);
                 }
-                WorkerAction::ArmGrace => {
-                    let grace = self.job.failure_grace.min(self.job.shutdown_timeout);
-                    self.arm(rank, grace, WorkerTimer::Grace);
-                }
-                WorkerAction::ArmStopDeadline => {
-                    let within = self.job.shutdown_timeout;
-                    self.arm(rank, within, WorkerTimer::StopDeadline);
-                }
-                WorkerAction::ArmVerdictGrace => {
-                    let within = crate::runtime::worker::VERDICT_GRACE;
-                    self.arm(rank, within, WorkerTimer::Verdict);
-                }
                 WorkerAction::Report(ending) => {
                     node.failed = matches!(ending, OwnedEnding::Failed(_));
                 }
@@ -2326,18 +2335,22 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         }
     }
 
-    fn arm(&mut self, rank: Rank, after: Duration, timer: WorkerTimer) {
-        if self.now.checked_add(after).is_none() {
-            // No limit: a timer that never fires.
+    /// Sets the timer of the worker's node of `rank` for its next deadline, if it moved.
+    fn arm(&mut self, rank: Rank) {
+        let node = &mut self.nodes[rank];
+        let next = node.worker.poll_timeout();
+        let Some(at) = next.filter(|_| next != node.timer) else {
             return;
-        }
-        let generation = self.nodes[rank].generation;
+        };
+        node.timer = next;
+        let generation = node.generation;
+        let after = at.saturating_duration_since(self.instant());
         self.at(
             after,
             Event::WorkerTimer {
                 rank,
                 generation,
-                timer,
+                at,
             },
         );
     }

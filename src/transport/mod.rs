@@ -31,7 +31,7 @@ mod memory;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
-use crate::protocol::{Envelope, ToMaster, ToWorker};
+use crate::protocol::{Envelope, ToMaster, ToWorker, Unsent};
 
 use crate::ids::{Attempt, Rank};
 
@@ -206,9 +206,16 @@ pub enum TransportError {
     /// The connection is closed.
     #[error("the connection is closed")]
     Closed,
-    /// Binding or connecting failed.
-    #[error("{0}")]
-    Io(String),
+    /// Binding or connecting failed, or the transport's own machinery did (its thread,
+    /// its runtime).
+    #[error("{message}")]
+    Io {
+        /// What failed, naming the address.
+        message: String,
+        /// The operating system's error, when there is one: `source()`.
+        #[source]
+        source: Option<crate::ErrorSource>,
+    },
     /// Binding to an address other than loopback without a shared secret is refused.
     #[error(
         "refusing to bind {addr} without a secret: set one (SUPERSTEP_SECRET) or bind 127.0.0.1"
@@ -245,6 +252,16 @@ pub enum TransportError {
     },
 }
 
+impl TransportError {
+    /// Binding, connecting or starting failed with `error`, as `message` says.
+    pub(crate) fn io(message: impl Into<String>, error: Option<std::io::Error>) -> Self {
+        TransportError::Io {
+            message: message.into(),
+            source: error.map(crate::ErrorSource::new),
+        }
+    }
+}
+
 impl From<crate::codec::Undecodable> for TransportError {
     fn from(u: crate::codec::Undecodable) -> Self {
         TransportError::Undecodable {
@@ -268,9 +285,17 @@ impl From<TransportError> for crate::JobError {
                 message,
             }
             .sent_by("this process"),
-            e => crate::JobError::Transport {
-                message: e.to_string(),
-            },
+            e => crate::JobError::transport(e.to_string(), Some(crate::ErrorSource::new(e))),
+        }
+    }
+}
+
+impl From<TransportError> for Unsent {
+    fn from(e: TransportError) -> Self {
+        match e {
+            TransportError::Replaced { .. } => Unsent::Replaced,
+            e @ TransportError::Undecodable { .. } => Unsent::Undecodable(e.into()),
+            e => Unsent::Failed(crate::ErrorSource::new(e)),
         }
     }
 }

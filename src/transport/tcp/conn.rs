@@ -883,12 +883,13 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 master,
                 worker,
             },
-            other => JobError::Transport {
-                message: format!(
+            other => JobError::transport(
+                format!(
                     "the master at {} refused worker {rank}: {other}",
                     self.target
                 ),
-            },
+                None,
+            ),
         }
     }
 

@@ -331,9 +331,9 @@ const MAX_WORLD: usize = 1 << 16;
 
 fn resolve(addr: &str) -> Result<SocketAddr, TransportError> {
     addr.to_socket_addrs()
-        .map_err(|e| TransportError::Io(format!("cannot resolve {addr}: {e}")))?
+        .map_err(|e| TransportError::io(format!("cannot resolve {addr}: {e}"), Some(e)))?
         .next()
-        .ok_or_else(|| TransportError::Io(format!("{addr} resolves to no address")))
+        .ok_or_else(|| TransportError::io(format!("{addr} resolves to no address"), None))
 }
 
 /// Runs a job's processes over TCP. See the [module docs](self).
@@ -375,14 +375,15 @@ impl<M, W> TcpTransport<M, W> {
                     addr: addr.to_string(),
                 });
             }
-            let listener = std::net::TcpListener::bind(addr)
-                .map_err(|e| TransportError::Io(format!("cannot listen on {addr}: {e}")))?;
+            let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+                TransportError::io(format!("cannot listen on {addr}: {e}"), Some(e))
+            })?;
             listener
                 .set_nonblocking(true)
-                .map_err(|e| TransportError::Io(e.to_string()))?;
+                .map_err(|e| TransportError::io(e.to_string(), Some(e)))?;
             let local = listener
                 .local_addr()
-                .map_err(|e| TransportError::Io(e.to_string()))?;
+                .map_err(|e| TransportError::io(e.to_string(), Some(e)))?;
             (Some(listener), Some(local))
         } else {
             (None, None)
@@ -437,7 +438,9 @@ impl IoThread {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| TransportError::Io(format!("cannot start the I/O runtime: {e}")))?;
+            .map_err(|e| {
+                TransportError::io(format!("cannot start the I/O runtime: {e}"), Some(e))
+            })?;
         let handle = runtime.handle().clone();
         let tracker = TaskTracker::new();
         let (stop, _) = watch::channel(false);
@@ -456,7 +459,9 @@ impl IoThread {
                 // connect, say) however long it takes; bound it.
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })
-            .map_err(|e| TransportError::Io(format!("cannot start the I/O thread: {e}")))?;
+            .map_err(|e| {
+                TransportError::io(format!("cannot start the I/O thread: {e}"), Some(e))
+            })?;
         Ok(IoThread {
             handle,
             tracker,

@@ -1,0 +1,364 @@
+//! The settings the nodes run by, and the rules that follow from them alone.
+//!
+//! [`NodeConfig`] (the master's node) and [`WorkerConfig`] (a worker's) are built once,
+//! from the job's settings, when a process starts its job (`JobConfig::node_config` and
+//! `JobConfig::worker_config`), and shared by reference from then on: no layer keeps a copy
+//! of a setting, nor a formula over settings, of its own. What follows from a setting —
+//! which timeout a wait has, how long a failed job waits for code still running, whether
+//! a worker's failure ends the job, when a checkpoint is due — is a method here, decided
+//! once and unit-tested below.
+
+use std::time::Duration;
+
+use super::{Envelope, FailurePolicy, GateConfig, ToMaster};
+use crate::error::{JobError, Waiting};
+use crate::ids::{Attempt, Iteration, Rank};
+
+/// How long a worker that failed on its own waits, once stopped, for the master to say
+/// what the job's first failure was (normally its abort arrives within milliseconds).
+pub(crate) const VERDICT_GRACE: Duration = Duration::from_secs(2);
+
+/// How much longer than the sync timeout a worker's sync call waits for its answer: the
+/// master's node answers first (with the epoch's timeout) unless it is gone or held up.
+const SYNC_PATIENCE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The master's node's settings, as the job's settings give them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NodeConfig {
+    /// The job's id: in spans and logs.
+    pub(crate) job_id: String,
+    pub(crate) workers: usize,
+    pub(crate) iterations: Iteration,
+    /// Whether the workers' unanimous vote halts the job.
+    pub(crate) worker_halt: bool,
+    pub(crate) barrier_mode: bool,
+    pub(crate) policy: FailurePolicy,
+    /// The fewest results a round completes with once `min_workers_timeout` passed:
+    /// `ceil(min_workers_ratio × workers)`.
+    pub(crate) quorum: usize,
+    pub(crate) min_workers_timeout: Duration,
+    pub(crate) startup_timeout: Duration,
+    pub(crate) iteration_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) sync_timeout: Duration,
+    /// Once the job failed, how long its end waits for user code still running: the
+    /// job's failure grace, and never past the shutdown timeout.
+    pub(crate) failure_grace: Duration,
+    /// Every how many iterations the master saves a checkpoint; `None` without a store.
+    pub(crate) checkpoint_every: Option<Iteration>,
+    /// How many of the last iterations the job's report keeps in detail.
+    pub(crate) report_iterations: usize,
+}
+
+/// Whether the master saves a checkpoint of an iteration ([`NodeConfig::checkpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Save {
+    /// It is due.
+    Yes,
+    /// Only if the master's compute halts the job: the last iteration is always saved, so
+    /// that a master started again after the job ended ends at once.
+    IfMasterHalts,
+    /// Not due (or the job keeps no checkpoints).
+    No,
+}
+
+impl NodeConfig {
+    /// The failure grace as the nodes apply it: `grace`, at most `shutdown`.
+    pub(crate) fn grace(grace: Duration, shutdown: Duration) -> Duration {
+        grace.min(shutdown)
+    }
+
+    /// Whether a worker's failure ends the job (`FailurePolicy::Fail`), rather than being
+    /// recovered from.
+    pub(crate) fn failure_ends_job(&self) -> bool {
+        self.policy == FailurePolicy::Fail
+    }
+
+    /// How long the wait `during` may last.
+    pub(crate) fn timeout(&self, during: Waiting) -> Duration {
+        match during {
+            Waiting::Connection | Waiting::Registration => self.startup_timeout,
+            Waiting::Iteration(_) => self.iteration_timeout,
+            Waiting::Shutdown => self.shutdown_timeout,
+        }
+    }
+
+    /// The gate's settings in `attempt`.
+    pub(crate) fn gate(&self, attempt: Attempt) -> GateConfig {
+        GateConfig::new(
+            self.workers,
+            attempt,
+            [
+                self.startup_timeout,
+                self.iteration_timeout,
+                self.shutdown_timeout,
+            ],
+        )
+        .with_quorum(self.quorum, self.min_workers_timeout)
+    }
+
+    /// How often a driver that checks deadlines on a tick (rather than arming a timer for
+    /// each) should: a twentieth of the shortest timeout in use, between 1 ms and 100 ms.
+    pub(crate) fn check_interval(&self) -> Duration {
+        let mut shortest = self
+            .startup_timeout
+            .min(self.iteration_timeout)
+            .min(self.shutdown_timeout);
+        if self.barrier_mode {
+            shortest = shortest.min(self.sync_timeout);
+        }
+        if self.quorum < self.workers {
+            shortest = shortest.min(self.min_workers_timeout);
+        }
+        (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
+    }
+
+    /// Whether a checkpoint of `iteration` is saved, given whether the workers' votes halt
+    /// the job after it: every `checkpoint_every` iterations, and the job's last one.
+    pub(crate) fn checkpoint(&self, iteration: Iteration, workers_halt: bool) -> Save {
+        let Some(every) = self.checkpoint_every else {
+            return Save::No;
+        };
+        if iteration % every.max(1) == 0 || iteration >= self.iterations || workers_halt {
+            Save::Yes
+        } else {
+            Save::IfMasterHalts
+        }
+    }
+
+    /// What a worker's message tells the master's process before its node has read it:
+    /// under `Fail`, a worker's failure of the current `attempt` is the job's (named for
+    /// the rank that sent it), so that no compute of this process starts after it even
+    /// while user code holds the node's thread. `None` for any other message.
+    pub(crate) fn ends_job_at_once<W>(
+        &self,
+        attempt: Attempt,
+        env: &Envelope<ToMaster<W>>,
+    ) -> Option<JobError> {
+        match &env.msg {
+            ToMaster::Failed { attempt: a, error } if self.failure_ends_job() && *a == attempt => {
+                Some(error.clone().attributed_to(env.from))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A worker's node's settings, as the job's settings give them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WorkerConfig {
+    /// Whether the worker's own failure ends the job (`FailurePolicy::Fail`): its process
+    /// then knows at once, on the thread that failed.
+    pub(crate) failure_ends_job: bool,
+    /// Whether the job runs in barrier mode: a worker's sync calls cannot be carried over
+    /// to a master started again.
+    pub(crate) barrier_mode: bool,
+    /// Once the job failed, how long the worker waits for its code still away.
+    pub(crate) failure_grace: Duration,
+    /// How long the worker's stop may take before it reports its ending without its code.
+    pub(crate) shutdown_timeout: Duration,
+    /// How long a worker stopped on its own failure waits for the master's word.
+    pub(crate) verdict_grace: Duration,
+    /// How long a sync call waits for its answer before it gives up on the master's node.
+    pub(crate) sync_patience: Duration,
+}
+
+impl WorkerConfig {
+    /// The settings of a job with this policy, mode and these timeouts.
+    pub(crate) fn new(
+        policy: FailurePolicy,
+        barrier_mode: bool,
+        failure_grace: Duration,
+        shutdown_timeout: Duration,
+        sync_timeout: Duration,
+    ) -> Self {
+        WorkerConfig {
+            failure_ends_job: policy == FailurePolicy::Fail,
+            barrier_mode,
+            failure_grace: NodeConfig::grace(failure_grace, shutdown_timeout),
+            shutdown_timeout,
+            verdict_grace: VERDICT_GRACE,
+            sync_patience: sync_timeout
+                .checked_add(SYNC_PATIENCE_MARGIN)
+                .unwrap_or(Duration::MAX),
+        }
+    }
+}
+
+/// Whether what the master told the worker of `rank` ends the job for its process (no
+/// compute of it starts from then on): an abort does, unless it carries this rank's own
+/// recoverable failure — that dismisses only this worker. Returns the job's failure.
+pub(crate) fn abort_ends_job<M>(rank: Rank, msg: &super::ToWorker<M>) -> Option<&JobError> {
+    match msg {
+        super::ToWorker::Abort { error, .. }
+            if super::Recovery::recoverable(error) != Some(rank) =>
+        {
+            Some(error)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+impl NodeConfig {
+    /// The default job's settings: 1 worker, 50 iterations, under `Fail`, no checkpoints.
+    pub(crate) fn for_tests() -> Self {
+        NodeConfig {
+            job_id: "test".into(),
+            workers: 1,
+            iterations: 50,
+            worker_halt: false,
+            barrier_mode: false,
+            policy: FailurePolicy::Fail,
+            quorum: 1,
+            min_workers_timeout: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(1800),
+            iteration_timeout: Duration::from_secs(600),
+            shutdown_timeout: Duration::from_secs(60),
+            sync_timeout: Duration::from_secs(600),
+            failure_grace: Duration::from_millis(250),
+            checkpoint_every: None,
+            report_iterations: 1000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ToWorker;
+
+    /// Four workers, ten iterations, a checkpoint every third.
+    fn config() -> NodeConfig {
+        NodeConfig {
+            workers: 4,
+            iterations: 10,
+            quorum: 4,
+            checkpoint_every: Some(3),
+            ..NodeConfig::for_tests()
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_is_due_every_k_iterations_and_at_the_jobs_last() {
+        let c = config();
+        assert_eq!(c.checkpoint(3, false), Save::Yes);
+        assert_eq!(c.checkpoint(6, false), Save::Yes);
+        assert_eq!(c.checkpoint(4, false), Save::IfMasterHalts);
+        assert_eq!(c.checkpoint(10, false), Save::Yes, "the last iteration");
+        assert_eq!(c.checkpoint(4, true), Save::Yes, "the workers halt the job");
+        let none = NodeConfig {
+            checkpoint_every: None,
+            ..config()
+        };
+        assert_eq!(none.checkpoint(3, true), Save::No);
+    }
+
+    #[test]
+    fn each_wait_has_its_own_timeout_and_the_grace_never_outlasts_the_shutdown() {
+        let c = config();
+        assert_eq!(c.timeout(Waiting::Registration), c.startup_timeout);
+        assert_eq!(c.timeout(Waiting::Connection), c.startup_timeout);
+        assert_eq!(c.timeout(Waiting::Iteration(3)), c.iteration_timeout);
+        assert_eq!(c.timeout(Waiting::Shutdown), c.shutdown_timeout);
+        let secs = Duration::from_secs;
+        assert_eq!(NodeConfig::grace(secs(5), secs(1)), secs(1));
+        assert_eq!(NodeConfig::grace(secs(1), secs(5)), secs(1));
+        let w = WorkerConfig::new(FailurePolicy::Fail, false, secs(5), secs(1), secs(2));
+        assert_eq!(w.failure_grace, secs(1));
+        assert_eq!(w.sync_patience, secs(7));
+        let unbounded =
+            WorkerConfig::new(FailurePolicy::Fail, true, secs(1), secs(1), Duration::MAX);
+        assert_eq!(unbounded.sync_patience, Duration::MAX);
+    }
+
+    #[test]
+    fn deadlines_are_checked_at_a_twentieth_of_the_shortest_timeout_in_use() {
+        let ms = Duration::from_millis;
+        let c = NodeConfig {
+            shutdown_timeout: ms(400),
+            ..config()
+        };
+        assert_eq!(c.check_interval(), ms(20));
+        // The sync timeout counts in barrier mode only; the min-workers timeout only with a
+        // quorum below every worker.
+        let c = NodeConfig {
+            sync_timeout: ms(40),
+            min_workers_timeout: ms(60),
+            ..config()
+        };
+        assert_eq!(c.check_interval(), ms(100));
+        let c = NodeConfig {
+            barrier_mode: true,
+            ..c
+        };
+        assert_eq!(c.check_interval(), ms(2));
+        let c = NodeConfig {
+            barrier_mode: false,
+            quorum: 2,
+            ..c
+        };
+        assert_eq!(c.check_interval(), ms(3));
+        let c = NodeConfig {
+            startup_timeout: Duration::from_micros(1),
+            ..config()
+        };
+        assert_eq!(c.check_interval(), ms(1), "never below 1 ms");
+    }
+
+    #[test]
+    fn under_fail_a_workers_failure_of_the_attempt_ends_the_job_at_once_named_for_its_sender() {
+        let failed = |attempt, rank| Envelope {
+            from: 2,
+            msg: ToMaster::<u8>::Failed {
+                attempt,
+                error: JobError::WorkerLost {
+                    rank,
+                    reason: "gone".into(),
+                },
+            },
+        };
+        let c = config();
+        assert_eq!(
+            c.ends_job_at_once(1, &failed(1, 5)).and_then(|e| e.rank()),
+            Some(2),
+            "a worker cannot blame another"
+        );
+        assert_eq!(
+            c.ends_job_at_once(1, &failed(0, 2)),
+            None,
+            "a stale attempt's"
+        );
+        let recovering = NodeConfig {
+            policy: FailurePolicy::RestartWorker { max_restarts: 1 },
+            ..config()
+        };
+        assert_eq!(recovering.ends_job_at_once(1, &failed(1, 2)), None);
+        let registered = Envelope {
+            from: 0,
+            msg: ToMaster::<u8>::Registered { attempt: 1 },
+        };
+        assert_eq!(c.ends_job_at_once(1, &registered), None);
+    }
+
+    #[test]
+    fn an_abort_ends_the_job_for_a_workers_process_unless_it_dismisses_that_worker_alone() {
+        let abort = |error| ToWorker::<u8>::Abort { attempt: 0, error };
+        let own = JobError::WorkerLost {
+            rank: 3,
+            reason: "gone".into(),
+        };
+        assert_eq!(abort_ends_job(3, &abort(own.clone())), None);
+        assert_eq!(abort_ends_job(1, &abort(own.clone())), Some(&own));
+        assert_eq!(
+            abort_ends_job(3, &abort(JobError::Cancelled)),
+            Some(&JobError::Cancelled)
+        );
+        let iterate = ToWorker::<u8>::Iterate {
+            attempt: 0,
+            iteration: 1,
+            last: None,
+        };
+        assert_eq!(abort_ends_job(3, &iterate), None);
+    }
+}

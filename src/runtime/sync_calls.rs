@@ -1,0 +1,69 @@
+//! A worker's end of barrier mode: the link its compute's sync calls (`barrier()`,
+//! `all_gather()`) go out on, and where their answers — or the job's failure, which ends
+//! every call — come back to the compute waiting in one.
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::compute::{SyncLink, SyncSender};
+use crate::error::{JobError, SyncError};
+use crate::ids::{Attempt, Epoch};
+use crate::payload::Payload;
+use crate::protocol::{SyncResult, ToMaster};
+use crate::transport::WorkerLink;
+
+/// In barrier mode: where the answers to the worker's sync calls go, to the compute
+/// waiting for them, and where the job's first failure goes once the worker heard of it
+/// (every sync call then fails with it at once).
+pub(crate) struct SyncAnswers {
+    to: mpsc::Sender<(Epoch, SyncResult)>,
+    ended: Arc<std::sync::OnceLock<JobError>>,
+}
+
+impl SyncAnswers {
+    /// The answer to call `epoch`, for the compute waiting in it (it may have given up
+    /// waiting already; then nobody listens).
+    pub(crate) fn answer(&self, epoch: Epoch, result: SyncResult) {
+        let _ = self.to.send((epoch, result));
+    }
+
+    /// The job failed with `error`: the call waiting, and every later one, fails with it
+    /// at once.
+    pub(crate) fn end(&self, error: &JobError) {
+        if self.ended.set(error.clone()).is_ok() {
+            // Wakes a compute waiting in a sync call: not its epoch, so it looks.
+            let failed = SyncError::JobFailed(Box::new(error.clone()));
+            let _ = self.to.send((Epoch::MAX, Err(failed)));
+        }
+    }
+}
+
+/// A worker's link, as the way its sync calls go: a call that cannot go fails as the
+/// transport's error.
+struct LinkCalls<W>(Arc<dyn WorkerLink<W>>);
+
+impl<W: Payload> SyncSender<W> for LinkCalls<W> {
+    fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
+        self.0.send(call).map_err(JobError::from)
+    }
+}
+
+/// A worker's end of barrier mode: its sync calls go out on `link`, in `attempt`, and each
+/// waits at most `patience` for its answer (`Duration::MAX`: until it comes); the
+/// answers come in through the [`SyncAnswers`], which its driver holds.
+pub(crate) fn sync_link<W: Payload>(
+    link: Arc<dyn WorkerLink<W>>,
+    attempt: Attempt,
+    patience: Duration,
+) -> (SyncLink<W>, SyncAnswers) {
+    let (to, answers) = mpsc::channel();
+    let ended = Arc::new(std::sync::OnceLock::new());
+    let sync = SyncLink {
+        link: Arc::new(LinkCalls(link)),
+        answers,
+        attempt,
+        patience,
+        ended: Arc::clone(&ended),
+    };
+    (sync, SyncAnswers { to, ended })
+}

@@ -1,0 +1,277 @@
+//! A worker's user code — its computable, interceptors and context — as one unit that
+//! runs where placement says (inline, on the pool, on a thread of its own) and hands back
+//! what it did; the worker's driver (`runtime::worker`) decides nothing in it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::pool::guarded;
+use super::{DynWorker, OwnedEnding, WorkerHooks};
+use crate::compute::{JobEnd, WorkerContext};
+use crate::config::JobConfig;
+use crate::coordinator::Shard;
+use crate::error::{drop_guarded, Cause, JobError, Phase};
+use crate::ids::{Attempt, Iteration, Rank};
+use crate::payload::Payload;
+use crate::protocol::{Report, ToMaster, Work, Worked, WorkerConfig};
+
+/// A worker's user code and context: moved to the pool and back as one value, so it is
+/// only ever touched by one thread at a time.
+pub(crate) struct WorkerTask<M, W> {
+    computable: DynWorker<M, W>,
+    interceptors: WorkerHooks<M, W>,
+    pub(crate) ctx: WorkerContext<M, W>,
+    pub(crate) attempt: Attempt,
+    /// How many interceptors' `pre_application` ran: their `post_application` runs.
+    entered: usize,
+    /// The settings the worker's node runs by: whether a failure of this worker's code
+    /// ends the job, which its process then knows at once, on the thread it failed on, so
+    /// no compute starts after it.
+    config: Arc<WorkerConfig>,
+    /// Set by the worker's driver while the work away belongs to a master it left behind
+    /// (its failure then ends nothing).
+    pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
+    /// When the unit of work under way started, then when its compute ended: one clock
+    /// read per iteration.
+    clock: Instant,
+    /// The parent of the span of the unit of work under way (set by its driver): the
+    /// iteration's span in the master's process, the job's elsewhere.
+    pub(crate) parent: tracing::Span,
+}
+
+/// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
+/// the input (if the job has one), the job's end as its process hears of it.
+pub(crate) fn worker_context<M, W>(
+    config: &JobConfig,
+    job_id: &Arc<str>,
+    rank: Rank,
+    shards: Option<&Arc<Vec<Shard>>>,
+    end: JobEnd,
+) -> WorkerContext<M, W> {
+    let mut ctx = WorkerContext::new(rank, config.workers, Arc::clone(job_id), config.iterations);
+    ctx.shard = shards.map(|s| s[rank].clone());
+    ctx.malformed_rows = config.malformed_rows;
+    ctx.end = end;
+    ctx
+}
+
+impl<M: Payload, W: Payload> WorkerTask<M, W> {
+    pub(crate) fn new(
+        computable: DynWorker<M, W>,
+        interceptors: WorkerHooks<M, W>,
+        ctx: WorkerContext<M, W>,
+        attempt: Attempt,
+        config: Arc<WorkerConfig>,
+    ) -> Self {
+        WorkerTask {
+            computable,
+            interceptors,
+            ctx,
+            attempt,
+            entered: 0,
+            config,
+            stale: Arc::default(),
+            clock: Instant::now(),
+            parent: tracing::Span::none(),
+        }
+    }
+
+    /// The worker's last message, once it stopped: what it read, wrote, rejected and
+    /// attached over the job.
+    pub(crate) fn done(&mut self, attempt: Attempt) -> ToMaster<W> {
+        ToMaster::Done {
+            attempt,
+            rows: std::mem::take(&mut self.ctx.rows),
+            attachments: std::mem::take(&mut self.ctx.attachments),
+        }
+    }
+
+    fn fail(&self, phase: Phase, cause: Cause) -> JobError {
+        JobError::Worker {
+            rank: self.ctx.rank,
+            iteration: self.ctx.iteration,
+            phase,
+            cause,
+        }
+    }
+
+    /// Runs one unit of work. Every call into user code is guarded; this outer guard
+    /// catches what is left (a user type's `Drop`, say) so that no panic reaches the pool
+    /// or the actor.
+    pub(crate) fn run(&mut self, work: Work<M>) -> Worked<W> {
+        self.run_at(work, Instant::now()).0
+    }
+
+    /// Runs one unit of work that started at `started` (a clock read of the caller's,
+    /// which units run back to back share): returns what it did and when it ended, from
+    /// one clock read.
+    pub(crate) fn run_at(&mut self, work: Work<M>, started: Instant) -> (Worked<W>, Instant) {
+        self.clock = started;
+        let worked = self.run_unclocked(work);
+        let ended = match worked {
+            // Its compute read the clock as it ended.
+            Worked::Iterated(Ok(_)) => self.clock,
+            _ => Instant::now(),
+        };
+        (worked, ended)
+    }
+
+    fn run_unclocked(&mut self, work: Work<M>) -> Worked<W> {
+        let phase = match work {
+            Work::Start => Phase::Init,
+            Work::Iterate(..) => Phase::Compute,
+            Work::Stop(_) => Phase::PostApplication,
+        };
+        let worked = self.run_guarded(work, phase);
+        if let (true, Worked::Started(Err(error)) | Worked::Iterated(Err(error))) =
+            (self.config.failure_ends_job, &worked)
+        {
+            let stale = self.stale.load(std::sync::atomic::Ordering::Acquire);
+            if !stale && !self.ctx.end.is_ended() {
+                self.ctx.end.end(error);
+            }
+        }
+        worked
+    }
+
+    fn run_guarded(&mut self, work: Work<M>, phase: Phase) -> Worked<W> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
+            Ok(worked) => worked,
+            Err(payload) => {
+                let error = self.fail(phase, Cause::from_panic(payload));
+                match phase {
+                    Phase::Init => Worked::Started(Err(error)),
+                    Phase::Compute => Worked::Iterated(Err(error)),
+                    _ => Worked::Stopped(Err(error)),
+                }
+            }
+        }
+    }
+
+    fn run_unguarded(&mut self, work: Work<M>) -> Worked<W> {
+        match work {
+            Work::Start => Worked::Started(self.start()),
+            // Once the job failed, no compute starts: its result would not be used.
+            Work::Iterate(..) if self.ctx.end.is_ended() => Worked::Skipped,
+            Work::Iterate(iteration, last) => Worked::Iterated(self.iterate(iteration, last)),
+            Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
+        }
+    }
+
+    fn start(&mut self) -> Result<(), JobError> {
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span = tracing::debug_span!(parent: &self.parent, "init", rank, attempt).entered();
+        let ctx = &self.ctx;
+        for (i, hook) in self.interceptors.iter_mut().enumerate() {
+            self.entered = i + 1;
+            guarded(|| hook.pre_application(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration: 0,
+                phase: Phase::PreApplication,
+                cause: c,
+            })?;
+        }
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        guarded(|| computable.init(ctx)).map_err(|c| self.fail(Phase::Init, c))
+    }
+
+    fn iterate(
+        &mut self,
+        iteration: Iteration,
+        last: Option<Arc<M>>,
+    ) -> Result<Report<W>, JobError> {
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span = tracing::debug_span!(parent: &self.parent, "compute", rank, iteration, attempt)
+            .entered();
+        let started = self.clock;
+        self.ctx.iteration = iteration;
+        // `None` in iteration 1 — also when a restarted job starts over. The result it
+        // replaces may be the last reference to it: its `Drop` is the master's code.
+        let previous = std::mem::replace(&mut self.ctx.last, last);
+        drop_guarded(previous).map_err(|cause| JobError::Master {
+            iteration,
+            phase: Phase::Drop,
+            cause,
+        })?;
+        self.ctx.result = None;
+        self.ctx.halt_vote = false;
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut() {
+            guarded(|| hook.pre_iteration(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration,
+                phase: Phase::PreIteration,
+                cause: c,
+            })?;
+        }
+        let (computable, ctx) = (&mut self.computable, &mut self.ctx);
+        let result =
+            guarded(|| computable.compute(ctx)).map_err(|c| self.fail(Phase::Compute, c))?;
+        self.ctx.result = Some(result);
+        let ctx = &self.ctx;
+        for hook in self.interceptors.iter_mut().rev() {
+            guarded(|| hook.post_iteration(ctx)).map_err(|c| JobError::Worker {
+                rank: ctx.rank,
+                iteration,
+                phase: Phase::PostIteration,
+                cause: c,
+            })?;
+        }
+        let result = self.ctx.result.take().expect("the result was set above");
+        self.clock = Instant::now();
+        Ok(Report {
+            attempt: self.attempt,
+            iteration,
+            result,
+            halt_vote: self.ctx.halt_vote,
+            elapsed: self.clock.saturating_duration_since(started),
+        })
+    }
+
+    fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
+        let (rank, attempt) = (self.ctx.rank, self.attempt);
+        let _span =
+            tracing::debug_span!(parent: &self.parent, "post_application", rank, attempt).entered();
+        // A failure to let go of the last master result is the master's; the worker's
+        // interceptors still see the end.
+        let mut first = None;
+        if let OwnedEnding::Completed { last, .. } = ending {
+            let previous = self.ctx.last.replace(Arc::clone(last));
+            if let Err(cause) = drop_guarded(previous) {
+                first = Some(JobError::Master {
+                    iteration: self.ctx.iteration,
+                    phase: Phase::Drop,
+                    cause,
+                });
+            }
+        }
+        let ending = ending.as_ending();
+        let ctx = &self.ctx;
+        for hook in self.interceptors[..self.entered].iter_mut().rev() {
+            if let Err(c) = guarded(|| hook.post_application(ctx, ending)) {
+                first.get_or_insert(JobError::Worker {
+                    rank: ctx.rank,
+                    iteration: ctx.iteration,
+                    phase: Phase::PostApplication,
+                    cause: c,
+                });
+            }
+        }
+        self.entered = 0;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Ends the code of a worker that ended without it (the job failed, and gave up on this
+/// code after its grace): its interceptors' `post_application` runs with the verdict the
+/// worker `heard`, else the process's first failure.
+pub(crate) fn stop_given_up<M: Payload, W: Payload>(
+    task: &mut WorkerTask<M, W>,
+    heard: Option<JobError>,
+    end: &JobEnd,
+) {
+    let error = heard
+        .or_else(|| end.first().map(|(e, _)| e.clone()))
+        .unwrap_or(JobError::Cancelled);
+    let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
+}

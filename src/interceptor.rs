@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crate::compute::{MasterContext, WorkerContext};
 use crate::error::{BoxError, JobError};
 use crate::ids::{Iteration, Rank};
+use crate::protocol::OwnedEnding;
 
 /// How a job ended, as `post_application` is told.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +45,21 @@ impl Ending<'_> {
     /// Whether the job completed.
     pub fn is_completed(&self) -> bool {
         matches!(self, Ending::Completed { .. })
+    }
+}
+
+/// The ending the nodes carry, as interceptors see it.
+impl<'a, M> From<&'a OwnedEnding<M>> for Ending<'a> {
+    fn from(ending: &'a OwnedEnding<M>) -> Self {
+        match ending {
+            OwnedEnding::Completed {
+                iterations, halted, ..
+            } => Ending::Completed {
+                iterations: *iterations,
+                halted: *halted,
+            },
+            OwnedEnding::Failed(e) => Ending::Failed(e),
+        }
     }
 }
 

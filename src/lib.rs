@@ -219,7 +219,6 @@ mod job;
 pub mod metrics;
 mod payload;
 pub mod protocol;
-mod report;
 mod runtime;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -239,10 +238,10 @@ pub use interceptor::{
 };
 pub use job::{Job, JobBuilder};
 pub use payload::{Element, Floats, Payload};
-pub use protocol::{FailurePolicy, HaltedBy};
-pub use report::{
+pub use protocol::{
     DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
 };
+pub use protocol::{FailurePolicy, HaltedBy};
 pub use runtime::Cancel;
 
 /// The README's examples compile and pass as doctests.

@@ -19,8 +19,7 @@
 
 use metrics::{Counter, Gauge, Histogram};
 
-use crate::protocol::{Drops, Recover};
-use crate::report::IterationReport;
+use crate::protocol::{Drops, IterationReport, JobEvent, Recover};
 
 /// The job's metrics, registered once with its id as the `job` label.
 pub(crate) struct JobMetrics {
@@ -65,8 +64,18 @@ impl JobMetrics {
         }
     }
 
+    /// Records what `event` tells, if it is an iteration completed or a recovery; `drops`
+    /// are the master's node's drops so far.
+    pub(crate) fn record(&mut self, event: &JobEvent, drops: Drops) {
+        match event {
+            JobEvent::IterationCompleted(report) => self.iteration(report, drops),
+            JobEvent::Recovering(recovered) => self.recovered(&recovered.action),
+            _ => {}
+        }
+    }
+
     /// An iteration completed; `drops` are the barrier's drops so far.
-    pub(crate) fn iteration(&mut self, report: &IterationReport, drops: Drops) {
+    fn iteration(&mut self, report: &IterationReport, drops: Drops) {
         self.iterations.increment(1);
         self.iteration.record(report.elapsed.as_secs_f64());
         self.master.record(report.master_elapsed.as_secs_f64());
@@ -85,7 +94,7 @@ impl JobMetrics {
     }
 
     /// The job recovered from a worker's failure.
-    pub(crate) fn recovered(&self, action: &Recover) {
+    fn recovered(&self, action: &Recover) {
         let action = match action {
             Recover::RestartWorker(_) => "restart_worker",
             Recover::LeaveOut(_) => "leave_out",

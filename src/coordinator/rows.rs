@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
 
-use super::counts::{MalformedRows, Rejected, RowCounts};
 use super::shard::{LineCounter, LineRange, LineReader};
+use super::{MalformedRows, Rejected, RowCounts};
 
 /// Why a row could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use crate::events::{Events, JobEvent};
 use crate::ids::{Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
-use crate::report::JobOutcome;
+use crate::protocol::JobOutcome;
 use crate::runtime::{
     self, Cancel, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
     WorkerHookFactory,

@@ -14,16 +14,13 @@ use std::time::{Duration, Instant};
 
 use super::config::{NodeConfig, Save};
 use super::{
-    Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, Next, Recover,
-    Recovery, Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait,
+    Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, IterationReport,
+    JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Schedule, SyncState,
+    SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
 };
 
-use crate::coordinator::WorkerReport;
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
-use crate::events::JobEvent;
 use crate::ids::{Attempt, Iteration, Rank};
-use crate::interceptor::Ending;
-use crate::report::{IterationReport, JobOutcome, JobReport, Recovered};
 
 /// How long the end of a job waits for a rank that may still connect (a worker reconnecting
 /// to a master's node started again: its backoff is at most about a second).
@@ -62,19 +59,6 @@ impl<M> OwnedEnding<M> {
             }),
             ToWorker::Abort { error, .. } => Some(OwnedEnding::Failed(error)),
             _ => None,
-        }
-    }
-
-    /// The ending as interceptors see it.
-    pub(crate) fn as_ending(&self) -> Ending<'_> {
-        match self {
-            OwnedEnding::Completed {
-                iterations, halted, ..
-            } => Ending::Completed {
-                iterations: *iterations,
-                halted: *halted,
-            },
-            OwnedEnding::Failed(e) => Ending::Failed(e),
         }
     }
 }
@@ -322,8 +306,6 @@ pub(crate) struct MasterNode<M, W> {
     report: JobReport,
     /// The last iterations' reports, at most `JobConfig::report_iterations`.
     recent: VecDeque<IterationReport>,
-    #[cfg(feature = "metrics")]
-    metrics: crate::metrics::JobMetrics,
     started: Instant,
     iteration_started: Instant,
     span: Option<tracing::Span>,
@@ -374,8 +356,6 @@ impl<M, W> MasterNode<M, W> {
                 ..JobReport::default()
             },
             recent: VecDeque::new(),
-            #[cfg(feature = "metrics")]
-            metrics: crate::metrics::JobMetrics::new(&config.job_id),
             started: now,
             iteration_started: now,
             span: None,
@@ -428,7 +408,7 @@ impl<M, W> MasterNode<M, W> {
     }
 
     /// Every arrival the gate dropped so far (stale, duplicate, of an unknown rank).
-    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sim", feature = "metrics")), allow(dead_code))]
     pub(crate) fn drops(&self) -> super::Drops {
         self.gate.drops()
     }
@@ -866,11 +846,6 @@ impl<M, W> MasterNode<M, W> {
         }
         self.event(|| JobEvent::IterationCompleted(report.clone()));
         self.report.totals.add(&report);
-        #[cfg(feature = "metrics")]
-        {
-            let drops = self.drops();
-            self.metrics.iteration(&report, drops);
-        }
         let keep = self.config.report_iterations;
         if keep > 0 {
             if self.recent.len() >= keep {
@@ -1352,8 +1327,6 @@ impl<M, W> MasterNode<M, W> {
             action: action.clone(),
         };
         self.event(|| JobEvent::Recovering(recovered.clone()));
-        #[cfg(feature = "metrics")]
-        self.metrics.recovered(&recovered.action);
         self.report.recoveries.push(recovered);
         match action {
             Recover::LeaveOut(rank) => {
@@ -1406,8 +1379,7 @@ impl<M, W> MasterNode<M, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::RowCounts;
-    use crate::protocol::Report;
+    use crate::protocol::{Report, RowCounts};
 
     /// Every rank connected.
     struct Connected;

@@ -19,14 +19,17 @@
 //!   The runtime's node actor and the simulator both drive it.
 
 mod config;
+mod event;
 mod gate;
 mod master;
 mod recovery;
+mod report;
 mod round;
 mod schedule;
 mod sync;
 mod worker;
 mod worker_node;
+mod worker_report;
 
 use std::fmt;
 use std::sync::Arc;
@@ -34,11 +37,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coordinator::{Attachment, RowCounts};
 use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 
 pub(crate) use config::{abort_ends_job, NodeConfig, Save, WorkerConfig};
+pub use event::JobEvent;
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
@@ -46,11 +49,17 @@ pub(crate) use master::{
 };
 pub(crate) use recovery::start_attempt;
 pub use recovery::{FailurePolicy, Recover, Recovery};
+pub use report::{
+    DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
+};
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Work, Worked, WorkerAction, WorkerNode};
+pub use worker_report::{
+    Attachment, AttachmentError, Rejected, RowCounts, WorkerReport, MAX_RECORDED_REJECTS,
+};
 
 /// Why a message could not be sent, as the nodes need to know it: the transport's error,
 /// sorted by the transport (`From<TransportError>`).

@@ -26,7 +26,7 @@ use crate::payload::Payload;
 use crate::protocol::{
     start_attempt, Combiner, FailurePolicy, MasterNode, NodeConfig, NodeSettings, ToWorker,
 };
-use crate::report::{JobOutcome, JobReport};
+use crate::protocol::{JobOutcome, JobReport};
 use crate::transport::LinkSpec;
 
 /// What the job's thread shares with the thread that called `run` (its watchdog).
@@ -213,7 +213,8 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             NodeSettings {
                 local: (0..config.workers).map(|r| local.is_local(r)).collect(),
                 coordinated: job.coordination.is_set(),
-                listening: events.is_listened_to(),
+                // (The metrics are recorded from the node's events.)
+                listening: events.is_listened_to() || cfg!(feature = "metrics"),
             },
             &job_id,
             Instant::now(),

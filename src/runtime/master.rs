@@ -10,6 +10,7 @@ use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::compute::MasterContext;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, Iteration};
+use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
     Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Save, Tally,
@@ -322,7 +323,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {
         let _span =
             tracing::debug_span!("master_post_application", attempt = self.attempt).entered();
-        let ending = ending.as_ending();
+        let ending = Ending::from(ending);
         let ctx = &self.ctx;
         let mut first = None;
         for hook in self.interceptors[..self.entered].iter_mut().rev() {

@@ -43,9 +43,9 @@ use crate::events::Events;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
+use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{HaltedBy, NodeConfig};
-use crate::report::JobOutcome;
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 

@@ -26,10 +26,10 @@ use crate::error::{Cause, JobError, Waiting};
 use crate::events::Events;
 use crate::ids::Rank;
 use crate::payload::Payload;
+use crate::protocol::JobOutcome;
 use crate::protocol::{
     Action, Envelope, MasterDone, MasterNode, MasterWork, Reach, ToMaster, ToWorker,
 };
-use crate::report::JobOutcome;
 use crate::transport::{wire_checked, MasterLink, TransportError};
 
 /// The master's code is back from the pool with what it did.
@@ -129,6 +129,9 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// entry made for it, what it waits for and since when.
     chaining: Option<(Waiting, Instant)>,
     arrivals: Arc<Arrivals<W>>,
+    /// The job's metrics, recorded from the node's events.
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::JobMetrics,
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
     wire_check: bool,
@@ -261,6 +264,8 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             clock: None,
             chaining: None,
             arrivals: parts.arrivals,
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::JobMetrics::new(&parts.config.job_id),
             spare: Vec::new(),
             wire_check: parts.wire_check,
         }
@@ -449,7 +454,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                     self.failed(failed);
                 }
             }
-            Action::Event(event) => self.events.emit(|| event),
+            Action::Event(event) => {
+                #[cfg(feature = "metrics")]
+                self.metrics.record(&event, self.node.drops());
+                self.events.emit(|| event)
+            }
             Action::Report(report) => {
                 self.coordination.worker_done(self.node.attempt(), report);
             }

@@ -12,6 +12,7 @@ use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, Iteration, Rank};
+use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{Report, ToMaster, Work, Worked, WorkerConfig};
 
@@ -245,7 +246,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
                 });
             }
         }
-        let ending = ending.as_ending();
+        let ending = Ending::from(ending);
         let ctx = &self.ctx;
         for hook in self.interceptors[..self.entered].iter_mut().rev() {
             if let Err(c) = guarded(|| hook.post_application(ctx, ending)) {

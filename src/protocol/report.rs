@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::coordinator::{RowCounts, WorkerReport};
+use super::{Drops, HaltedBy, Recover, RowCounts, WorkerReport};
 use crate::error::JobError;
 use crate::ids::{Attempt, Iteration, Rank};
-use crate::protocol::{Drops, HaltedBy, Recover};
 
 /// How one iteration went.
 #[derive(Debug, Clone, PartialEq)]

@@ -1404,18 +1404,26 @@ mod tests {
         node: Node,
         t: Instant,
         sent: Vec<ToWorker<u32>>,
+        /// The job's failure, each time the node said it, and where in what was sent.
+        ended: Vec<(JobError, usize)>,
+        /// Each round handed to the master's code, and whether its checkpoint was due.
+        rounds: Vec<(Iteration, Save)>,
         finished: Option<Result<JobOutcome<u32>, JobError>>,
     }
 
     impl Harness {
         fn new(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
-            let config = NodeConfig {
+            Harness::with(NodeConfig {
                 workers,
                 iterations,
                 policy,
                 quorum: workers,
                 ..NodeConfig::for_tests()
-            };
+            })
+        }
+
+        fn with(config: NodeConfig) -> Self {
+            let workers = config.workers;
             let t = Instant::now();
             let node = MasterNode::new(
                 Arc::new(config),
@@ -1436,6 +1444,8 @@ mod tests {
                 node,
                 t,
                 sent: Vec::new(),
+                ended: Vec::new(),
+                rounds: Vec::new(),
                 finished: None,
             };
             h.drive();
@@ -1446,7 +1456,11 @@ mod tests {
             while let Some(action) = self.node.poll_action() {
                 match action {
                     Action::Send { msg, .. } | Action::Broadcast(msg) => self.sent.push(msg),
+                    Action::EndJob(error) => self.ended.push((error, self.sent.len())),
                     Action::RunMaster(work) => {
+                        if let MasterWork::Iterate(round) = &work {
+                            self.rounds.push((round.iteration, round.save));
+                        }
                         let done = match work {
                             MasterWork::Start => MasterDone::Started(Ok(None)),
                             MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
@@ -1616,5 +1630,85 @@ mod tests {
         h.done(0);
         h.done(1);
         assert_eq!(h.finished.take().map(|r| r.err()), Some(Some(error)));
+    }
+
+    fn registered(h: &mut Harness) {
+        for rank in 0..h.node.config.workers {
+            h.from(rank, ToMaster::Registered { attempt: 0 });
+        }
+    }
+
+    #[test]
+    fn the_job_s_end_is_said_once_before_any_worker_is_told_of_it() {
+        let mut h = Harness::new(3, 5, FailurePolicy::Fail);
+        registered(&mut h);
+        h.from(2, lost(2));
+        h.from(1, lost(1));
+        assert_eq!(h.ended.len(), 1, "once: {:?}", h.ended);
+        let (error, at) = &h.ended[0];
+        assert_eq!(error.rank(), Some(2));
+        assert!(
+            matches!(h.sent[*at], ToWorker::Abort { .. }),
+            "the abort is the next message: {:?}",
+            &h.sent[*at..]
+        );
+    }
+
+    #[test]
+    fn a_message_a_worker_cannot_read_fails_the_job_and_a_worker_out_of_reach_does_not() {
+        let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+        registered(&mut h);
+        let gone = Unsent::Failed(crate::ErrorSource::new(std::io::Error::other("reset")));
+        h.node.handle_unsent(h.t, Some(1), gone, &Connected);
+        h.node
+            .handle_unsent(h.t, Some(1), Unsent::Replaced, &Connected);
+        h.drive();
+        assert!(h.ended.is_empty(), "its loss is the transport's to report");
+        let unreadable = JobError::Decode {
+            direction: "master → worker 1".into(),
+            type_name: "u32".into(),
+            peer: "10.0.0.2:7000".into(),
+            message: "invalid type".into(),
+        };
+        h.node.handle_unsent(
+            h.t,
+            Some(1),
+            Unsent::Undecodable(unreadable.clone()),
+            &Connected,
+        );
+        h.drive();
+        assert_eq!(h.ended.first().map(|(e, _)| e), Some(&unreadable));
+    }
+
+    #[test]
+    fn a_broadcast_that_does_not_go_fails_the_job_keeping_the_transports_error() {
+        let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+        registered(&mut h);
+        let closed = Unsent::Failed(crate::ErrorSource::new(std::io::Error::other("closed")));
+        h.node.handle_unsent(h.t, None, closed, &Connected);
+        h.drive();
+        let (error, _) = h.ended.first().expect("the job failed");
+        assert!(matches!(error, JobError::Transport { .. }), "{error}");
+        let source = std::error::Error::source(error).expect("its source");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+    }
+
+    #[test]
+    fn each_round_goes_to_the_master_with_whether_its_checkpoint_is_due() {
+        let mut h = Harness::with(NodeConfig {
+            workers: 1,
+            iterations: 5,
+            checkpoint_every: Some(2),
+            ..NodeConfig::for_tests()
+        });
+        registered(&mut h);
+        for iteration in 1..=5 {
+            h.result(0, iteration, 1);
+        }
+        use Save::{IfMasterHalts as Halts, Yes};
+        assert_eq!(
+            h.rounds,
+            [(1, Halts), (2, Yes), (3, Halts), (4, Yes), (5, Yes)]
+        );
     }
 }

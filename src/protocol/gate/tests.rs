@@ -1,0 +1,537 @@
+use super::*;
+
+fn config(workers: usize) -> GateConfig {
+    GateConfig::new(
+        workers,
+        0,
+        [
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ],
+    )
+}
+
+fn env<W>(from: Rank, msg: ToMaster<W>) -> Envelope<ToMaster<W>> {
+    Envelope { from, msg }
+}
+
+fn done(from: Rank) -> Envelope<ToMaster<u32>> {
+    env(
+        from,
+        ToMaster::Done {
+            attempt: 0,
+            rows: Default::default(),
+            attachments: Vec::new(),
+        },
+    )
+}
+
+fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
+    ToMaster::Result(Report {
+        attempt: 0,
+        iteration,
+        result,
+        halt_vote: false,
+        elapsed: Duration::ZERO,
+    })
+}
+
+#[test]
+fn a_failure_is_the_rank_s_it_came_from_whatever_rank_it_names() {
+    let t0 = Instant::now();
+    let mut gate = Gate::<u32>::new(config(3), t0);
+    let blame = |rank| JobError::Worker {
+        rank,
+        iteration: 0,
+        phase: Phase::Init,
+        cause: Cause::message_only(crate::error::CauseKind::Error, "x"),
+    };
+    let failed = ToMaster::Failed {
+        attempt: 0,
+        error: blame(2),
+    };
+    match gate.on_message(t0, env(1, failed)) {
+        Some(GateOutput::Failed(error)) => assert_eq!(error, blame(1)),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn registration_then_a_round_then_a_drain() {
+    let t0 = Instant::now();
+    let mut gate = Gate::new(config(2), t0);
+    assert_eq!(
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+        None
+    );
+    assert_eq!(
+        gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 })),
+        Some(GateOutput::AllRegistered)
+    );
+    gate.open(t0, 1);
+    assert_eq!(gate.on_message(t0, env(1, report(1, 11))), None);
+    let out = gate.on_message(t0, env(0, report(1, 10))).unwrap();
+    match out {
+        GateOutput::RoundComplete {
+            iteration,
+            gathered,
+        } => {
+            assert_eq!(iteration, 1);
+            assert_eq!(gathered.results, vec![10, 11]);
+            assert_eq!(gathered.combined, None);
+            assert_eq!(gathered.tally.results_held, 2);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(gate.drain(t0), None);
+    gate.on_message(t0, done(0));
+    assert!(matches!(
+        gate.on_message(t0, done(1)),
+        Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+    ));
+}
+
+fn registered(workers: usize, t0: Instant) -> Gate<String> {
+    let mut gate =
+        Gate::new(config(workers), t0).combining(Box::new(|fold: &mut String, next: String| {
+            if next == "boom" {
+                return Err(Cause::from_error("cannot combine boom".into()));
+            }
+            fold.push_str(&next);
+            Ok(())
+        }));
+    for r in 0..workers {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    gate
+}
+
+fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
+    ToMaster::Result(Report {
+        attempt: 0,
+        iteration,
+        result: s.to_string(),
+        halt_vote: s.ends_with('!'),
+        elapsed: Duration::from_millis(s.len() as u64),
+    })
+}
+
+#[test]
+fn a_combining_gate_folds_in_rank_order_as_the_prefix_arrives_holding_only_what_is_ahead() {
+    let t0 = Instant::now();
+    let mut gate = registered(4, t0);
+    gate.open(t0, 1);
+    assert_eq!(gate.on_message(t0, env(2, text(1, "c!"))), None);
+    assert_eq!(gate.on_message(t0, env(0, text(1, "a"))), None);
+    assert_eq!(gate.on_message(t0, env(1, text(1, "bbb"))), None);
+    match gate.on_message(t0, env(3, text(1, "d!"))) {
+        Some(GateOutput::RoundComplete {
+            iteration,
+            gathered,
+        }) => {
+            assert_eq!(iteration, 1);
+            assert_eq!(gathered.combined.as_deref(), Some("abbbc!d!"));
+            assert!(gathered.results.is_empty());
+            assert_eq!(gathered.tally.halt_votes, 2);
+            assert_eq!(gathered.tally.slowest, Some((1, Duration::from_millis(3))));
+            // When rank 1 arrived: the fold of rank 0, rank 1's and rank 2's (ahead).
+            assert_eq!(gathered.tally.results_held, 3);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // In rank order the fold and the one arrival are all it ever holds.
+    gate.open(t0, 2);
+    for r in 0..3 {
+        assert_eq!(gate.on_message(t0, env(r, text(2, "x"))), None);
+    }
+    match gate.on_message(t0, env(3, text(2, "y"))) {
+        Some(GateOutput::RoundComplete { gathered, .. }) => {
+            assert_eq!(gathered.combined.as_deref(), Some("xxxy"), "a fresh fold");
+            assert_eq!(gathered.tally.results_held, 2);
+            assert_eq!(gathered.tally.halt_votes, 0, "votes are counted per round");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_failing_combiner_fails_the_round_as_the_masters_combine_phase() {
+    let t0 = Instant::now();
+    let mut gate = registered(2, t0);
+    gate.open(t0, 1);
+    gate.on_message(t0, env(0, text(1, "a")));
+    match gate.on_message(t0, env(1, text(1, "boom"))) {
+        Some(GateOutput::Failed(JobError::Master {
+            iteration, phase, ..
+        })) => {
+            assert_eq!(iteration, 1);
+            assert_eq!(phase, Phase::Combine);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(gate.poll_timeout(), None, "the round is over");
+}
+
+#[test]
+fn a_registration_timeout_names_the_ranks_that_did_not_register() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(config(3), t0);
+    gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
+    assert_eq!(gate.handle_timeout(t0 + Duration::from_secs(9)), None);
+    match gate.handle_timeout(t0 + Duration::from_secs(10)) {
+        Some(GateOutput::Failed(JobError::WorkersTimedOut {
+            during, missing, ..
+        })) => {
+            assert_eq!(during, Waiting::Registration);
+            assert_eq!(missing, vec![0, 2]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(gate.poll_timeout(), None, "a timeout fires once");
+}
+
+#[test]
+fn an_iteration_timeout_names_the_ranks_whose_results_are_missing() {
+    let t0 = Instant::now();
+    let mut gate = Gate::new(config(3), t0);
+    for r in 0..3 {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    let t1 = t0 + Duration::from_secs(3);
+    gate.open(t1, 4);
+    gate.on_message(t1, env(2, report(4, 0)));
+    assert_eq!(gate.poll_timeout(), Some(t1 + Duration::from_secs(5)));
+    match gate.handle_timeout(t1 + Duration::from_secs(6)) {
+        Some(GateOutput::Failed(err @ JobError::WorkersTimedOut { .. })) => {
+            assert_eq!(err.iteration(), Some(4));
+            assert!(err.to_string().contains("[0, 1]"), "{err}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_result_that_arrives_after_the_deadline_fails_the_round_instead_of_completing_it() {
+    let t0 = Instant::now();
+    let mut gate = Gate::new(config(2), t0);
+    for r in 0..2 {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    gate.open(t0, 1);
+    gate.on_message(t0, env(0, report(1, 0)));
+    let late = t0 + Duration::from_secs(5);
+    match gate.on_message(late, env(1, report(1, 0))) {
+        Some(GateOutput::Failed(JobError::WorkersTimedOut { missing, .. })) => {
+            assert_eq!(missing, vec![1])
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let late_registration = Gate::<u32>::new(config(1), t0).on_message(
+        t0 + Duration::from_secs(10),
+        env(0, ToMaster::Registered { attempt: 0 }),
+    );
+    assert!(matches!(late_registration, Some(GateOutput::Failed(_))));
+}
+
+#[test]
+fn an_endless_timeout_never_fires_and_a_round_opens_only_between_rounds() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(
+        GateConfig {
+            startup_timeout: Duration::MAX,
+            ..config(1)
+        },
+        t0,
+    );
+    assert_eq!(gate.poll_timeout(), None);
+    assert_eq!(gate.handle_timeout(t0 + Duration::from_secs(1 << 40)), None);
+    assert!(!gate.open(t0, 1), "not before registration");
+    gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 }));
+    assert!(gate.open(t0, 1));
+    assert!(!gate.open(t0, 2), "not while a round is open");
+}
+
+#[test]
+fn a_lost_worker_is_not_waited_for_at_the_end() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(config(2), t0);
+    let lost = JobError::WorkerLost {
+        rank: 1,
+        reason: "its connection closed".into(),
+    };
+    assert!(matches!(
+        gate.on_message(
+            t0,
+            env(
+                1,
+                ToMaster::Failed {
+                    attempt: 0,
+                    error: lost
+                }
+            )
+        ),
+        Some(GateOutput::Failed(_))
+    ));
+    assert_eq!(gate.drain(t0), None);
+    assert!(matches!(
+        gate.on_message(t0, done(0)),
+        Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+    ));
+}
+
+#[test]
+fn a_worker_lost_during_the_drain_is_reported_as_a_failure_not_hidden_by_the_drain_s_end() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(config(2), t0);
+    gate.on_message(t0, done(0));
+    assert_eq!(gate.drain(t0), None);
+    let lost = JobError::WorkerLost {
+        rank: 1,
+        reason: "its connection closed".into(),
+    };
+    let failed = ToMaster::Failed {
+        attempt: 0,
+        error: lost.clone(),
+    };
+    assert_eq!(
+        gate.on_message(t0, env(1, failed)),
+        Some(GateOutput::Failed(lost))
+    );
+    // The driver goes on without the rank: the drain ends.
+    assert!(matches!(
+        gate.lose(t0, 1),
+        Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+    ));
+}
+
+#[test]
+fn a_drain_timeout_names_the_ranks_not_done() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(config(2), t0);
+    gate.on_message(t0, done(0));
+    gate.drain(t0);
+    match gate.handle_timeout(t0 + Duration::from_secs(1)) {
+        Some(GateOutput::Drained { missing, .. }) => assert_eq!(missing, vec![1]),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_failure_is_reported_at_once_and_stale_messages_are_counted() {
+    let t0 = Instant::now();
+    let mut gate: Gate<u32> = Gate::new(config(2), t0);
+    let error = JobError::Runtime {
+        message: "x".into(),
+    };
+    assert!(matches!(
+        gate.on_message(t0, env(1, ToMaster::Failed { attempt: 0, error })),
+        Some(GateOutput::Failed(_))
+    ));
+    gate.on_message(t0, env(0, ToMaster::Registered { attempt: 7 }));
+    gate.on_message(t0, env(5, ToMaster::Registered { attempt: 0 }));
+    gate.on_message(t0, env(0, report(1, 1)));
+    let drops = gate.drops();
+    assert_eq!((drops.stale, drops.unknown_rank), (2, 1));
+}
+
+fn quorum_gate(workers: usize, quorum: usize, t0: Instant) -> Gate<u32> {
+    let config = config(workers).with_quorum(quorum, Duration::from_secs(1));
+    let mut gate = Gate::new(config, t0);
+    for r in 0..workers {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    gate
+}
+
+#[test]
+fn after_the_min_workers_timeout_a_round_goes_on_with_its_quorum_and_drops_the_stragglers() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut gate = quorum_gate(4, 3, t0);
+    assert!(gate.open(t0, 1));
+    assert_eq!(
+        gate.poll_timeout(),
+        Some(t0 + s(1)),
+        "the soft deadline first"
+    );
+    for r in [2, 0, 1] {
+        assert_eq!(gate.on_message(t0, env(r, report(1, r as u32))), None);
+    }
+    assert_eq!(
+        gate.handle_timeout(t0 + s(1) / 2),
+        None,
+        "waits for all before it"
+    );
+    let Some(GateOutput::RoundComplete { gathered, .. }) = gate.handle_timeout(t0 + s(1)) else {
+        panic!("the quorum is in once the min-workers timeout passed")
+    };
+    assert_eq!(gathered.results, vec![0, 1, 2]);
+    assert_eq!(gathered.reported, vec![0, 1, 2]);
+    assert_eq!(gathered.left_out, vec![3]);
+    let late = gate.on_message(t0 + s(2), env(3, report(1, 3)));
+    assert_eq!(late, None);
+    assert_eq!(
+        gate.drops().stale,
+        1,
+        "the straggler's late result is stale"
+    );
+    assert!(gate.open(t0 + s(2), 2));
+    assert_eq!(
+        gate.poll_timeout(),
+        Some(t0 + s(3)),
+        "each round waits anew"
+    );
+}
+
+#[test]
+fn a_round_short_of_its_quorum_at_the_min_workers_timeout_completes_when_the_quorum_arrives() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut gate = quorum_gate(4, 3, t0);
+    gate.open(t0, 1);
+    gate.on_message(t0, env(1, report(1, 1)));
+    assert_eq!(
+        gate.handle_timeout(t0 + s(1)),
+        None,
+        "one result is short of three"
+    );
+    assert_eq!(
+        gate.poll_timeout(),
+        Some(t0 + s(5)),
+        "then the iteration deadline"
+    );
+    gate.on_message(t0 + s(2), env(3, report(1, 3)));
+    let Some(GateOutput::RoundComplete { gathered, .. }) =
+        gate.on_message(t0 + s(2), env(0, report(1, 0)))
+    else {
+        panic!("the third result completes the round")
+    };
+    assert_eq!(gathered.reported, vec![0, 1, 3]);
+    assert_eq!(
+        gathered.results,
+        vec![0, 1, 3],
+        "rank order, without rank 2"
+    );
+    assert_eq!(gathered.left_out, vec![2]);
+    gate.open(t0 + s(3), 2);
+    gate.on_message(t0 + s(3), env(1, report(2, 1)));
+    assert!(
+        matches!(
+            gate.handle_timeout(t0 + s(8)),
+            Some(GateOutput::Failed(JobError::WorkersTimedOut { ref missing, .. }))
+                if *missing == vec![0, 2, 3]
+        ),
+        "no iteration completes without its quorum"
+    );
+}
+
+#[test]
+fn a_combined_round_with_its_quorum_folds_the_reported_ranks_in_rank_order() {
+    let t0 = Instant::now();
+    let config = config(4).with_quorum(2, Duration::from_secs(1));
+    let mut gate = Gate::new(config, t0).combining(Box::new(|fold: &mut String, next| {
+        fold.push_str(&next);
+        Ok(())
+    }));
+    for r in 0..4 {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    gate.open(t0, 1);
+    gate.on_message(t0, env(3, text(1, "d")));
+    gate.on_message(t0, env(1, text(1, "b")));
+    let Some(GateOutput::RoundComplete { gathered, .. }) =
+        gate.handle_timeout(t0 + Duration::from_secs(1))
+    else {
+        panic!("two of four is the quorum")
+    };
+    assert_eq!(gathered.combined.as_deref(), Some("bd"));
+    assert_eq!(gathered.left_out, vec![0, 2]);
+}
+
+#[test]
+fn a_replaced_rank_registers_again_mid_round_and_a_lost_rank_is_not_waited_for() {
+    let t0 = Instant::now();
+    let mut gate = quorum_gate(3, 2, t0);
+    gate.open(t0, 4);
+    gate.on_message(t0, env(0, report(4, 0)));
+    gate.rejoin(1);
+    assert_eq!(
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+        Some(GateOutput::Rejoined {
+            rank: 1,
+            iteration: Some(4)
+        })
+    );
+    assert_eq!(
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+        None,
+        "once"
+    );
+    gate.on_message(t0, env(1, report(4, 1)));
+    let Some(GateOutput::RoundComplete { gathered, .. }) = gate.lose(t0, 2) else {
+        panic!("the round waited only for the lost rank")
+    };
+    assert_eq!(gathered.reported, vec![0, 1]);
+    assert_eq!(gathered.left_out, vec![2]);
+    assert_eq!(gate.lost(), vec![2]);
+    gate.open(t0, 5);
+    gate.on_message(t0, env(0, report(5, 0)));
+    assert!(
+        matches!(
+            gate.on_message(t0, env(1, report(5, 1))),
+            Some(GateOutput::RoundComplete { .. })
+        ),
+        "later rounds do not wait for it either"
+    );
+}
+
+#[test]
+fn the_failed_workers_done_is_forgotten_when_its_replacement_registers() {
+    let t0 = Instant::now();
+    let mut gate = quorum_gate(2, 2, t0);
+    gate.open(t0, 1);
+    gate.on_message(t0, env(0, report(1, 0)));
+    gate.rejoin(1);
+    // The failed worker ran its post_application and said done after the rejoin.
+    assert_eq!(gate.on_message(t0, done(1)), None);
+    assert!(gate.is_done(1));
+    gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
+    assert!(!gate.is_done(1), "the replacement is not done");
+    assert!(matches!(
+        gate.on_message(t0, env(1, report(1, 1))),
+        Some(GateOutput::RoundComplete { .. })
+    ));
+    gate.on_message(t0, done(0));
+    assert_eq!(gate.drain(t0), None, "the drain waits for the replacement");
+    assert!(matches!(
+        gate.on_message(t0, done(1)),
+        Some(GateOutput::Drained { ref missing, .. }) if missing.is_empty()
+    ));
+}
+
+#[test]
+fn a_restart_is_a_new_attempt_from_registration_and_fences_off_the_old_one() {
+    let t0 = Instant::now();
+    let mut gate = quorum_gate(2, 2, t0);
+    gate.open(t0, 3);
+    gate.on_message(t0, env(0, report(3, 0)));
+    gate.restart(t0, 1);
+    assert_eq!(gate.attempt(), 1);
+    assert_eq!(
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 })),
+        None
+    );
+    gate.on_message(t0, env(0, ToMaster::Registered { attempt: 1 }));
+    assert_eq!(
+        gate.on_message(t0, env(1, ToMaster::Registered { attempt: 1 })),
+        Some(GateOutput::AllRegistered)
+    );
+    gate.open(t0, 3);
+    assert_eq!(
+        gate.on_message(t0, env(1, report(3, 1))),
+        None,
+        "attempt 0's result"
+    );
+    assert_eq!(gate.drops().stale, 2);
+}

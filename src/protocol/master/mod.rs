@@ -1,0 +1,566 @@
+//! The master's node as one state machine: registration, rounds, sync epochs, recovery,
+//! the schedule and the end of the job.
+//!
+//! [`MasterNode`] composes the parts — [`Gate`], [`SyncState`], [`Recovery`],
+//! [`Schedule`] — and owns every fact of the master's node: the attempt (the gate's), the
+//! stage, the last master result, the ranks whose new process is awaited, what each worker
+//! reported with its `Done`, and the job's report. It reads no clock and does no I/O: its
+//! driver (the runtime's node actor, or the simulator) feeds it what happened with
+//! `handle_*` and carries out the [`Action`]s it queues.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::config::{NodeConfig, Save};
+use super::{
+    Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, IterationReport,
+    JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Schedule, SyncState,
+    SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
+};
+
+use crate::error::{Cause, Hook, JobError, Phase, Waiting};
+use crate::ids::{Attempt, Iteration, Rank};
+
+/// How long the end of a job waits for a rank that may still connect (a worker reconnecting
+/// to a master's node started again: its backoff is at most about a second).
+const RECONNECT_GRACE: Duration = Duration::from_secs(3);
+
+/// At most how long a wait for workers goes on between two lines that say so (it says so
+/// every quarter of its timeout when that is shorter).
+const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+mod rounds;
+#[cfg(test)]
+mod tests;
+mod work;
+mod workers;
+
+pub(crate) use work::{
+    Action, Computed, MasterDone, MasterRound, MasterWork, OwnedEnding, Reach, Resumed,
+};
+
+/// Where the master's code is.
+#[derive(Debug, Clone, Copy)]
+enum MasterAt {
+    /// With the node: work can be handed to it.
+    Home,
+    /// Running work the node handed out.
+    Away {
+        /// When the work (an iteration's) times out, and since when it runs.
+        deadline: Option<(Instant, Instant, Iteration)>,
+        /// Every worker restarted meanwhile: what it brings back is the old attempt's.
+        discard: bool,
+    },
+    /// Its work outlived its deadline and may never come back.
+    Stuck,
+}
+
+/// Where the job stands.
+enum Stage<M> {
+    /// Start-up of an attempt: the master's `pre_application` (or its restart from a
+    /// checkpoint) and the workers' registrations.
+    Starting {
+        master_ready: bool,
+        workers_ready: bool,
+    },
+    /// Iteration `i` is under way: the workers compute, the gate gathers.
+    Gathering(Iteration),
+    /// The master computes iteration `i`.
+    Computing(Iteration),
+    /// The job ends: the workers are told, and their `Done` awaited (`drained` once every
+    /// one said it, or the shutdown timeout passed).
+    Ending {
+        ending: OwnedEnding<M>,
+        drained: bool,
+    },
+    /// The master's `post_application` runs.
+    Stopping(OwnedEnding<M>),
+    /// The coordinator's `on_finish` runs.
+    Committing(OwnedEnding<M>),
+    /// The job's outcome is out.
+    Done,
+}
+
+/// Where the replacement of a rank of another process stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    None,
+    /// The old process still talks (it failed but runs on to its `Done`): its messages
+    /// are the old one's until its connection ends.
+    OldEnd,
+    /// The old connection ended: the next messages of the rank are the new process's.
+    Replacement,
+}
+
+/// What the node is built from besides its settings: what its process is made of.
+pub(crate) struct NodeSettings {
+    /// By rank: whether its worker runs in this process (the node replaces those itself).
+    pub(crate) local: Vec<bool>,
+    /// Whether the job has a coordinator, whose `on_finish` or `on_error` ends it.
+    pub(crate) coordinated: bool,
+    /// Whether anyone listens to the job's events (they are not made otherwise).
+    pub(crate) listening: bool,
+}
+
+/// The master's node: registration, rounds, sync epochs, recovery, the schedule and the
+/// end of the job, as one state machine.
+///
+/// # Lifecycle
+///
+/// `Starting` (the master's start-up and every worker's registration) → `Gathering(i)`
+/// (the workers compute `i`) → `Computing(i)` (the master folds it) → `Gathering(i + 1)`
+/// … → `Ending` (the workers are told the job's end and their `Done` awaited) →
+/// `Stopping` (the master's `post_application`) → `Committing` (the coordinator's
+/// `on_finish`, if there is one) → `Done`. A failure from any stage before `Ending`
+/// either ends the job (`Ending` with the failure) or is recovered from under the failure
+/// policy: a replaced or left-out worker keeps the stage; a restart of every worker goes
+/// back to `Starting` as a new attempt, the master from its newest checkpoint. A node
+/// built from a checkpoint starts at `Starting` too, and one whose checkpoint is the
+/// job's last goes straight to `Ending`.
+///
+/// # Call order
+///
+/// Build it with [`new`](MasterNode::new); then, after every `handle_*` call (and after
+/// `new`), drain [`poll_action`](MasterNode::poll_action) until it returns `None`,
+/// carrying each action out in turn — an action's outcome that is fed back
+/// (`handle_master_done`, `handle_failure`, `handle_committed`) may be fed back at once,
+/// while draining. Call [`handle_timeout`](MasterNode::handle_timeout) once the instant of
+/// [`poll_timeout`](MasterNode::poll_timeout) has passed (calling it early is harmless).
+/// `now` never goes backwards. [`Action::Finished`] is the last action.
+pub(crate) struct MasterNode<M, W> {
+    config: Arc<NodeConfig>,
+    settings: NodeSettings,
+    gate: Gate<W>,
+    sync: SyncState,
+    recovery: Recovery,
+    schedule: Schedule,
+    stage: Stage<M>,
+    master: MasterAt,
+    /// What the current attempt resumed from: the checkpoint's iteration, and whether it
+    /// halted the job.
+    resumed: Option<(Iteration, Option<HaltedBy>)>,
+    /// The master result the current iteration computes with (the newest one).
+    last: Option<Arc<M>>,
+    /// By rank: a new process of the rank is awaited (another process's worker was
+    /// replaced).
+    awaiting: Vec<Awaiting>,
+    /// By rank: what its worker reported with its `Done` (the newest of the attempt).
+    reports: Vec<Option<WorkerReport>>,
+    /// Ranks the end of the job gives until the instant to reconnect.
+    reconnecting: Option<(Instant, Vec<Rank>)>,
+    report: JobReport,
+    /// The last iterations' reports, at most `JobConfig::report_iterations`.
+    recent: VecDeque<IterationReport>,
+    started: Instant,
+    iteration_started: Instant,
+    span: Option<tracing::Span>,
+    cancelled: bool,
+    /// When the current wait for workers was last said to be going on.
+    wait_said: Option<Instant>,
+    actions: VecDeque<Action<M, W>>,
+}
+
+impl<M, W> MasterNode<M, W> {
+    /// A node that starts `attempt` at `now` with these settings, from what a checkpoint
+    /// gave the master's code (`resumed`); with a combiner, the gate folds each result into
+    /// the round's fold as it arrives. Its parts — the gate, the sync state, the recovery
+    /// and the schedule — are built here from the settings, and again from them for each
+    /// restart of every worker. Its first actions: the `Started` event and the master's
+    /// start-up.
+    pub(crate) fn new(
+        config: Arc<NodeConfig>,
+        settings: NodeSettings,
+        attempt: Attempt,
+        combiner: Option<Combiner<W>>,
+        resumed: Resumed<M>,
+        now: Instant,
+    ) -> Self {
+        let c = &config;
+        let mut gate = Gate::new(c.gate(attempt), now);
+        if let Some(combiner) = combiner {
+            gate = gate.combining(combiner);
+        }
+        let workers = c.workers;
+        let mut node = MasterNode {
+            gate,
+            sync: SyncState::new(workers, c.sync_timeout),
+            recovery: Recovery::new(c.policy, workers, c.quorum, attempt),
+            schedule: Schedule::new(c.iterations, workers, c.worker_halt),
+            stage: Stage::Starting {
+                master_ready: false,
+                workers_ready: false,
+            },
+            master: MasterAt::Home,
+            resumed: resumed.from,
+            last: resumed.last,
+            awaiting: vec![Awaiting::None; workers],
+            reports: vec![None; workers],
+            reconnecting: None,
+            report: JobReport {
+                resumed_from: resumed.from.map(|(i, _)| i),
+                ..JobReport::default()
+            },
+            recent: VecDeque::new(),
+            started: now,
+            iteration_started: now,
+            span: None,
+            cancelled: false,
+            wait_said: None,
+            actions: VecDeque::new(),
+            settings,
+            config,
+        };
+        let c = Arc::clone(&node.config);
+        node.event(|| JobEvent::Started {
+            job_id: c.job_id.clone(),
+            workers: c.workers,
+            iterations: c.iterations,
+        });
+        node.run_master(now, MasterWork::Start);
+        node
+    }
+
+    /// The next thing to do, in order.
+    pub(crate) fn poll_action(&mut self) -> Option<Action<M, W>> {
+        self.actions.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should be called next, if any wait
+    /// is under way.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let master = match self.master {
+            MasterAt::Away {
+                deadline: Some((at, ..)),
+                ..
+            } => Some(at),
+            _ => None,
+        };
+        [
+            self.gate.poll_timeout(),
+            self.sync.poll_timeout(),
+            master,
+            self.reconnecting.as_ref().map(|(at, _)| *at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The attempt under way.
+    pub(crate) fn attempt(&self) -> Attempt {
+        self.gate.attempt()
+    }
+
+    /// Every arrival the gate dropped so far (stale, duplicate, of an unknown rank).
+    #[cfg_attr(not(any(feature = "sim", feature = "metrics")), allow(dead_code))]
+    pub(crate) fn drops(&self) -> super::Drops {
+        self.gate.drops()
+    }
+
+    /// The ranks the job goes on without for good.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn lost(&self) -> Vec<Rank> {
+        self.gate.lost()
+    }
+
+    /// The span of the iteration under way, if one is: the parent of every span of its
+    /// work in this process (the workers' computes, the master's).
+    pub(crate) fn iteration_span(&self) -> Option<&tracing::Span> {
+        self.span.as_ref()
+    }
+
+    /// The iteration being gathered, if one is.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn gathering(&self) -> Option<Iteration> {
+        match self.stage {
+            Stage::Gathering(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// Whether the job ends (finished or failed): failures no longer recover.
+    fn ending(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Ending { .. } | Stage::Stopping(_) | Stage::Committing(_) | Stage::Done
+        )
+    }
+
+    fn event(&mut self, make: impl FnOnce() -> JobEvent) {
+        if self.settings.listening {
+            self.actions.push_back(Action::Event(make()));
+        }
+    }
+
+    fn send(&mut self, to: Rank, msg: ToWorker<M>) {
+        self.actions.push_back(Action::Send { to, msg });
+    }
+
+    fn run_master(&mut self, now: Instant, work: MasterWork<M, W>) {
+        let deadline = match &work {
+            MasterWork::Iterate(round) => now
+                .checked_add(self.config.iteration_timeout)
+                .map(|at| (at, now, round.iteration)),
+            _ => None,
+        };
+        self.master = MasterAt::Away {
+            deadline,
+            discard: false,
+        };
+        self.actions.push_back(Action::RunMaster(work));
+    }
+
+    // ---- inputs -------------------------------------------------------------------
+
+    /// A worker's message, as the transport handed it over at `now`.
+    pub(crate) fn handle_message(
+        &mut self,
+        now: Instant,
+        env: Envelope<ToMaster<W>>,
+        reach: &dyn Reach,
+    ) {
+        let from = env.from;
+        match env.msg {
+            ToMaster::Sync {
+                attempt,
+                epoch,
+                kind,
+                message,
+            } => {
+                if attempt == self.attempt() {
+                    let step = self.sync.on_call(now, from, epoch, kind, message);
+                    self.apply(now, step, reach);
+                }
+                return;
+            }
+            // (Only barrier mode makes sync calls.)
+            ToMaster::Result(ref report)
+                if report.attempt == self.attempt() && self.config.barrier_mode =>
+            {
+                // Its compute returned: it makes no more sync calls this iteration.
+                let step = self.sync.on_returned(from, report.iteration);
+                self.apply(now, step, reach);
+            }
+            ToMaster::Done {
+                attempt,
+                ref rows,
+                ref attachments,
+            } if attempt == self.attempt() => {
+                // A worker that failed runs on to its `Done`: a rank left out, or one whose
+                // failed process is still the one talking, never reports as completed.
+                let failed =
+                    self.gate.is_lost(from) || self.awaiting.get(from) == Some(&Awaiting::OldEnd);
+                if let Some(slot) = self.reports.get_mut(from).filter(|_| !failed) {
+                    let report = WorkerReport {
+                        rank: from,
+                        rows: rows.clone(),
+                        attachments: attachments.clone(),
+                    };
+                    if self.settings.coordinated {
+                        self.actions.push_back(Action::Report(report.clone()));
+                    }
+                    *slot = Some(report);
+                }
+            }
+            _ => {}
+        }
+        // The last message of a connection: its `Done`, or its loss (or its refusal).
+        let ends_connection = matches!(
+            env.msg,
+            ToMaster::Done { .. }
+                | ToMaster::Failed {
+                    error: JobError::WorkerLost { .. } | JobError::Mismatch { .. },
+                    ..
+                }
+        );
+        let done_before = self.gate.is_done(from);
+        let registered_before = self.gate.is_registered(from);
+        let output = self.gate.on_message(now, env);
+        if !done_before && self.gate.is_done(from) {
+            self.event(|| JobEvent::WorkerDone { rank: from });
+        }
+        if !registered_before
+            && self.gate.is_registered(from)
+            && self.awaiting.get(from) != Some(&Awaiting::None)
+        {
+            // The new process of a rank replaced before the job started registered: it
+            // is the rank's worker now (mid-job, `Rejoined` says the same).
+            self.awaiting[from] = Awaiting::None;
+            self.recovery.rejoined(from);
+            tracing::info!(rank = from, "a replacement worker registered");
+        }
+        self.on_gate_checked(now, output, reach);
+        if ends_connection && self.awaiting.get(from) == Some(&Awaiting::OldEnd) {
+            self.awaiting[from] = Awaiting::Replacement;
+            self.recovery.rejoined(from);
+        }
+    }
+
+    /// Time passed: fails waits that timed out, completes rounds with their quorum, gives
+    /// up on ranks that did not reconnect, and says which ranks a long wait waits for.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, reach: &dyn Reach) {
+        if let MasterAt::Away {
+            deadline: Some((at, since, iteration)),
+            ..
+        } = self.master
+        {
+            if now >= at {
+                self.master = MasterAt::Stuck;
+                self.fail(
+                    now,
+                    JobError::MasterTimedOut {
+                        during: Waiting::Iteration(iteration),
+                        waited: now.saturating_duration_since(since),
+                    },
+                    reach,
+                );
+                self.maybe_stop(now);
+            }
+        }
+        let grace_over = self.reconnecting.as_ref().is_some_and(|(at, _)| now >= *at);
+        if let Some((_, ranks)) = self.reconnecting.take_if(|_| grace_over) {
+            for rank in ranks {
+                if !self.gate.is_done(rank) && !reach.is_connected(rank) {
+                    tracing::debug!(rank, "did not reconnect after the job ended");
+                    self.not_waited_for(now, rank, reach);
+                }
+            }
+        }
+        let step = self.sync.handle_timeout(now);
+        self.apply(now, step, reach);
+        let output = self.gate.handle_timeout(now);
+        self.on_gate_checked(now, output, reach);
+        self.say_waiting(now);
+    }
+
+    /// The job was cancelled: it fails with [`JobError::Cancelled`] (once).
+    pub(crate) fn cancel(&mut self, now: Instant, reach: &dyn Reach) {
+        if std::mem::replace(&mut self.cancelled, true) {
+            return;
+        }
+        tracing::warn!("the job was cancelled");
+        self.fail(now, JobError::Cancelled, reach);
+    }
+
+    /// Something the driver did for the node failed (a send, a replacement): the job fails
+    /// with `error`, or recovers under its failure policy.
+    pub(crate) fn handle_failure(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
+        self.on_failure(now, error, reach);
+    }
+
+    /// A message the node asked to send did not go: to the worker of `to`, or (`None`)
+    /// to every worker. A message its worker could not read fails the job (or is recovered
+    /// from), as it would over a network; a broadcast that does not go fails it; one
+    /// worker out of reach is not a failure of its own — the transport reports its loss
+    /// when it sees it (its connection closed, its heartbeats gone).
+    pub(crate) fn handle_unsent(
+        &mut self,
+        now: Instant,
+        to: Option<Rank>,
+        why: Unsent,
+        reach: &dyn Reach,
+    ) {
+        match (to, why) {
+            (_, Unsent::Undecodable(error)) => self.on_failure(now, error, reach),
+            (Some(rank), Unsent::Replaced) => {
+                tracing::debug!(rank, "a message for a worker replaced meanwhile is dropped")
+            }
+            (Some(rank), Unsent::Failed(error)) => {
+                tracing::warn!(rank, %error, "could not reach a worker")
+            }
+            (None, Unsent::Replaced) => {}
+            (None, Unsent::Failed(source)) => {
+                let message = format!("could not send to every worker: {source}");
+                self.on_failure(now, JobError::transport(message, Some(source)), reach)
+            }
+        }
+    }
+
+    /// The master's code is back with what it did.
+    pub(crate) fn handle_master_done(
+        &mut self,
+        now: Instant,
+        done: MasterDone<M>,
+        reach: &dyn Reach,
+    ) {
+        let discard = matches!(self.master, MasterAt::Away { discard: true, .. });
+        self.master = MasterAt::Home;
+        if discard && !self.ending() {
+            // The work was the old attempt's: discarded; the master starts over.
+            let attempt = self.attempt();
+            self.run_master(now, MasterWork::Restart(attempt));
+            return;
+        }
+        match done {
+            MasterDone::Started(Ok(first)) => {
+                if first.is_some() {
+                    self.last = first;
+                }
+                self.master_ready(now, reach)
+            }
+            MasterDone::Restarted(Ok(resumed)) => {
+                tracing::info!(attempt = self.attempt(), resumed_from = ?resumed.from.map(|(i, _)| i), "the job starts over as a new attempt");
+                self.resumed = resumed.from;
+                self.last = resumed.last;
+                self.master_ready(now, reach);
+            }
+            MasterDone::Started(Err(e))
+            | MasterDone::Restarted(Err(e))
+            | MasterDone::Iterated { result: Err(e), .. } => self.fail(now, e, reach),
+            MasterDone::Iterated {
+                iteration,
+                tally,
+                left_out,
+                elapsed,
+                result:
+                    Ok(Computed {
+                        result,
+                        halt,
+                        checkpointed,
+                    }),
+            } => {
+                if checkpointed {
+                    self.report.checkpoints.push(iteration);
+                }
+                if elapsed > self.config.iteration_timeout {
+                    // Inline work cannot be timed out while it runs (it holds the thread
+                    // the timer would fire on); the deadline still holds once it returns.
+                    self.fail(
+                        now,
+                        JobError::MasterTimedOut {
+                            during: Waiting::Iteration(iteration),
+                            waited: elapsed,
+                        },
+                        reach,
+                    );
+                } else if matches!(self.stage, Stage::Computing(i) if i == iteration) {
+                    self.iterated(
+                        now, iteration, tally, left_out, elapsed, result, halt, reach,
+                    );
+                }
+            }
+            MasterDone::Stopped(result) => {
+                if let Err(e) = result {
+                    self.fail(now, e, reach);
+                }
+                self.complete(now);
+                return;
+            }
+        }
+        self.maybe_stop(now);
+    }
+
+    /// The coordinator's `on_finish` returned: the job completes, or fails with its error.
+    pub(crate) fn handle_committed(&mut self, now: Instant, result: Result<(), JobError>) {
+        let Stage::Committing(ending) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return;
+        };
+        let ending = match result {
+            Ok(()) => ending,
+            Err(error) => OwnedEnding::Failed(error),
+        };
+        self.finalize(now, ending);
+    }
+}

@@ -1,0 +1,333 @@
+use super::*;
+use crate::protocol::{Report, RowCounts};
+
+/// Every rank connected.
+struct Connected;
+
+impl Reach for Connected {
+    fn is_connected(&self, _: Rank) -> bool {
+        true
+    }
+    fn may_reach(&self, _: Rank) -> bool {
+        true
+    }
+    fn refusals(&self, _: &[Rank]) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+type Node = MasterNode<u32, u32>;
+
+/// A driver that carries out nothing but the master's code, which returns the sum of
+/// the workers' results and never halts.
+struct Harness {
+    node: Node,
+    t: Instant,
+    sent: Vec<ToWorker<u32>>,
+    /// The job's failure, each time the node said it, and where in what was sent.
+    ended: Vec<(JobError, usize)>,
+    /// Each round handed to the master's code, and whether its checkpoint was due.
+    rounds: Vec<(Iteration, Save)>,
+    finished: Option<Result<JobOutcome<u32>, JobError>>,
+}
+
+impl Harness {
+    fn new(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
+        Harness::with(NodeConfig {
+            workers,
+            iterations,
+            policy,
+            quorum: workers,
+            ..NodeConfig::for_tests()
+        })
+    }
+
+    fn with(config: NodeConfig) -> Self {
+        let workers = config.workers;
+        let t = Instant::now();
+        let node = MasterNode::new(
+            Arc::new(config),
+            NodeSettings {
+                local: vec![true; workers],
+                coordinated: false,
+                listening: false,
+            },
+            0,
+            None,
+            Resumed {
+                from: None,
+                last: None,
+            },
+            t,
+        );
+        let mut h = Harness {
+            node,
+            t,
+            sent: Vec::new(),
+            ended: Vec::new(),
+            rounds: Vec::new(),
+            finished: None,
+        };
+        h.drive();
+        h
+    }
+
+    fn drive(&mut self) {
+        while let Some(action) = self.node.poll_action() {
+            match action {
+                Action::Send { msg, .. } | Action::Broadcast(msg) => self.sent.push(msg),
+                Action::EndJob(error) => self.ended.push((error, self.sent.len())),
+                Action::RunMaster(work) => {
+                    if let MasterWork::Iterate(round) = &work {
+                        self.rounds.push((round.iteration, round.save));
+                    }
+                    let done = match work {
+                        MasterWork::Start => MasterDone::Started(Ok(None)),
+                        MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
+                            from: None,
+                            last: None,
+                        })),
+                        MasterWork::Stop(_) => MasterDone::Stopped(Ok(())),
+                        MasterWork::Iterate(round) => MasterDone::Iterated {
+                            iteration: round.iteration,
+                            tally: round.gathered.tally,
+                            left_out: Vec::new(),
+                            elapsed: Duration::ZERO,
+                            result: Ok(Computed {
+                                result: Arc::new(round.gathered.results.iter().sum()),
+                                halt: false,
+                                checkpointed: false,
+                            }),
+                        },
+                    };
+                    self.node.handle_master_done(self.t, done, &Connected);
+                }
+                Action::Finished(outcome) => self.finished = Some(outcome),
+                _ => {}
+            }
+        }
+    }
+
+    fn from(&mut self, rank: Rank, msg: ToMaster<u32>) {
+        self.node
+            .handle_message(self.t, Envelope { from: rank, msg }, &Connected);
+        self.drive();
+    }
+
+    fn result(&mut self, rank: Rank, iteration: Iteration, result: u32) {
+        let report = Report {
+            attempt: 0,
+            iteration,
+            result,
+            halt_vote: false,
+            elapsed: Duration::ZERO,
+        };
+        self.from(rank, ToMaster::Result(report));
+    }
+
+    fn done(&mut self, rank: Rank) {
+        let done = ToMaster::Done {
+            attempt: 0,
+            rows: RowCounts::default(),
+            attachments: Vec::new(),
+        };
+        self.from(rank, done);
+    }
+}
+
+fn lost(rank: Rank) -> ToMaster<u32> {
+    ToMaster::Failed {
+        attempt: 0,
+        error: JobError::WorkerLost {
+            rank,
+            reason: "its connection closed".into(),
+        },
+    }
+}
+
+#[test]
+fn a_job_runs_from_registration_through_its_rounds_to_the_drain() {
+    let mut h = Harness::new(2, 2, FailurePolicy::Fail);
+    h.from(0, ToMaster::Registered { attempt: 0 });
+    assert!(
+        h.sent.is_empty(),
+        "no iteration before every rank registered"
+    );
+    h.from(1, ToMaster::Registered { attempt: 0 });
+    assert!(matches!(
+        h.sent[..],
+        [ToWorker::Iterate { iteration: 1, .. }]
+    ));
+    h.result(1, 1, 5);
+    h.result(0, 1, 2);
+    assert!(matches!(
+        h.sent[1],
+        ToWorker::Iterate { iteration: 2, last: Some(ref last), .. } if **last == 7
+    ));
+    h.result(0, 2, 1);
+    h.result(1, 2, 1);
+    assert!(matches!(h.sent[2], ToWorker::Finish { iterations: 2, .. }));
+    assert!(
+        h.finished.is_none(),
+        "the job waits for every worker's Done"
+    );
+    h.done(0);
+    h.done(1);
+    let outcome = h.finished.take().expect("finished").expect("completed");
+    assert_eq!(*outcome.result, 2);
+    assert_eq!(outcome.report.iterations.len(), 2);
+}
+
+/// Regression: the gate answered one output per message, so a worker lost during the
+/// drain — the last rank it waited for — ended the drain and its failure was dropped:
+/// the job completed under `Fail` though a worker never finished.
+#[test]
+fn under_fail_a_worker_lost_during_the_drain_fails_the_job_instead_of_ending_the_drain() {
+    let mut h = Harness::new(2, 1, FailurePolicy::Fail);
+    h.from(0, ToMaster::Registered { attempt: 0 });
+    h.from(1, ToMaster::Registered { attempt: 0 });
+    h.result(0, 1, 1);
+    h.result(1, 1, 1);
+    assert!(matches!(h.sent.last(), Some(ToWorker::Finish { .. })));
+    h.done(0);
+    h.from(1, lost(1));
+    match h.finished.take() {
+        Some(Err(JobError::WorkerLost { rank: 1, .. })) => {}
+        other => panic!("expected the job to fail with worker 1's loss, got {other:?}"),
+    }
+}
+
+#[test]
+fn under_continue_without_a_worker_lost_during_the_drain_is_not_waited_for() {
+    let mut h = Harness::new(2, 1, FailurePolicy::ContinueWithout);
+    h.from(0, ToMaster::Registered { attempt: 0 });
+    h.from(1, ToMaster::Registered { attempt: 0 });
+    h.result(0, 1, 1);
+    h.result(1, 1, 1);
+    h.done(0);
+    h.from(1, lost(1));
+    assert!(matches!(h.finished.take(), Some(Ok(_))));
+}
+
+#[test]
+fn the_first_failure_is_the_job_s_and_every_worker_is_told_at_once() {
+    let mut h = Harness::new(3, 5, FailurePolicy::Fail);
+    for rank in 0..3 {
+        h.from(rank, ToMaster::Registered { attempt: 0 });
+    }
+    h.result(0, 1, 1);
+    h.from(2, lost(2));
+    h.from(1, lost(1));
+    assert!(
+        matches!(
+            h.sent.last(),
+            Some(ToWorker::Abort {
+                error: JobError::WorkerLost { rank: 2, .. },
+                ..
+            })
+        ),
+        "{:?}",
+        h.sent.last()
+    );
+    h.done(0);
+    match h.finished.take() {
+        Some(Err(JobError::WorkerLost { rank: 2, .. })) => {}
+        other => panic!("expected worker 2's loss, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_round_completed_after_the_job_failed_is_never_computed() {
+    let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+    h.from(0, ToMaster::Registered { attempt: 0 });
+    h.from(1, ToMaster::Registered { attempt: 0 });
+    let error = JobError::Cancelled;
+    h.node.cancel(h.t, &Connected);
+    h.drive();
+    assert!(matches!(h.sent.last(), Some(ToWorker::Abort { .. })));
+    h.result(0, 1, 1);
+    h.result(1, 1, 1);
+    h.done(0);
+    h.done(1);
+    assert_eq!(h.finished.take().map(|r| r.err()), Some(Some(error)));
+}
+
+fn registered(h: &mut Harness) {
+    for rank in 0..h.node.config.workers {
+        h.from(rank, ToMaster::Registered { attempt: 0 });
+    }
+}
+
+#[test]
+fn the_job_s_end_is_said_once_before_any_worker_is_told_of_it() {
+    let mut h = Harness::new(3, 5, FailurePolicy::Fail);
+    registered(&mut h);
+    h.from(2, lost(2));
+    h.from(1, lost(1));
+    assert_eq!(h.ended.len(), 1, "once: {:?}", h.ended);
+    let (error, at) = &h.ended[0];
+    assert_eq!(error.rank(), Some(2));
+    assert!(
+        matches!(h.sent[*at], ToWorker::Abort { .. }),
+        "the abort is the next message: {:?}",
+        &h.sent[*at..]
+    );
+}
+
+#[test]
+fn a_message_a_worker_cannot_read_fails_the_job_and_a_worker_out_of_reach_does_not() {
+    let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+    registered(&mut h);
+    let gone = Unsent::Failed(crate::ErrorSource::new(std::io::Error::other("reset")));
+    h.node.handle_unsent(h.t, Some(1), gone, &Connected);
+    h.node
+        .handle_unsent(h.t, Some(1), Unsent::Replaced, &Connected);
+    h.drive();
+    assert!(h.ended.is_empty(), "its loss is the transport's to report");
+    let unreadable = JobError::Decode {
+        direction: "master → worker 1".into(),
+        type_name: "u32".into(),
+        peer: "10.0.0.2:7000".into(),
+        message: "invalid type".into(),
+    };
+    h.node.handle_unsent(
+        h.t,
+        Some(1),
+        Unsent::Undecodable(unreadable.clone()),
+        &Connected,
+    );
+    h.drive();
+    assert_eq!(h.ended.first().map(|(e, _)| e), Some(&unreadable));
+}
+
+#[test]
+fn a_broadcast_that_does_not_go_fails_the_job_keeping_the_transports_error() {
+    let mut h = Harness::new(2, 5, FailurePolicy::Fail);
+    registered(&mut h);
+    let closed = Unsent::Failed(crate::ErrorSource::new(std::io::Error::other("closed")));
+    h.node.handle_unsent(h.t, None, closed, &Connected);
+    h.drive();
+    let (error, _) = h.ended.first().expect("the job failed");
+    assert!(matches!(error, JobError::Transport { .. }), "{error}");
+    let source = std::error::Error::source(error).expect("its source");
+    assert!(source.downcast_ref::<std::io::Error>().is_some());
+}
+
+#[test]
+fn each_round_goes_to_the_master_with_whether_its_checkpoint_is_due() {
+    let mut h = Harness::with(NodeConfig {
+        workers: 1,
+        iterations: 5,
+        checkpoint_every: Some(2),
+        ..NodeConfig::for_tests()
+    });
+    registered(&mut h);
+    for iteration in 1..=5 {
+        h.result(0, iteration, 1);
+    }
+    use Save::{IfMasterHalts as Halts, Yes};
+    assert_eq!(
+        h.rounds,
+        [(1, Halts), (2, Yes), (3, Halts), (4, Yes), (5, Yes)]
+    );
+}

@@ -1,0 +1,334 @@
+//! The workers' side of the node: what the gate says (registrations, rounds complete,
+//! replacements joined, the drain), failures and the recovery from them under the failure
+//! policy, sync answers, and the waits that name whom they wait for.
+
+use super::*;
+
+impl<M, W> MasterNode<M, W> {
+    /// Says, at a steady interval ([`WAIT_LOG_INTERVAL`], or a quarter of the wait's
+    /// timeout), which ranks a long wait waits for: at WARN for start-up and shutdown,
+    /// which should be short; at INFO for an iteration — compute may be long by design —
+    /// until half its timeout has passed.
+    pub(super) fn say_waiting(&mut self, now: Instant) {
+        let Some(Wait {
+            during,
+            missing,
+            since,
+            timeout,
+        }) = self.gate.waiting()
+        else {
+            return;
+        };
+        let waited = now.saturating_duration_since(since);
+        let last = self
+            .wait_said
+            .filter(|&said| said >= since)
+            .unwrap_or(since);
+        if now.saturating_duration_since(last) < WAIT_LOG_INTERVAL.min(timeout / 4) {
+            return;
+        }
+        self.wait_said = Some(now);
+        let quiet = matches!(during, Waiting::Iteration(_)) && waited < timeout / 2;
+        if quiet {
+            tracing::info!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
+        } else {
+            tracing::warn!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
+        }
+    }
+
+    /// The job ends: a rank that the master's node cannot reach any more (its process is
+    /// gone, or — on a first master's node — never connected) will not say it is done,
+    /// and is not waited for. One that may still connect (a worker of the master's node
+    /// this one replaced, reconnecting) is given [`RECONNECT_GRACE`] to, and hear how the
+    /// job ended.
+    pub(super) fn forget_unconnected(&mut self, now: Instant, reach: &dyn Reach) {
+        let mut later = Vec::new();
+        for rank in 0..self.reports.len() {
+            if self.gate.is_done(rank) || reach.is_connected(rank) {
+                continue;
+            }
+            if reach.may_reach(rank) {
+                later.push(rank);
+            } else {
+                tracing::debug!(rank, "not connected at the end of the job: not waited for");
+                self.not_waited_for(now, rank, reach);
+            }
+        }
+        if !later.is_empty() {
+            self.reconnecting = Some((now + RECONNECT_GRACE, later));
+        }
+    }
+
+    /// The job ends: a rank whose new process has not registered yet is not waited for
+    /// (nothing would tell it the job ended).
+    pub(super) fn forget_awaited(&mut self, now: Instant, reach: &dyn Reach) {
+        for rank in 0..self.awaiting.len() {
+            if self.awaiting[rank] != Awaiting::None {
+                self.awaiting[rank] = Awaiting::None;
+                tracing::warn!(
+                    rank,
+                    "the job ended before a new process of the rank joined"
+                );
+                self.not_waited_for(now, rank, reach);
+            }
+        }
+    }
+
+    /// The rank will not say it is done: the end of the job does not wait for it.
+    pub(super) fn not_waited_for(&mut self, now: Instant, rank: Rank, reach: &dyn Reach) {
+        let output = self.gate.lose(now, rank);
+        self.on_gate(now, output, reach);
+    }
+
+    /// Acts on what the gate said, except that an iteration that timed out while ranks
+    /// waited in a sync call fails as that epoch's timeout: it names the ranks that did not
+    /// arrive, not every rank of the iteration (the waiting ones had not delivered either).
+    pub(super) fn on_gate_checked(
+        &mut self,
+        now: Instant,
+        output: Option<GateOutput<W>>,
+        reach: &dyn Reach,
+    ) {
+        if let Some(GateOutput::Failed(JobError::WorkersTimedOut {
+            during: Waiting::Iteration(_),
+            ..
+        })) = &output
+        {
+            if self.sync.is_gathering() {
+                let step = self.sync.expire(now);
+                self.apply(now, step, reach);
+                return;
+            }
+        }
+        self.on_gate(now, output, reach);
+    }
+
+    /// Acts on what the gate said.
+    pub(super) fn on_gate(
+        &mut self,
+        now: Instant,
+        output: Option<GateOutput<W>>,
+        reach: &dyn Reach,
+    ) {
+        let Some(output) = output else {
+            return;
+        };
+        match output {
+            GateOutput::Failed(mut error) => {
+                // A wait for ranks that timed out names what the transport turned away
+                // that claimed them (a wrong secret, another job's process).
+                if let JobError::WorkersTimedOut {
+                    missing, refused, ..
+                } = &mut error
+                {
+                    if refused.is_empty() {
+                        *refused = reach.refusals(missing);
+                    }
+                }
+                self.on_failure(now, error, reach);
+            }
+            GateOutput::AllRegistered => {
+                self.recovery.all_registered();
+                if let Stage::Starting { workers_ready, .. } = &mut self.stage {
+                    *workers_ready = true;
+                }
+                self.report.startup = now.saturating_duration_since(self.started);
+                let elapsed = self.report.startup;
+                tracing::debug!(?elapsed, "every worker registered");
+                self.event(|| JobEvent::Registered { elapsed });
+                self.maybe_begin(now, reach);
+            }
+            GateOutput::Rejoined { rank, iteration } => {
+                self.recovery.rejoined(rank);
+                self.awaiting[rank] = Awaiting::None;
+                tracing::info!(rank, ?iteration, "a replacement worker joined");
+                if let Some(iteration) = iteration {
+                    let msg = ToWorker::Iterate {
+                        attempt: self.attempt(),
+                        iteration,
+                        last: self.last.clone(),
+                    };
+                    self.send(rank, msg);
+                }
+            }
+            GateOutput::RoundComplete {
+                iteration,
+                gathered,
+            } => self.round_complete(now, iteration, gathered),
+            GateOutput::Drained {
+                missing,
+                waited,
+                drops,
+            } => {
+                let reports: Vec<WorkerReport> =
+                    self.reports.iter_mut().filter_map(Option::take).collect();
+                for worker in &reports {
+                    self.report.rows.add(&worker.rows);
+                }
+                self.report.workers = reports;
+                self.report.drops = drops;
+                if !missing.is_empty() {
+                    let error = JobError::WorkersTimedOut {
+                        during: Waiting::Shutdown,
+                        missing,
+                        waited,
+                        refused: Vec::new(),
+                    };
+                    let completed = matches!(
+                        self.stage,
+                        Stage::Ending {
+                            ending: OwnedEnding::Completed { .. },
+                            ..
+                        }
+                    );
+                    if completed {
+                        self.fail(now, error, reach);
+                    } else {
+                        let ranks = match &error {
+                            JobError::WorkersTimedOut { missing, .. } => missing.clone(),
+                            _ => Vec::new(),
+                        };
+                        tracing::warn!(
+                            ?ranks,
+                            "the job failed; worker(s) {ranks:?} still run user code after the failure grace and are left to end on their own threads"
+                        );
+                    }
+                }
+                if let Stage::Ending { drained, .. } = &mut self.stage {
+                    *drained = true;
+                }
+                self.maybe_stop(now);
+            }
+        }
+    }
+
+    /// A failure: the job's end, or one the failure policy recovers from.
+    pub(super) fn on_failure(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
+        if self.ending() {
+            // A worker that fails while the job ends is not waited for. Under a policy
+            // that can do without a worker (a straggler of the last round, say) the job
+            // still ends as it was ending; under `Fail`, and for any failure that is not
+            // a worker's, the job fails.
+            let rank = Recovery::recoverable(&error);
+            match rank {
+                Some(rank) if self.recovery.policy() != FailurePolicy::Fail => {
+                    tracing::warn!(rank, %error, "a worker failed while the job ended");
+                }
+                _ => self.fail(now, error, reach),
+            }
+            if let Some(rank) = rank {
+                self.not_waited_for(now, rank, reach);
+            }
+            return;
+        }
+        let Some(action) = self.recovery.on_failure(error.clone()) else {
+            tracing::debug!(%error, "a further report of a failure being recovered from");
+            return;
+        };
+        match &action {
+            Recover::Fail(error) => return self.fail(now, error.clone(), reach),
+            Recover::RestartWorker(rank) => {
+                let rank = *rank;
+                if self.settings.local[rank] {
+                    self.actions.push_back(Action::ReplaceWorker {
+                        rank,
+                        attempt: self.attempt(),
+                        cause: error.clone(),
+                    });
+                    // The old worker's link is closed: whatever the rank says from now on
+                    // is the replacement's, and a failure of it is a new one.
+                    self.recovery.rejoined(rank);
+                } else {
+                    // A new process of the rank connects and registers. Until the old
+                    // one's connection ended (its `Done`, or its loss — which may be this
+                    // very failure: see `handle_message`), what the rank says is still
+                    // the old one's.
+                    self.awaiting[rank] = Awaiting::OldEnd;
+                    self.dismiss(rank, &error, reach);
+                }
+                self.gate.rejoin(rank);
+            }
+            Recover::LeaveOut(rank) => {
+                let rank = *rank;
+                if !self.settings.local[rank] {
+                    self.dismiss(rank, &error, reach);
+                }
+                self.schedule.leave_out();
+            }
+            Recover::RestartAll(attempt) => {
+                let attempt = *attempt;
+                // Release the old attempt's ranks waiting in a sync call first, while their
+                // links still reach them.
+                let step = self.sync.abort(&error);
+                self.apply(now, step, reach);
+                self.gate.restart(now, attempt);
+                self.sync.restart();
+                self.last = None;
+                self.actions.push_back(Action::ReplaceAll {
+                    attempt,
+                    cause: error.clone(),
+                });
+                // Every rank is back; the master starts over from its newest checkpoint.
+                let c = &self.config;
+                self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
+                self.span = None;
+                self.stage = Stage::Starting {
+                    master_ready: false,
+                    workers_ready: false,
+                };
+            }
+        }
+        tracing::warn!(cause = %error, ?action, "recovering from a worker's failure");
+        let recovered = Recovered {
+            cause: error,
+            action: action.clone(),
+        };
+        self.event(|| JobEvent::Recovering(recovered.clone()));
+        self.report.recoveries.push(recovered);
+        match action {
+            Recover::LeaveOut(rank) => {
+                let output = self.gate.lose(now, rank);
+                self.on_gate_checked(now, output, reach);
+            }
+            Recover::RestartAll(attempt) => match &mut self.master {
+                MasterAt::Home => self.run_master(now, MasterWork::Restart(attempt)),
+                MasterAt::Away { discard, .. } => *discard = true,
+                MasterAt::Stuck => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// Tells the failed worker of another process, still connected, that the job is over
+    /// for it (with its own failure): the job goes on without it, and its process ends
+    /// now rather than waiting to hear how the job ends.
+    pub(super) fn dismiss(&mut self, rank: Rank, error: &JobError, reach: &dyn Reach) {
+        // A lost or refused process has no connection: one of the rank now is a new one.
+        let gone = matches!(
+            error,
+            JobError::WorkerLost { .. } | JobError::Mismatch { .. }
+        );
+        if !gone && reach.is_connected(rank) {
+            let msg = ToWorker::Abort {
+                attempt: self.attempt(),
+                error: error.clone(),
+            };
+            self.send(rank, msg);
+        }
+    }
+
+    /// Sends the answers of a sync step, and fails the job if the step says so.
+    pub(super) fn apply(&mut self, now: Instant, step: SyncStep, reach: &dyn Reach) {
+        for (rank, epoch, result) in step.replies {
+            let msg = ToWorker::SyncReply {
+                attempt: self.attempt(),
+                epoch,
+                result,
+            };
+            self.send(rank, msg);
+        }
+        if let Some(error) = step.failed {
+            self.on_gate(now, Some(GateOutput::Failed(JobError::Sync(error))), reach);
+        }
+    }
+}

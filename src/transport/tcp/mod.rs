@@ -22,9 +22,11 @@
 //! Where each process's part comes from, and how ranks map to roles, is in [`ClusterEnv`].
 
 mod admission;
+mod client;
 mod conn;
 mod env;
 mod lane;
+mod server;
 pub mod wire;
 
 use std::fmt;
@@ -542,7 +544,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             world,
             std::time::Instant::now(),
         )));
-        let server = conn::Server::<M, W> {
+        let server = server::Server::<M, W> {
             settings: Arc::clone(&self.settings),
             inbox: Arc::new(inbox),
             peers: Arc::clone(&peers),
@@ -589,13 +591,13 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         };
         let (lane, rx) = Lane::new();
         let said_done = Arc::new(AtomicBool::new(false));
-        let client = conn::Client::<M, W> {
+        let client = client::Client::<M, W> {
             settings: Arc::clone(&self.settings),
             target,
             inbox,
             said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
-            first_attempt: self.attempt.unwrap_or(conn::FIRST_ATTEMPT),
+            first_attempt: self.attempt.unwrap_or(client::FIRST_ATTEMPT),
             fingerprint: Arc::clone(&self.fingerprint),
             to_master: Arc::downgrade(&lane),
             _types: PhantomData,

@@ -1,0 +1,281 @@
+//! The node actor as the host of this process's workers, when the transport runs the
+//! whole job here (the in-process fast path): each worker's driver is stepped directly,
+//! a broadcast handed to every worker in rank order, and what they send gathered into the
+//! node actor's inbox, taken by the node as one batch.
+
+use super::*;
+
+/// The hosted workers' messages wait in the inbox: the node takes them as one batch.
+pub(super) struct Gathered;
+
+impl Message for Gathered {
+    type Result = ();
+}
+
+/// A hosted worker's unit of work came back from the pool.
+pub(super) struct HostedHome<M, W> {
+    rank: Rank,
+    generation: u64,
+    done: WorkerDone<M, W>,
+}
+
+impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
+    type Result = ();
+}
+
+/// The node actor as the host of one of its workers.
+pub(super) struct NodeHost<'a, M: Payload, W: Payload> {
+    rank: Rank,
+    generation: u64,
+    /// Whether no replacement took the rank: a replaced worker's messages no longer reach
+    /// the node.
+    current: bool,
+    inbox: &'a mut Vec<Envelope<ToMaster<W>>>,
+    wire_check: bool,
+    ctx: &'a mut Context<NodeActor<M, W>>,
+    stopped: bool,
+    clock: &'a mut Option<Instant>,
+    /// The watch entry the node actor made for the whole broadcast, if it is handing one
+    /// out.
+    watching: Option<(Waiting, Instant)>,
+    /// The master's iteration span, if one is under way: what the worker's code runs
+    /// under (else the job's), cloned only for a unit of code that runs.
+    iteration_span: Option<&'a tracing::Span>,
+}
+
+impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
+    fn span(&self) -> tracing::Span {
+        self.iteration_span
+            .cloned()
+            .unwrap_or_else(tracing::Span::current)
+    }
+
+    fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let rank = self.rank;
+        if !self.current {
+            return Err(TransportError::Replaced { rank });
+        }
+        let carries = msg.carries_result();
+        let msg = wire_checked(self.wire_check, carries, msg, || {
+            format!("worker {rank} → master")
+        })?;
+        if self.wire_check && carries {
+            // The encoding took time no compute should be charged with: the next inline
+            // unit reads the clock afresh.
+            *self.clock = None;
+        }
+        self.inbox.push(Envelope { from: rank, msg });
+        Ok(())
+    }
+
+    fn homeward(&mut self) -> Homeward<M, W> {
+        let addr = self.ctx.address();
+        let (rank, generation) = (self.rank, self.generation);
+        Box::new(move |done| {
+            match addr.try_send(HostedHome {
+                rank,
+                generation,
+                done,
+            }) {
+                Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
+                // An unbounded mailbox is never full.
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn arm(&mut self, after: Duration) {
+        let (rank, generation) = (self.rank, self.generation);
+        self.ctx.run_later(after, move |act, ctx| {
+            act.step(ctx, rank, generation, |driver, host| {
+                driver.handle_timeout(host)
+            });
+            act.settle(ctx);
+        });
+    }
+
+    fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    fn now(&mut self) -> Instant {
+        *self.clock.get_or_insert_with(Instant::now)
+    }
+
+    fn ran_until(&mut self, at: Instant) {
+        *self.clock = Some(at);
+    }
+
+    fn watching(&self) -> Option<(Waiting, Instant)> {
+        self.watching
+    }
+}
+
+impl<M: Payload, W: Payload> NodeActor<M, W> {
+    /// Hands the node what the hosted workers sent, as one batch, then drives on.
+    pub(super) fn settle(&mut self, ctx: &mut Context<Self>) {
+        if !self.inbox.is_empty() {
+            // The buffer goes back with its capacity: no allocation per round.
+            let mut batch = std::mem::take(&mut self.inbox);
+            let now = Instant::now();
+            let reach = LinkReach(&self.link);
+            for env in batch.drain(..) {
+                self.node.handle_message(now, env, &reach);
+            }
+            self.inbox = batch;
+        }
+        self.drive(ctx);
+    }
+
+    /// Steps the hosted worker of `rank`, connection `generation`, if it still runs: `f`
+    /// hands it what happened. Returns whether it ran.
+    pub(super) fn step(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rank: Rank,
+        generation: u64,
+        f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
+    ) -> bool {
+        let current = self.local.is_current(rank, generation);
+        let Some(hosted) = self.local.hosted_of(rank, generation) else {
+            return false;
+        };
+        let mut host = NodeHost {
+            rank,
+            generation,
+            current,
+            inbox: &mut self.inbox,
+            wire_check: self.wire_check,
+            ctx,
+            stopped: false,
+            clock: &mut self.clock,
+            watching: self.chaining,
+            iteration_span: self.node.iteration_span(),
+        };
+        f(&mut hosted.driver, &mut host);
+        if host.stopped {
+            self.local.hosted_stopped(rank, generation);
+        }
+        if self.chaining.is_none() {
+            self.clock = None;
+        }
+        true
+    }
+
+    /// Steps the rank's current hosted worker, if it runs (see [`step`](Self::step)).
+    pub(super) fn step_current(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rank: Rank,
+        f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
+    ) -> bool {
+        match self.local.hosted(rank).map(|h| h.generation) {
+            Some(generation) => self.step(ctx, rank, generation, f),
+            None => false,
+        }
+    }
+
+    /// Starts the hosted workers made since the last call.
+    pub(super) fn start_fresh(&mut self, ctx: &mut Context<Self>) {
+        for rank in self.local.take_fresh() {
+            self.step_current(ctx, rank, |driver, host| driver.start(host));
+        }
+    }
+
+    /// Tells a replaced hosted worker to stop; it runs to its end.
+    pub(super) fn retire(
+        &mut self,
+        ctx: &mut Context<Self>,
+        old: Box<Hosted<M, W>>,
+        msg: ToWorker<M>,
+    ) {
+        let (rank, generation) = (old.rank, old.generation);
+        self.local.retire_hosted(old);
+        self.step(ctx, rank, generation, |driver, host| {
+            driver.handle_message(msg, host)
+        });
+    }
+
+    /// Hands `msg` to the hosted worker of `rank`.
+    pub(super) fn deliver(&mut self, ctx: &mut Context<Self>, rank: Rank, msg: ToWorker<M>) {
+        let carries = msg.carries_result();
+        let msg = match wire_checked(self.wire_check, carries, msg, || {
+            format!("master → worker {rank}")
+        }) {
+            Ok(msg) => msg,
+            Err(e) => return self.unsent(Some(rank), e),
+        };
+        if !self.local.is_running(rank) {
+            return tracing::debug!(rank, %msg, "the worker stopped: dropped a message for it");
+        }
+        self.step_current(ctx, rank, |driver, host| driver.handle_message(msg, host));
+    }
+
+    /// Hands `msg` to every hosted worker, in rank order: each runs what it asks for (an
+    /// iteration's inline compute, at once) and leaves what it sends in the inbox.
+    pub(super) fn deliver_all(&mut self, ctx: &mut Context<Self>, msg: ToWorker<M>) {
+        // Checked once, as a broadcast is encoded once; clones share the master result:
+        // each is an `Arc` bump, never a copy of `M`.
+        let carries = msg.carries_result();
+        let msg = match wire_checked(self.wire_check, carries, msg, || {
+            "master → every worker".into()
+        }) {
+            Ok(msg) => msg,
+            Err(e) => return self.unsent(None, e),
+        };
+        // One clock read starts the run; the watch is entered once for it, each worker's
+        // inline code saying who runs: their deadline is the broadcast's, as the gate's is.
+        let start = Instant::now();
+        let during = match &msg {
+            ToWorker::Iterate { iteration, .. } => Waiting::Iteration(*iteration),
+            ToWorker::Finish { .. } | ToWorker::Abort { .. } => Waiting::Shutdown,
+            _ => Waiting::Registration,
+        };
+        self.watch.enter_at(Who::Worker(0), during, start);
+        self.clock = Some(start);
+        self.chaining = Some((during, start));
+        for rank in 0..self.local.ranks() {
+            self.step_current(ctx, rank, |driver, host| {
+                driver.handle_message(msg.clone(), host)
+            });
+        }
+        self.chaining = None;
+        self.clock = None;
+        self.watch.exit();
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<Gathered> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, _: Gathered, ctx: &mut Context<Self>) {
+        self.gathering = false;
+        self.settle(ctx);
+    }
+}
+
+impl<M: Payload, W: Payload> Handler<HostedHome<M, W>> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, home: HostedHome<M, W>, ctx: &mut Context<Self>) {
+        let HostedHome {
+            rank,
+            generation,
+            done,
+        } = home;
+        let mut done = Some(done);
+        self.step(ctx, rank, generation, |driver, host| {
+            if let Some(done) = done.take() {
+                driver.handle_done(done, host)
+            }
+        });
+        if let Some(WorkerDone { mut task, .. }) = done {
+            // The worker ended without it (the job failed, and gave up on this code after
+            // its grace): the code's interceptors still see the end, on the pool.
+            let end = self.end.clone();
+            self.pool
+                .spawn(move || stop_given_up(&mut task, None, &end));
+        }
+        self.settle(ctx);
+    }
+}

@@ -5,9 +5,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
+use superstep::checkpoint::MemoryCheckpointStore;
 use superstep::prelude::*;
 use superstep::sim::{strategies, Fault, SimRun, Simulation};
-use superstep::FailurePolicy;
 
 struct Count;
 
@@ -45,11 +45,17 @@ impl MasterComputable for Sum {
     }
 }
 
-fn job() -> Simulation<u64, u64> {
-    Simulation::new(Sum::default, |_| Count)
+/// How the program builds its job.
+fn job() -> JobBuilder<u64, u64> {
+    Job::builder(Sum::default(), |_| Count)
         .workers(3)
         .iterations(6)
-        .checkpoint_every(2)
+        .checkpoint(MemoryCheckpointStore::new(), 2)
+}
+
+/// The job simulated, under `policy`.
+fn simulated(policy: FailurePolicy) -> Simulation<u64, u64> {
+    Simulation::from_job(move || job().failure_policy(policy))
 }
 
 fn ends_with(expected: u64) -> impl Fn(&SimRun<u64>) -> Result<(), String> {
@@ -67,9 +73,8 @@ proptest! {
         schedule in strategies::schedule(3, 6, 6),
         policy in strategies::recovering_policy(6),
     ) {
-        let expected = *job().run(0).outcome.unwrap().result;
-        job()
-            .policy(policy)
+        let expected = *Simulation::from_job(job).run(0).outcome.unwrap().result;
+        simulated(policy)
             .schedule(schedule)
             .try_check(0..3, ends_with(expected))
             .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
@@ -77,14 +82,14 @@ proptest! {
 
     #[test]
     fn any_settings_and_policy_end_or_fail_without_breaking_an_invariant(
-        settings in strategies::settings(4, 8),
+        shape in strategies::shape(4, 8),
         policy in strategies::policy(4),
         schedule in strategies::schedule(4, 8, 4),
     ) {
-        let sim = Simulation::new(Sum::default, |_| Count)
-            .config(settings)
-            .policy(policy)
-            .schedule(schedule);
+        let sim = Simulation::from_job(move || {
+            shape.apply(Job::builder(Sum::default(), |_| Count)).failure_policy(policy)
+        })
+        .schedule(schedule);
         // Any outcome, as long as the run ends and holds the protocol's invariants.
         sim.try_check(0..2, |_| Ok(()))
             .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
@@ -96,15 +101,14 @@ proptest! {
 /// that matters, whose run the failure replays from one line.
 #[test]
 fn a_failing_schedule_shrinks_to_the_one_fault_that_matters() {
-    let expected = *job().run(0).outcome.unwrap().result;
+    let expected = *Simulation::from_job(job).run(0).outcome.unwrap().result;
     let mut runner = TestRunner::new(Config {
         cases: 256,
         failure_persistence: None,
         ..Config::default()
     });
     let result = runner.run(&strategies::schedule(3, 6, 8), |schedule| {
-        job()
-            .policy(FailurePolicy::Fail)
+        simulated(FailurePolicy::Fail)
             .schedule(schedule)
             .try_check(0..1, ends_with(expected))
             .map_err(|failure| TestCaseError::fail(failure.to_string()))

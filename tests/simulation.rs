@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use superstep::checkpoint::MemoryCheckpointStore;
 use superstep::prelude::*;
 use superstep::sim::{Faults, SimRun, Simulation};
 use superstep::FailurePolicy;
@@ -73,14 +74,15 @@ impl MasterComputable for Fold {
     }
 }
 
-fn job(workers: usize, iterations: u64) -> Simulation<u64, u64> {
-    Simulation::new(Fold::default, |_| Shard { shard: None })
+/// The job the tests simulate, as a program builds it.
+fn job(workers: usize, iterations: u64) -> JobBuilder<u64, u64> {
+    Job::builder(Fold::default(), |_| Shard { shard: None })
         .workers(workers)
         .iterations(iterations)
 }
 
 fn fault_free(workers: usize, iterations: u64) -> u64 {
-    let run = job(workers, iterations).run(0);
+    let run = Simulation::from_job(move || job(workers, iterations)).run(0);
     assert!(run.violations.is_empty(), "{:?}", run.violations);
     *run.outcome.unwrap().result
 }
@@ -107,10 +109,12 @@ fn the_simulator_computes_what_the_runtime_computes() {
 
 #[test]
 fn the_same_seed_gives_the_same_run() {
-    let sim = job(4, 8)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 50 })
-        .checkpoint_every(2)
-        .faults(Faults::all(0.1));
+    let sim = Simulation::from_job(move || {
+        job(4, 8)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 50 })
+            .checkpoint(MemoryCheckpointStore::new(), 2)
+    })
+    .faults(Faults::all(0.1));
     let a = sim.run(42);
     let b = sim.run(42);
     assert_eq!(a.trace, b.trace);
@@ -121,12 +125,13 @@ fn the_same_seed_gives_the_same_run() {
 #[test]
 fn replaced_workers_and_a_faulty_network_end_with_the_fault_free_result() {
     let expected = fault_free(4, 10);
-    let sim = job(4, 10)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
-        .faults(Faults {
-            worker_crash: 0.08,
-            ..Faults::network(0.1)
-        });
+    let sim = Simulation::from_job(move || {
+        job(4, 10).failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+    })
+    .faults(Faults {
+        worker_crash: 0.08,
+        ..Faults::network(0.1)
+    });
     sim.check(0..1000, ends_with(expected));
     let crashes: u32 = (0..50).map(|s| sim.run(s).stats.worker_crashes).sum();
     assert!(crashes > 0, "the faults were drawn");
@@ -146,14 +151,16 @@ fn replaced_workers_and_a_faulty_network_end_with_the_fault_free_result() {
 #[test]
 fn a_restarted_master_resumes_from_its_checkpoint_and_ends_with_the_fault_free_result() {
     let expected = fault_free(3, 12);
-    let sim = job(3, 12)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
-        .checkpoint_every(3)
-        .faults(Faults {
-            worker_crash: 0.03,
-            master_crash: 0.08,
-            ..Faults::network(0.05)
-        });
+    let sim = Simulation::from_job(move || {
+        job(3, 12)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+            .checkpoint(MemoryCheckpointStore::new(), 3)
+    })
+    .faults(Faults {
+        worker_crash: 0.03,
+        master_crash: 0.08,
+        ..Faults::network(0.05)
+    });
     sim.check(0..1000, ends_with(expected));
     let runs: Vec<_> = (0..100).map(|s| sim.run(s).stats).collect();
     assert!(runs
@@ -165,21 +172,23 @@ fn a_restarted_master_resumes_from_its_checkpoint_and_ends_with_the_fault_free_r
 #[test]
 fn a_master_crash_before_the_first_checkpoint_starts_over_instead_of_failing() {
     let expected = fault_free(2, 6);
-    let sim = job(2, 6).faults(Faults::crashes(0.0, 0.3));
+    let sim = Simulation::from_job(move || job(2, 6)).faults(Faults::crashes(0.0, 0.3));
     sim.check(0..300, ends_with(expected));
 }
 
 #[test]
 fn a_gang_restart_fences_off_the_old_attempt_and_ends_with_the_fault_free_result() {
     let expected = fault_free(4, 10);
-    let sim = job(4, 10)
-        .policy(FailurePolicy::RestartAll { max_attempts: 100 })
-        .checkpoint_every(2)
-        .faults(Faults {
-            worker_crash: 0.05,
-            master_crash: 0.03,
-            ..Faults::network(0.1)
-        });
+    let sim = Simulation::from_job(move || {
+        job(4, 10)
+            .failure_policy(FailurePolicy::RestartAll { max_attempts: 100 })
+            .checkpoint(MemoryCheckpointStore::new(), 2)
+    })
+    .faults(Faults {
+        worker_crash: 0.05,
+        master_crash: 0.03,
+        ..Faults::network(0.1)
+    });
     sim.check(0..1000, ends_with(expected));
     let stale: u64 = (0..100).map(|s| sim.run(s).stats.drops.stale).sum();
     assert!(
@@ -190,10 +199,12 @@ fn a_gang_restart_fences_off_the_old_attempt_and_ends_with_the_fault_free_result
 
 #[test]
 fn going_on_without_lost_workers_keeps_the_quorum_or_fails_naming_the_lost() {
-    let sim = job(5, 10)
-        .policy(FailurePolicy::ContinueWithout)
-        .min_workers(0.6, Duration::from_millis(50))
-        .faults(Faults::crashes(0.05, 0.0));
+    let sim = Simulation::from_job(move || {
+        job(5, 10)
+            .failure_policy(FailurePolicy::ContinueWithout)
+            .min_workers(0.6, Duration::from_millis(50))
+    })
+    .faults(Faults::crashes(0.05, 0.0));
     sim.check(0..1000, |run| match &run.outcome {
         Ok(_) => Ok(()),
         Err(JobError::WorkerLost { .. }) if run.stats.lost.len() == 2 => Ok(()),
@@ -207,8 +218,7 @@ fn going_on_without_lost_workers_keeps_the_quorum_or_fails_naming_the_lost() {
 
 #[test]
 fn stragglers_are_left_out_without_breaking_the_quorum() {
-    let sim = job(6, 10)
-        .min_workers(0.5, Duration::from_millis(30))
+    let sim = Simulation::from_job(move || job(6, 10).min_workers(0.5, Duration::from_millis(30)))
         .faults(Faults {
             slow: 0.1,
             ..Faults::network(0.1)
@@ -223,7 +233,11 @@ fn stragglers_are_left_out_without_breaking_the_quorum() {
 #[test]
 fn the_fail_policy_fails_the_job_naming_the_lost_worker() {
     let run = (0..200)
-        .map(|s| job(3, 10).faults(Faults::crashes(0.2, 0.0)).run(s))
+        .map(|s| {
+            Simulation::from_job(move || job(3, 10))
+                .faults(Faults::crashes(0.2, 0.0))
+                .run(s)
+        })
         .find(|r| r.stats.worker_crashes > 0)
         .expect("some seed crashes a worker");
     assert!(run.violations.is_empty(), "{:?}", run.violations);
@@ -236,7 +250,7 @@ fn the_fail_policy_fails_the_job_naming_the_lost_worker() {
 
 #[test]
 fn a_failing_seed_is_reported_with_the_command_that_replays_it() {
-    let sim = job(2, 3);
+    let sim = Simulation::from_job(|| job(2, 3));
     let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         sim.check(0..10, |run| {
             if run.seed == 3 {
@@ -264,13 +278,15 @@ fn a_failing_seed_is_reported_with_the_command_that_replays_it() {
 #[test]
 fn every_fault_at_once_still_ends_with_the_fault_free_result() {
     let expected = fault_free(4, 12);
-    let sim = job(4, 12)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
-        .checkpoint_every(2)
-        .faults(Faults {
-            max_crashes: 6,
-            ..Faults::all(0.15)
-        });
+    let sim = Simulation::from_job(move || {
+        job(4, 12)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
+            .checkpoint(MemoryCheckpointStore::new(), 2)
+    })
+    .faults(Faults {
+        max_crashes: 6,
+        ..Faults::all(0.15)
+    });
     sim.check(0..1000, ends_with(expected));
 }
 
@@ -280,14 +296,15 @@ fn every_fault_at_once_still_ends_with_the_fault_free_result() {
 #[test]
 fn replacing_workers_over_a_network_slower_than_the_heartbeat_timeout_never_stalls() {
     let expected = fault_free(3, 8);
-    let sim = job(3, 8)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
-        .faults(Faults {
-            worker_crash: 0.1,
-            delay: 0.5,
-            max_delay: Duration::from_millis(100),
-            ..Faults::default()
-        });
+    let sim = Simulation::from_job(move || {
+        job(3, 8).failure_policy(FailurePolicy::RestartWorker { max_restarts: 1000 })
+    })
+    .faults(Faults {
+        worker_crash: 0.1,
+        delay: 0.5,
+        max_delay: Duration::from_millis(100),
+        ..Faults::default()
+    });
     sim.check(0..2000, ends_with(expected));
 }
 
@@ -314,19 +331,17 @@ fn fold(acc: &mut u64, next: u64) {
 /// master written for `combine()` failed in it while it ran in the runtime.
 #[test]
 fn a_master_written_for_combine_runs_in_the_simulator_as_in_the_runtime() {
-    let real = Job::builder(Folded, |_| Shard { shard: None })
-        .workers(4)
-        .iterations(7)
-        .combine(fold)
-        .run()
-        .unwrap();
-    let sim = Simulation::new(|| Folded, |_| Shard { shard: None })
-        .workers(4)
-        .iterations(7)
-        .combine(fold);
-    let run = sim.run(0);
+    let folded = || {
+        Job::builder(Folded, |_| Shard { shard: None })
+            .workers(4)
+            .iterations(7)
+            .combine(fold)
+    };
+    let real = folded().run().unwrap();
+    let run = Simulation::from_job(folded).run(0);
     assert_eq!(run.outcome.unwrap().result, real.result);
-    sim.policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+    let policy = FailurePolicy::RestartWorker { max_restarts: 100 };
+    Simulation::from_job(move || folded().failure_policy(policy))
         .faults(Faults {
             worker_crash: 0.1,
             ..Faults::network(0.2)
@@ -336,7 +351,7 @@ fn a_master_written_for_combine_runs_in_the_simulator_as_in_the_runtime() {
 
 #[test]
 fn try_check_returns_the_failing_seed_with_the_line_that_replays_it() {
-    let failure = job(3, 5)
+    let failure = Simulation::from_job(move || job(3, 5))
         .try_check(0..10, |run| {
             if run.seed == 4 {
                 Err("seed 4 is unlucky".into())
@@ -362,7 +377,9 @@ fn a_scheduled_fault_fires_once_where_it_is_scheduled_and_the_replay_line_carrie
         iteration: 3,
         after_result: false,
     }];
-    let run = job(3, 6).schedule(crash.clone()).run(0);
+    let run = Simulation::from_job(move || job(3, 6))
+        .schedule(crash.clone())
+        .run(0);
     match &run.outcome {
         Err(JobError::WorkerLost { rank: 1, .. }) => {}
         other => panic!("expected worker 1 lost, got {other:?}"),
@@ -375,10 +392,11 @@ fn a_scheduled_fault_fires_once_where_it_is_scheduled_and_the_replay_line_carrie
         run.replay_command()
     );
     // The iteration redone by the replacement does not crash again.
-    let run = job(3, 6)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 1 })
-        .schedule(crash)
-        .run(0);
+    let run = Simulation::from_job(move || {
+        job(3, 6).failure_policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+    })
+    .schedule(crash)
+    .run(0);
     ends_with(expected)(&run).unwrap();
     assert_eq!(run.stats.worker_restarts, 1);
     // A master that crashes while writing a checkpoint resumes from the one before.
@@ -389,13 +407,13 @@ fn a_scheduled_fault_fires_once_where_it_is_scheduled_and_the_replay_line_carrie
         CrashPoint::DuringCheckpoint,
         CrashPoint::AfterCheckpoint,
     ] {
-        let run = job(3, 6)
-            .checkpoint_every(2)
-            .schedule(vec![Fault::MasterCrash {
-                iteration: 4,
-                point,
-            }])
-            .run(0);
+        let run =
+            Simulation::from_job(move || job(3, 6).checkpoint(MemoryCheckpointStore::new(), 2))
+                .schedule(vec![Fault::MasterCrash {
+                    iteration: 4,
+                    point,
+                }])
+                .run(0);
         assert_eq!(run.stats.master_crashes, 1, "{point:?}");
         ends_with(expected)(&run).unwrap();
     }
@@ -439,20 +457,20 @@ impl MasterComputable for Halting {
 #[test]
 fn halting_by_the_master_or_by_the_workers_votes_ends_where_the_runtime_ends_under_faults() {
     for (master_halt, votes) in [(Some(14), false), (None, true)] {
-        let real = Job::builder(Halting { at: master_halt }, |_| Voter)
-            .workers(3)
-            .iterations(50)
-            .worker_halt(votes)
-            .run()
-            .unwrap();
+        let halting = move || {
+            Job::builder(Halting { at: master_halt }, |_| Voter)
+                .workers(3)
+                .iterations(50)
+                .worker_halt(votes)
+        };
+        let real = halting().run().unwrap();
         assert!(real.halted);
-        let sim = Simulation::new(move || Halting { at: master_halt }, |_| Voter)
-            .workers(3)
-            .iterations(50)
-            .worker_halt(votes)
-            .checkpoint_every(2)
-            .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
-            .faults(Faults::all(0.05));
+        let sim = Simulation::from_job(move || {
+            halting()
+                .checkpoint(MemoryCheckpointStore::new(), 2)
+                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+        })
+        .faults(Faults::all(0.05));
         let expected = (*real.result, real.iterations);
         sim.check(0..300, move |run| match &run.outcome {
             Ok(o) if o.halted && (*o.result, o.iterations) == expected => Ok(()),
@@ -525,10 +543,13 @@ impl MasterInterceptor<u64, u64> for Watching {
 fn interceptors_run_in_the_simulator_as_the_runtime_runs_them() {
     let seen = Seen::default();
     let (w, m) = (seen.clone(), seen.clone());
-    let run = job(3, 5)
-        .worker_interceptor(move |_| Watching(w.clone()))
-        .master_interceptor(move || Watching(m.clone()))
-        .run(0);
+    let run = Simulation::from_job(move || {
+        let w = w.clone();
+        job(3, 5)
+            .worker_interceptor(move |_| Watching(w.clone()))
+            .master_interceptor(Watching(m.clone()))
+    })
+    .run(0);
     ends_with(fault_free(3, 5))(&run).unwrap();
     assert_eq!(seen.count("worker start"), 3);
     assert_eq!(seen.count("worker iteration"), 15);
@@ -539,15 +560,18 @@ fn interceptors_run_in_the_simulator_as_the_runtime_runs_them() {
     // A replaced worker's interceptors see its failure; its replacement's, the job's end.
     let seen = Seen::default();
     let w = seen.clone();
-    let run = job(3, 5)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 1 })
-        .schedule(vec![superstep::sim::Fault::WorkerCrash {
-            rank: 2,
-            iteration: 2,
-            after_result: true,
-        }])
-        .worker_interceptor(move |_| Watching(w.clone()))
-        .run(0);
+    let run = Simulation::from_job(move || {
+        let w = w.clone();
+        job(3, 5)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+            .worker_interceptor(move |_| Watching(w.clone()))
+    })
+    .schedule(vec![superstep::sim::Fault::WorkerCrash {
+        rank: 2,
+        iteration: 2,
+        after_result: true,
+    }])
+    .run(0);
     ends_with(fault_free(3, 5))(&run).unwrap();
     assert_eq!(
         seen.count("worker start"),
@@ -615,15 +639,17 @@ fn a_rank_replaced_before_it_registered_completes_the_job_and_its_work_is_commit
     for rank in 0..3 {
         let ledger = Ledger::default();
         let hooks = ledger.clone();
-        let run = job(3, 5)
-            .policy(FailurePolicy::RestartWorker { max_restarts: 2 })
-            .coordinator(move || hooks.clone())
-            .schedule(vec![Fault::WorkerCrash {
-                rank,
-                iteration: 0,
-                after_result: false,
-            }])
-            .run(0);
+        let run = Simulation::from_job(move || {
+            job(3, 5)
+                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 2 })
+                .coordinator(hooks.clone())
+        })
+        .schedule(vec![Fault::WorkerCrash {
+            rank,
+            iteration: 0,
+            after_result: false,
+        }])
+        .run(0);
         ends_with(expected)(&run).unwrap();
         assert_eq!(run.stats.worker_crashes, 1);
         let (reports, rest) = ledger.split();
@@ -637,16 +663,18 @@ fn a_job_that_went_on_without_a_rank_commits_nothing_and_cleans_up() {
     use superstep::sim::Fault;
     let ledger = Ledger::default();
     let hooks = ledger.clone();
-    let run = job(3, 5)
-        .policy(FailurePolicy::ContinueWithout)
-        .min_workers(0.5, Duration::from_millis(50))
-        .coordinator(move || hooks.clone())
-        .schedule(vec![Fault::WorkerCrash {
-            rank: 2,
-            iteration: 2,
-            after_result: false,
-        }])
-        .run(0);
+    let run = Simulation::from_job(move || {
+        job(3, 5)
+            .failure_policy(FailurePolicy::ContinueWithout)
+            .min_workers(0.5, Duration::from_millis(50))
+            .coordinator(hooks.clone())
+    })
+    .schedule(vec![Fault::WorkerCrash {
+        rank: 2,
+        iteration: 2,
+        after_result: false,
+    }])
+    .run(0);
     match &run.outcome {
         Err(JobError::Coordinator { hook, .. }) => assert_eq!(*hook, superstep::Hook::OnFinish),
         other => panic!("expected nothing committed, got {other:?}"),
@@ -705,9 +733,9 @@ fn a_job_simulated_from_its_builder_runs_every_part_of_it_as_the_runtime_does() 
     let (s, l) = (sim_seen.clone(), sim_ledger.clone());
     let sim = Simulation::from_job(move || built(s.clone(), l.clone()));
     assert_eq!(sim.settings().workers, 4);
-    assert_eq!(sim.settings().checkpoint_every, Some(2));
     let run = sim.run(0);
     assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(run.stats.checkpoints, 3, "after iterations 2, 4 and 6");
     let outcome = run.outcome.as_ref().unwrap();
     assert_eq!(
         outcome.result, real.result,
@@ -725,9 +753,7 @@ fn a_job_simulated_from_its_builder_runs_every_part_of_it_as_the_runtime_does() 
     .run(0);
     assert!(unlimited.outcome.is_ok(), "{:?}", unlimited.outcome);
     // Its input is sharded for the workers the simulation runs, as `run` would shard it.
-    let six = Simulation::from_job(|| built(Seen::default(), Ledger::default()))
-        .workers(6)
-        .run(0);
+    let six = Simulation::from_job(|| built(Seen::default(), Ledger::default()).workers(6)).run(0);
     assert!(six.outcome.is_ok(), "{:?}", six.outcome);
     // And under faults, with the builder's recovery, it ends the same (each master's
     // process with a coordinator of its own, as a program started again has).
@@ -906,10 +932,12 @@ fn in_barrier_mode_a_crash_under_fail_ends_the_job_with_no_rank_left_waiting() {
 
 #[test]
 fn the_simulator_refuses_settings_the_runtime_refuses() {
-    let run = Simulation::new(Fold::default, |_| Gathering)
-        .barrier_mode(true)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 3 })
-        .run(0);
+    let run = Simulation::from_job(|| {
+        Job::builder(Fold::default(), |_| Gathering)
+            .barrier_mode(true)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 3 })
+    })
+    .run(0);
     match run.outcome {
         Err(JobError::Config(e)) => assert!(e.to_string().contains("barrier mode"), "{e}"),
         other => panic!("expected the settings refused, got {other:?}"),
@@ -920,14 +948,16 @@ fn the_simulator_refuses_settings_the_runtime_refuses() {
 fn a_torn_checkpoint_is_skipped_and_the_master_resumes_from_the_one_before() {
     use superstep::sim::{CrashPoint, Fault};
     let expected = fault_free(3, 8);
-    let run = job(3, 8)
-        .policy(FailurePolicy::RestartWorker { max_restarts: 5 })
-        .checkpoint_every(2)
-        .schedule(vec![Fault::MasterCrash {
-            iteration: 4,
-            point: CrashPoint::TornCheckpoint,
-        }])
-        .run(0);
+    let run = Simulation::from_job(move || {
+        job(3, 8)
+            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 5 })
+            .checkpoint(MemoryCheckpointStore::new(), 2)
+    })
+    .schedule(vec![Fault::MasterCrash {
+        iteration: 4,
+        point: CrashPoint::TornCheckpoint,
+    }])
+    .run(0);
     ends_with(expected)(&run).unwrap();
     assert!(run.violations.is_empty(), "{:?}", run.violations);
     assert_eq!(run.stats.master_crashes, 1);
@@ -950,14 +980,16 @@ fn the_master_crashing_in_start_up_or_in_the_drain_ends_the_job_as_without_it() 
         FailurePolicy::RestartWorker { max_restarts: 5 },
         FailurePolicy::RestartAll { max_attempts: 5 },
     ] {
-        let run = job(3, 6)
-            .policy(policy)
-            .checkpoint_every(2)
-            .schedule(vec![Fault::MasterCrash {
-                iteration: 0,
-                point: CrashPoint::Gathering,
-            }])
-            .run(0);
+        let run = Simulation::from_job(move || {
+            job(3, 6)
+                .failure_policy(policy)
+                .checkpoint(MemoryCheckpointStore::new(), 2)
+        })
+        .schedule(vec![Fault::MasterCrash {
+            iteration: 0,
+            point: CrashPoint::Gathering,
+        }])
+        .run(0);
         ends_with(expected)(&run).unwrap();
         assert_eq!(run.stats.master_crashes, 1, "{policy:?}");
         assert!(run.trace.iter().any(|l| l.contains("during start-up")));
@@ -969,11 +1001,13 @@ fn the_master_crashing_in_start_up_or_in_the_drain_ends_the_job_as_without_it() 
         FailurePolicy::RestartAll { max_attempts: 5 },
     ] {
         for seed in 0..20 {
-            let run = job(3, 6)
-                .policy(policy)
-                .checkpoint_every(2)
-                .schedule(vec![Fault::MasterCrashInDrain])
-                .run(seed);
+            let run = Simulation::from_job(move || {
+                job(3, 6)
+                    .failure_policy(policy)
+                    .checkpoint(MemoryCheckpointStore::new(), 2)
+            })
+            .schedule(vec![Fault::MasterCrashInDrain])
+            .run(seed);
             ends_with(expected)(&run).unwrap();
             assert!(run.violations.is_empty(), "{:?}", run.violations);
             assert_eq!(run.stats.master_crashes, 1, "{policy:?}");
@@ -995,14 +1029,18 @@ fn a_short_partition_delays_everything_and_loses_nothing_a_long_one_loses_the_wo
     };
     // Shorter than the heartbeat timeout: nobody notices, even under `Fail`.
     for seed in 0..20 {
-        let run = job(3, 6).schedule(partition(20)).run(seed);
+        let run = Simulation::from_job(move || job(3, 6))
+            .schedule(partition(20))
+            .run(seed);
         ends_with(expected)(&run).unwrap();
         assert!(run.violations.is_empty(), "{:?}", run.violations);
         assert!(run.trace.iter().any(|l| l.contains("is cut for 20ms")));
         assert_eq!(run.stats.lost, Vec::<usize>::new());
     }
     // Longer: the master loses the worker. Under `Fail` the job fails naming it ...
-    let run = job(3, 6).schedule(partition(200)).run(0);
+    let run = Simulation::from_job(move || job(3, 6))
+        .schedule(partition(200))
+        .run(0);
     assert!(run.violations.is_empty(), "{:?}", run.violations);
     match &run.outcome {
         Err(error @ JobError::WorkerLost { .. }) => assert_eq!(error.rank(), Some(1)),
@@ -1010,20 +1048,23 @@ fn a_short_partition_delays_everything_and_loses_nothing_a_long_one_loses_the_wo
     }
     // ... under `RestartWorker` its launcher starts it again once the network heals ...
     for seed in 0..20 {
-        let run = job(3, 6)
-            .policy(FailurePolicy::RestartWorker { max_restarts: 3 })
-            .schedule(partition(200))
-            .run(seed);
+        let run = Simulation::from_job(move || {
+            job(3, 6).failure_policy(FailurePolicy::RestartWorker { max_restarts: 3 })
+        })
+        .schedule(partition(200))
+        .run(seed);
         ends_with(expected)(&run).unwrap();
         assert!(run.violations.is_empty(), "{:?}", run.violations);
         assert!(run.stats.worker_restarts >= 1, "{:?}", run.stats);
     }
     // ... and under `ContinueWithout` the job goes on without it.
-    let run = job(3, 6)
-        .policy(FailurePolicy::ContinueWithout)
-        .min_workers(0.5, Duration::from_millis(50))
-        .schedule(partition(200))
-        .run(0);
+    let run = Simulation::from_job(move || {
+        job(3, 6)
+            .failure_policy(FailurePolicy::ContinueWithout)
+            .min_workers(0.5, Duration::from_millis(50))
+    })
+    .schedule(partition(200))
+    .run(0);
     assert!(run.outcome.is_ok(), "{:?}", run.outcome);
     assert_eq!(run.stats.lost, vec![1]);
 }
@@ -1050,10 +1091,11 @@ fn a_worker_started_again_during_a_long_partition_connects_once_it_heals() {
     ];
     let expected = fault_free(3, 6);
     for seed in 0..20 {
-        let run = job(3, 6)
-            .policy(FailurePolicy::RestartWorker { max_restarts: 6 })
-            .schedule(schedule.clone())
-            .run(seed);
+        let run = Simulation::from_job(move || {
+            job(3, 6).failure_policy(FailurePolicy::RestartWorker { max_restarts: 6 })
+        })
+        .schedule(schedule.clone())
+        .run(seed);
         ends_with(expected)(&run).unwrap();
         assert!(run.violations.is_empty(), "{:?}", run.violations);
     }

@@ -225,10 +225,7 @@ fn a_worker_result_that_does_not_survive_the_wire_fails_in_memory_in_the_simulat
         1
     );
     // In the simulator.
-    let sim = Simulation::new(|| CachedSum, |_| CachedWorker)
-        .workers(2)
-        .iterations(3);
-    let run = sim.run(1);
+    let run = Simulation::from_job(cached_job).run(1);
     let error = run.outcome.unwrap_err();
     // The worker's own failure, as its transport's check reports it in memory.
     assert_decode_error(&error, "→ master", "Cached", "this process");

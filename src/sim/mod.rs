@@ -41,8 +41,9 @@
 //!
 //! A simulation is built from the same [`JobBuilder`] the program runs
 //! ([`Simulation::from_job`]: its master, workers, interceptors, combiner, coordinator,
-//! input and settings), or from factories of the master and the workers
-//! ([`Simulation::new`]).
+//! input, checkpoint interval and settings) — the one way in, so that what is simulated is
+//! the job that ships — and given its faults ([`Simulation::faults`],
+//! [`Simulation::schedule`]).
 //!
 //! Faults are drawn from the seed with the probabilities of [`Faults`], or given as data
 //! ([`Simulation::schedule`], a list of [`Fault`]s at given ranks, iterations and points):
@@ -51,9 +52,9 @@
 //! ([`SimRun::replay_command`], [`Simulation::try_check`]).
 //!
 //! ```
+//! use superstep::checkpoint::MemoryCheckpointStore;
 //! use superstep::prelude::*;
 //! use superstep::sim::{Faults, Simulation};
-//! use superstep::FailurePolicy;
 //!
 //! struct Rank1;
 //! impl WorkerComputable for Rank1 {
@@ -72,12 +73,18 @@
 //!     }
 //! }
 //!
-//! let sim = Simulation::new(|| Sum, |_| Rank1).workers(3).iterations(8);
-//! let expected = sim.run(0).outcome.unwrap().result;
-//! let faulty = sim
-//!     .policy(FailurePolicy::RestartWorker { max_restarts: 100 })
-//!     .checkpoint_every(2)
-//!     .faults(Faults::crashes(0.1, 0.05));
+//! /// How the program builds its job.
+//! fn job() -> JobBuilder<u64, u64> {
+//!     Job::builder(Sum, |_| Rank1).workers(3).iterations(8)
+//! }
+//!
+//! let expected = Simulation::from_job(job).run(0).outcome.unwrap().result;
+//! let faulty = Simulation::from_job(|| {
+//!     job()
+//!         .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+//!         .checkpoint(MemoryCheckpointStore::new(), 2)
+//! })
+//! .faults(Faults::crashes(0.1, 0.05));
 //! faulty.check(0..50, |run| {
 //!     let got = run.outcome.as_ref().map_err(|e| e.to_string())?;
 //!     if *got.result != *expected {
@@ -101,12 +108,11 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
-use crate::compute::{JobEnd, MasterComputable, WorkerComputable};
+use crate::compute::JobEnd;
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input, JobInfo, Shard};
 use crate::error::JobError;
 use crate::ids::{Attempt, Iteration, Rank};
-use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
 use crate::protocol::{
     Action, Drops, Envelope, FailurePolicy, MasterDone, MasterNode, MasterRound, MasterWork,
@@ -118,8 +124,7 @@ use crate::runtime::master::MasterTask;
 use crate::runtime::sync_calls::SyncAnswers;
 use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::{
-    CombineFn, DynMaster, DynWorker, MasterHooks, MasterParts, OwnedEnding, WorkerFactory,
-    WorkerHookFactory,
+    CombineFn, DynMaster, MasterHooks, MasterParts, OwnedEnding, WorkerFactory, WorkerHookFactory,
 };
 use crate::transport::{TransportError, WorkerLink};
 use crate::JobBuilder;
@@ -311,85 +316,6 @@ impl Faults {
     }
 }
 
-/// The settings of a simulated job: those of [`JobConfig`] that shape
-/// the protocol, and the faults.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct SimConfig {
-    /// The number of workers. Default 3.
-    pub workers: usize,
-    /// The most iterations. Default 10.
-    pub iterations: Iteration,
-    /// Halt when every worker votes to halt. Default off.
-    pub worker_halt: bool,
-    /// Barrier mode ([`JobBuilder::barrier_mode`]): each worker's compute runs on a thread
-    /// of its own and may call `barrier()` and `all_gather()`, answered by the master's
-    /// node over the simulated network (the simulator runs one thread at a time, so a run
-    /// stays determined by its seed). Default off.
-    pub barrier_mode: bool,
-    /// What to do when a worker fails. Default [`FailurePolicy::Fail`].
-    pub policy: FailurePolicy,
-    /// Checkpoint every k iterations; `None` (the default) never.
-    pub checkpoint_every: Option<Iteration>,
-    /// As [`JobConfig::min_workers_ratio`](crate::JobConfig::min_workers_ratio). Default 1.0.
-    pub min_workers_ratio: f64,
-    /// As [`JobConfig::min_workers_timeout`](crate::JobConfig::min_workers_timeout), in
-    /// virtual time. Default 50 ms.
-    pub min_workers_timeout: Duration,
-    /// How long an iteration may wait for its results, in virtual time. Default 10 s.
-    pub iteration_timeout: Duration,
-    /// How long start-up may take, in virtual time. Default 10 s.
-    pub startup_timeout: Duration,
-    /// The faults to draw. Default none.
-    pub faults: Faults,
-    /// Faults at given points, besides those drawn. Default none.
-    pub schedule: Vec<Fault>,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            workers: 3,
-            iterations: 10,
-            worker_halt: false,
-            barrier_mode: false,
-            policy: FailurePolicy::Fail,
-            checkpoint_every: None,
-            min_workers_ratio: 1.0,
-            min_workers_timeout: Duration::from_millis(50),
-            iteration_timeout: Duration::from_secs(10),
-            startup_timeout: Duration::from_secs(10),
-            faults: Faults::default(),
-            schedule: Vec::new(),
-        }
-    }
-}
-
-impl SimConfig {
-    /// The job's settings as the master's node reads them.
-    /// The job's settings as the master's node reads them: `base`'s (those of a job
-    /// simulated from its builder), with the simulated ones from here.
-    fn job_config(&self, base: Option<&JobConfig>) -> JobConfig {
-        let base = base.cloned().unwrap_or_else(|| JobConfig {
-            job_id: "sim".into(),
-            shutdown_timeout: Duration::from_secs(1),
-            ..JobConfig::default()
-        });
-        JobConfig {
-            workers: self.workers,
-            iterations: self.iterations,
-            worker_halt: self.worker_halt,
-            barrier_mode: self.barrier_mode,
-            startup_timeout: self.startup_timeout,
-            iteration_timeout: self.iteration_timeout,
-            min_workers_ratio: self.min_workers_ratio,
-            min_workers_timeout: self.min_workers_timeout,
-            failure_policy: self.policy,
-            ..base
-        }
-    }
-}
-
 /// How a simulated job ended, when it completed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOutcome<M> {
@@ -478,19 +404,23 @@ struct MasterMade<M, W> {
 
 type MasterFactory<M, W> = Arc<dyn Fn() -> MasterMade<M, W> + Send + Sync>;
 
-/// A job to simulate: a factory of its master's process (called again for a restarted
-/// master), a factory of its workers (called again for a replaced worker), and its
-/// settings.
+/// A job to simulate, as the program builds it ([`Simulation::from_job`]), with the faults
+/// to inject ([`faults`](Simulation::faults), [`schedule`](Simulation::schedule)).
 pub struct Simulation<M, W> {
+    /// Each master's process: the job built again, as a process started again builds it.
     master: MasterFactory<M, W>,
     workers: WorkerFactory<M, W>,
     combine: Option<CombineFn<W>>,
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
     /// The job's input, sharded by each master's process as `run` shards it.
     input: Option<Input>,
-    /// The job's settings beyond the simulated ones (a job simulated from its builder).
-    base: Option<Arc<JobConfig>>,
-    config: SimConfig,
+    /// The job's settings.
+    job: Arc<JobConfig>,
+    /// Every how many iterations the master saves a checkpoint (`JobBuilder::checkpoint`);
+    /// to the simulator's store, which survives the master's crashes.
+    checkpoint_every: Option<Iteration>,
+    faults: Faults,
+    schedule: Vec<Fault>,
 }
 
 impl<M, W> Clone for Simulation<M, W> {
@@ -501,8 +431,10 @@ impl<M, W> Clone for Simulation<M, W> {
             combine: self.combine.clone(),
             worker_hooks: self.worker_hooks.clone(),
             input: self.input.clone(),
-            base: self.base.clone(),
-            config: self.config.clone(),
+            job: Arc::clone(&self.job),
+            checkpoint_every: self.checkpoint_every,
+            faults: self.faults,
+            schedule: self.schedule.clone(),
         }
     }
 }
@@ -510,42 +442,22 @@ impl<M, W> Clone for Simulation<M, W> {
 impl<M, W> fmt::Debug for Simulation<M, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Simulation")
-            .field("config", &self.config)
+            .field("job", &self.job)
+            .field("checkpoint_every", &self.checkpoint_every)
+            .field("faults", &self.faults)
+            .field("schedule", &self.schedule)
             .finish_non_exhaustive()
     }
 }
 
 impl<M: Payload, W: Payload> Simulation<M, W> {
-    /// A simulation of the job made of these factories, with the default [`SimConfig`].
-    pub fn new<MC, WC>(
-        master: impl Fn() -> MC + Send + Sync + 'static,
-        workers: impl Fn(Rank) -> WC + Send + Sync + 'static,
-    ) -> Self
-    where
-        MC: MasterComputable<MasterResult = M, WorkerResult = W>,
-        WC: WorkerComputable<MasterResult = M, WorkerResult = W>,
-    {
-        Simulation {
-            master: Arc::new(move || MasterMade {
-                master: Box::new(master()),
-                hooks: Vec::new(),
-                coordinator: None,
-            }),
-            workers: Arc::new(move |rank| -> DynWorker<M, W> { Box::new(workers(rank)) }),
-            combine: None,
-            worker_hooks: Vec::new(),
-            input: None,
-            base: None,
-            config: SimConfig::default(),
-        }
-    }
-
     /// A simulation of the job `make` builds — its master, workers, interceptors,
-    /// combiner, coordinator, input and settings, as [`JobBuilder::run`] would run them —
-    /// over the simulator's network, clock and checkpoint store (the builder's transport,
-    /// store, events and cancel are not used). `make` is called again for each master's
-    /// process, as a restarted process builds its job again; write it as the function your
-    /// program builds its job with.
+    /// combiner, coordinator, input, checkpoint interval and settings, as
+    /// [`JobBuilder::run`] would run them — over the simulator's network, clock and
+    /// checkpoint store (the builder's transport, store, events and cancel are not used),
+    /// with no faults until [`faults`](Self::faults) or [`schedule`](Self::schedule) adds
+    /// them. `make` is called again for each master's process, as a restarted process
+    /// builds its job again; write it as the function your program builds its job with.
     ///
     /// ```
     /// use superstep::prelude::*;
@@ -581,21 +493,8 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// [`JobBuilder::run`]: crate::JobBuilder::run
     pub fn from_job(make: impl Fn() -> JobBuilder<M, W> + Send + Sync + 'static) -> Self {
         let first = make();
-        let job = &first.config;
-        let config = SimConfig {
-            workers: job.workers,
-            iterations: job.iterations,
-            worker_halt: job.worker_halt,
-            barrier_mode: job.barrier_mode,
-            policy: job.failure_policy,
-            checkpoint_every: first.checkpoint.as_ref().map(|c| c.every),
-            min_workers_ratio: job.min_workers_ratio,
-            min_workers_timeout: job.min_workers_timeout,
-            iteration_timeout: job.iteration_timeout,
-            startup_timeout: job.startup_timeout,
-            ..SimConfig::default()
-        };
-        let base = Some(Arc::new(job.clone()));
+        let job = Arc::new(first.config.clone());
+        let checkpoint_every = first.checkpoint.as_ref().map(|c| c.every);
         let (workers, combine, worker_hooks) = (
             Arc::clone(&first.workers),
             first.combine.clone(),
@@ -615,131 +514,29 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             combine,
             worker_hooks,
             input,
-            base,
-            config,
+            job,
+            checkpoint_every,
+            faults: Faults::none(),
+            schedule: Vec::new(),
         }
     }
 
-    /// The number of workers.
-    pub fn workers(mut self, workers: usize) -> Self {
-        self.config.workers = workers;
-        self
-    }
-
-    /// Barrier mode, as [`JobBuilder::barrier_mode`] sets it (see
-    /// [`SimConfig::barrier_mode`]).
-    pub fn barrier_mode(mut self, enabled: bool) -> Self {
-        self.config.barrier_mode = enabled;
-        self
-    }
-
-    /// The most iterations.
-    pub fn iterations(mut self, iterations: Iteration) -> Self {
-        self.config.iterations = iterations;
-        self
-    }
-
-    /// Halt when every worker votes to halt.
-    pub fn worker_halt(mut self, enabled: bool) -> Self {
-        self.config.worker_halt = enabled;
-        self
-    }
-
-    /// What to do when a worker fails.
-    pub fn policy(mut self, policy: FailurePolicy) -> Self {
-        self.config.policy = policy;
-        self
-    }
-
-    /// Checkpoint every `every` iterations.
-    pub fn checkpoint_every(mut self, every: Iteration) -> Self {
-        self.config.checkpoint_every = Some(every.max(1));
-        self
-    }
-
-    /// Stragglers: after `timeout` (virtual), go on with `ceil(ratio × workers)` results.
-    pub fn min_workers(mut self, ratio: f64, timeout: Duration) -> Self {
-        self.config.min_workers_ratio = ratio;
-        self.config.min_workers_timeout = timeout;
-        self
-    }
-
-    /// Combines the workers' results as they arrive, in rank order, as
-    /// [`JobBuilder::combine`](crate::JobBuilder::combine) does: the master reads
-    /// [`combined_result`](crate::MasterContext::combined_result).
-    pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
-        self.combine = Some(Arc::new(combine));
-        self
-    }
-
-    /// Changes what each master's process is made of.
-    fn making_master(
-        mut self,
-        change: impl Fn(&mut MasterMade<M, W>) + Send + Sync + 'static,
-    ) -> Self {
-        let make = Arc::clone(&self.master);
-        self.master = Arc::new(move || {
-            let mut made = make();
-            change(&mut made);
-            made
-        });
-        self
-    }
-
-    /// Adds an interceptor to the master: `make` is called for each master process (one
-    /// started again after a crash gets a new one), as
-    /// [`JobBuilder::master_interceptor`](crate::JobBuilder::master_interceptor) adds one.
-    pub fn master_interceptor<I, F>(self, make: F) -> Self
-    where
-        I: MasterInterceptor<M, W>,
-        F: Fn() -> I + Send + Sync + 'static,
-    {
-        self.making_master(move |made| made.hooks.push(Box::new(make())))
-    }
-
-    /// Adds an interceptor to every worker: `make` is called once per worker (a
-    /// replacement gets a new one), as
-    /// [`JobBuilder::worker_interceptor`](crate::JobBuilder::worker_interceptor) does.
-    pub fn worker_interceptor<I, F>(mut self, make: F) -> Self
-    where
-        I: WorkerInterceptor<M, W>,
-        F: Fn(Rank) -> I + Send + Sync + 'static,
-    {
-        self.worker_hooks
-            .push(crate::runtime::worker_hook_factory(make));
-        self
-    }
-
-    /// The job's coordinator, as [`JobBuilder::coordinator`](crate::JobBuilder::coordinator)
-    /// sets it: `make` is called for each master process (one started again after a crash
-    /// gets a new one, whose `on_start` runs again). Its `on_finish` runs only when every
-    /// worker completed; its `on_error` otherwise — as in the runtime.
-    pub fn coordinator<C: Coordinator>(self, make: impl Fn() -> C + Send + Sync + 'static) -> Self {
-        self.making_master(move |made| made.coordinator = Some(Box::new(make())))
-    }
-
-    /// The faults to draw.
+    /// The faults to draw from each run's seed.
     pub fn faults(mut self, faults: Faults) -> Self {
-        self.config.faults = faults;
+        self.faults = faults;
         self
     }
 
     /// Faults at given points of the run, besides those drawn: a schedule a property test
     /// can generate and shrink (see [`Fault`]).
     pub fn schedule(mut self, schedule: Vec<Fault>) -> Self {
-        self.config.schedule = schedule;
+        self.schedule = schedule;
         self
     }
 
-    /// Replaces every setting.
-    pub fn config(mut self, config: SimConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// The settings.
-    pub fn settings(&self) -> &SimConfig {
-        &self.config
+    /// The job's settings, as the simulated runs use them (from its builder).
+    pub fn settings(&self) -> &JobConfig {
+        &self.job
     }
 
     /// Runs the job once with `seed`.
@@ -1144,7 +941,6 @@ impl Reach for SimReach {
 
 struct World<'s, M: Payload, W: Payload> {
     sim: &'s Simulation<M, W>,
-    config: &'s SimConfig,
     job: Arc<JobConfig>,
     /// The settings the nodes run by, as the runtime builds them from the job's.
     node_config: Arc<NodeConfig>,
@@ -1188,10 +984,10 @@ const MAX_EVENTS: u64 = 2_000_000;
 
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     fn new(sim: &'s Simulation<M, W>, seed: u64) -> Self {
-        let config = &sim.config;
-        let job = Arc::new(config.job_config(sim.base.as_deref()));
+        let job = Arc::clone(&sim.job);
         let job_id: Arc<str> = Arc::from(job.job_id.as_str());
-        let node_config = Arc::new(job.node_config(config.checkpoint_every));
+        let node_config = Arc::new(job.node_config(sim.checkpoint_every));
+        let workers = job.workers;
         let worker_config = Arc::new(WorkerConfig {
             // A call waits as long as it takes: the simulator answers it, or ends it, in
             // virtual time; a real-time limit would make a run depend on the machine.
@@ -1200,7 +996,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         });
         let mut world = World {
             sim,
-            config,
             job,
             node_config,
             worker_config,
@@ -1220,13 +1015,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             stats: SimStats::default(),
             trace: Vec::new(),
             violations: Vec::new(),
-            sent: vec![Vec::new(); config.workers],
-            pending: config.schedule.clone(),
-            arrivals: vec![(Duration::ZERO, Duration::ZERO); config.workers],
-            cuts: vec![None; config.workers],
+            sent: vec![Vec::new(); workers],
+            pending: sim.schedule.clone(),
+            arrivals: vec![(Duration::ZERO, Duration::ZERO); workers],
+            cuts: vec![None; workers],
             shards: None,
         };
-        let checkpoints = config
+        let checkpoints = sim
             .checkpoint_every
             .map_or(Ok(()), crate::job::check_checkpoint_every);
         if let Err(error) = world.job.validate().and(checkpoints) {
@@ -1244,7 +1039,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             let when = "during start-up, while its workers register";
             world.at(at, Event::MasterCrashNow { master: 0, when });
         }
-        for rank in 0..config.workers {
+        for rank in 0..workers {
             let node = world.spawn(rank, 0, 0);
             world.nodes.push(node);
             world.start_worker(rank);
@@ -1282,7 +1077,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let shards = crate::runtime::coordination::shards(
             made.coordinator.as_mut(),
             self.sim.input.as_ref(),
-            self.config.workers,
+            self.job.workers,
         );
         match shards {
             Ok(shards) => self.shards = shards.map(Arc::new),
@@ -1293,7 +1088,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             }
         }
         // The coordinator starts before anything else of the process, as in the runtime.
-        let info = JobInfo::new(&*self.job_id, self.config.workers, attempt);
+        let info = JobInfo::new(&*self.job_id, self.job.workers, attempt);
         let mut coordination = made.coordinator.map(|c| Coordination::new(c, info));
         if let Some(c) = &mut coordination {
             if let Err(error) = c.start() {
@@ -1317,7 +1112,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             },
             Arc::clone(&self.node_config),
             NodeSettings {
-                local: vec![self.gang(); self.config.workers],
+                local: vec![self.gang(); self.job.workers],
                 coordinated: coordination.is_some(),
                 listening: false,
             },
@@ -1363,8 +1158,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
 
     fn latency(&mut self) -> Duration {
         let mut us = self.rng.random_range(LATENCY_US);
-        if self.chance(self.config.faults.delay) {
-            let max = self.config.faults.max_delay.as_micros().max(1) as u64;
+        if self.chance(self.sim.faults.delay) {
+            let max = self.sim.faults.max_delay.as_micros().max(1) as u64;
             us += self.rng.random_range(0..max);
         }
         Duration::from_micros(us)
@@ -1428,7 +1223,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     let when = "during the drain, before any worker said it stopped";
                     self.at(at, Event::MasterCrashNow { master, when });
                 }
-                for rank in 0..self.config.workers {
+                for rank in 0..self.job.workers {
                     self.send_to_worker(rank, msg.clone());
                 }
                 // The master's process may crash while it gathers the round it began.
@@ -1465,7 +1260,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             Action::ReplaceAll { attempt, .. } => {
                 self.stats.new_attempts += 1;
                 self.log(|| format!("every worker restarts as attempt {attempt}"));
-                for rank in 0..self.config.workers {
+                for rank in 0..self.job.workers {
                     self.replace(rank, attempt);
                 }
             }
@@ -1630,12 +1425,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// there): then they die and start again with it. Otherwise they are processes of
     /// their own, which reconnect to a master started again.
     fn gang(&self) -> bool {
-        matches!(self.config.policy, FailurePolicy::RestartAll { .. })
+        matches!(self.job.failure_policy, FailurePolicy::RestartAll { .. })
     }
 
     fn master_may_crash(&mut self) -> bool {
-        self.stats.master_crashes < self.config.faults.max_crashes
-            && self.chance(self.config.faults.master_crash)
+        self.stats.master_crashes < self.sim.faults.max_crashes
+            && self.chance(self.sim.faults.master_crash)
     }
 
     fn crash_master(&mut self, when: &str) {
@@ -1667,13 +1462,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         self.log(|| format!("the master restarts as attempt {attempt}"));
         if self.gang() {
             // Its process starts its workers anew.
-            for rank in 0..self.config.workers {
+            for rank in 0..self.job.workers {
                 self.replace(rank, attempt);
             }
             return self.drive();
         }
         self.drive();
-        for rank in 0..self.config.workers {
+        for rank in 0..self.job.workers {
             let node = &self.nodes[rank];
             if node.alive {
                 let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
@@ -1689,7 +1484,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     /// (`superstep-launch --restarts`, under `RestartWorker`): the replacement of a rank
     /// of another process.
     fn relaunches(&self) -> bool {
-        !self.gang() && matches!(self.config.policy, FailurePolicy::RestartWorker { .. })
+        !self.gang() && matches!(self.job.failure_policy, FailurePolicy::RestartWorker { .. })
     }
 
     /// The process of `rank` ended on a failure (its own, or a crash): the launcher starts
@@ -1773,7 +1568,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let Some(latency) = self.across_cut(from, latency) else {
             return;
         };
-        if duplicate || (is_result && self.chance(self.config.faults.duplicate)) {
+        if duplicate || (is_result && self.chance(self.sim.faults.duplicate)) {
             // The copy a network delivers twice: the same bytes, decoded again.
             if let Ok(copy) = crate::codec::round_trip(&msg) {
                 let again = self.latency() + latency;
@@ -1787,7 +1582,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 );
             }
         }
-        let latency = if dropped || (is_result && self.chance(self.config.faults.drop)) {
+        let latency = if dropped || (is_result && self.chance(self.sim.faults.drop)) {
             latency + RETRANSMIT
         } else {
             latency
@@ -1930,7 +1725,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             stats: self.stats,
             trace: self.trace,
             violations: self.violations,
-            schedule: self.config.schedule.clone(),
+            schedule: self.sim.schedule.clone(),
         }
     }
 
@@ -2185,7 +1980,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.shards.as_ref(),
             end.clone(),
         );
-        let sync = self.config.barrier_mode.then(|| {
+        let sync = self.job.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
             let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
             let patience = self.worker_config.sync_patience;
@@ -2451,7 +2246,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     }
 
     fn compute(&mut self, rank: Rank, iteration: Iteration, last: Option<Arc<M>>) {
-        let faults = self.config.faults;
+        let faults = self.sim.faults;
         let slow = self
             .scheduled(|f| *f == Fault::Slow { rank, iteration })
             .is_some()

@@ -7,8 +7,8 @@
 //! ```
 //! use proptest::prelude::*;
 //! use superstep::prelude::*;
+//! use superstep::checkpoint::MemoryCheckpointStore;
 //! use superstep::sim::{strategies, Simulation};
-//! use superstep::FailurePolicy;
 //!
 //! struct Count;
 //! impl WorkerComputable for Count {
@@ -27,8 +27,12 @@
 //!     }
 //! }
 //!
-//! fn job() -> Simulation<u64, u64> {
-//!     Simulation::new(|| Sum, |_| Count).workers(3).iterations(6).checkpoint_every(2)
+//! /// How the program builds its job.
+//! fn job() -> JobBuilder<u64, u64> {
+//!     Job::builder(Sum, |_| Count)
+//!         .workers(3)
+//!         .iterations(6)
+//!         .checkpoint(MemoryCheckpointStore::new(), 2)
 //! }
 //!
 //! proptest! {
@@ -38,9 +42,8 @@
 //!         schedule in strategies::schedule(3, 6, 4),
 //!         policy in strategies::recovering_policy(4),
 //!     ) {
-//!         let expected = job().run(0).outcome.unwrap().result;
-//!         job()
-//!             .policy(policy)
+//!         let expected = Simulation::from_job(job).run(0).outcome.unwrap().result;
+//!         Simulation::from_job(move || job().failure_policy(policy))
 //!             .schedule(schedule)
 //!             .try_check(0..2, |run| match &run.outcome {
 //!                 Ok(o) if o.result == expected => Ok(()),
@@ -56,9 +59,12 @@ use proptest::prelude::*;
 
 #[cfg(doc)]
 use super::Simulation;
-use super::{CrashPoint, Fault, SimConfig};
+use super::{CrashPoint, Fault};
+use crate::checkpoint::MemoryCheckpointStore;
 use crate::ids::Iteration;
+use crate::payload::Payload;
 use crate::protocol::FailurePolicy;
+use crate::JobBuilder;
 
 /// Where in an iteration the master's process crashes.
 pub fn crash_point() -> impl Strategy<Value = CrashPoint> {
@@ -159,11 +165,41 @@ pub fn policy(max: u32) -> impl Strategy<Value = FailurePolicy> {
     ]
 }
 
-/// Settings of a simulated job: 1 to `max_workers` workers, 1 to `max_iterations`
-/// iterations, a checkpoint every k iterations or none, worker halt votes on or off, with
-/// the default timeouts, no drawn faults and no schedule (add them with
-/// [`Simulation::faults`] and [`Simulation::schedule`]).
-pub fn settings(max_workers: usize, max_iterations: Iteration) -> impl Strategy<Value = SimConfig> {
+/// The shape of a job that a property test varies — its worker count, its iteration
+/// count, a checkpoint every k iterations or none, whether the workers' votes halt it —
+/// applied to the program's own builder with [`Shape::apply`]:
+/// `Simulation::from_job(move || shape.apply(job()))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Shape {
+    /// The number of workers.
+    pub workers: usize,
+    /// The most iterations.
+    pub iterations: Iteration,
+    /// A checkpoint every this many iterations, or none.
+    pub checkpoint_every: Option<Iteration>,
+    /// Whether the workers' unanimous vote halts the job.
+    pub worker_halt: bool,
+}
+
+impl Shape {
+    /// `job` in this shape. Its checkpoints go to a store in memory, which the simulator
+    /// replaces by its own (that one survives the master's crashes).
+    pub fn apply<M: Payload, W: Payload>(&self, job: JobBuilder<M, W>) -> JobBuilder<M, W> {
+        let job = job
+            .workers(self.workers)
+            .iterations(self.iterations)
+            .worker_halt(self.worker_halt);
+        match self.checkpoint_every {
+            Some(every) => job.checkpoint(MemoryCheckpointStore::new(), every),
+            None => job,
+        }
+    }
+}
+
+/// Shapes of a job: 1 to `max_workers` workers, 1 to `max_iterations` iterations, a
+/// checkpoint every k iterations or none, worker halt votes on or off.
+pub fn shape(max_workers: usize, max_iterations: Iteration) -> impl Strategy<Value = Shape> {
     let max_iterations = max_iterations.max(1);
     (
         1..=max_workers.max(1),
@@ -172,12 +208,11 @@ pub fn settings(max_workers: usize, max_iterations: Iteration) -> impl Strategy<
         any::<bool>(),
     )
         .prop_map(
-            |(workers, iterations, checkpoint_every, worker_halt)| SimConfig {
+            |(workers, iterations, checkpoint_every, worker_halt)| Shape {
                 workers,
                 iterations,
                 checkpoint_every,
                 worker_halt,
-                ..SimConfig::default()
             },
         )
 }

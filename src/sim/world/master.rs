@@ -1,0 +1,466 @@
+//! The master's process in a simulated run: its node (the runtime's `MasterNode`) fed what
+//! happens and its actions carried out, its code run as the runtime runs it (with its
+//! checkpoints to the simulator's store), its crashes — while it gathers, around its
+//! compute and checkpoint write, in start-up and in the drain — and its restarts.
+
+use std::time::Duration;
+
+use rand::RngExt;
+
+use super::network::SimReach;
+use super::*;
+use crate::checkpoint::CheckpointStore;
+use crate::compute::JobEnd;
+use crate::coordinator::JobInfo;
+use crate::protocol::{
+    Action, Envelope, FailurePolicy, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings,
+};
+use crate::runtime::coordination::Coordination;
+use crate::runtime::master::MasterTask;
+use crate::runtime::MasterParts;
+use crate::sim::{store::WriteCrash, CrashPoint};
+
+/// The master's process: the node the runtime drives, and the master's code as the
+/// runtime runs it.
+pub(super) struct MasterProcess<M: Payload, W: Payload> {
+    pub(super) node: MasterNode<M, W>,
+    pub(super) task: Option<Box<MasterTask<M, W>>>,
+    /// The job's coordinator, in the master's process.
+    pub(super) coordination: Option<Coordination>,
+    pub(super) timer: Option<Instant>,
+    /// The job's failure as the master's process hears of it.
+    pub(super) end: JobEnd,
+}
+
+impl<M: Payload, W: Payload> World<'_, M, W> {
+    /// Starts the master's process, as the runtime does: the newest checkpoint read, the
+    /// attempt chosen, the master's code and node built from them. `restarted`: how many
+    /// processes died before this one.
+    pub(super) fn start_master(&mut self, restarted: u32) {
+        let mut store = self.store.clone();
+        let resumed = match crate::runtime::resume::<M>(&mut store, &self.job_id) {
+            Ok(resumed) => resumed,
+            Err(error) => {
+                self.log(|| format!("the master cannot resume: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        };
+        let skipped = std::mem::take(&mut *lock(&self.store.skipped));
+        if skipped > 0 {
+            self.stats.skipped_checkpoints += skipped;
+            self.log(|| format!("the master skips {skipped} damaged checkpoint(s)"));
+        }
+        let attempt =
+            crate::protocol::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
+        if let Some(r) = &resumed {
+            let iteration = r.iteration;
+            self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));
+        }
+        let mut made = (self.sim.master)();
+        // Sharded as every process shards, with the coordinator that then starts.
+        let shards = crate::runtime::coordination::shards(
+            made.coordinator.as_mut(),
+            self.sim.input.as_ref(),
+            self.job.workers,
+        );
+        match shards {
+            Ok(shards) => self.shards = shards.map(Arc::new),
+            Err(error) => {
+                self.log(|| format!("the input cannot be sharded: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        }
+        // The coordinator starts before anything else of the process, as in the runtime.
+        let info = JobInfo::new(&*self.job_id, self.job.workers, attempt);
+        let mut coordination = made.coordinator.map(|c| Coordination::new(c, info));
+        if let Some(c) = &mut coordination {
+            if let Err(error) = c.start() {
+                self.log(|| format!("the coordinator cannot start: {error}"));
+                self.outcome = Some(Err(error));
+                return;
+            }
+        }
+        let keeps = self.node_config.checkpoint_every.is_some();
+        let store = keeps.then(|| Box::new(store) as Box<dyn CheckpointStore>);
+        let end = JobEnd::default();
+        let (task, node) = crate::runtime::master_process(
+            MasterParts {
+                master: made.master,
+                hooks: made.hooks,
+                combine: self.sim.combine.clone(),
+                store,
+                resumed,
+                attempt,
+                end: end.clone(),
+            },
+            Arc::clone(&self.node_config),
+            NodeSettings {
+                local: vec![self.gang(); self.job.workers],
+                coordinated: coordination.is_some(),
+                listening: false,
+            },
+            &self.job_id,
+            self.clock.instant(),
+        );
+        self.master = Some(MasterProcess {
+            node,
+            task: Some(Box::new(task)),
+            coordination,
+            timer: None,
+            end,
+        });
+    }
+
+    /// Feeds the master's node (if its process runs), then carries out what it asks.
+    pub(super) fn feed(&mut self, input: impl FnOnce(&mut MasterNode<M, W>, Instant, &SimReach)) {
+        let reach = self.reach();
+        let now = self.clock.instant();
+        let Some(master) = self.master.as_mut() else {
+            return;
+        };
+        input(&mut master.node, now, &reach);
+        self.drive();
+    }
+
+    pub(super) fn drive(&mut self) {
+        loop {
+            let Some(action) = self.master.as_mut().and_then(|m| m.node.poll_action()) else {
+                return;
+            };
+            self.carry_out(action);
+        }
+    }
+
+    pub(super) fn carry_out(&mut self, action: Action<M, W>) {
+        match action {
+            Action::Send { to, msg } => self.send_to_worker(to, msg),
+            Action::Broadcast(msg) => {
+                let begins = matches!(msg, ToWorker::Iterate { .. });
+                if let (ToWorker::Iterate { iteration, .. }, false) = (&msg, self.gang()) {
+                    let iteration = *iteration;
+                    let cut = self.scheduled(
+                        |f| matches!(f, Fault::Partition { iteration: i, .. } if *i == iteration),
+                    );
+                    if let Some(Fault::Partition { rank, millis, .. }) = cut {
+                        self.cut(rank, millis);
+                    }
+                }
+                let ends = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
+                if ends
+                    && self
+                        .scheduled(|f| *f == Fault::MasterCrashInDrain)
+                        .is_some()
+                {
+                    // Before any worker's word that it stopped can be in: each way takes
+                    // 50 µs at least.
+                    let at = Duration::from_micros(self.rng.random_range(0..90));
+                    let master = self.master_generation;
+                    let when = "during the drain, before any worker said it stopped";
+                    self.clock.at(at, Event::MasterCrashNow { master, when });
+                }
+                for rank in 0..self.job.workers {
+                    self.send_to_worker(rank, msg.clone());
+                }
+                // The master's process may crash while it gathers the round it began.
+                let iteration = match msg {
+                    ToWorker::Iterate { iteration, .. } => iteration,
+                    _ => 0,
+                };
+                let scheduled = begins
+                    && self
+                        .scheduled(|f| {
+                            *f == Fault::MasterCrash {
+                                iteration,
+                                point: CrashPoint::Gathering,
+                            }
+                        })
+                        .is_some();
+                if scheduled {
+                    // Before the first result can be in (compute takes 1 ms at least).
+                    let at = Duration::from_micros(self.rng.random_range(0..500));
+                    let master = self.master_generation;
+                    self.clock.at(at, Event::MasterCrash { master });
+                } else if begins && self.master_may_crash() && self.rng.random_bool(0.5) {
+                    let at = Duration::from_micros(self.rng.random_range(0..10_000));
+                    let master = self.master_generation;
+                    self.clock.at(at, Event::MasterCrash { master });
+                }
+            }
+            Action::RunMaster(work) => self.run_master(work),
+            Action::ReplaceWorker { rank, attempt, .. } => {
+                self.stats.worker_restarts += 1;
+                self.log(|| format!("worker {rank} is replaced"));
+                self.replace(rank, attempt);
+            }
+            Action::ReplaceAll { attempt, .. } => {
+                self.stats.new_attempts += 1;
+                self.log(|| format!("every worker restarts as attempt {attempt}"));
+                for rank in 0..self.job.workers {
+                    self.replace(rank, attempt);
+                }
+            }
+            Action::Event(_) => {}
+            Action::EndJob(error) => {
+                if let Some(master) = &self.master {
+                    master.end.end(&error);
+                }
+            }
+            Action::Report(report) => {
+                if let Some(master) = self.master.as_mut() {
+                    let attempt = master.node.attempt();
+                    if let Some(c) = master.coordination.as_mut() {
+                        c.worker_done(attempt, &report);
+                    }
+                }
+            }
+            Action::Commit(reports) => {
+                let committed = match self.master.as_mut() {
+                    Some(MasterProcess {
+                        node,
+                        coordination: Some(c),
+                        ..
+                    }) => c.finish(node.attempt(), &reports),
+                    _ => Ok(()),
+                };
+                self.feed(|node, now, _| node.handle_committed(now, committed));
+            }
+            Action::CleanUp(error) => {
+                if let Some(master) = self.master.as_mut() {
+                    let attempt = master.node.attempt();
+                    if let Some(c) = master.coordination.as_mut() {
+                        c.fail(Some(attempt), &error);
+                    }
+                }
+            }
+            Action::Finished(outcome) => {
+                if let Some(master) = &self.master {
+                    self.stats.drops += master.node.drops();
+                    self.stats.lost = master.node.lost();
+                }
+                self.log(|| match &outcome {
+                    Ok(o) => format!("the job completes after {} iterations", o.iterations),
+                    Err(e) => format!("the job fails: {e}"),
+                });
+                self.outcome = Some(outcome.map(|o| SimOutcome {
+                    result: o.result,
+                    iterations: o.iterations,
+                    halted: o.halted,
+                }));
+            }
+        }
+    }
+
+    /// Runs the master's code as the runtime does (its process may crash before its
+    /// compute, or around its checkpoint write), and hands back what it did.
+    pub(super) fn run_master(&mut self, work: MasterWork<M, W>) {
+        let mut crash = None;
+        if let MasterWork::Iterate(round) = &work {
+            self.check_round(round);
+            let iteration = round.iteration;
+            let scheduled = self.scheduled(|f| {
+                matches!(f, Fault::MasterCrash { iteration: i, point } if *i == iteration && *point != CrashPoint::Gathering)
+            });
+            crash = match scheduled {
+                Some(Fault::MasterCrash { point, .. }) => Some(match point {
+                    CrashPoint::BeforeCompute | CrashPoint::Gathering => 0,
+                    CrashPoint::BeforeCheckpoint => 1,
+                    CrashPoint::DuringCheckpoint => 2,
+                    CrashPoint::AfterCheckpoint => 3,
+                    CrashPoint::TornCheckpoint => 4,
+                }),
+                _ if self.master_may_crash() => Some(self.rng.random_range(0..4u8)),
+                _ => None,
+            };
+        }
+        if crash == Some(0) {
+            return self.crash_master("before its compute");
+        }
+        let write_crash = match crash {
+            Some(1) => Some(WriteCrash::Before),
+            Some(2) => Some(WriteCrash::During),
+            Some(3) => Some(WriteCrash::After),
+            Some(4) => Some(WriteCrash::Torn),
+            _ => None,
+        };
+        *self.store.plan.lock().unwrap_or_else(|e| e.into_inner()) = (write_crash, false);
+        let Some(mut task) = self.master.as_mut().and_then(|m| m.task.take()) else {
+            self.violations
+                .push("work handed to the master while it was busy".into());
+            return;
+        };
+        let done = task.run(work);
+        let (unused, crashed) = {
+            let mut plan = self.store.plan.lock().unwrap_or_else(|e| e.into_inner());
+            (plan.0.take(), std::mem::take(&mut plan.1))
+        };
+        if unused.is_some() {
+            // No checkpoint was due: the process crashes once its compute is done.
+            return self.crash_master("after its compute (no checkpoint was due)");
+        }
+        if crashed {
+            let when = match write_crash {
+                Some(WriteCrash::Before) => "before its checkpoint write",
+                Some(WriteCrash::During) => "during its checkpoint write",
+                Some(WriteCrash::Torn) => "during its checkpoint write, leaving the file torn",
+                _ => "after its checkpoint write",
+            };
+            return self.crash_master(when);
+        }
+        if let MasterDone::Iterated {
+            result: Ok(computed),
+            iteration,
+            ..
+        } = &done
+        {
+            if computed.checkpointed {
+                self.stats.checkpoints += 1;
+                let iteration = *iteration;
+                self.log(|| format!("checkpoint of iteration {iteration} saved"));
+            }
+        }
+        if let Some(master) = self.master.as_mut() {
+            master.task = Some(task);
+        }
+        self.feed(|node, now, reach| node.handle_master_done(now, done, reach));
+    }
+
+    /// The invariants of a round the master is handed: its quorum, and only results
+    /// its ranks sent in its attempt.
+    pub(super) fn check_round(&mut self, round: &MasterRound<W>) {
+        let iteration = round.iteration;
+        let gathered = &round.gathered;
+        self.stats.rounds += 1;
+        let quorum = self.job.quorum();
+        if gathered.reported.len() < quorum {
+            self.violations.push(format!(
+                "iteration {iteration} completed with ranks {:?}, short of its quorum {quorum}",
+                gathered.reported
+            ));
+        }
+        let attempt = self.master.as_ref().map_or(0, |m| m.node.attempt());
+        for &rank in &gathered.reported {
+            if !self.sent[rank].contains(&(attempt, iteration)) {
+                self.violations.push(format!(
+                    "iteration {iteration} folded a result rank {rank} never sent in attempt {attempt}"
+                ));
+            }
+        }
+        if !gathered.left_out.is_empty() {
+            self.stats.partial_rounds += 1;
+        }
+        let (reported, left_out) = (gathered.reported.clone(), gathered.left_out.clone());
+        self.log(|| {
+            format!(
+                "iteration {iteration} complete with ranks {reported:?} (left out {left_out:?})"
+            )
+        });
+    }
+
+    /// Whether every worker runs in the master's process (`RestartAll` restarts them
+    /// there): then they die and start again with it. Otherwise they are processes of
+    /// their own, which reconnect to a master started again.
+    pub(super) fn gang(&self) -> bool {
+        matches!(self.job.failure_policy, FailurePolicy::RestartAll { .. })
+    }
+
+    pub(super) fn master_may_crash(&mut self) -> bool {
+        self.stats.master_crashes < self.sim.faults.max_crashes
+            && self.chance(self.sim.faults.master_crash)
+    }
+
+    pub(super) fn crash_master(&mut self, when: &str) {
+        if let Some(master) = self.master.take() {
+            self.stats.drops += master.node.drops();
+        }
+        self.master_generation += 1;
+        self.stats.master_crashes += 1;
+        self.log(|| format!("the master crashes {when}"));
+        if self.gang() {
+            // Every worker runs in the master's process (as `RestartAll` requires): they
+            // die with it.
+            for rank in 0..self.nodes.len() {
+                self.settle(rank, &JobError::Cancelled);
+                self.nodes[rank].alive = false;
+            }
+        }
+        let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
+        self.clock.at(after, Event::MasterRestart);
+    }
+
+    pub(super) fn restart_master(&mut self) {
+        self.stats.new_attempts += 1;
+        self.start_master(self.stats.master_crashes);
+        let Some(master) = &self.master else {
+            return;
+        };
+        let attempt = master.node.attempt();
+        self.log(|| format!("the master restarts as attempt {attempt}"));
+        if self.gang() {
+            // Its process starts its workers anew.
+            for rank in 0..self.job.workers {
+                self.replace(rank, attempt);
+            }
+            return self.drive();
+        }
+        self.drive();
+        for rank in 0..self.job.workers {
+            let node = &self.nodes[rank];
+            if node.alive {
+                let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
+                let generation = node.generation;
+                self.clock
+                    .at(backoff, Event::Reconnect { rank, generation });
+            }
+            // A rank whose process is gone connects when the launcher starts it again (or
+            // never: the start-up timeout then names it).
+        }
+    }
+
+    pub(super) fn arm_timer(&mut self) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let now = self.clock.instant();
+        let generation = self.master_generation;
+        let Some(master) = self.master.as_mut() else {
+            return;
+        };
+        let deadline = master.node.poll_timeout();
+        if deadline != master.timer {
+            master.timer = deadline;
+            if let Some(at) = deadline {
+                let after = at.saturating_duration_since(now);
+                self.clock.at(
+                    after,
+                    Event::Timer {
+                        master: generation,
+                        at,
+                    },
+                );
+            }
+        }
+    }
+
+    pub(super) fn deliver_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
+        let checked = match &msg {
+            ToMaster::Result(r) => Some((r.attempt, r.iteration)),
+            _ => None,
+        };
+        let Some(master) = &self.master else {
+            return;
+        };
+        let before = master.node.drops().total();
+        let current = (master.node.attempt(), master.node.gathering());
+        self.feed(|node, now, reach| node.handle_message(now, Envelope { from, msg }, reach));
+        if let (Some((attempt, iteration)), Some(master)) = (checked, &self.master) {
+            let kept = master.node.drops().total() == before;
+            if kept && Some((attempt, iteration)) != current.1.map(|i| (current.0, i)) {
+                self.violations.push(format!(
+                    "a result of rank {from} for attempt {attempt} iteration {iteration} was kept while the master's node was at {current:?}"
+                ));
+            }
+        }
+    }
+}

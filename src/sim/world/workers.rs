@@ -1,0 +1,537 @@
+//! The workers' processes in a simulated run: each worker's node (the runtime's
+//! `WorkerNode`) driven, its code run as the runtime runs it — in barrier mode on a thread
+//! of its own, whose sync calls travel the simulated network while the simulator waits for
+//! it, so that one thread runs at a time — its timers, its crashes, and its process started
+//! again by a launcher.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rand::RngExt;
+
+use super::*;
+use crate::compute::JobEnd;
+use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerNode};
+use crate::runtime::sync_calls::SyncAnswers;
+use crate::runtime::worker_task::WorkerTask;
+use crate::runtime::OwnedEnding;
+use crate::transport::{TransportError, WorkerLink};
+
+/// A worker's process.
+pub(super) struct Node<M, W> {
+    pub(super) generation: Generation,
+    /// The master's generation it is connected to.
+    pub(super) master: Generation,
+    pub(super) alive: bool,
+    /// The worker's node, as the runtime's worker actor drives it: every decision about
+    /// the worker's lifecycle is its.
+    pub(super) worker: WorkerNode<M, W>,
+    /// The worker's code, interceptors and context, as the runtime runs them (locked by
+    /// the compute's own thread in barrier mode, while the simulator waits for it).
+    pub(super) task: Arc<Mutex<WorkerTask<M, W>>>,
+    /// The job's failure as its process hears of it.
+    pub(super) end: JobEnd,
+    /// In barrier mode: the ends of its sync calls.
+    pub(super) sync: Option<SimSync<W>>,
+    /// In barrier mode: the compute under way on its own thread, parked in a sync call.
+    pub(super) parked: Option<Computing>,
+    /// Whether it reported a failed ending: its process then ends (and may be started
+    /// again by its launcher).
+    pub(super) failed: bool,
+    /// Its node said it is done: it does nothing more.
+    pub(super) stopped: bool,
+    /// It crashes right after its next result left.
+    pub(super) crash_after_send: bool,
+    /// The deadline of its node its timer is set for.
+    pub(super) timer: Option<Instant>,
+}
+
+/// A compute of barrier mode, on a thread of its own, says what it did: it made a sync
+/// call (and waits for its answer), or it returned.
+pub(super) enum FromCompute<W> {
+    Call(ToMaster<W>),
+    Returned(Worked<W>),
+}
+
+/// A worker's sync calls, as its transport would carry them: to the simulator.
+pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>);
+
+impl<W: Payload> WorkerLink<W> for CallLink<W> {
+    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        self.0
+            .send(FromCompute::Call(msg))
+            .map_err(|_| TransportError::Closed)
+    }
+}
+
+/// A worker's end of barrier mode in the simulator.
+pub(super) struct SimSync<W> {
+    /// What its compute's thread says.
+    from: mpsc::Receiver<FromCompute<W>>,
+    to_sim: mpsc::Sender<FromCompute<W>>,
+    /// Where the answers to its calls go (as the runtime's worker hands them over).
+    answers: SyncAnswers,
+    /// The thread of the compute under way, joined once it returned.
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long (in real time) the simulator waits for a compute of barrier mode to call or
+/// return before it gives up on it as hung.
+const COMPUTE_PATIENCE: Duration = Duration::from_secs(60);
+
+impl<W> SimSync<W> {
+    /// What the compute's thread does next: a call, or its return (its thread then
+    /// joined); `None` when it does neither within [`COMPUTE_PATIENCE`].
+    fn next(&mut self) -> Option<FromCompute<W>> {
+        let next = self.from.recv_timeout(COMPUTE_PATIENCE).ok()?;
+        if let FromCompute::Returned(_) = next {
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+        }
+        Some(next)
+    }
+}
+
+/// A compute under way: its iteration and the faults drawn for it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Computing {
+    took: Duration,
+    crash: bool,
+    during: bool,
+}
+
+impl<M: Payload, W: Payload> World<'_, M, W> {
+    /// Whether a launcher starts a worker's process again when it ends on a failure
+    /// (`superstep-launch --restarts`, under `RestartWorker`): the replacement of a rank
+    /// of another process.
+    pub(super) fn relaunches(&self) -> bool {
+        !self.gang() && matches!(self.job.failure_policy, FailurePolicy::RestartWorker { .. })
+    }
+
+    /// The process of `rank` ended on a failure (its own, or a crash): the launcher starts
+    /// it again after `after`.
+    pub(super) fn process_ended(&mut self, rank: Rank, after: Duration) {
+        if !self.relaunches() {
+            return;
+        }
+        let generation = self.nodes[rank].generation;
+        // Its new process connects once the old connection is gone: after everything on
+        // it arrived.
+        let after = after.max(self.until_delivered(rank))
+            + Duration::from_micros(self.rng.random_range(1_000..20_000));
+        self.clock.at(after, Event::Relaunch { rank, generation });
+    }
+
+    /// A new process for `rank`: its code starts (`init`), in `attempt`.
+    pub(super) fn spawn(
+        &mut self,
+        rank: Rank,
+        generation: Generation,
+        attempt: Attempt,
+    ) -> Node<M, W> {
+        let end = JobEnd::default();
+        let mut ctx = crate::runtime::worker_context(
+            &self.job,
+            &self.job_id,
+            rank,
+            self.shards.as_ref(),
+            end.clone(),
+        );
+        let sync = self.job.barrier_mode.then(|| {
+            let (to_sim, from) = mpsc::channel();
+            let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
+            let patience = self.worker_config.sync_patience;
+            let (link, answers) = crate::runtime::sync_calls::sync_link(link, attempt, patience);
+            ctx.sync = Some(link);
+            SimSync {
+                from,
+                to_sim,
+                answers,
+                thread: None,
+            }
+        });
+        let hooks = self
+            .sim
+            .worker_hooks
+            .iter()
+            .map(|make| make(rank))
+            .collect();
+        let config = Arc::clone(&self.worker_config);
+        let task = WorkerTask::new(
+            (self.sim.workers)(rank),
+            hooks,
+            ctx,
+            attempt,
+            Arc::clone(&config),
+        );
+        Node {
+            generation,
+            master: self.master_generation,
+            alive: true,
+            worker: WorkerNode::new(rank, attempt, config),
+            task: Arc::new(Mutex::new(task)),
+            end,
+            sync,
+            parked: None,
+            failed: false,
+            stopped: false,
+            crash_after_send: false,
+            timer: None,
+        }
+    }
+
+    /// Starts the new process of `rank` (in place in `nodes`).
+    pub(super) fn start_worker(&mut self, rank: Rank) {
+        self.nodes[rank].worker.start();
+        self.drive_worker(rank);
+    }
+
+    /// A new process for `rank`, in the place of the old one (which stops).
+    pub(super) fn replace(&mut self, rank: Rank, attempt: Attempt) {
+        self.settle(rank, &JobError::Cancelled);
+        let generation = self.nodes[rank].generation + 1;
+        self.nodes[rank] = self.spawn(rank, generation, attempt);
+        self.start_worker(rank);
+    }
+
+    /// Whether the process of `generation` is the running worker of `rank`: alive, and
+    /// not done.
+    pub(super) fn is_current(&self, rank: Rank, generation: Generation) -> bool {
+        let node = &self.nodes[rank];
+        node.alive && !node.stopped && node.generation == generation
+    }
+
+    /// Carries out what the worker's node of `rank` asks, in order, as the runtime's
+    /// worker actor does — in virtual time.
+    pub(super) fn drive_worker(&mut self, rank: Rank) {
+        loop {
+            let node = &mut self.nodes[rank];
+            if !node.alive || node.stopped {
+                return;
+            }
+            let Some(action) = node.worker.poll_action() else {
+                return self.arm(rank);
+            };
+            let attempt = node.worker.attempt();
+            match action {
+                WorkerAction::Run(Work::Start) => self.start_up(rank),
+                WorkerAction::Run(Work::Iterate(iteration, last)) => {
+                    self.compute(rank, iteration, last)
+                }
+                WorkerAction::Run(work @ Work::Stop(_)) => {
+                    // `post_application` takes no time worth simulating.
+                    let worked = {
+                        let mut task = lock(&node.task);
+                        task.attempt = attempt;
+                        task.run(work)
+                    };
+                    node.worker.handle_worked(self.clock.instant(), worked);
+                }
+                WorkerAction::Send(msg) => {
+                    if let ToMaster::Registered { attempt } = msg {
+                        self.log(|| format!("worker {rank} registers in attempt {attempt}"));
+                    }
+                    self.send_to_master(rank, msg);
+                }
+                WorkerAction::SendResult(report) => {
+                    let iteration = report.iteration;
+                    self.sent[rank].push((report.attempt, iteration));
+                    // A result that does not survive the wire encoding is the worker's
+                    // failure, as its transport reports it.
+                    let direction = || format!("worker {rank} → master");
+                    let sent = match crate::codec::through_wire(ToMaster::Result(report), direction)
+                    {
+                        Ok(copy) => {
+                            self.carry_to_master(rank, copy);
+                            Ok(())
+                        }
+                        Err(undecodable) => Err(Unsent::from(TransportError::from(undecodable))),
+                    };
+                    if std::mem::take(&mut self.nodes[rank].crash_after_send) {
+                        return self.crash_worker(rank, "right after its result left");
+                    }
+                    let now = self.clock.instant();
+                    self.nodes[rank].worker.handle_sent(now, iteration, sent);
+                }
+                WorkerAction::SendDone => {
+                    let done = lock(&node.task).done(attempt);
+                    self.send_to_master(rank, done);
+                }
+                WorkerAction::Answer(epoch, result) => {
+                    if let Some(sync) = &node.sync {
+                        sync.answers.answer(epoch, result);
+                    }
+                    if let Some(computing) = node.parked.take() {
+                        self.follow(rank, computing);
+                    }
+                }
+                WorkerAction::Verdict(error) | WorkerAction::EndSync(error) => {
+                    // A call waiting fails, and the compute goes on to return.
+                    if let Some(sync) = &node.sync {
+                        sync.answers.end(&error);
+                    }
+                    if let Some(computing) = node.parked.take() {
+                        self.follow(rank, computing);
+                    }
+                }
+                WorkerAction::EndJob(error) => node.end.end(&error),
+                WorkerAction::MarkStale => {
+                    let task = lock(&node.task);
+                    task.stale.store(true, std::sync::atomic::Ordering::Release);
+                }
+                WorkerAction::Report(ending) => {
+                    node.failed = matches!(ending, OwnedEnding::Failed(_));
+                }
+                WorkerAction::Stop => return self.worker_stopped(rank),
+            }
+        }
+    }
+
+    /// Sets the timer of the worker's node of `rank` for its next deadline, if it moved.
+    pub(super) fn arm(&mut self, rank: Rank) {
+        let node = &mut self.nodes[rank];
+        let next = node.worker.poll_timeout();
+        let Some(at) = next.filter(|_| next != node.timer) else {
+            return;
+        };
+        node.timer = next;
+        let generation = node.generation;
+        let after = at.saturating_duration_since(self.clock.instant());
+        self.clock.at(
+            after,
+            Event::WorkerTimer {
+                rank,
+                generation,
+                at,
+            },
+        );
+    }
+
+    /// The worker of `rank` is done. One that failed ends its process, which its launcher
+    /// may start again once the network lets it connect.
+    pub(super) fn worker_stopped(&mut self, rank: Rank) {
+        self.nodes[rank].stopped = true;
+        if !self.nodes[rank].failed || self.gang() {
+            return;
+        }
+        self.nodes[rank].alive = false;
+        self.settle(rank, &JobError::Cancelled);
+        let heals = self.cuts[rank].map_or(Duration::ZERO, |(_, heal, _)| {
+            heal.saturating_sub(self.clock.now)
+        });
+        self.process_ended(rank, heals);
+    }
+
+    /// The start-up of the worker of `rank` runs (`init`, interceptors'
+    /// `pre_application`) and returns after its (virtual) time; it may crash meanwhile.
+    pub(super) fn start_up(&mut self, rank: Rank) {
+        let node = &self.nodes[rank];
+        let generation = node.generation;
+        let worked = {
+            let mut task = lock(&node.task);
+            task.attempt = node.worker.attempt();
+            task.run(Work::Start)
+        };
+        let startup = Duration::from_micros(self.rng.random_range(500..5_000));
+        // A crash scheduled in iteration 0: during start-up, before it registers.
+        let crashes = self
+            .scheduled(
+                |f| matches!(f, Fault::WorkerCrash { rank: r, iteration: 0, .. } if *r == rank),
+            )
+            .is_some();
+        if crashes {
+            self.worker_crashes += 1;
+            self.clock
+                .at(startup / 2, Event::WorkerCrash { rank, generation });
+        }
+        self.clock.at(
+            startup,
+            Event::WorkerStarted {
+                rank,
+                generation,
+                worked,
+            },
+        );
+    }
+
+    /// Ends the compute of `rank` parked in a sync call, if any, as the runtime's worker
+    /// does when the job fails: the call fails with `error`; the simulator waits for the
+    /// compute to return (what it returns is of no use).
+    pub(super) fn settle(&mut self, rank: Rank, error: &JobError) {
+        let Some(node) = self.nodes.get_mut(rank) else {
+            return;
+        };
+        let (Some(sync), Some(_)) = (&mut node.sync, node.parked.take()) else {
+            return;
+        };
+        sync.answers.end(error);
+        // Every call after the end fails at once, without a word: the next is its return.
+        loop {
+            match sync.next() {
+                Some(FromCompute::Returned(_)) => break,
+                Some(FromCompute::Call(_)) => continue,
+                None => {
+                    self.violations.push(format!(
+                        "worker {rank}'s compute did not return within {COMPUTE_PATIENCE:?} once its sync call failed"
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
+    /// a sync call goes to the master and the compute parks; a return ends the compute.
+    pub(super) fn follow(&mut self, rank: Rank, computing: Computing) {
+        let Some(sync) = &mut self.nodes[rank].sync else {
+            return;
+        };
+        match sync.next() {
+            Some(FromCompute::Call(msg)) => {
+                self.nodes[rank].parked = Some(computing);
+                self.send_to_master(rank, msg);
+            }
+            Some(FromCompute::Returned(worked)) => self.computed(rank, computing, worked),
+            None => {
+                self.violations.push(format!(
+                    "worker {rank}'s compute neither called nor returned within {COMPUTE_PATIENCE:?}"
+                ));
+                let worked = Worked::Iterated(Err(JobError::Runtime {
+                    message: format!("worker {rank}'s compute hung"),
+                }));
+                self.computed(rank, computing, worked);
+            }
+        }
+    }
+
+    pub(super) fn compute(&mut self, rank: Rank, iteration: Iteration, last: Option<Arc<M>>) {
+        let faults = self.sim.faults;
+        let slow = self
+            .scheduled(|f| *f == Fault::Slow { rank, iteration })
+            .is_some()
+            || self.chance(faults.slow);
+        let scheduled = self.scheduled(|f| {
+            matches!(f, Fault::WorkerCrash { rank: r, iteration: i, .. } if *r == rank && *i == iteration)
+        });
+        let (crash, during) = match scheduled {
+            Some(Fault::WorkerCrash { after_result, .. }) => (true, !after_result),
+            _ => {
+                let crash =
+                    self.worker_crashes < faults.max_crashes && self.chance(faults.worker_crash);
+                (crash, crash && self.rng.random_bool(0.5))
+            }
+        };
+        let mut took = Duration::from_micros(self.rng.random_range(1_000..10_000));
+        if slow {
+            took *= 20;
+        }
+        let node = &mut self.nodes[rank];
+        let attempt = node.worker.attempt();
+        lock(&node.task).attempt = attempt;
+        self.log(|| {
+            format!(
+                "worker {rank} computes iteration {iteration} of attempt {attempt}{}",
+                if slow { " (slowly)" } else { "" }
+            )
+        });
+        let computing = Computing {
+            took,
+            crash,
+            during,
+        };
+        let node = &self.nodes[rank];
+        match &node.sync {
+            // Interceptors and compute, as the runtime runs them.
+            None => {
+                let worked = lock(&node.task).run(Work::Iterate(iteration, last));
+                self.computed(rank, computing, worked);
+            }
+            // On a thread of its own, as in the runtime; the simulator waits for it to
+            // call or return, so one thread runs at a time.
+            Some(sync) => {
+                let (task, to_sim) = (Arc::clone(&node.task), sync.to_sim.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("superstep-sim-worker-{rank}"))
+                    .spawn(move || {
+                        let worked = lock(&task).run(Work::Iterate(iteration, last));
+                        let _ = to_sim.send(FromCompute::Returned(worked));
+                    });
+                match spawned {
+                    Ok(thread) => {
+                        if let Some(sync) = &mut self.nodes[rank].sync {
+                            sync.thread = Some(thread);
+                        }
+                    }
+                    Err(e) => {
+                        let worked = Worked::Iterated(Err(JobError::Runtime {
+                            message: format!("could not start worker {rank}'s compute thread: {e}"),
+                        }));
+                        return self.computed(rank, computing, worked);
+                    }
+                }
+                self.follow(rank, computing);
+            }
+        }
+    }
+
+    /// The compute of `rank` returned `worked`: its result leaves once its (virtual)
+    /// compute time passed, unless it crashes first.
+    pub(super) fn computed(&mut self, rank: Rank, computing: Computing, worked: Worked<W>) {
+        let Computing {
+            took,
+            crash,
+            during,
+        } = computing;
+        let generation = self.nodes[rank].generation;
+        let worked = match worked {
+            Worked::Iterated(Ok(report)) => Worked::Iterated(Ok(Report {
+                // Virtual time, so that a seed replays the same run.
+                elapsed: took,
+                ..report
+            })),
+            other => other,
+        };
+        if during {
+            self.worker_crashes += 1;
+            let at = Duration::from_micros(self.rng.random_range(0..took.as_micros() as u64));
+            self.clock.at(at, Event::WorkerCrash { rank, generation });
+        } else {
+            if crash {
+                self.worker_crashes += 1;
+            }
+            self.clock.at(
+                took,
+                Event::Computed {
+                    rank,
+                    generation,
+                    worked,
+                    then_crash: crash,
+                },
+            );
+        }
+    }
+
+    pub(super) fn crash_worker(&mut self, rank: Rank, when: &str) {
+        self.settle(rank, &JobError::Cancelled);
+        let node = &mut self.nodes[rank];
+        node.alive = false;
+        let generation = node.generation;
+        self.stats.worker_crashes += 1;
+        self.log(|| format!("worker {rank} crashes {when}"));
+        let master = self.master_generation;
+        // The loss is noticed after the heartbeat timeout, and after everything the
+        // connection carried arrived (the transport reports it when its reading ends).
+        let noticed = self.until_delivered(rank).max(HEARTBEAT_TIMEOUT);
+        self.clock.at(
+            noticed,
+            Event::Noticed {
+                rank,
+                generation,
+                master,
+            },
+        );
+        // A new process of the rank can connect once the old connection is gone.
+        self.process_ended(rank, noticed);
+    }
+}

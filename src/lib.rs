@@ -194,12 +194,14 @@
 //!
 //! ## Layers
 //!
-//! `job` (this API) → `runtime` (actix actors) → [`protocol`] (sans-IO state machines) →
-//! [`transport`] (in memory by default; with the `tcp` feature, `transport::TcpTransport`
-//! runs the same job across processes and hosts, its roles read from the environment) — with [`events`] on the
-//! side, and [`coordinator`] (sharding, merged or atomically committed output, row counts)
-//! around a job's life. See `ARCHITECTURE.md` for the message flow and the semantics users
-//! can rely on.
+//! `job` (this API) → `runtime` (actix actors) → [`transport`] (in memory by default;
+//! with the `tcp` feature, `transport::TcpTransport` runs the same job across processes
+//! and hosts, its roles read from the environment) → `protocol` (sans-IO state machines,
+//! the floor every layer above stands on) — with [`events`] on the side, and
+//! [`coordinator`] (sharding, merged or atomically committed output, row counts) around a
+//! job's life. The protocol's parts and messages are not part of the everyday surface:
+//! [`dev`] has them, for tests, tools and transports of your own. See `ARCHITECTURE.md` for
+//! the message flow and the semantics users can rely on.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
@@ -218,7 +220,7 @@ mod job;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod payload;
-pub mod protocol;
+mod protocol;
 mod runtime;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -239,15 +241,59 @@ pub use interceptor::{
 pub use job::{Job, JobBuilder};
 pub use payload::{Element, Floats, Payload};
 pub use protocol::{
-    DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
+    Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobOutcome,
+    JobReport, Recover, Recovered,
 };
-pub use protocol::{FailurePolicy, HaltedBy};
 pub use runtime::Cancel;
 
 /// The README's examples compile and pass as doctests.
 #[cfg(all(doctest, feature = "tcp", feature = "sim", feature = "pipeline"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// For tests, tools and transports of your own: the protocol's messages and the sans-IO
+/// state machines the master's node is made of, each driven by hand.
+///
+/// Nothing here is needed to write, run or simulate a job. The messages are what a
+/// [`Transport`](transport::Transport) carries; the parts — [`Gate`](dev::Gate) (registration,
+/// rounds, the drain, every wait's deadline), [`Round`](dev::Round), [`Schedule`](dev::Schedule),
+/// [`SyncState`](dev::SyncState) (`barrier()` / `all_gather()` epochs),
+/// [`Recovery`](dev::Recovery) (the failure policies), [`WorkerState`](dev::WorkerState) —
+/// take time as an argument and do no I/O, so a test can drive them through any order of
+/// arrivals:
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use superstep::dev::{Envelope, Gate, GateConfig, GateOutput, Report, ToMaster};
+///
+/// let now = Instant::now();
+/// let timeouts = [Duration::from_secs(60); 3];
+/// let mut gate: Gate<u64> = Gate::new(GateConfig::new(2, 0, timeouts), now);
+/// for rank in [1, 0] {
+///     let msg = ToMaster::Registered { attempt: 0 };
+///     let _ = gate.on_message(now, Envelope { from: rank, msg });
+/// }
+/// assert!(gate.open(now, 1));
+/// for (rank, result) in [(1, 20), (0, 10)] {
+///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, elapsed: Duration::ZERO };
+///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
+///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
+///     {
+///         assert_eq!(gathered.results, [10, 20], "in rank order, whatever the arrival order");
+///     }
+/// }
+/// ```
+pub mod dev {
+    pub use crate::protocol::{
+        Combiner, Envelope, Gate, GateConfig, GateOutput, Gathered, Next, Offer, Recovery, Report,
+        Round, Schedule, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
+        WorkerCommand, WorkerState,
+    };
+    /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for
+    /// captures and tests): `Ok` with the message's kind, or why it could not be read.
+    #[cfg(feature = "tcp")]
+    pub use crate::transport::tcp::wire::decode_stream;
+}
 
 /// The names most jobs use.
 pub mod prelude {

@@ -89,7 +89,7 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
         .recv_timeout(PROMPTLY)
         .expect("rank 1 was told within 5 s");
     match told {
-        superstep::protocol::ToWorker::Abort { error, .. } => assert_mismatch(
+        superstep::dev::ToWorker::Abort { error, .. } => assert_mismatch(
             "rank 1",
             (Err::<JobOutcome<u64>, _>(error), Duration::ZERO),
             2,
@@ -99,7 +99,7 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
         ),
         other => panic!("rank 1 was told {other:?}"),
     }
-    one.send(superstep::protocol::ToMaster::Done {
+    one.send(superstep::dev::ToMaster::Done {
         attempt: 0,
         rows: Default::default(),
         attachments: Vec::new(),
@@ -220,7 +220,7 @@ fn under_restart_worker_only_the_process_that_differs_is_refused_and_a_right_one
 
 #[test]
 fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job() {
-    use superstep::protocol::{Report, ToMaster, ToWorker};
+    use superstep::dev::{Report, ToMaster, ToWorker};
     let policy = FailurePolicy::RestartWorker { max_restarts: 1 };
     let (master, addr) = tcp_master::<u64, u64>(2, "stray", |_| {});
     let m = spawn(summing(3).failure_policy(policy), master);
@@ -287,7 +287,7 @@ fn a_master_of_another_wire_protocol_version_is_final_for_the_worker() {
             thread::sleep(Duration::from_secs(10));
         }
     });
-    let ours = superstep::transport::tcp::wire::PROTOCOL_VERSION.to_string();
+    let ours = superstep::transport::tcp::PROTOCOL_VERSION.to_string();
     let one = spawn(summing(3), worker(1, 2, &addr, "versions"));
     assert_mismatch(
         "rank 1",

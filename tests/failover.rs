@@ -11,7 +11,7 @@ use std::time::Duration;
 use superstep::checkpoint::MemoryCheckpointStore;
 use superstep::interceptor::{Ending, WorkerInterceptor};
 use superstep::prelude::*;
-use superstep::protocol::Recover;
+use superstep::Recover;
 use superstep::{FailurePolicy, Iteration, JobBuilder, Phase, Placement, Rank};
 
 const WORKERS: usize = 4;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use superstep::protocol::{
+use superstep::dev::{
     Envelope, Gate, GateConfig, GateOutput, Offer, Report, Round, SyncState, ToMaster,
 };
 use superstep::SyncKind;

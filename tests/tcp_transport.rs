@@ -12,9 +12,9 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use common::{summing_master, FnWorker};
+use superstep::dev::{Envelope, Report, ToMaster, ToWorker};
 use superstep::prelude::*;
-use superstep::protocol::{Envelope, Report, ToMaster, ToWorker};
-use superstep::transport::tcp::wire;
+use superstep::transport::tcp::PROTOCOL_VERSION;
 use superstep::transport::{
     LinkSpec, MasterLink, TcpSettings, TcpTransport, Transport, TransportError, WorkerLink,
 };
@@ -129,7 +129,7 @@ fn poke(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 }
 
 fn refusal(back: &[u8]) -> String {
-    wire::decode_stream(back, 1 << 20)
+    superstep::dev::decode_stream(back, 1 << 20)
         .into_iter()
         .filter_map(Result::ok)
         .find(|m| m.starts_with("Refused"))
@@ -180,7 +180,7 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
 
     // Bytes that are no frame, a truncated frame, a 4 GiB length prefix, a frame of
     // another protocol version: each gets the connection refused with the reason.
-    let [v0, v1] = wire::PROTOCOL_VERSION.to_be_bytes();
+    let [v0, v1] = PROTOCOL_VERSION.to_be_bytes();
     let garbage = refusal(&poke(socket, &[0, 0, 0, 5, v0, v1, 0xc1, 0xc1, 0xc1]));
     assert!(garbage.contains("could not decode"), "{garbage}");
     // A truncated frame: the master waits for the rest until the handshake timeout, then

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{summing_master, tcp_master, tcp_settings, FnWorker};
 use superstep::prelude::*;
-use superstep::transport::tcp::wire;
+use superstep::transport::tcp::PROTOCOL_VERSION;
 use superstep::transport::{TcpSettings, TcpTransport, TransportError};
 use superstep::Waiting;
 
@@ -212,7 +212,7 @@ fn refused_connections_are_logged_once_per_kind_per_interval_and_the_job_goes_on
     let job = "flood";
     let (master, addr) = tcp_master::<u64, u64>(2, job, |_| {});
     let m = thread::spawn(move || summing(2).transport(master).run());
-    let [v0, v1] = wire::PROTOCOL_VERSION.to_be_bytes();
+    let [v0, v1] = PROTOCOL_VERSION.to_be_bytes();
     for i in 0..400 {
         match i % 3 {
             0 => poke(&addr, &[0, 0, 0, 5, v0, v1, 0xc1, 0xc1, 0xc1]),
@@ -239,7 +239,7 @@ fn a_connection_closed_in_its_handshake_is_said_to_be_closed_not_unreadable() {
     let job = "closing";
     let (master, addr) = tcp_master::<u64, u64>(2, job, |_| {});
     let m = thread::spawn(move || summing(2).transport(master).run());
-    let [v0, v1] = wire::PROTOCOL_VERSION.to_be_bytes();
+    let [v0, v1] = PROTOCOL_VERSION.to_be_bytes();
     // Half a frame, then the end of the stream.
     let mut half = TcpStream::connect(&addr).unwrap();
     half.write_all(&[0, 0, 0, 100, v0, v1, 0x92]).unwrap();

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::Simulation;
 use crate::ids::{Iteration, Rank};
 
 /// One fault at a point of a simulated run, given as data: a schedule of them

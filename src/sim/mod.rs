@@ -1,5 +1,5 @@
 //! A deterministic simulator: a job's master and workers — your computables and the
-//! [`protocol`](crate::protocol) state machines that the runtime drives — run in one
+//! `protocol` state machines that the runtime drives — run in one
 //! thread on a virtual clock, with message order and faults drawn from a seed.
 //!
 //! Same seed, same run: the same messages in the same order, the same faults at the same
@@ -8,7 +8,7 @@
 //!
 //! The simulator drives the master's node the runtime ships — the same state machine
 //! (`protocol::MasterNode`: the gate, the sync state, the recovery under the
-//! [`FailurePolicy`], the schedule, the drain) and the same runner of the master's code,
+//! [`FailurePolicy`](crate::FailurePolicy), the schedule, the drain) and the same runner of the master's code,
 //! interceptors and checkpoints — built the way the runtime builds it, from the settings
 //! and the newest checkpoint. The simulator only delivers messages, advances the clock and
 //! injects faults: what a round, a recovery or the end of a job means is decided in the
@@ -33,7 +33,7 @@
 //! heartbeat timeout it only delays; longer, both ends hear silence and the worker is lost). A crashed worker is noticed after a heartbeat timeout; a
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
-//! [`FailurePolicy::RestartAll`] every worker runs in the master's process (as the runtime
+//! [`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll) every worker runs in the master's process (as the runtime
 //! requires), so they die and start again with it. Under the other policies each worker
 //! is a process of its own, as over TCP: its connection delivers in order, its loss is
 //! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts

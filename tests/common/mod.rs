@@ -206,7 +206,7 @@ pub fn tcp_link(
 ) -> (
     superstep::transport::TcpTransport<u64, u64>,
     Box<dyn superstep::transport::WorkerLink<u64>>,
-    std::sync::mpsc::Receiver<superstep::protocol::ToWorker<u64>>,
+    std::sync::mpsc::Receiver<superstep::dev::ToWorker<u64>>,
 ) {
     use superstep::transport::{LinkSpec, Transport};
     let mut t =
@@ -232,7 +232,7 @@ pub fn tcp_link(
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("connected within 10 s");
     assert!(
-        matches!(first, superstep::protocol::ToWorker::Connected { .. }),
+        matches!(first, superstep::dev::ToWorker::Connected { .. }),
         "{first:?}"
     );
     (t, link, rx)

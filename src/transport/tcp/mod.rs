@@ -2,7 +2,8 @@
 //! processes, on one host or many.
 //!
 //! Each worker holds one connection to the master's node. Frames are length-delimited with
-//! MessagePack bodies, fields by name ([`wire`]); every frame carries the protocol version.
+//! MessagePack bodies, fields by name; every frame carries the protocol version
+//! ([`PROTOCOL_VERSION`]), and a peer of another version is refused naming both.
 //! A connection starts with a handshake — protocol version, job id, rank, the job's
 //! [`Fingerprint`], and proof of the shared secret by
 //! HMAC-SHA256 challenge–response (the secret never crosses the wire) — and a peer that
@@ -27,7 +28,7 @@ mod conn;
 mod env;
 mod lane;
 mod server;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -51,6 +52,7 @@ use crate::protocol::{Envelope, ToMaster, ToWorker};
 pub use env::ClusterEnv;
 use lane::Lane;
 use wire::Wire;
+pub use wire::PROTOCOL_VERSION;
 
 /// The settings of a [`TcpTransport`]; [`TcpSettings::new`] gives the defaults.
 ///

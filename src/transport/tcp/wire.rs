@@ -283,4 +283,29 @@ mod tests {
             "waits for the rest"
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The frame decoder never panics, whatever bytes a peer sends.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = decode_stream(&bytes, 1 << 16);
+        }
+
+        #[test]
+        fn well_framed_arbitrary_bodies_never_panic(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            frames in 1usize..4,
+        ) {
+            let mut bytes = Vec::new();
+            for _ in 0..frames {
+                bytes.extend_from_slice(&((body.len() + 2) as u32).to_be_bytes());
+                bytes.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+                bytes.extend_from_slice(&body);
+            }
+            let decoded = decode_stream(&bytes, 1 << 16);
+            proptest::prop_assert_eq!(decoded.len(), frames);
+        }
+    }
 }

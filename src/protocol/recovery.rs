@@ -51,6 +51,18 @@ pub enum Recover {
 
 /// Applies a [`FailurePolicy`]: counts restarts and attempts, and knows which ranks are
 /// being replaced or were left for good.
+///
+/// Call order: [`new`](Recovery::new) with the attempt the job starts in. For each
+/// failure, [`on_failure`](Recovery::on_failure), and carry out what it answers at once —
+/// before the next message of any worker: `Fail` ends the job; `RestartWorker(r)` replaces
+/// rank `r` (the gate's `rejoin`), and [`rejoined`](Recovery::rejoined) once the new worker
+/// of `r` speaks for it (a local one at once; another process's once the old connection
+/// ended); `LeaveOut(r)` goes on without `r` (the gate's `lose`); `RestartAll(a)` starts
+/// every worker again in attempt `a` (the gate's `restart`). `None` means the failure is
+/// one already being recovered from: nothing to do. Call
+/// [`all_registered`](Recovery::all_registered) when every worker of an attempt
+/// registered. A failure while the job ends is not the policy's to recover from:
+/// [`recoverable`](Recovery::recoverable) says only whose it is.
 #[derive(Debug, Clone)]
 pub struct Recovery {
     policy: FailurePolicy,

@@ -28,6 +28,14 @@ pub enum Next {
 }
 
 /// The master's iteration loop.
+///
+/// Call order: [`new`](Schedule::new) when an attempt starts (a restart of every worker
+/// builds a new one); [`first`](Schedule::first) is the iteration a job that resumed from
+/// no checkpoint opens with; after the master computed iteration `i`,
+/// [`decide`](Schedule::decide) with the master's own halt and the round's halt votes
+/// says whether `i + 1` follows or the job ends; [`leave_out`](Schedule::leave_out) each
+/// time a worker is gone for good, before the next `decide`. It holds no clock and no
+/// result: the node keeps those.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     iterations: Iteration,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -14,7 +14,7 @@ use crate::error::SyncError;
 use crate::error::{BoxError, JobError};
 use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
-use crate::protocol::{Gathered, SyncResult, ToMaster};
+use crate::protocol::{Gathered, SyncResult, ToMaster, WorkerConfig};
 
 /// What the master's compute returns: its result of the iteration, and whether to go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,10 +217,10 @@ pub(crate) struct SyncLink<W> {
     pub(crate) link: Arc<dyn SyncSender<W>>,
     pub(crate) answers: mpsc::Receiver<(Epoch, SyncResult)>,
     pub(crate) attempt: Attempt,
-    /// How long to wait for an answer before giving up on the barrier itself: longer than
-    /// the barrier's own sync timeout, which normally answers first (unless the
-    /// coordination thread is held by inline code for longer).
-    pub(crate) patience: Duration,
+    /// The worker's settings: how long a call waits for an answer before giving up on the
+    /// master's node (`sync_patience`: longer than the sync timeout, which normally
+    /// answers first, unless the coordination thread is held by inline code for longer).
+    pub(crate) config: Arc<WorkerConfig>,
     /// The job's first failure, once this worker heard of it (the master's abort): the
     /// call waiting, and every call after it, fails with it at once — the master may be
     /// gone, or past answering.
@@ -452,7 +452,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
             })
             .map_err(|e| SyncError::JobFailed(Box::new(e)))?;
         let _span = tracing::debug_span!("sync", rank = self.rank, epoch, %kind).entered();
-        let deadline = Instant::now().checked_add(sync.patience);
+        let patience = sync.config.sync_patience;
+        let deadline = Instant::now().checked_add(patience);
         loop {
             let answer = match deadline {
                 Some(deadline) => sync
@@ -472,7 +473,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             match (sync.ended.get(), answer) {
                 (Some(e), _) => return Err(ended(e)),
                 (None, Ok(_)) => continue,
-                (None, Err(_)) => return Err(SyncError::NoAnswer(sync.patience)),
+                (None, Err(_)) => return Err(SyncError::NoAnswer(patience)),
             }
         }
     }

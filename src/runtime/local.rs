@@ -340,7 +340,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             let (sync, answers) = super::sync_calls::sync_link(
                 Arc::clone(&link),
                 attempt,
-                parts.worker_config.sync_patience,
+                Arc::clone(&parts.worker_config),
             );
             ctx.sync = Some(sync);
             let name = format!("{}-worker-{rank}", super::thread_prefix(&config.job_id));

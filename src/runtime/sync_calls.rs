@@ -3,13 +3,12 @@
 //! every call — come back to the compute waiting in one.
 
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 use crate::compute::{SyncLink, SyncSender};
 use crate::error::{JobError, SyncError};
 use crate::ids::{Attempt, Epoch};
 use crate::payload::Payload;
-use crate::protocol::{SyncResult, ToMaster};
+use crate::protocol::{SyncResult, ToMaster, WorkerConfig};
 use crate::transport::WorkerLink;
 
 /// In barrier mode: where the answers to the worker's sync calls go, to the compute
@@ -49,12 +48,12 @@ impl<W: Payload> SyncSender<W> for LinkCalls<W> {
 }
 
 /// A worker's end of barrier mode: its sync calls go out on `link`, in `attempt`, and each
-/// waits at most `patience` for its answer (`Duration::MAX`: until it comes); the
-/// answers come in through the [`SyncAnswers`], which its driver holds.
+/// waits at most the worker's `sync_patience` for its answer (`Duration::MAX`: until it
+/// comes); the answers come in through the [`SyncAnswers`], which its driver holds.
 pub(crate) fn sync_link<W: Payload>(
     link: Arc<dyn WorkerLink<W>>,
     attempt: Attempt,
-    patience: Duration,
+    config: Arc<WorkerConfig>,
 ) -> (SyncLink<W>, SyncAnswers) {
     let (to, answers) = mpsc::channel();
     let ended = Arc::new(std::sync::OnceLock::new());
@@ -62,7 +61,7 @@ pub(crate) fn sync_link<W: Payload>(
         link: Arc::new(LinkCalls(link)),
         answers,
         attempt,
-        patience,
+        config,
         ended: Arc::clone(&ended),
     };
     (sync, SyncAnswers { to, ended })

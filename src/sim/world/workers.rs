@@ -141,8 +141,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let sync = self.job.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
             let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
-            let patience = self.worker_config.sync_patience;
-            let (link, answers) = crate::runtime::sync_calls::sync_link(link, attempt, patience);
+            let config = Arc::clone(&self.worker_config);
+            let (link, answers) = crate::runtime::sync_calls::sync_link(link, attempt, config);
             ctx.sync = Some(link);
             SimSync {
                 from,

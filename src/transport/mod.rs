@@ -58,6 +58,7 @@ impl InProcess {
 /// `msg` as a peer across a wire would get it, if it `carries` a result (see
 /// `ToWorker::carries_result`, `ToMaster::carries_result`) and `wire_check` is on: encoded
 /// and decoded again.
+#[inline]
 pub(crate) fn wire_checked<T: serde::Serialize + serde::de::DeserializeOwned>(
     wire_check: bool,
     carries: bool,

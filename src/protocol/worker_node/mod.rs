@@ -100,22 +100,31 @@ enum Deadline {
     Fired,
 }
 
-/// The node's timers (quinn-proto's `TimerTable`): when each fires.
+/// The node's timers (quinn-proto's `TimerTable`): when each fires, and the earliest of
+/// them, kept as they change (it is read after every input: most never arm one).
 #[derive(Debug, Default)]
-struct Timers([Deadline; 3]);
+struct Timers {
+    deadlines: [Deadline; 3],
+    next: Option<Instant>,
+}
 
 impl Timers {
     /// Arms `timer` to fire `after` from `now`, unless it was armed before.
     fn arm(&mut self, timer: Timer, now: Instant, after: Duration) {
-        let slot = &mut self.0[timer as usize];
+        let slot = &mut self.deadlines[timer as usize];
         if *slot == Deadline::Unarmed {
             *slot = now.checked_add(after).map_or(Deadline::Never, Deadline::At);
+            self.next = self.earliest();
         }
     }
 
     /// The earliest instant a timer fires at.
     fn next(&self) -> Option<Instant> {
-        self.0
+        self.next
+    }
+
+    fn earliest(&self) -> Option<Instant> {
+        self.deadlines
             .iter()
             .filter_map(|d| match d {
                 Deadline::At(at) => Some(*at),
@@ -126,10 +135,11 @@ impl Timers {
 
     /// Whether `timer` is due at `now`: if so, it is fired (it never fires again).
     fn fire(&mut self, timer: Timer, now: Instant) -> bool {
-        let slot = &mut self.0[timer as usize];
+        let slot = &mut self.deadlines[timer as usize];
         match *slot {
             Deadline::At(at) if now >= at => {
                 *slot = Deadline::Fired;
+                self.next = self.earliest();
                 true
             }
             _ => false,

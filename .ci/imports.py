@@ -35,6 +35,15 @@ def exists(u):
     return base.with_suffix(".rs").exists() or (base / "mod.rs").exists()
 
 
+def resolve(path):
+    """The module a path names: its longest prefix that is a file (an item of a module
+    named by the module)."""
+    parts = path.split("::")
+    while parts and not exists("::".join(parts)):
+        parts.pop()
+    return unit("::".join(parts)) if parts else None
+
+
 edges = {}
 for path in ROOT.rglob("*.rs"):
     if path.name == "tests.rs":
@@ -49,12 +58,12 @@ for path in ROOT.rglob("*.rs"):
     base = module.split("::")
     if path.name != "mod.rs":
         base = base[:-1]
-    targets = {unit(ref) for ref in re.findall(r"crate::([a-z_]+(?:::[a-z_]+)*)", text)}
+    targets = {resolve(ref) for ref in re.findall(r"crate::([a-z_]+(?:::[a-z_]+)*)", text)}
     targets |= {
-        unit("::".join(base + ref.split("::")))
+        resolve("::".join(base + ref.split("::")))
         for ref in re.findall(r"\bsuper::([a-z_]+(?:::[a-z_]+)*)", text)
     }
-    edges.setdefault(u, set()).update(t for t in targets if t != u and exists(t))
+    edges.setdefault(u, set()).update(t for t in targets if t and t != u)
 
 broken = []
 for u, targets in sorted(edges.items()):

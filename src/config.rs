@@ -493,6 +493,17 @@ pub(crate) mod duration {
     }
 }
 
+/// The start of the names of a job's threads: `superstep-` and the job's id, or the id
+/// alone when it starts with `superstep` already (the default id's threads are
+/// `superstep-compute-0`, not `superstep-superstep-compute-0`).
+pub(crate) fn thread_prefix(job_id: &str) -> String {
+    if job_id.starts_with("superstep") {
+        job_id.to_string()
+    } else {
+        format!("superstep-{job_id}")
+    }
+}
+
 /// `ceil(ratio × workers)`, at least 1 and at most `workers`.
 pub(crate) fn quorum(ratio: f64, workers: usize) -> usize {
     // Less a hair, so that a product a rounding error above a whole number (0.7 × 10 is

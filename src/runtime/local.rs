@@ -343,7 +343,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 Arc::clone(&parts.worker_config),
             );
             ctx.sync = Some(sync);
-            let name = format!("{}-worker-{rank}", super::thread_prefix(&config.job_id));
+            let name = format!(
+                "{}-worker-{rank}",
+                crate::config::thread_prefix(&config.job_id)
+            );
             (
                 Placement::Pool,
                 Some(answers),

@@ -198,17 +198,6 @@ pub(crate) fn fingerprint<M, W>(
 /// The user's combiner of worker results (see `JobBuilder::combine`).
 pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
-/// The start of the names of a job's threads: `superstep-` and the job's id, or the id
-/// alone when it starts with `superstep` already (the default id's threads are
-/// `superstep-compute-0`, not `superstep-superstep-compute-0`).
-pub(crate) fn thread_prefix(job_id: &str) -> String {
-    if job_id.starts_with("superstep") {
-        job_id.to_string()
-    } else {
-        format!("superstep-{job_id}")
-    }
-}
-
 /// Runs a job to its end on a thread of its own, and returns its outcome. Blocks the
 /// calling thread (which may be inside an async runtime: the job has its own).
 ///
@@ -231,7 +220,7 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     // The job's span, a child of the caller's: every span of the job's work is under it.
     let span = tracing::info_span!("job", job = %config.job_id, workers = config.workers);
     let thread = std::thread::Builder::new()
-        .name(thread_prefix(&config.job_id))
+        .name(crate::config::thread_prefix(&config.job_id))
         .spawn(move || {
             let _job = span.entered();
             let exits = PoolExits::default();
@@ -338,7 +327,10 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     // The job's span is a child of the caller's, here as with `run`.
     let caller = tracing::Span::current();
     std::thread::Builder::new()
-        .name(format!("{}-run", thread_prefix(&plan.config.job_id)))
+        .name(format!(
+            "{}-run",
+            crate::config::thread_prefix(&plan.config.job_id)
+        ))
         .spawn(move || {
             let _caller = caller.entered();
             let _ = tx.send(execute(plan));

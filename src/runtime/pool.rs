@@ -18,7 +18,7 @@ pub(crate) struct ComputePool {
 impl ComputePool {
     /// Starts `threads` threads; each counts itself out in `exits` when it ends.
     pub(crate) fn new(threads: usize, job_id: &str, exits: &PoolExits) -> Result<Self, JobError> {
-        let name = super::thread_prefix(job_id);
+        let name = crate::config::thread_prefix(job_id);
         let counter = exits.clone();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -221,8 +221,9 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
                 }
                 WorkerAction::Verdict(error) => {
                     // (The process's `JobEnd` is not set here: an abort may only retire
-                    // this worker. The process's inbox sets it for a job's failure, by
-                    // `protocol::abort_ends_job`.)
+                    // this worker. For a job's failure it is set by the master's node
+                    // (`Action::EndJob`) in its own process, and by the transport's inbox
+                    // (`protocol::abort_ends_job`) in another.)
                     let _ = self.heard.set(error.clone());
                     if let Some(sync) = &self.sync_answers {
                         sync.end(&error);

@@ -176,7 +176,8 @@ pub struct Shape {
     pub workers: usize,
     /// The most iterations.
     pub iterations: Iteration,
-    /// A checkpoint every this many iterations, or none.
+    /// A checkpoint every this many iterations; `None` leaves the builder's checkpoints
+    /// as they are (none, unless it set them).
     pub checkpoint_every: Option<Iteration>,
     /// Whether the workers' unanimous vote halts the job.
     pub worker_halt: bool,
@@ -198,7 +199,7 @@ impl Shape {
 }
 
 /// Shapes of a job: 1 to `max_workers` workers, 1 to `max_iterations` iterations, a
-/// checkpoint every k iterations or none, worker halt votes on or off.
+/// checkpoint every k iterations or the builder's own, worker halt votes on or off.
 pub fn shape(max_workers: usize, max_iterations: Iteration) -> impl Strategy<Value = Shape> {
     let max_iterations = max_iterations.max(1);
     (

@@ -99,7 +99,8 @@ pub(crate) struct NodeSettings {
     pub(crate) local: Vec<bool>,
     /// Whether the job has a coordinator, whose `on_finish` or `on_error` ends it.
     pub(crate) coordinated: bool,
-    /// Whether anyone listens to the job's events (they are not made otherwise).
+    /// Whether the job's events are made: someone listens, or the driver records metrics
+    /// from them.
     pub(crate) listening: bool,
 }
 
@@ -165,9 +166,10 @@ impl<M, W> MasterNode<M, W> {
     /// A node that starts `attempt` at `now` with these settings, from what a checkpoint
     /// gave the master's code (`resumed`); with a combiner, the gate folds each result into
     /// the round's fold as it arrives. Its parts — the gate, the sync state, the recovery
-    /// and the schedule — are built here from the settings, and again from them for each
-    /// restart of every worker. Its first actions: the `Started` event and the master's
-    /// start-up.
+    /// and the schedule — are built here from the settings; a restart of every worker
+    /// builds the schedule again from them, restarts the gate and the sync state in the
+    /// new attempt, and keeps the recovery (which counts the attempts). Its first actions:
+    /// the `Started` event and the master's start-up.
     pub(crate) fn new(
         config: Arc<NodeConfig>,
         settings: NodeSettings,
@@ -444,7 +446,8 @@ impl<M, W> MasterNode<M, W> {
         self.fail(now, JobError::Cancelled, reach);
     }
 
-    /// Something the driver did for the node failed (a send, a replacement): the job fails
+    /// Something the driver did for the node failed (a replacement, a message the wire
+    /// check refused to hand over): the job fails
     /// with `error`, or recovers under its failure policy.
     pub(crate) fn handle_failure(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
         self.on_failure(now, error, reach);
@@ -470,7 +473,10 @@ impl<M, W> MasterNode<M, W> {
             (Some(rank), Unsent::Failed(error)) => {
                 tracing::warn!(rank, %error, "could not reach a worker")
             }
-            (None, Unsent::Replaced) => {}
+            (None, Unsent::Replaced) => {
+                let message = "could not send to every worker: a link was closed".to_string();
+                self.on_failure(now, JobError::transport(message, None), reach)
+            }
             (None, Unsent::Failed(source)) => {
                 let message = format!("could not send to every worker: {source}");
                 self.on_failure(now, JobError::transport(message, Some(source)), reach)

@@ -292,10 +292,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         let error = match sent {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
-            Err(payload) => TransportError::io(
-                format!("the transport panicked: {}", Cause::from_panic(payload)),
-                None,
-            ),
+            Err(payload) => {
+                let cause = Cause::from_panic(payload);
+                tracing::error!(rank = ?to, %cause, "the transport panicked sending to a worker");
+                TransportError::io(format!("the transport panicked: {cause}"), None)
+            }
         };
         self.unsent(to, error);
     }

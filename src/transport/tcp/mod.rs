@@ -511,7 +511,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         if self.io.is_none() {
             let name = format!(
                 "{}-io-{}",
-                crate::runtime::thread_prefix(&self.settings.job_id),
+                crate::config::thread_prefix(&self.settings.job_id),
                 self.settings.rank
             );
             self.io = Some(IoThread::start(name)?);

@@ -73,6 +73,8 @@ fn job<T: Payload + Clone + AsRef<[f64]> + From<Vec<f64>>>(
     })
     .workers(workers)
     .iterations(iters + WARMUP)
+    // Every iteration in the report: it keeps only the last 1,000 by default.
+    .report_iterations((iters + WARMUP) as usize)
 }
 
 fn superstep_memory(workers: usize, iters: u64) -> Duration {

@@ -28,6 +28,11 @@ const WARMUP: u64 = 20;
 
 /// The measured iterations' time: each from its broadcast to its master result.
 fn iterating(outcome: &JobOutcome<u64>) -> Duration {
+    assert_eq!(
+        outcome.report.iterations.len() as u64,
+        outcome.iterations,
+        "the report keeps every iteration (report_iterations)"
+    );
     outcome
         .report
         .iterations
@@ -41,6 +46,8 @@ fn superstep_memory(workers: usize, iters: u64) -> Duration {
     let outcome = Job::builder(Fold, |rank| Echo(rank as u64))
         .workers(workers)
         .iterations(iters + WARMUP)
+        // Every iteration in the report: it keeps only the last 1,000 by default.
+        .report_iterations((iters + WARMUP) as usize)
         .run()
         .expect("the job runs");
     iterating(&outcome)
@@ -151,6 +158,7 @@ fn superstep_tcp(ranks: usize, iters: u64) -> Duration {
         Job::builder(Fold, |r| Echo(r as u64))
             .workers(ranks)
             .iterations(iters + WARMUP)
+            .report_iterations((iters + WARMUP) as usize)
     }))
 }
 

@@ -21,6 +21,8 @@ const RATE: f64 = 0.5;
 fn superstep(data: &Arc<lr::Dataset>, workers: usize, iters: u64) -> Duration {
     let outcome = lr::job(data, workers, RATE)
         .iterations(iters + 1)
+        // Every iteration in the report: it keeps only the last 1,000 by default.
+        .report_iterations((iters + 1) as usize)
         .run()
         .expect("the job runs");
     // The first iteration runs on the pool while placement is measured; count the rest.

@@ -47,6 +47,8 @@ fn superstep_rank() {
         .expect("started by superstep-launch");
     let outcome = Job::builder(Fold, |rank| Echo(rank as u64))
         .iterations(iters + WARMUP)
+        // Every iteration in the report: it keeps only the last 1,000 by default.
+        .report_iterations((iters + WARMUP) as usize)
         .transport(transport)
         .run()
         .expect("the job runs");

@@ -124,8 +124,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             Work::Stop(_) => Phase::PostApplication,
         };
         let worked = self.run_guarded(work, phase);
-        if let (true, Worked::Started(Err(error)) | Worked::Iterated(Err(error))) =
-            (self.config.failure_ends_job, &worked)
+        if let (Worked::Started(Err(error)) | Worked::Iterated(Err(error)), true) =
+            (&worked, self.config.failure_ends_job)
         {
             let stale = self.stale.load(std::sync::atomic::Ordering::Acquire);
             if !stale && !self.ctx.end.is_ended() {

@@ -292,7 +292,7 @@ impl<M, W> WorkerNode<M, W> {
                 let ToWorker::Iterate { last, .. } = msg else {
                     return;
                 };
-                if self.code == Code::Home {
+                if matches!(self.code, Code::Home) {
                     self.dispatch(Work::Iterate(iteration, last));
                 } else if let Some(Queued::Iterate(skipped, _)) =
                     self.queued.replace(Queued::Iterate(iteration, last))
@@ -323,7 +323,7 @@ impl<M, W> WorkerNode<M, W> {
     /// A unit of the worker's code came back with `worked`, at `now`.
     pub(crate) fn handle_worked(&mut self, now: Instant, worked: Worked<W>) {
         let was = std::mem::replace(&mut self.code, Code::Home);
-        if was == (Code::Iterating { stale: true }) && matches!(worked, Worked::Iterated(_)) {
+        if matches!(was, Code::Iterating { stale: true }) && matches!(worked, Worked::Iterated(_)) {
             tracing::debug!(
                 rank = self.rank,
                 "dropped the outcome of an iteration of the master this worker left behind"
@@ -416,7 +416,7 @@ impl<M, W> WorkerNode<M, W> {
         let Verdict::Heard(verdict) = &self.verdict else {
             return;
         };
-        if self.code == Code::Home {
+        if matches!(self.code, Code::Home) {
             return;
         }
         tracing::warn!(
@@ -456,7 +456,7 @@ impl<M, W> WorkerNode<M, W> {
     }
 
     fn dispatch(&mut self, work: Work<M>) {
-        if self.code != Code::Home {
+        if !matches!(self.code, Code::Home) {
             // Unreachable by the protocol; fail loudly rather than drop the work.
             let attempt = self.attempt();
             let message = format!("work dispatched to worker {} while it was busy", self.rank);
@@ -506,7 +506,7 @@ impl<M, W> WorkerNode<M, W> {
             self.verdict = Verdict::Heard(error.clone());
             self.actions.push_back(WorkerAction::Verdict(error.clone()));
             // The code away is given the grace to come back.
-            if self.code != Code::Home {
+            if !matches!(self.code, Code::Home) {
                 self.timers
                     .arm(Timer::Grace, now, self.config.failure_grace);
             }
@@ -541,6 +541,10 @@ impl<M, W> WorkerNode<M, W> {
 
     /// Starts what waited for the code to come home: a stop, or the newest iteration.
     fn after_work(&mut self, now: Instant) {
+        // (Nothing waits, round after round: the slot is not moved out then.)
+        if self.queued.is_none() {
+            return;
+        }
         match self.queued.take() {
             Some(Queued::Stop(ending)) => {
                 self.timers
@@ -572,7 +576,7 @@ impl<M, W> WorkerNode<M, W> {
             self.actions.push_back(WorkerAction::EndSync(error.clone()));
             self.fail(error);
             // Idle between iterations, nothing else would start the stop.
-            if self.code == Code::Home {
+            if matches!(self.code, Code::Home) {
                 self.after_work(now);
             }
             return;
@@ -589,7 +593,7 @@ impl<M, W> WorkerNode<M, W> {
     fn begin_stop(&mut self, now: Instant, ending: OwnedEnding<M>) {
         self.timers
             .arm(Timer::StopDeadline, now, self.config.shutdown_timeout);
-        if self.code == Code::Home {
+        if matches!(self.code, Code::Home) {
             self.stage = Stage::Stopping(ending.clone());
             self.dispatch(Work::Stop(ending));
         } else {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
 use crate::ids::Iteration;
-use crate::protocol::{FailurePolicy, NodeConfig, WorkerConfig};
+use crate::protocol::{FailurePolicy, NodeConfig};
 
 /// Where user compute runs.
 ///
@@ -333,17 +333,6 @@ impl JobConfig {
             checkpoint_every,
             report_iterations: self.report_iterations,
         }
-    }
-
-    /// The settings each worker's node runs by: built once when the job starts.
-    pub(crate) fn worker_config(&self) -> WorkerConfig {
-        WorkerConfig::new(
-            self.failure_policy,
-            self.barrier_mode,
-            self.failure_grace,
-            self.shutdown_timeout,
-            self.sync_timeout,
-        )
     }
 
     /// The number of compute-pool threads this configuration asks for.

@@ -5,6 +5,9 @@ use std::error::Error as _;
 use std::io;
 use std::sync::Arc;
 
+mod common;
+
+use common::{summing_master, FnWorker};
 use superstep::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use superstep::prelude::*;
 use superstep::transport::{TcpSettings, TcpTransport, TransportError};
@@ -49,29 +52,14 @@ impl CheckpointStore for Unreadable {
     }
 }
 
-struct One;
-impl WorkerComputable for One {
-    type MasterResult = u64;
-    type WorkerResult = u64;
-    fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
-        Ok(1)
-    }
-}
-struct Sum;
-impl MasterComputable for Sum {
-    type MasterResult = u64;
-    type WorkerResult = u64;
-    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
-        Ok(Step::Continue(ctx.worker_results().iter().sum()))
-    }
-}
-
 #[test]
 fn a_checkpoint_failure_keeps_the_stores_error_as_its_source() {
-    let err = Job::builder(Sum, |_| One)
-        .checkpoint(Unreadable, 2)
-        .run()
-        .unwrap_err();
+    let err = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .checkpoint(Unreadable, 2)
+    .run()
+    .unwrap_err();
     assert!(matches!(err, JobError::Checkpoint { .. }), "{err}");
     let store = err
         .source()

@@ -126,6 +126,22 @@ impl NodeConfig {
         }
     }
 
+    /// The settings each worker's node of the job runs by: the same job's, as a worker
+    /// needs them.
+    pub(crate) fn worker(&self) -> WorkerConfig {
+        WorkerConfig {
+            failure_ends_job: self.failure_ends_job(),
+            barrier_mode: self.barrier_mode,
+            failure_grace: self.failure_grace,
+            shutdown_timeout: self.shutdown_timeout,
+            verdict_grace: VERDICT_GRACE,
+            sync_patience: self
+                .sync_timeout
+                .checked_add(SYNC_PATIENCE_MARGIN)
+                .unwrap_or(Duration::MAX),
+        }
+    }
+
     /// What a worker's message tells the master's process before its node has read it:
     /// under `Fail`, a worker's failure of the current `attempt` is the job's (named for
     /// the rank that sent it), so that no compute of this process starts after it even
@@ -161,28 +177,6 @@ pub(crate) struct WorkerConfig {
     pub(crate) verdict_grace: Duration,
     /// How long a sync call waits for its answer before it gives up on the master's node.
     pub(crate) sync_patience: Duration,
-}
-
-impl WorkerConfig {
-    /// The settings of a job with this policy, mode and these timeouts.
-    pub(crate) fn new(
-        policy: FailurePolicy,
-        barrier_mode: bool,
-        failure_grace: Duration,
-        shutdown_timeout: Duration,
-        sync_timeout: Duration,
-    ) -> Self {
-        WorkerConfig {
-            failure_ends_job: policy == FailurePolicy::Fail,
-            barrier_mode,
-            failure_grace: NodeConfig::grace(failure_grace, shutdown_timeout),
-            shutdown_timeout,
-            verdict_grace: VERDICT_GRACE,
-            sync_patience: sync_timeout
-                .checked_add(SYNC_PATIENCE_MARGIN)
-                .unwrap_or(Duration::MAX),
-        }
-    }
 }
 
 /// Whether what the master told the worker of `rank` ends the job for its process (no
@@ -264,12 +258,21 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!(NodeConfig::grace(secs(5), secs(1)), secs(1));
         assert_eq!(NodeConfig::grace(secs(1), secs(5)), secs(1));
-        let w = WorkerConfig::new(FailurePolicy::Fail, false, secs(5), secs(1), secs(2));
+        // As a job's settings build them: the worker's grace is the node's, clamped once.
+        let job = crate::JobConfig {
+            failure_grace: secs(5),
+            shutdown_timeout: secs(1),
+            sync_timeout: secs(2),
+            ..crate::JobConfig::default()
+        };
+        let w = job.node_config(None).worker();
         assert_eq!(w.failure_grace, secs(1));
         assert_eq!(w.sync_patience, secs(7));
-        let unbounded =
-            WorkerConfig::new(FailurePolicy::Fail, true, secs(1), secs(1), Duration::MAX);
-        assert_eq!(unbounded.sync_patience, Duration::MAX);
+        let unbounded = NodeConfig {
+            sync_timeout: Duration::MAX,
+            ..config()
+        };
+        assert_eq!(unbounded.worker().sync_patience, Duration::MAX);
     }
 
     #[test]

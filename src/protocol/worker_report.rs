@@ -1,6 +1,6 @@
 //! What a worker reports when it stops: the rows it read, wrote and rejected, and what
 //! it attached for the job's coordinator. Plain data that crosses the wire in a worker's
-//! `Done`; the coordinators (`crate::coordinator`) read it, the job's report totals it.
+//! `Done`; the job's coordinator reads it, the job's report totals it.
 
 use std::path::PathBuf;
 

@@ -66,9 +66,9 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         input,
         cancel,
     } = plan;
-    // The settings every worker's node of this process runs by, decided once (the master's
-    // node's were, with the plan).
-    let worker_config = Arc::new(config.worker_config());
+    // The settings every worker's node of this process runs by: the master's node's, as a
+    // worker needs them.
+    let worker_config = Arc::new(node_config.worker());
     let config = Arc::new(config);
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
     let topology = transport.prepare(&LinkSpec {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::FailurePolicy;
+use crate::protocol::{FailurePolicy, NodeConfig};
 
 type Node = WorkerNode<u64, u64>;
 
@@ -77,14 +77,14 @@ fn iterate(iteration: Iteration) -> ToWorker<u64> {
 
 /// A worker's settings: 1 s of failure grace, 10 s to stop, 2 s for the verdict.
 fn config(policy: FailurePolicy, barrier_mode: bool) -> Arc<WorkerConfig> {
-    let secs = Duration::from_secs;
-    Arc::new(WorkerConfig::new(
+    let node = NodeConfig {
         policy,
         barrier_mode,
-        secs(1),
-        secs(10),
-        secs(60),
-    ))
+        failure_grace: secs(1),
+        shutdown_timeout: secs(10),
+        ..NodeConfig::for_tests()
+    };
+    Arc::new(node.worker())
 }
 
 /// A node of `rank` under `Fail` (`ends`) or `RestartWorker`, started and registered
@@ -252,13 +252,13 @@ fn a_stop_whose_code_outlives_the_shutdown_timeout_reports_its_ending_without_it
 #[test]
 fn a_timer_of_no_end_never_fires() {
     let t = Instant::now();
-    let forever = Arc::new(WorkerConfig::new(
-        FailurePolicy::Fail,
-        false,
-        secs(1),
-        Duration::MAX,
-        secs(1),
-    ));
+    let forever = Arc::new(
+        NodeConfig {
+            shutdown_timeout: Duration::MAX,
+            ..NodeConfig::for_tests()
+        }
+        .worker(),
+    );
     let mut node = Node::new(0, 0, forever);
     node.start();
     node.handle_worked(t, Worked::Started(Ok(())));

@@ -163,7 +163,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             // A call waits as long as it takes: the simulator answers it, or ends it, in
             // virtual time; a real-time limit would make a run depend on the machine.
             sync_patience: Duration::MAX,
-            ..job.worker_config()
+            ..node_config.worker()
         });
         let mut world = World {
             sim,

@@ -197,12 +197,14 @@ fn cancelled(end: &JobEnd) -> Result<(), Cancelled> {
 /// What [`WorkerContext::check_cancelled`] returns once the job is ending: a compute that
 /// returns it with `?` stops early, and the job ends with its first failure (this is never
 /// the job's error).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Clone, PartialEq, thiserror::Error)]
 #[error("the job is ending ({reason}): this compute stopped early")]
 pub struct Cancelled {
     /// The job's first failure, as this process heard of it.
     pub reason: String,
 }
+
+crate::error::debug_as_sentence!(Cancelled);
 
 /// Where a worker's sync calls go: its link to the master's node, as its driver (the
 /// runtime's worker, or the simulator) gives it.

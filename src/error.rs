@@ -22,6 +22,47 @@ use crate::ids::{Epoch, Iteration, Rank, SyncKind};
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Writes an error as a person reads it: its sentence (`Display`), then each cause
+/// underneath whose text the sentence above it does not already hold, as `anyhow` does.
+/// The `Debug` of every error type of the crate is this, so that
+/// `fn main() -> Result<(), Box<dyn Error>>` prints a sentence, not a struct.
+pub(crate) fn write_sentence(
+    error: &(dyn std::error::Error + 'static),
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let mut above = error.to_string();
+    f.write_str(&above)?;
+    let mut source = error.source();
+    let mut first = true;
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !above.contains(&text) {
+            if first {
+                f.write_str("\n\nCaused by:")?;
+                first = false;
+            }
+            write!(f, "\n    {text}")?;
+        }
+        above = text;
+        source = cause.source();
+    }
+    Ok(())
+}
+
+/// `Debug` as [`write_sentence`]: the sentence and its causes.
+macro_rules! debug_as_sentence {
+    ($($ty:ty),+ $(,)?) => {$(
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                $crate::error::write_sentence(self, f)
+            }
+        }
+    )+};
+}
+pub(crate) use debug_as_sentence;
+
+debug_as_sentence!(ConfigError, JobError, SyncError);
+
 /// The part of the application lifecycle in which user code ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Phase {
@@ -206,7 +247,7 @@ impl fmt::Display for Waiting {
 }
 
 /// An invalid job setting: which one, what it was, and what it must be.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("invalid setting `{setting}` = {value}: {requirement}")]
 pub struct ConfigError {
     /// The setting's name, as the builder method that sets it.
@@ -232,7 +273,7 @@ impl ConfigError {
 /// The first failure of a job is the one returned; it is also sent to every other actor,
 /// which stops. Iteration `0` means before the first iteration (start-up: `pre_application`
 /// and `init`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum JobError {
     /// A worker's computable or interceptor returned an error or panicked.
@@ -412,7 +453,7 @@ pub enum JobError {
 }
 
 /// Why a sync call failed. Every rank waiting in the epoch gets the same error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum SyncError {
     /// Ranks made different calls in one epoch. Every rank must call the same method in the
@@ -657,4 +698,33 @@ pub(crate) fn counted(n: usize, one: &str) -> String {
 pub(crate) fn drop_guarded<T>(value: T) -> Result<(), Cause> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)))
         .map_err(Cause::from_panic)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_the_sentence_then_each_cause_it_does_not_already_say() {
+        let io = std::io::Error::other("connection reset by peer");
+        let held = JobError::Transport {
+            message: "worker 2's link: connection reset by peer".into(),
+            source: Some(ErrorSource::new(std::io::Error::other(
+                "connection reset by peer",
+            ))),
+        };
+        assert_eq!(format!("{held:?}"), held.to_string());
+
+        let new = JobError::Transport {
+            message: "worker 2's link failed".into(),
+            source: Some(ErrorSource::new(io)),
+        };
+        assert_eq!(
+            format!("{new:?}"),
+            format!("{new}\n\nCaused by:\n    connection reset by peer")
+        );
+        let config = ConfigError::new("workers", 0, "at least 1");
+        assert_eq!(format!("{config:?}"), config.to_string());
+        assert_eq!(format!("{config:#?}"), config.to_string());
+    }
 }

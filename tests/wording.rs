@@ -56,3 +56,58 @@ fn one_worker_is_one_worker_in_an_error() {
     let text = err.to_string();
     assert!(text.contains("below the job's 1 worker "), "{text}");
 }
+
+/// What `fn main() -> Result<(), Box<dyn Error>>` prints of an error is its `Debug`: a
+/// sentence, as `Display` gives it, never a struct dump.
+#[test]
+fn errors_print_as_sentences_under_debug() {
+    let setting = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .workers(0)
+    .build()
+    .unwrap_err();
+    assert_eq!(format!("{setting:?}"), setting.to_string());
+    assert!(
+        setting.to_string().starts_with("invalid setting `workers`"),
+        "{setting}"
+    );
+    let boxed: Box<dyn std::error::Error> = Box::new(setting.clone());
+    assert_eq!(format!("{boxed:?}"), setting.to_string());
+
+    let failed = Job::builder(summing_master(), |_| FnWorker {
+        f: |ctx: &mut WorkerContext<u64, u64>| {
+            if ctx.rank() == 1 {
+                Err("disk full".into())
+            } else {
+                Ok(1)
+            }
+        },
+    })
+    .workers(2)
+    .iterations(2)
+    .run()
+    .unwrap_err();
+    let debug = format!("{failed:?}");
+    assert_eq!(debug, failed.to_string());
+    assert!(debug.starts_with("worker 1 failed"), "{debug}");
+    assert!(debug.contains("disk full"), "{debug}");
+    assert!(!debug.contains("Worker {"), "{debug}");
+
+    let sync = Job::builder(summing_master(), |_| FnWorker {
+        f: |ctx: &mut WorkerContext<u64, u64>| {
+            let err = ctx.barrier().unwrap_err();
+            Err(format!("{err:?}").into())
+        },
+    })
+    .workers(1)
+    .iterations(1)
+    .run()
+    .unwrap_err();
+    let text = sync.to_string();
+    assert!(
+        text.contains("need a job built with barrier_mode(true)"),
+        "{text}"
+    );
+    assert!(!text.contains("NotEnabled"), "{text}");
+}

@@ -62,7 +62,7 @@ impl fmt::Debug for Checkpoint {
 }
 
 /// Why a checkpoint could not be written or read.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
     /// The filesystem refused.
@@ -89,6 +89,8 @@ pub enum CheckpointError {
     #[error("checkpoint could not be encoded: {0}")]
     Encode(String),
 }
+
+crate::error::debug_as_sentence!(CheckpointError);
 
 impl CheckpointError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {

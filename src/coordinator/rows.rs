@@ -11,7 +11,7 @@ use super::shard::{LineCounter, LineRange, LineReader};
 use super::{MalformedRows, Rejected, RowCounts};
 
 /// Why a row could not be read.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RowError {
     /// The file could not be read.
@@ -27,6 +27,8 @@ pub enum RowError {
     #[error("malformed row at {0}")]
     Malformed(Rejected),
 }
+
+crate::error::debug_as_sentence!(RowError);
 
 /// The format of a file of rows, one per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

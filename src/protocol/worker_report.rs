@@ -183,7 +183,7 @@ impl Attachment {
 }
 
 /// An attachment that could not be encoded, or read as the type asked for.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub struct AttachmentError {
     /// The rank of the worker that attached it, when known.
     pub rank: Option<Rank>,
@@ -192,6 +192,8 @@ pub struct AttachmentError {
     /// What was wrong.
     pub message: String,
 }
+
+crate::error::debug_as_sentence!(AttachmentError);
 
 impl std::fmt::Display for AttachmentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

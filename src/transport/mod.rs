@@ -164,7 +164,7 @@ pub struct Topology {
 }
 
 /// Why a message could not be sent or a link could not be made.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
     /// The transport was used before [`Transport::prepare`].
@@ -252,6 +252,8 @@ pub enum TransportError {
         message: String,
     },
 }
+
+crate::error::debug_as_sentence!(TransportError);
 
 impl TransportError {
     /// Binding, connecting or starting failed with `error`, as `message` says.

@@ -42,6 +42,45 @@ impl<M> Step<M> {
 /// One instance runs per worker, made by the factory given to
 /// [`Job::builder`](crate::Job::builder). It is only ever called from one thread at a time,
 /// but not always the same thread: it must be `Send`.
+///
+/// # State under recovery
+///
+/// A worker's state must be one of two kinds, so that a recovered job gives the
+/// fault-free answer:
+///
+/// - **its shard**, loaded by [`init`](Self::init): a worker that replaces a failed one
+///   (`FailurePolicy::RestartWorker`) or a gang restarted (`RestartAll`) is a new
+///   instance, made by the factory again, and runs `init` again;
+/// - **derived, every iteration, from the master result**
+///   ([`last_master_result`](WorkerContext::last_master_result)): a replaced worker redoes
+///   the iteration with the same master result the one it replaces had, and a job resumed
+///   from a checkpoint resumes with the master result saved in it.
+///
+/// What a worker carries from one iteration to the next in itself alone — a running sum,
+/// an optimizer's momentum, labels it only sends changes of — is lost with the worker
+/// (a new one starts from what the factory makes) and is not rolled back to a checkpoint
+/// (a master started again meets workers that kept theirs): put it in the master result,
+/// which every worker receives and every checkpoint holds. The simulator finds a worker
+/// that breaks this rule: `sim::Simulation` with worker crashes under `RestartWorker`
+/// ends with another result than the fault-free run. `examples/recovery.rs` runs a job
+/// written this way (connected components by label propagation) fault-free, with a
+/// worker replaced and with every worker restarted from a checkpoint: the same answer.
+///
+/// ```
+/// # use superstep::prelude::*;
+/// /// Every worker's running total, in rank order: the master result holds it.
+/// struct Running;
+/// impl WorkerComputable for Running {
+///     type MasterResult = Vec<u64>;
+///     type WorkerResult = u64;
+///     fn compute(&mut self, ctx: &mut WorkerContext<Vec<u64>, u64>) -> Result<u64, BoxError> {
+///         let shard = ctx.rank() as u64 + 1;
+///         // Not `self.total += shard`: a replaced worker would start again from 0.
+///         let before = ctx.last_master_result().map_or(0, |totals| totals[ctx.rank()]);
+///         Ok(before + shard)
+///     }
+/// }
+/// ```
 pub trait WorkerComputable: Send + 'static {
     /// The master's result type, broadcast to the workers.
     type MasterResult: Payload;

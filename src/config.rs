@@ -22,8 +22,14 @@ pub enum Placement {
     /// Measure each side's iteration (hooks and compute): a worker's start-up and shutdown
     /// and every side's first iteration run on the compute pool; from then on an iteration
     /// whose previous run took less than [`JobConfig::inline_threshold`] runs inline on the
-    /// coordination thread, a longer one on the pool. Suits compute whose cost is about
-    /// the same every iteration; if it varies widely, choose `Pool`. The default.
+    /// coordination thread, a longer one on the pool. The default.
+    ///
+    /// A compute that was cheap and turns slow never lines the others up: the round's
+    /// inline iterations wait in a queue that a rescuer thread hands to the pool once one
+    /// of them has held the coordination thread past the threshold, so no worker's compute
+    /// waits for another's, and a failure among them ends the job while the slow one runs.
+    /// (The slow one still holds the coordination thread until it returns; compute whose
+    /// cost varies widely is better on `Pool`.)
     ///
     /// In every placement the master's start-up (`pre_application`, its `init`,
     /// restoring a checkpoint) and its `post_application` run inline: at those points the
@@ -33,7 +39,8 @@ pub enum Placement {
     #[serde(alias = "auto")]
     Auto,
     /// Always run user code inline on the coordination thread: lowest latency for trivial
-    /// compute, but a slow compute stalls the whole job, timeouts included.
+    /// compute, but a slow compute stalls the whole job, timeouts included, and the
+    /// computes after it in its round wait for it.
     #[serde(alias = "inline")]
     Inline,
     /// Always run user code on the compute pool, which has one thread per core.
@@ -80,10 +87,12 @@ pub enum Placement {
 /// | `SUPERSTEP_SHUTDOWN_TIMEOUT` | [`shutdown_timeout`](JobConfig::shutdown_timeout) |
 /// | `SUPERSTEP_SYNC_TIMEOUT` | [`sync_timeout`](JobConfig::sync_timeout) |
 /// | `SUPERSTEP_FAILURE_GRACE` | [`failure_grace`](JobConfig::failure_grace) |
+/// | `SUPERSTEP_FAILURE_POLICY` | [`failure_policy`](JobConfig::failure_policy): `fail`, `continue_without`, `restart_worker:N`, `restart_all:N` |
+/// | `SUPERSTEP_PROGRESS_INTERVAL` | [`progress_interval`](JobConfig::progress_interval) |
 ///
 /// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "Document")]
 #[non_exhaustive]
 pub struct JobConfig {
     /// A name for the job, used in logs, spans and (over a network) to keep jobs apart.
@@ -171,6 +180,100 @@ pub struct JobConfig {
     /// every iteration ([`JobReport::totals`](crate::JobReport::totals)). Default 1,000
     /// (about 100 KB); 0 keeps none.
     pub report_iterations: usize,
+    /// How often the master logs a completed iteration at INFO (its number, its time and
+    /// its slowest worker): the first iteration, then one at most this often, saying how
+    /// many went by since the last line. Default 1 s; zero logs every iteration. (Quiet it
+    /// with a filter: `RUST_LOG=superstep=warn`.)
+    #[serde(with = "duration")]
+    pub progress_interval: Duration,
+    /// The settings a document named, when this was read from one.
+    #[serde(skip)]
+    pub(crate) named: Named,
+}
+
+/// The names of the settings a document named: what
+/// [`JobBuilder::config`](crate::JobBuilder::config) overlays. Never compared: two
+/// configurations with the same settings are equal however they were made.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Named(Vec<&'static str>);
+
+impl PartialEq for Named {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// Every setting of [`JobConfig`], once: the document form that reads only what it names
+/// (and remembers which), and the overlay of one configuration on another.
+macro_rules! settings {
+    ($($field:ident: $ty:ty $(=> $with:tt)?),+ $(,)?) => {
+        /// A settings document as read: each setting it names.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Document {
+            $(
+                #[serde(default $(, deserialize_with = $with)?)]
+                $field: Option<$ty>,
+            )+
+        }
+
+        impl From<Document> for JobConfig {
+            fn from(document: Document) -> Self {
+                let mut config = JobConfig::default();
+                let mut named = Vec::new();
+                $(
+                    if let Some(value) = document.$field {
+                        config.$field = value;
+                        named.push(stringify!($field));
+                    }
+                )+
+                config.named = Named(named);
+                config
+            }
+        }
+
+        impl JobConfig {
+            /// Sets from `other` the settings it names — those its document named, when it
+            /// was read from one, and those it changed from their defaults — and returns
+            /// their names; the rest stay as they are.
+            pub(crate) fn overlay(&mut self, other: JobConfig) -> Vec<&'static str> {
+                let defaults = JobConfig::default();
+                // Every setting is listed: a new one that is not fails to compile here.
+                let JobConfig { $($field,)+ named } = other;
+                let mut set = Vec::new();
+                $(
+                    let name = stringify!($field);
+                    if named.0.contains(&name) || $field != defaults.$field {
+                        self.$field = $field;
+                        set.push(name);
+                    }
+                )+
+                set
+            }
+        }
+    };
+}
+
+settings! {
+    job_id: String,
+    workers: usize,
+    iterations: Iteration,
+    worker_halt: bool,
+    startup_timeout: Duration => "duration::some",
+    iteration_timeout: Duration => "duration::some",
+    shutdown_timeout: Duration => "duration::some",
+    failure_grace: Duration => "duration::some",
+    placement: Placement,
+    inline_threshold: Duration => "duration::some",
+    compute_threads: Option<usize>,
+    barrier_mode: bool,
+    sync_timeout: Duration => "duration::some",
+    min_workers_ratio: f64,
+    min_workers_timeout: Duration => "duration::some",
+    failure_policy: FailurePolicy,
+    malformed_rows: MalformedRows,
+    report_iterations: usize,
+    progress_interval: Duration => "duration::some",
 }
 
 fn default_failure_grace() -> Duration {
@@ -198,6 +301,8 @@ impl Default for JobConfig {
             failure_policy: FailurePolicy::Fail,
             malformed_rows: MalformedRows::Fail,
             report_iterations: 1_000,
+            progress_interval: Duration::from_secs(1),
+            named: Named::default(),
         }
     }
 }
@@ -332,6 +437,7 @@ impl JobConfig {
             failure_grace: NodeConfig::grace(self.failure_grace, self.shutdown_timeout),
             checkpoint_every,
             report_iterations: self.report_iterations,
+            progress_interval: self.progress_interval,
         }
     }
 
@@ -385,6 +491,11 @@ impl JobConfig {
                 }
             };
         }
+        if let Some(v) = get("SUPERSTEP_FAILURE_POLICY") {
+            self.failure_policy = v
+                .parse()
+                .map_err(|why: String| ConfigError::new("SUPERSTEP_FAILURE_POLICY", &v, &why))?;
+        }
         if let Some(v) = get("SUPERSTEP_COMPUTE_THREADS") {
             self.compute_threads = Some(number("SUPERSTEP_COMPUTE_THREADS", &v)?);
         }
@@ -394,6 +505,7 @@ impl JobConfig {
             ("SUPERSTEP_SHUTDOWN_TIMEOUT", &mut self.shutdown_timeout),
             ("SUPERSTEP_SYNC_TIMEOUT", &mut self.sync_timeout),
             ("SUPERSTEP_FAILURE_GRACE", &mut self.failure_grace),
+            ("SUPERSTEP_PROGRESS_INTERVAL", &mut self.progress_interval),
         ] {
             if let Some(v) = get(var) {
                 *setting = time(var, &v)?;
@@ -431,6 +543,11 @@ pub(crate) mod duration {
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         d.deserialize_any(DurationVisitor)
+    }
+
+    /// A duration a document names.
+    pub(crate) fn some<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        deserialize(d).map(Some)
     }
 
     struct DurationVisitor;
@@ -504,6 +621,71 @@ pub(crate) fn quorum(ratio: f64, workers: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_document_overlays_what_it_names_and_nothing_else() {
+        let mut made = JobConfig {
+            workers: 3,
+            iterations: 7,
+            placement: Placement::Pool,
+            ..JobConfig::default()
+        };
+        let document: JobConfig =
+            serde_json::from_str(r#"{"iterations": 10, "placement": "auto"}"#).unwrap();
+        let set = made.overlay(document);
+        assert_eq!(set, ["iterations", "placement"]);
+        assert_eq!((made.workers, made.iterations), (3, 10));
+        // Named, so set, though it is the default.
+        assert_eq!(made.placement, Placement::Auto);
+
+        // A configuration made in code names what it changed from the defaults.
+        let code = JobConfig {
+            sync_timeout: Duration::from_secs(5),
+            ..JobConfig::default()
+        };
+        let set = made.overlay(code);
+        assert_eq!(set, ["sync_timeout"]);
+        assert_eq!((made.workers, made.iterations), (3, 10));
+        assert_eq!(made.sync_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_failure_policy_comes_from_a_document_and_from_the_environment() {
+        let config: JobConfig =
+            serde_json::from_str(r#"{"failure_policy": {"RestartAll": {"max_attempts": 2}}}"#)
+                .unwrap();
+        assert_eq!(
+            config.failure_policy,
+            FailurePolicy::RestartAll { max_attempts: 2 }
+        );
+        let env = |value: &'static str| {
+            move |var: &str| (var == "SUPERSTEP_FAILURE_POLICY").then(|| value.to_string())
+        };
+        for (text, policy) in [
+            ("fail", FailurePolicy::Fail),
+            ("Continue-Without", FailurePolicy::ContinueWithout),
+            (
+                "restart_worker:3",
+                FailurePolicy::RestartWorker { max_restarts: 3 },
+            ),
+            (
+                " restart_all : 4 ",
+                FailurePolicy::RestartAll { max_attempts: 4 },
+            ),
+        ] {
+            let config = JobConfig::default().with_vars(env(text)).unwrap();
+            assert_eq!(config.failure_policy, policy, "{text}");
+        }
+        for wrong in ["restart_worker", "restart_all:x", "retry"] {
+            let err = JobConfig::default().with_vars(env(wrong)).unwrap_err();
+            assert_eq!(err.setting, "SUPERSTEP_FAILURE_POLICY");
+            assert!(
+                err.requirement
+                    .starts_with("must be fail, continue_without"),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn a_partial_document_keeps_the_defaults_and_reads_durations_as_written() {

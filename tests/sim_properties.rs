@@ -90,6 +90,8 @@ proptest! {
             shape.apply(Job::builder(Sum::default(), |_| Count)).failure_policy(policy)
         })
         .schedule(schedule);
+        // Settings the job cannot run with are refused as such, before any run.
+        prop_assume!(sim.settings().validate().is_ok());
         // Any outcome, as long as the run ends and holds the protocol's invariants.
         sim.try_check(0..2, |_| Ok(()))
             .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
@@ -98,22 +100,45 @@ proptest! {
 
 /// Under `Fail` a worker's crash (or its loss to a partition) fails the job: proptest finds
 /// a schedule that breaks "ends with the fault-free result" and shrinks it to the one fault
-/// that matters, whose run the failure replays from one line.
+/// that matters. The failure's replay line runs the test again with its seed, and proptest
+/// runs the case it saved first: the same shrunk schedule fails again, at once.
 #[test]
-fn a_failing_schedule_shrinks_to_the_one_fault_that_matters() {
+fn a_failing_schedule_shrinks_to_the_one_fault_that_matters_and_its_replay_finds_it_again() {
     let expected = *Simulation::from_job(job).run(0).outcome.unwrap().result;
-    let mut runner = TestRunner::new(Config {
+    let dir = tempfile::tempdir().unwrap();
+    let saved: &'static str = Box::leak(
+        dir.path()
+            .join("regressions.txt")
+            .to_string_lossy()
+            .into_owned()
+            .into_boxed_str(),
+    );
+    let config = || Config {
         cases: 256,
-        failure_persistence: None,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(saved),
+        )),
         ..Config::default()
-    });
-    let result = runner.run(&strategies::schedule(3, 6, 8), |schedule| {
-        simulated(FailurePolicy::Fail)
-            .schedule(schedule)
-            .try_check(0..1, ends_with(expected))
-            .map_err(|failure| TestCaseError::fail(failure.to_string()))
-    });
-    let (reason, minimal) = match result {
+    };
+    let cases = std::cell::Cell::new(0u32);
+    let first_failed_at = std::cell::Cell::new(None);
+    let run = |runner: &mut TestRunner| {
+        cases.set(0);
+        first_failed_at.set(None);
+        runner.run(&strategies::schedule(3, 6, 8), |schedule| {
+            cases.set(cases.get() + 1);
+            simulated(FailurePolicy::Fail)
+                .schedule(schedule)
+                .try_check(0..1, ends_with(expected))
+                .map_err(|failure| {
+                    if first_failed_at.get().is_none() {
+                        first_failed_at.set(Some(cases.get()));
+                    }
+                    TestCaseError::fail(failure.to_string())
+                })
+        })
+    };
+    let (reason, minimal) = match run(&mut TestRunner::new(config())) {
         Err(TestError::Fail(reason, minimal)) => (reason, minimal),
         other => panic!("expected a failing schedule, got {other:?}"),
     };
@@ -128,12 +153,29 @@ fn a_failing_schedule_shrinks_to_the_one_fault_that_matters() {
         ),
         "{minimal:?}"
     );
-    let json = serde_json::to_string(&minimal).unwrap();
+    // The replay line is whole on its own line: proptest ends the message with a period.
+    let message = reason.message();
+    let line = message
+        .lines()
+        .skip_while(|l| *l != "replay with:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no replay line in {message}"))
+        .trim();
     assert!(
-        reason
-            .message()
-            .contains(&format!("SUPERSTEP_SIM_SCHEDULE='{json}'")),
-        "the failure replays its schedule: {}",
-        reason.message()
+        line.starts_with("SUPERSTEP_SIM_SEED=0 cargo test -p superstep --test sim_properties "),
+        "{line}"
     );
+    assert!(line.ends_with(" -- --exact"), "{line}");
+
+    // What the line runs: the test again, whose runner first runs the case it saved.
+    let again = run(&mut TestRunner::new(config()));
+    assert_eq!(
+        first_failed_at.get(),
+        Some(1),
+        "the saved case runs first, and fails"
+    );
+    match again {
+        Err(TestError::Fail(_, shrunk)) => assert_eq!(shrunk, minimal),
+        other => panic!("expected the saved failure again, got {other:?}"),
+    }
 }

@@ -635,6 +635,7 @@ fn a_master_started_again_after_its_job_ended_ends_at_once_with_the_final_result
             f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
         })
         .iterations(4)
+        .job_id("ended")
         .checkpoint(store.clone(), 3)
     };
     // The job ran to its end, and its master saved the last iteration too.
@@ -671,4 +672,57 @@ fn a_settings_document_that_leaves_workers_out_takes_the_cluster_s_world_size() 
     assert_eq!(job(r#"{"workers": 3}"#).unwrap().config().workers, 3);
     let err = job(r#"{"workers": 2}"#).unwrap_err();
     assert_eq!(err.setting, "workers", "{err}");
+}
+
+/// One job id: the builder's reaches the TCP handshake (a worker of a job named otherwise
+/// is refused as another job's), and a transport that names another id than the builder's
+/// is refused when the job is built, naming both.
+#[test]
+fn the_builders_job_id_is_the_one_the_tcp_transport_uses() {
+    use superstep::transport::TcpSettings;
+    let unnamed = TcpSettings::DEFAULT_JOB_ID;
+    let job = |id: &str, transport: TcpTransport<u64, u64>| {
+        Job::builder(summing_master(), |rank| FnWorker {
+            f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
+        })
+        .workers(2)
+        .iterations(2)
+        .job_id(id)
+        .transport(transport)
+    };
+    let (master, addr) = master_transport_with::<u64, u64>(2, unnamed, |_| {});
+    let m = thread::spawn(move || job("cc", master).run());
+    let err = job(
+        "dd",
+        TcpTransport::new(settings(1, 2, &addr, unnamed)).unwrap(),
+    )
+    .run()
+    .unwrap_err();
+    assert!(err.to_string().contains("wrong job id"), "{err}");
+    let worker = job(
+        "cc",
+        TcpTransport::new(settings(1, 2, &addr, unnamed)).unwrap(),
+    )
+    .run();
+    assert_eq!(*m.join().unwrap().unwrap().result, 6);
+    assert_eq!(*worker.unwrap().result, 6);
+
+    // Named twice, differently: refused before anything connects.
+    let (named, _) = master_transport_with::<u64, u64>(2, "ee", |_| {});
+    let err = job("cc", named).build().unwrap_err();
+    assert_eq!(err.setting, "job_id");
+    assert!(
+        err.requirement.contains("the transport's job id `ee`"),
+        "{err}"
+    );
+    // Named by the transport alone (the environment's SUPERSTEP_JOB_ID): the job takes it.
+    let (named, _) = master_transport_with::<u64, u64>(2, "ee", |_| {});
+    let built = Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .workers(2)
+    .transport(named)
+    .build()
+    .unwrap();
+    assert_eq!(built.config().job_id, "ee");
 }

@@ -58,6 +58,51 @@ fn the_trace_of_a_run_has_a_compute_span_for_every_rank_and_iteration_on_its_own
         .collect();
     assert_eq!(its, (1..=iterations).collect());
     assert_eq!(begins("master_compute").len(), iterations as usize);
+
+    // Each iteration is one slice, on the job's thread, from its start to its end: it
+    // holds every compute of that iteration, whichever thread ran it.
+    let ends = |name: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "E" && e["name"] == name)
+            .collect()
+    };
+    let ts = |e: &Value| e["ts"].as_f64().unwrap();
+    let (its_b, its_e) = (begins("iteration"), ends("iteration"));
+    assert_eq!(its_b.len(), iterations as usize, "one slice per iteration");
+    assert_eq!(its_e.len(), iterations as usize, "one slice per iteration");
+    // Each compute's (iteration, start, end): a thread's computes do not nest, so its
+    // n-th begin and n-th end are one compute.
+    let mut computes_timed = Vec::new();
+    for tid in tracks.values().flatten() {
+        let on = |list: Vec<&Value>| -> Vec<Value> {
+            list.into_iter()
+                .filter(|e| e["tid"].as_u64() == Some(*tid))
+                .cloned()
+                .collect()
+        };
+        for (cb, ce) in on(begins("compute")).iter().zip(on(ends("compute")).iter()) {
+            computes_timed.push((arg(cb, "iteration").unwrap(), ts(cb), ts(ce)));
+        }
+    }
+    for (b, e) in its_b.iter().zip(&its_e) {
+        let i = arg(b, "iteration").unwrap();
+        assert_eq!(b["tid"], e["tid"], "begun and ended on one thread");
+        let (start, end) = (ts(b), ts(e));
+        assert!(start < end);
+        let inside = computes_timed
+            .iter()
+            .filter(|(ci, _, _)| *ci == i)
+            .map(|&(_, cb, ce)| (cb, ce))
+            .collect::<Vec<_>>();
+        assert_eq!(inside.len(), workers, "iteration {i}");
+        for (cb, ce) in inside {
+            assert!(
+                start <= cb && ce <= end,
+                "iteration {i} [{start}, {end}] holds its compute [{cb}, {ce}]"
+            );
+        }
+    }
     // Every rank but the straggler waits in its barrier every iteration.
     let syncs = begins("sync");
     assert_eq!(syncs.len(), workers * iterations as usize);

@@ -9,51 +9,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{summing_master, tcp_master, tcp_settings, FnWorker};
+use common::{lines_with, logs, summing_master, tcp_master, tcp_settings, FnWorker};
 use superstep::prelude::*;
 use superstep::transport::tcp::PROTOCOL_VERSION;
 use superstep::transport::{TcpSettings, TcpTransport, TransportError};
 use superstep::Waiting;
-
-/// Every line logged in this test binary, at INFO and above.
-fn logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&buf);
-        tracing_subscriber::fmt()
-            .with_writer(move || Capture(Arc::clone(&sink)))
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .init();
-        buf
-    })
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The captured lines that contain every one of `parts`.
-fn lines_with(parts: &[&str]) -> Vec<String> {
-    let all = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
-    all.lines()
-        .filter(|l| parts.iter().all(|p| l.contains(p)))
-        .map(String::from)
-        .collect()
-}
 
 fn summing(workers: usize) -> superstep::JobBuilder<u64, u64> {
     Job::builder(summing_master(), |rank| FnWorker {
@@ -113,9 +76,16 @@ fn a_master_waiting_for_workers_names_them_and_the_peers_it_refused_then_fails_a
     logs();
     let job = "waiting";
     let (master, addr) =
-        tcp_master::<u64, u64>(3, job, |s| s.connect_timeout = Duration::from_secs(2));
+        tcp_master::<u64, u64>(3, job, |s| s.connect_timeout = Duration::from_secs(3));
     let started = Instant::now();
-    let m = thread::spawn(move || summing(3).transport(master).run());
+    // A start-up timeout long enough not to end the job first, short enough that its
+    // wait would be said meanwhile (every quarter of it) if it named unconnected ranks.
+    let m = thread::spawn(move || {
+        summing(3)
+            .startup_timeout(Duration::from_secs(4))
+            .transport(master)
+            .run()
+    });
     // Rank 1 comes with a wrong secret: told so at once, it ends; rank 2 never comes.
     let mut wrong = tcp_settings(1, 3, &addr, job);
     wrong.secret = Some(b"guess".to_vec());
@@ -159,6 +129,11 @@ fn a_master_waiting_for_workers_names_them_and_the_peers_it_refused_then_fails_a
         waiting.iter().any(|l| l.contains("wrong secret")),
         "the wait named the refused peer: {waiting:#?}"
     );
+    // One wait, one timeout: ranks that never connected are the connect wait's (3 s),
+    // never also start-up's (4 s).
+    let all = lines_with(&["job=waiting", "waiting "]);
+    assert!(!all.is_empty());
+    assert!(all.iter().all(|l| !l.contains("of 4s")), "{all:#?}");
 }
 
 #[test]

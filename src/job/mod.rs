@@ -239,12 +239,48 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
-    /// Replaces every setting at once.
+    /// Sets the settings `config` names, and only those: the ones its settings document
+    /// named, when it was read from one, and the ones changed from their defaults. The
+    /// others stay as they were set on this builder, before or after — a document that
+    /// names `iterations` changes the iterations and nothing else, whatever the order:
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// # use superstep::{JobConfig, Placement};
+    /// # struct M; impl MasterComputable for M { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, _: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> { Ok(Step::Halt(1)) } }
+    /// # struct W; impl WorkerComputable for W { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> { Ok(1) } }
+    /// let document: JobConfig = serde_json::from_str(
+    ///     r#"{"iterations": 20, "placement": "auto",
+    ///         "failure_policy": {"restart_worker": {"max_restarts": 3}}}"#,
+    /// )?;
+    /// let job = Job::builder(M, |_| W)
+    ///     .workers(4)
+    ///     .placement(Placement::Pool)
+    ///     .config(document)
+    ///     .build()?;
+    /// assert_eq!(job.config().workers, 4); // set on the builder, not named by the document
+    /// assert_eq!(job.config().iterations, 20);
+    /// assert_eq!(job.config().placement, Placement::Auto); // named: its default, but named
+    /// assert_eq!(
+    ///     job.config().failure_policy,
+    ///     FailurePolicy::RestartWorker { max_restarts: 3 }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn config(mut self, config: JobConfig) -> Self {
-        // A document that leaves `workers` at its default leaves it to the cluster's
-        // world size, as a builder that never set it does.
-        self.workers_set = config.workers != JobConfig::default().workers;
-        self.config = config;
+        // A document that does not name `workers` leaves it to the cluster's world size,
+        // as a builder that never set it does.
+        let set = self.config.overlay(config);
+        self.workers_set |= set.contains(&"workers");
+        self
+    }
+
+    /// How often the master logs a completed iteration at INFO (see
+    /// [`JobConfig::progress_interval`]). Default 1 s; zero logs every iteration.
+    pub fn progress_interval(mut self, interval: Duration) -> Self {
+        self.config.progress_interval = interval;
         self
     }
 
@@ -498,6 +534,20 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 ));
             }
             self.config.workers = world;
+        }
+        // One id for the job, in its logs, spans and thread names as in its handshakes: the
+        // transport's when it names one (`SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`), else the
+        // builder's, which the transport then takes.
+        if let Some(id) = self.transport.as_ref().and_then(|t| t.job_id()) {
+            if self.config.job_id == JobConfig::default().job_id {
+                self.config.job_id = id.to_string();
+            } else if self.config.job_id != id {
+                return Err(ConfigError::new(
+                    "job_id",
+                    &self.config.job_id,
+                    &format!("must be the transport's job id `{id}` (from SUPERSTEP_JOB_ID, SLURM_JOB_ID or TcpSettings::job_id), or left unset to take it"),
+                ));
+            }
         }
         self.config.validate()?;
         if let Some(c) = &self.checkpoint {

@@ -48,6 +48,8 @@ pub(crate) struct NodeConfig {
     pub(crate) checkpoint_every: Option<Iteration>,
     /// How many of the last iterations the job's report keeps in detail.
     pub(crate) report_iterations: usize,
+    /// How often a completed iteration is logged at INFO (zero: every one).
+    pub(crate) progress_interval: Duration,
 }
 
 /// Whether the master saves a checkpoint of an iteration ([`NodeConfig::checkpoint`]).
@@ -213,6 +215,7 @@ impl NodeConfig {
             failure_grace: Duration::from_millis(250),
             checkpoint_every: None,
             report_iterations: 1000,
+            progress_interval: Duration::from_secs(1),
         }
     }
 }

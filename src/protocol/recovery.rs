@@ -10,29 +10,79 @@ use crate::ids::{Attempt, Rank};
 ///
 /// A failure of the master, of a combiner, of configuration or in the end of the job
 /// (`post_application`) always fails the job: there is nothing to replace.
+///
+/// In a settings document a policy is named as its variant (in either case), with its
+/// field where it has one; in the environment (`SUPERSTEP_FAILURE_POLICY`, read by
+/// [`JobConfig::with_env`](crate::JobConfig::with_env)) and through [`str::parse`] as
+/// `fail`, `continue_without`, `restart_worker:N` or `restart_all:N`:
+///
+/// ```
+/// # use superstep::{FailurePolicy, JobConfig};
+/// let config: JobConfig = serde_json::from_str(
+///     r#"{"failure_policy": {"restart_worker": {"max_restarts": 3}}}"#,
+/// )?;
+/// assert_eq!(config.failure_policy, FailurePolicy::RestartWorker { max_restarts: 3 });
+/// let config: JobConfig = serde_json::from_str(r#"{"failure_policy": "fail"}"#)?;
+/// assert_eq!(config.failure_policy, FailurePolicy::Fail);
+/// assert_eq!("restart_all:2".parse(), Ok(FailurePolicy::RestartAll { max_attempts: 2 }));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailurePolicy {
     /// Fail the job with the worker's failure. The default.
     #[default]
+    #[serde(alias = "fail")]
     Fail,
     /// Replace the worker (Guagua's worker fail-over): a new one of the same rank runs its
     /// start-up again (`init` reloads its shard) and redoes the current iteration with the
     /// current master result. At most `max_restarts` replacements over the job; the next
     /// failure fails it.
+    #[serde(alias = "restart_worker")]
     RestartWorker {
         /// The most replacements over the whole job.
         max_restarts: u32,
     },
     /// Go on without the worker for the rest of the job, as long as the workers left are
     /// at least the quorum, `ceil(min_workers_ratio × workers)`; below it, fail the job.
+    #[serde(alias = "continue_without")]
     ContinueWithout,
     /// Restart every worker as a new attempt (Spark's barrier stages): the master resumes
     /// from its last checkpoint (or from the start without one), messages of the old
     /// attempt are fenced off as stale. At most `max_attempts` attempts in all.
+    #[serde(alias = "restart_all")]
     RestartAll {
         /// The most attempts, the first one included.
         max_attempts: u32,
     },
+}
+
+/// `fail`, `continue_without`, `restart_worker:N` or `restart_all:N` (`-` for `_`, in
+/// any case); the error says which forms there are.
+impl std::str::FromStr for FailurePolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let forms = "must be fail, continue_without, restart_worker:N or restart_all:N";
+        let text = text.trim().to_ascii_lowercase().replace('-', "_");
+        let (name, count) = match text.split_once(':') {
+            Some((name, count)) => {
+                let count = count.trim().parse::<u32>().map_err(|_| {
+                    format!("{forms} (N a whole number; `{}` is not)", count.trim())
+                })?;
+                (name.trim().to_string(), Some(count))
+            }
+            None => (text, None),
+        };
+        match (name.as_str(), count) {
+            ("fail", None) => Ok(FailurePolicy::Fail),
+            ("continue_without", None) => Ok(FailurePolicy::ContinueWithout),
+            ("restart_worker", Some(max_restarts)) => {
+                Ok(FailurePolicy::RestartWorker { max_restarts })
+            }
+            ("restart_all", Some(max_attempts)) => Ok(FailurePolicy::RestartAll { max_attempts }),
+            _ => Err(forms.to_string()),
+        }
+    }
 }
 
 /// What to do about one failure, as [`Recovery::on_failure`] decides it.

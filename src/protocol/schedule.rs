@@ -65,6 +65,11 @@ impl Schedule {
         self.workers = self.workers.saturating_sub(1);
     }
 
+    /// Whether halt votes count: `worker_halt` is on.
+    pub fn counts_votes(&self) -> bool {
+        self.worker_halt
+    }
+
     /// Decides what follows `iteration`, given the master's own halt and the number of
     /// workers that voted to halt in it.
     pub fn decide(&self, iteration: Iteration, master_halt: bool, halt_votes: usize) -> Next {

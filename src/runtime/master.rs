@@ -219,9 +219,15 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
 
     fn iterate(&mut self, round: MasterRound<W>) -> Result<Computed<M>, JobError> {
         let iteration = round.iteration;
-        let _iteration = round.span.entered();
-        let _span =
-            tracing::debug_span!("master_compute", iteration, attempt = self.attempt).entered();
+        // A child of the iteration's span, which the node holds entered on its own thread
+        // for the whole iteration: entering it here too would draw it twice there.
+        let _span = tracing::debug_span!(
+            parent: &round.span,
+            "master_compute",
+            iteration,
+            attempt = self.attempt
+        )
+        .entered();
         let (workers_halt, save) = (round.workers_halt, round.save);
         self.ctx.enter(iteration, round.gathered);
         let ctx = &self.ctx;

@@ -8,17 +8,20 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::{Fault, Simulation};
-use crate::error::JobError;
+use crate::error::{ConfigError, JobError};
 use crate::ids::{Iteration, Rank};
 use crate::payload::Payload;
 use crate::protocol::Drops;
 
 /// The variable that replays one seed: `SUPERSTEP_SIM_SEED=<seed> cargo test <test>`.
 pub const SEED_VAR: &str = "SUPERSTEP_SIM_SEED";
-/// The variable that sets how many seeds [`Simulation::check`] runs, for long runs.
+/// The variable that sets how many seeds [`Simulation::check`] runs, for long runs. It
+/// does not change [`Simulation::try_check`]: inside a property test, that runs once per
+/// case, and the test's own case count is what to raise (`PROPTEST_CASES`).
 pub const SEEDS_VAR: &str = "SUPERSTEP_SIM_SEEDS";
-/// The variable that replays a fault schedule (JSON, as a failure prints it) in place of
-/// the one [`Simulation::check`] would run.
+/// The variable that runs a fault schedule (JSON, as [`Fault`]s serialize) in place of
+/// the one the simulation has, to try one by hand. A failure's replay line does not need
+/// it: the schedule is the test's own, or its property test's saved failing case.
 pub const SCHEDULE_VAR: &str = "SUPERSTEP_SIM_SCHEDULE";
 
 /// How a simulated job ended, when it completed.
@@ -80,22 +83,25 @@ pub struct SimRun<M> {
 }
 
 impl<M> SimRun<M> {
-    /// The command that replays this run in the current test.
-    /// The command that replays this run in the current test: its seed, and its fault
-    /// schedule when it has one — the whole case, on one line.
+    /// The command that replays this run, to paste as it is: its seed, and `cargo test`
+    /// of the package, profile, test target and test that ran it —
+    /// `SUPERSTEP_SIM_SEED=4 cargo test -p app --release --test recovery my_test -- --exact`.
+    /// The rest of the case comes back as it was made: the test's own schedule and
+    /// settings, or — in a property test — the failing case proptest saved, which it runs
+    /// first. (Features are not known to the test: add the `--features` it ran with.)
     pub fn replay_command(&self) -> String {
+        let exe = std::env::current_exe().ok();
+        let package = std::env::var("CARGO_PKG_NAME").ok();
         let test = std::thread::current()
             .name()
             .filter(|n| *n != "main")
-            .map(|n| format!(" {n} -- --exact"))
-            .unwrap_or_default();
-        let schedule = if self.schedule.is_empty() {
-            String::new()
-        } else {
-            let json = serde_json::to_string(&self.schedule).unwrap_or_default();
-            format!(" {SCHEDULE_VAR}='{json}'")
-        };
-        format!("{SEED_VAR}={}{schedule} cargo test{test}", self.seed)
+            .map(str::to_string);
+        replay_line(
+            self.seed,
+            exe.as_deref(),
+            package.as_deref(),
+            test.as_deref(),
+        )
     }
 }
 
@@ -105,19 +111,35 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// hold for it. On the first failure, panics with the seed, the end of its trace and
     /// the command that replays it.
     pub fn check(&self, seeds: Range<u64>, property: impl Fn(&SimRun<M>) -> Result<(), String>) {
-        if let Err(failure) = self.try_check(seeds, property) {
+        if let Err(failure) = self.check_seeds(seeds_to_run(seeds), property) {
             panic!("{failure}");
         }
     }
 
     /// Like [`check`](Simulation::check), but returns the first failure instead of
     /// panicking — for use inside `proptest!`, say, whose shrinking then looks for a
-    /// smaller case.
+    /// smaller case. It runs `seeds`, or only the seed in `SUPERSTEP_SIM_SEED` (to replay
+    /// a failure); `SUPERSTEP_SIM_SEEDS` does not multiply a property test's every case
+    /// (raise `PROPTEST_CASES` for a longer run).
+    ///
+    /// Settings the job cannot run with fail at once as what they are
+    /// ([`SimFailure::Settings`]), before any seed runs.
     pub fn try_check(
         &self,
         seeds: Range<u64>,
         property: impl Fn(&SimRun<M>) -> Result<(), String>,
     ) -> Result<(), Box<SimFailure>> {
+        self.check_seeds(replayed_seed(seeds), property)
+    }
+
+    fn check_seeds(
+        &self,
+        seeds: Range<u64>,
+        property: impl Fn(&SimRun<M>) -> Result<(), String>,
+    ) -> Result<(), Box<SimFailure>> {
+        if let Err(error) = self.settings().validate() {
+            return Err(Box::new(SimFailure::Settings(error)));
+        }
         let replayed;
         let sim = match schedule_to_replay() {
             Some(schedule) => {
@@ -126,7 +148,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             }
             None => self,
         };
-        for seed in seeds_to_run(seeds) {
+        for seed in seeds {
             let run = sim.run(seed);
             let failure = if !run.violations.is_empty() {
                 Some(format!("broke invariants: {}", run.violations.join("; ")))
@@ -135,24 +157,65 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             };
             if let Some(failure) = failure {
                 let tail = run.trace.len().saturating_sub(40);
-                return Err(Box::new(SimFailure {
+                return Err(Box::new(SimFailure::Run(RunFailure {
                     seed,
                     failure,
                     stats: run.stats.clone(),
                     last_steps: run.trace[tail..].to_vec(),
                     replay: run.replay_command(),
-                }));
+                })));
             }
         }
         Ok(())
     }
 }
 
-/// A simulated run that broke an invariant or the property checked: its seed, what went
-/// wrong, the end of its trace and the command that replays it. Its `Display` says all of
-/// it.
+/// Why a [`Simulation::check`] failed: the job's settings, or a run.
 #[derive(Debug, Clone)]
-pub struct SimFailure {
+#[non_exhaustive]
+pub enum SimFailure {
+    /// The job's settings are invalid: no seed ran (the same settings fail `Job::run`).
+    Settings(ConfigError),
+    /// A run broke an invariant or the property checked.
+    Run(RunFailure),
+}
+
+impl SimFailure {
+    /// The failed run, when a run failed.
+    pub fn run(&self) -> Option<&RunFailure> {
+        match self {
+            SimFailure::Run(run) => Some(run),
+            SimFailure::Settings(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimFailure::Settings(error) => {
+                write!(f, "the simulated job's settings are invalid: {error}")
+            }
+            SimFailure::Run(run) => run.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SimFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SimFailure::Settings(error) => Some(error),
+            SimFailure::Run(_) => None,
+        }
+    }
+}
+
+/// A simulated run that broke an invariant or the property checked: its seed, what went
+/// wrong, the command that replays it and the end of its trace. Its `Display` says all of
+/// it, the replay line on a line of its own (a test harness that adds a period after the
+/// message adds it elsewhere).
+#[derive(Debug, Clone)]
+pub struct RunFailure {
     /// The seed of the run.
     pub seed: u64,
     /// What went wrong.
@@ -165,21 +228,69 @@ pub struct SimFailure {
     pub replay: String,
 }
 
-impl fmt::Display for SimFailure {
+impl fmt::Display for RunFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "simulation seed {} failed: {}\nstats: {:?}\nlast steps:\n  {}\nreplay: {}",
+            "simulation seed {} failed: {}\nreplay with:\n    {}\nstats: {:?}\nlast steps:\n  {}\n",
             self.seed,
             self.failure,
+            self.replay,
             self.stats,
             self.last_steps.join("\n  "),
-            self.replay
         )
     }
 }
 
-impl std::error::Error for SimFailure {}
+/// `SUPERSTEP_SIM_SEED=<seed> cargo test …` for a test binary at `exe` (its name and
+/// directory tell the target and the profile) of `package`, running `test`.
+fn replay_line(
+    seed: u64,
+    exe: Option<&std::path::Path>,
+    package: Option<&str>,
+    test: Option<&str>,
+) -> String {
+    let mut line = format!("{SEED_VAR}={seed} cargo test");
+    if let Some(package) = package {
+        line.push_str(&format!(" -p {package}"));
+    }
+    let dir = |p: Option<&std::path::Path>| {
+        p.and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+    };
+    if let Some(exe) = exe {
+        // Cargo's test binaries are in `target/<profile>/deps/`.
+        let kind = exe.parent();
+        let in_deps = dir(kind).as_deref() == Some("deps");
+        match dir(kind.and_then(|d| d.parent())).as_deref() {
+            _ if !in_deps => {}
+            Some("debug") | None => {}
+            Some("release") => line.push_str(" --release"),
+            Some(other) => line.push_str(&format!(" --profile {other}")),
+        }
+        // A test binary is `<target>-<16 hex digits>`, in `deps/`.
+        let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        let target = match stem.rsplit_once('-') {
+            Some((name, hash))
+                if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                Some(name)
+            }
+            _ => None,
+        };
+        let lib = package.map(|p| p.replace('-', "_"));
+        match target {
+            Some(name) if in_deps && Some(name) == lib.as_deref() => line.push_str(" --lib"),
+            Some(name) if in_deps => line.push_str(&format!(" --test {name}")),
+            _ => {}
+        }
+    }
+    if let Some(test) = test {
+        line.push_str(&format!(" {test} -- --exact"));
+    }
+    line
+}
 
 /// The schedule in `SUPERSTEP_SIM_SCHEDULE`, if set (and readable: an unreadable one is
 /// said, and ignored).
@@ -194,19 +305,66 @@ fn schedule_to_replay() -> Option<Vec<Fault>> {
     }
 }
 
-/// The seeds to run: the one in `SUPERSTEP_SIM_SEED`, else `0..SUPERSTEP_SIM_SEEDS`, else
-/// `default`.
-pub fn seeds_to_run(default: Range<u64>) -> Range<u64> {
-    let var = |name| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
-    if let Some(seed) = var(SEED_VAR) {
-        return seed..seed + 1;
+/// A variable's whole number, if set and one.
+fn number_var(name: &str) -> Option<u64> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// The seed in `SUPERSTEP_SIM_SEED` alone, else `default`: what
+/// [`Simulation::try_check`] runs.
+fn replayed_seed(default: Range<u64>) -> Range<u64> {
+    match number_var(SEED_VAR) {
+        Some(seed) => seed..seed + 1,
+        None => default,
     }
-    match var(SEEDS_VAR) {
+}
+
+/// The seeds [`Simulation::check`] runs: the one in `SUPERSTEP_SIM_SEED`, else
+/// `0..SUPERSTEP_SIM_SEEDS` (from `default`'s start), else `default`.
+pub fn seeds_to_run(default: Range<u64>) -> Range<u64> {
+    if number_var(SEED_VAR).is_some() {
+        return replayed_seed(default);
+    }
+    match number_var(SEEDS_VAR) {
         Some(n) => default.start..default.start + n,
         None => default,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn the_replay_line_names_the_package_profile_target_and_test_and_ends_with_no_period() {
+        let exe = Path::new("/w/target/debug/deps/sim_properties-0123456789abcdef");
+        assert_eq!(
+            replay_line(4, Some(exe), Some("my-app"), Some("a::case")),
+            "SUPERSTEP_SIM_SEED=4 cargo test -p my-app --test sim_properties a::case -- --exact"
+        );
+        let lib = Path::new("/w/target/release/deps/my_app-0123456789abcdef");
+        assert_eq!(
+            replay_line(0, Some(lib), Some("my-app"), Some("sim::t")),
+            "SUPERSTEP_SIM_SEED=0 cargo test -p my-app --release --lib sim::t -- --exact"
+        );
+        let custom = Path::new("/w/target/ci/deps/runs-fedcba9876543210");
+        assert_eq!(
+            replay_line(9, Some(custom), None, None),
+            "SUPERSTEP_SIM_SEED=9 cargo test --profile ci --test runs"
+        );
+        // Not a test binary cargo made (a doctest's, say): no target, no guess.
+        assert_eq!(
+            replay_line(
+                1,
+                Some(Path::new("/tmp/rustdoctest/rust_out")),
+                None,
+                Some("t")
+            ),
+            "SUPERSTEP_SIM_SEED=1 cargo test t -- --exact"
+        );
     }
 }

@@ -48,7 +48,8 @@
 //! Faults are drawn from the seed with the probabilities of [`Faults`], or given as data
 //! ([`Simulation::schedule`], a list of [`Fault`]s at given ranks, iterations and points):
 //! a schedule is what a property test generates and shrinks (with the `proptest` feature,
-//! `strategies` has the strategies), and a failing run's replay line carries it
+//! `strategies` has the strategies), and a failing run's replay line runs its test again
+//! with its seed — proptest runs the failing case it saved first
 //! ([`SimRun::replay_command`], [`Simulation::try_check`]).
 //!
 //! ```
@@ -113,7 +114,8 @@ use crate::runtime::{CombineFn, DynMaster, MasterHooks, WorkerFactory, WorkerHoo
 use crate::JobBuilder;
 
 pub use check::{
-    seeds_to_run, SimFailure, SimOutcome, SimRun, SimStats, SCHEDULE_VAR, SEEDS_VAR, SEED_VAR,
+    seeds_to_run, RunFailure, SimFailure, SimOutcome, SimRun, SimStats, SCHEDULE_VAR, SEEDS_VAR,
+    SEED_VAR,
 };
 pub use faults::{CrashPoint, Fault, Faults};
 use world::World;

@@ -2,7 +2,8 @@
 //! schedules, failure policies and settings. A fault schedule is data ([`Fault`]), so when
 //! a property fails, proptest shrinks the schedule to a minimal failing one — fewer
 //! faults, lower ranks, earlier iterations — and [`Simulation::try_check`] names the run
-//! with the one line that replays it.
+//! with the one line that replays it: the test again with the run's seed, which first
+//! runs the failing case proptest saved.
 //!
 //! ```
 //! use proptest::prelude::*;

@@ -355,6 +355,15 @@ pub trait Transport<M, W>: Send + 'static {
         None
     }
 
+    /// The job id this transport was given, if it names one (the TCP transport's
+    /// settings, from `SUPERSTEP_JOB_ID` or `SLURM_JOB_ID`): a job whose id was not set
+    /// takes it; one set to another id is refused with a
+    /// [`ConfigError`](crate::ConfigError). A transport that names none takes the job's
+    /// ([`LinkSpec::job_id`]).
+    fn job_id(&self) -> Option<&str> {
+        None
+    }
+
     /// Whether this transport runs every part of the job in this process and leaves the
     /// connecting to the runtime (`Some`): [`prepare`](Self::prepare) answers the master
     /// and every rank, and the master's node then steps each worker directly — a broadcast

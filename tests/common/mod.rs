@@ -2,8 +2,9 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use superstep::prelude::*;
 #[cfg(feature = "tcp")]
@@ -236,4 +237,41 @@ pub fn tcp_link(
         "{first:?}"
     );
     (t, link, rx)
+}
+
+/// Every line logged in this test binary, at INFO and above (a subscriber of the test
+/// binary, installed by the first call).
+pub fn logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buf);
+        tracing_subscriber::fmt()
+            .with_writer(move || Capture(Arc::clone(&sink)))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .init();
+        buf
+    })
+}
+
+pub struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The captured lines that contain every one of `parts`.
+pub fn lines_with(parts: &[&str]) -> Vec<String> {
+    let all = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
+    all.lines()
+        .filter(|l| parts.iter().all(|p| l.contains(p)))
+        .map(String::from)
+        .collect()
 }

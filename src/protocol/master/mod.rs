@@ -30,11 +30,16 @@ const RECONNECT_GRACE: Duration = Duration::from_secs(3);
 /// every quarter of its timeout when that is shorter).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+mod held;
+mod progress;
 mod rounds;
 #[cfg(test)]
 mod tests;
 mod work;
 mod workers;
+
+use held::HeldSpan;
+use progress::Progress;
 
 pub(crate) use work::{
     Action, Computed, MasterDone, MasterRound, MasterWork, OwnedEnding, Reach, Resumed,
@@ -155,8 +160,13 @@ pub(crate) struct MasterNode<M, W> {
     recent: VecDeque<IterationReport>,
     started: Instant,
     iteration_started: Instant,
-    span: Option<tracing::Span>,
+    /// The iteration under way's span, entered on the node's thread until it ends.
+    span: Option<HeldSpan>,
+    /// The INFO lines of completed iterations, at most one per `progress_interval`.
+    progress: Progress,
     cancelled: bool,
+    /// Whether a halt vote in a job without `worker_halt` was warned of (it is, once).
+    votes_ignored: bool,
     /// When the current wait for workers was last said to be going on.
     wait_said: Option<Instant>,
     actions: VecDeque<Action<M, W>>,
@@ -207,7 +217,9 @@ impl<M, W> MasterNode<M, W> {
             started: now,
             iteration_started: now,
             span: None,
+            progress: Progress::default(),
             cancelled: false,
+            votes_ignored: false,
             wait_said: None,
             actions: VecDeque::new(),
             settings,
@@ -270,7 +282,7 @@ impl<M, W> MasterNode<M, W> {
     /// The span of the iteration under way, if one is: the parent of every span of its
     /// work in this process (the workers' computes, the master's).
     pub(crate) fn iteration_span(&self) -> Option<&tracing::Span> {
-        self.span.as_ref()
+        self.span.as_ref().map(HeldSpan::span)
     }
 
     /// The iteration being gathered, if one is.
@@ -434,7 +446,7 @@ impl<M, W> MasterNode<M, W> {
         self.apply(now, step, reach);
         let output = self.gate.handle_timeout(now);
         self.on_gate_checked(now, output, reach);
-        self.say_waiting(now);
+        self.say_waiting(now, reach);
     }
 
     /// The job was cancelled: it fails with [`JobError::Cancelled`] (once).

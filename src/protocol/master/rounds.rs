@@ -49,9 +49,11 @@ impl<M, W> MasterNode<M, W> {
     pub(super) fn begin(&mut self, now: Instant, iteration: Iteration, reach: &dyn Reach) {
         self.iteration_started = now;
         let attempt = self.attempt();
+        // The last iteration's span is exited before this one is entered.
+        self.span = None;
         let span = tracing::info_span!("iteration", job = %self.config.job_id, iteration, attempt);
-        span.in_scope(|| tracing::debug!("iteration started"));
-        self.span = Some(span);
+        tracing::debug!(parent: &span, "iteration started");
+        self.span = Some(HeldSpan::enter(span));
         self.event(|| JobEvent::IterationStarted { iteration });
         self.stage = Stage::Gathering(iteration);
         // Open before broadcasting, so no result can arrive before its round.
@@ -80,7 +82,20 @@ impl<M, W> MasterNode<M, W> {
             // The job ends (or started over) meanwhile: nothing computes the round.
             return;
         }
-        let span = self.span.clone().unwrap_or_else(tracing::Span::none);
+        let span = self
+            .span
+            .as_ref()
+            .map_or_else(tracing::Span::none, |held| held.span().clone());
+        let votes = gathered.tally.halt_votes;
+        if votes > 0 && !self.schedule.counts_votes() && !self.votes_ignored {
+            self.votes_ignored = true;
+            tracing::warn!(
+                iteration,
+                votes,
+                "{votes} worker(s) voted to halt in iteration {iteration}, but the job was \
+                 built without worker_halt(true): votes are ignored (this is said once)"
+            );
+        }
         let workers_halt = matches!(
             self.schedule
                 .decide(iteration, false, gathered.tally.halt_votes),
@@ -130,9 +145,11 @@ impl<M, W> MasterNode<M, W> {
             results_held: tally.results_held,
             left_out,
         };
-        if let Some(span) = self.span.take() {
-            span.in_scope(|| tracing::debug!(elapsed = ?report.elapsed, "iteration completed"));
+        if let Some(held) = self.span.take() {
+            tracing::debug!(parent: held.span(), elapsed = ?report.elapsed, "iteration completed");
         }
+        self.progress
+            .completed(now, self.config.progress_interval, &report);
         self.event(|| JobEvent::IterationCompleted(report.clone()));
         self.report.totals.add(&report);
         let keep = self.config.report_iterations;
@@ -222,6 +239,7 @@ impl<M, W> MasterNode<M, W> {
             }
             Stage::Starting { .. } | Stage::Gathering(_) | Stage::Computing(_) => {
                 tracing::error!(%error, "job failed");
+                self.span = None;
                 self.event(|| JobEvent::Failed {
                     error: error.clone(),
                 });

@@ -9,7 +9,12 @@ impl<M, W> MasterNode<M, W> {
     /// timeout), which ranks a long wait waits for: at WARN for start-up and shutdown,
     /// which should be short; at INFO for an iteration — compute may be long by design —
     /// until half its timeout has passed.
-    pub(super) fn say_waiting(&mut self, now: Instant) {
+    ///
+    /// A rank that has not connected yet is the transport's wait (its connect timeout,
+    /// which it says itself), not registration's: registration names only ranks that
+    /// connected and have not registered, so that each rank is said by one wait, with
+    /// one timeout.
+    pub(super) fn say_waiting(&mut self, now: Instant, reach: &dyn Reach) {
         let Some(Wait {
             during,
             missing,
@@ -19,6 +24,16 @@ impl<M, W> MasterNode<M, W> {
         else {
             return;
         };
+        let missing: Vec<Rank> = match during {
+            Waiting::Registration => missing
+                .into_iter()
+                .filter(|&rank| reach.is_connected(rank))
+                .collect(),
+            _ => missing,
+        };
+        if missing.is_empty() {
+            return;
+        }
         let waited = now.saturating_duration_since(since);
         let last = self
             .wait_said

@@ -222,8 +222,9 @@ impl<M: Payload, W: Payload> Client<M, W> {
                         format!("{reason}; not reached again within {timeout:?}: {last}")
                     }
                     None => format!(
-                        "could not reach the master at {} within {timeout:?}: {last}",
-                        self.target
+                        "could not reach the master at {}{} within {timeout:?}: {last}",
+                        self.target,
+                        from_note(s)
                     ),
                 }));
             }
@@ -233,7 +234,8 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     rank = s.rank,
                     master = %self.target,
                     error = %last,
-                    "still trying to reach the master ({:.0?} of {timeout:?})",
+                    "still trying to reach the master{} ({:.0?} of {timeout:?})",
+                    from_note(s),
                     now.saturating_duration_since(started)
                 );
             } else {
@@ -479,4 +481,12 @@ fn deadline_after(timeout: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout)
         .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// ` (check MASTER_ADDR and MASTER_PORT)` when the environment gave the master's address:
+/// the variables a wrong address came from.
+fn from_note(s: &super::TcpSettings) -> String {
+    s.master_addr_from
+        .map(|from| format!(" (check {from})"))
+        .unwrap_or_default()
 }

@@ -88,6 +88,9 @@ pub struct ClusterEnv {
     pub handshake_timeout: Option<Duration>,
     /// The largest frame, in bytes (`SUPERSTEP_MAX_FRAME`), if set.
     pub max_frame: Option<usize>,
+    /// The variables the master's address came from (`SUPERSTEP_MASTER_ADDR`, or
+    /// `MASTER_ADDR and MASTER_PORT`, …): what an error reaching the master says to check.
+    pub master_addr_from: &'static str,
     /// Which launcher's variables gave the rank: `superstep`, `torchrun`, `Open MPI`,
     /// `PMI`, `Slurm` or `Kubernetes`.
     pub launcher: &'static str,
@@ -175,7 +178,11 @@ impl ClusterEnv {
             Some(var) => Some((var, parse::<usize>(var, &get(var).unwrap_or_default())?)),
             None => None,
         };
-        let master = master_addr(&get)?;
+        let (master, port_missing) = match master_addr(&get)? {
+            Master::Found(addr, from) => (Some((addr, from)), false),
+            Master::PortMissing => (None, true),
+            Master::Unset => (None, false),
+        };
         let intended: Vec<&str> = INTENT
             .iter()
             .copied()
@@ -189,11 +196,7 @@ impl ClusterEnv {
                 (None, _) | (Some(_), None | Some((_, 0 | 1))) => return Ok(None),
                 // Several processes with no master to meet at: each would run the whole
                 // job on its own.
-                (Some((rank_var, _)), Some((size_var, size))) => {
-                    return Err(TransportError::Env(format!(
-                        "{rank_var} and {size_var} = {size} say this is one of {size} processes, but no master address is set: set SUPERSTEP_MASTER_ADDR to host:port of rank 0 (or MASTER_ADDR and MASTER_PORT)"
-                    )))
-                }
+                (Some(_), Some(_)) => return Err(incomplete(&get, &[MISSING_MASTER])),
             }
         }
         let mut missing = Vec::new();
@@ -203,18 +206,15 @@ impl ClusterEnv {
         if world.is_none() {
             missing.push("the world size (SUPERSTEP_WORLD_SIZE, or the rank's launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS or SLURM_NTASKS)");
         }
-        if master.is_none() {
-            missing.push("the master's address (SUPERSTEP_MASTER_ADDR as host:port, or MASTER_ADDR and MASTER_PORT)");
+        if port_missing {
+            missing.push(MISSING_PORT);
+        } else if master.is_none() {
+            missing.push(MISSING_MASTER);
         }
-        let (Some((rank_var, rank)), Some((size_var, world_size)), Some(master_addr)) =
+        let (Some((rank_var, rank)), Some((size_var, world_size)), Some((master_addr, from))) =
             (rank, world, master)
         else {
-            return Err(TransportError::Env(format!(
-                "incomplete: {} set, but {} {} missing",
-                set_vars(&get),
-                missing.join(", and "),
-                if missing.len() == 1 { "is" } else { "are" }
-            )));
+            return Err(incomplete(&get, &missing));
         };
         if world_size == 0 || rank >= world_size {
             return Err(TransportError::Env(format!(
@@ -235,9 +235,10 @@ impl ClusterEnv {
             rank,
             world_size,
             master_addr,
+            master_addr_from: from,
             job_id: get("SUPERSTEP_JOB_ID")
                 .or_else(|| get("SLURM_JOB_ID"))
-                .unwrap_or_else(|| "superstep".into()),
+                .unwrap_or_else(|| super::TcpSettings::DEFAULT_JOB_ID.into()),
             secret: get("SUPERSTEP_SECRET").map(String::into_bytes),
             bind: get("SUPERSTEP_BIND"),
             restart_count,
@@ -279,26 +280,54 @@ fn set_vars(get: &impl Fn(&str) -> Option<String>) -> String {
     }
 }
 
+/// What a partial environment lacks, said alike wherever it is found.
+const MISSING_MASTER: &str = "the master's address (SUPERSTEP_MASTER_ADDR as host:port of rank 0, or MASTER_ADDR and MASTER_PORT)";
+const MISSING_PORT: &str =
+    "the master's port (MASTER_PORT, or SUPERSTEP_MASTER_PORT, beside MASTER_ADDR)";
+
+/// The one error of a partial environment: what is set, and what is missing.
+fn incomplete(get: &impl Fn(&str) -> Option<String>, missing: &[&str]) -> TransportError {
+    TransportError::Env(format!(
+        "incomplete: {} set, but {} {} missing",
+        set_vars(get),
+        missing.join(", and "),
+        if missing.len() == 1 { "is" } else { "are" }
+    ))
+}
+
+/// Where the master's address was found.
+enum Master {
+    /// The address, and the variables it came from.
+    Found(String, &'static str),
+    /// `MASTER_ADDR` without a port.
+    PortMissing,
+    /// Nothing names it.
+    Unset,
+}
+
 /// The master's address from `SUPERSTEP_MASTER_ADDR`, or from torchrun's `MASTER_ADDR` and
 /// a port: `SUPERSTEP_MASTER_PORT` if set (torchrun's agent may serve its own store on
 /// `MASTER_PORT`), else `MASTER_PORT`; checked to be `host:port`.
-fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, TransportError> {
+fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Master, TransportError> {
     if let Some(addr) = get("SUPERSTEP_MASTER_ADDR") {
         let addr = addr.trim().to_string();
         check_addr(&addr)
             .map_err(|e| TransportError::Env(format!("SUPERSTEP_MASTER_ADDR = {addr:?} {e}")))?;
-        return Ok(Some(addr));
+        return Ok(Master::Found(addr, "SUPERSTEP_MASTER_ADDR"));
     }
     let Some(host) = get("MASTER_ADDR") else {
-        return Ok(None);
+        return Ok(Master::Unset);
     };
     let host = host.trim();
     let (port_var, port) = match (get("SUPERSTEP_MASTER_PORT"), get("MASTER_PORT")) {
         (Some(port), _) => ("SUPERSTEP_MASTER_PORT", port),
         (None, Some(port)) => ("MASTER_PORT", port),
-        (None, None) => return Err(TransportError::Env(format!(
-            "MASTER_ADDR = {host:?} is set but MASTER_PORT is not: set both (torchrun does), or SUPERSTEP_MASTER_ADDR as host:port"
-        ))),
+        (None, None) => return Ok(Master::PortMissing),
+    };
+    let from = if port_var == "MASTER_PORT" {
+        "MASTER_ADDR and MASTER_PORT"
+    } else {
+        "MASTER_ADDR and SUPERSTEP_MASTER_PORT"
     };
     let port = port.trim();
     // An IPv6 address needs brackets before its port.
@@ -312,7 +341,7 @@ fn master_addr(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>, 
             "MASTER_ADDR = {host:?} with {port_var} = {port:?} gives {addr:?}, which {e}"
         ))
     })?;
-    Ok(Some(addr))
+    Ok(Master::Found(addr, from))
 }
 
 /// Checks that `addr` is `host:port` with a port in 1–65535: no scheme, no path, a host,
@@ -540,7 +569,10 @@ mod tests {
             ("SUPERSTEP_MASTER_ADDR", "127.0.0.1:29400"),
             ("SUPERSTEP_WORLD_SIZE", "4"),
         ]);
-        assert!(err.contains("incomplete:"), "{err}");
+        assert!(
+            err.starts_with("cluster environment: incomplete: "),
+            "{err}"
+        );
         assert_eq!(
             err.matches("SUPERSTEP_WORLD_SIZE = \"4\"").count(),
             1,
@@ -571,9 +603,9 @@ mod tests {
             ("SLURM_STEP_NUM_TASKS", "4"),
             ("SLURM_NTASKS", "4"),
         ]);
-        assert!(
-            err.contains("one of 4 processes") && err.contains("SUPERSTEP_MASTER_ADDR"),
-            "{err}"
+        assert_eq!(
+            err,
+            format!("cluster environment: incomplete: SLURM_PROCID = \"1\", SLURM_STEP_NUM_TASKS = \"4\", SLURM_NTASKS = \"4\" are set, but {MISSING_MASTER} is missing")
         );
         // An `sbatch` script's own process, in an allocation of 4 tasks but launched by no
         // `srun`, is one process: it runs in memory.
@@ -582,7 +614,46 @@ mod tests {
             None
         );
         let err = error(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "n1")]);
-        assert!(err.contains("MASTER_PORT is not"), "{err}");
+        assert_eq!(
+            err,
+            format!("cluster environment: incomplete: RANK = \"1\", WORLD_SIZE = \"2\", MASTER_ADDR = \"n1\" are set, but {MISSING_PORT} is missing")
+        );
+        // Every partial environment is said in one form.
+        for partial in [
+            &[("SUPERSTEP_RANK", "1")][..],
+            &[("MASTER_ADDR", "n1"), ("SUPERSTEP_RANK", "1")],
+            &[("RANK", "1"), ("WORLD_SIZE", "2")],
+        ] {
+            let err = error(partial);
+            assert!(
+                err.starts_with("cluster environment: incomplete: "),
+                "{err}"
+            );
+            assert!(err.ends_with(" missing"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_master_address_says_which_variables_it_came_from() {
+        let from = |vars: &[(&str, &str)]| env(vars).unwrap().unwrap().master_addr_from;
+        let base = [("RANK", "1"), ("WORLD_SIZE", "2")];
+        let with = |extra: &[(&'static str, &'static str)]| [&base[..], extra].concat();
+        assert_eq!(
+            from(&with(&[("MASTER_ADDR", "n1"), ("MASTER_PORT", "29500")])),
+            "MASTER_ADDR and MASTER_PORT"
+        );
+        assert_eq!(
+            from(&with(&[
+                ("MASTER_ADDR", "n1"),
+                ("MASTER_PORT", "29500"),
+                ("SUPERSTEP_MASTER_PORT", "29501")
+            ])),
+            "MASTER_ADDR and SUPERSTEP_MASTER_PORT"
+        );
+        assert_eq!(
+            from(&with(&[("SUPERSTEP_MASTER_ADDR", "n1:1")])),
+            "SUPERSTEP_MASTER_ADDR"
+        );
     }
 
     #[test]

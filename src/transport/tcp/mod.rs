@@ -87,7 +87,9 @@ pub struct TcpSettings {
     /// address other than loopback needs a `secret`.
     #[serde(default)]
     pub bind: Option<SocketAddr>,
-    /// The job's id: peers of another job are refused.
+    /// The job's id: peers of another job are refused. Left at its default
+    /// ([`TcpSettings::DEFAULT_JOB_ID`]), it becomes the job's own when the job starts; one
+    /// that names another id than the job's is refused then.
     #[serde(default = "defaults::job_id")]
     pub job_id: String,
     /// The shared secret every worker must prove it knows (an empty one counts as none).
@@ -144,6 +146,10 @@ pub struct TcpSettings {
     /// newest checkpoint as a new attempt.
     #[serde(default)]
     pub restart_count: u32,
+    /// The variables the master's address came from, in a cluster job: what an error
+    /// reaching the master names to check.
+    #[serde(skip)]
+    pub(crate) master_addr_from: Option<&'static str>,
 }
 
 impl fmt::Debug for TcpSettings {
@@ -203,6 +209,10 @@ fn secret_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>
 }
 
 impl TcpSettings {
+    /// The job id of settings that name none: the transport takes the job's own
+    /// ([`JobBuilder::job_id`](crate::JobBuilder::job_id)) when the job starts.
+    pub const DEFAULT_JOB_ID: &'static str = "superstep";
+
     /// Settings for the process of `rank` in a job of `world_size` workers whose master
     /// (rank 0) is at `master_addr`; every other setting at its default.
     pub fn new(rank: Rank, world_size: usize, master_addr: impl Into<String>) -> Self {
@@ -211,7 +221,8 @@ impl TcpSettings {
             world_size,
             master_addr: master_addr.into(),
             bind: None,
-            job_id: "superstep".into(),
+            job_id: Self::DEFAULT_JOB_ID.into(),
+            master_addr_from: None,
             secret: None,
             max_frame: 256 << 20,
             handshake_timeout: Duration::from_secs(5),
@@ -227,6 +238,7 @@ impl TcpSettings {
     pub fn from_cluster(env: &ClusterEnv) -> Result<Self, TransportError> {
         let mut settings = TcpSettings::new(env.rank, env.world_size, env.master_addr.clone());
         settings.job_id = env.job_id.clone();
+        settings.master_addr_from = Some(env.master_addr_from);
         settings.secret = env.secret.clone();
         settings.restart_count = env.restart_count;
         if let Some(reconnect) = env.reconnect_timeout {
@@ -500,8 +512,22 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         Some(self.settings.world_size)
     }
 
+    fn job_id(&self) -> Option<&str> {
+        let id = self.settings.job_id.as_str();
+        (id != TcpSettings::DEFAULT_JOB_ID).then_some(id)
+    }
+
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
         self.fingerprint = Arc::new(spec.fingerprint.clone());
+        // One id: the job's, unless these settings name another — which is a mistake.
+        if self.settings.job_id == TcpSettings::DEFAULT_JOB_ID {
+            Arc::make_mut(&mut self.settings).job_id = spec.job_id.clone();
+        } else if self.settings.job_id != spec.job_id {
+            return Err(TransportError::Env(format!(
+                "the TCP settings' job id `{}` is not the job's `{}`: set it once (JobBuilder::job_id, or SUPERSTEP_JOB_ID before cluster_from_env)",
+                self.settings.job_id, spec.job_id
+            )));
+        }
         if spec.workers != self.settings.world_size {
             return Err(TransportError::WorldSize {
                 job: spec.workers,

@@ -6,8 +6,10 @@
 //! callgrind_annotate --inclusive=no cg.out | head -40
 //! ```
 //!
-//! Arguments: workers (default 16), iterations (default 20,000). Placement is inline, so the
-//! whole job runs on its coordination thread, as trivial compute does under `Auto`.
+//! Arguments: workers (default 16), iterations (default 20,000), and `auto` to run under
+//! the default placement (else `Placement::Inline`). Either way the whole job runs on its
+//! coordination thread, as trivial compute does; under `auto` the inline threshold is
+//! raised to a second, so that valgrind's slowdown does not move work to the pool.
 
 use superstep::prelude::*;
 use superstep::Placement;
@@ -34,11 +36,17 @@ fn main() -> Result<(), JobError> {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<u64>());
     let workers = args.next().and_then(Result::ok).unwrap_or(16) as usize;
     let iterations = args.next().and_then(Result::ok).unwrap_or(20_000);
-    let outcome = Job::builder(Fold, |rank| Echo(rank as u64))
+    let auto = std::env::args().nth(3).as_deref() == Some("auto");
+    let job = Job::builder(Fold, |rank| Echo(rank as u64))
         .workers(workers)
-        .iterations(iterations)
-        .placement(Placement::Inline)
-        .run()?;
+        .iterations(iterations);
+    let job = if auto {
+        job.placement(Placement::Auto)
+            .inline_threshold(std::time::Duration::from_secs(1))
+    } else {
+        job.placement(Placement::Inline)
+    };
+    let outcome = job.run()?;
     let mut times: Vec<_> = outcome
         .report
         .iterations

@@ -197,6 +197,13 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Under [`Placement::Auto`], an iteration whose last run took less than this runs
+    /// inline (see [`JobConfig::inline_threshold`]). Default 50 µs.
+    pub fn inline_threshold(mut self, threshold: Duration) -> Self {
+        self.config.inline_threshold = threshold;
+        self
+    }
+
     /// The number of compute threads. Default: one per available core.
     pub fn compute_threads(mut self, threads: usize) -> Self {
         self.config.compute_threads = Some(threads);

@@ -154,6 +154,18 @@ impl Placer {
         self.placement == Placement::Inline
     }
 
+    /// Whether an iteration to run inline may wait for its turn where another thread can
+    /// take it (`Placement::Auto`: see `runtime/node/rescue.rs`); `Inline` keeps it on the
+    /// coordination thread whatever it costs.
+    pub(crate) fn defers(&self) -> bool {
+        self.placement == Placement::Auto
+    }
+
+    /// The inline threshold.
+    pub(crate) fn threshold(&self) -> Duration {
+        self.threshold
+    }
+
     /// Records how long the last iteration took.
     pub(crate) fn observe(&mut self, elapsed: Duration) {
         self.last = Some(elapsed);

@@ -67,6 +67,17 @@ pub(crate) trait Host<M, W> {
     fn watching(&self) -> Option<(Waiting, Instant)> {
         None
     }
+    /// Takes an iteration that is to run inline, to run it later in the same turn
+    /// ([`WorkerDriver::run_inline`]) — or where another thread can take it if a unit
+    /// before it holds the host's thread. The default takes none: it runs at once.
+    #[allow(clippy::type_complexity)]
+    fn defer(
+        &mut self,
+        task: Box<WorkerTask<M, W>>,
+        work: Work<M>,
+    ) -> Result<(), (Box<WorkerTask<M, W>>, Work<M>)> {
+        Err((task, work))
+    }
     /// The worker is done: nothing more reaches its driver.
     fn stop(&mut self);
     /// The span a unit of the worker's code runs under, on whichever thread: the default
@@ -263,12 +274,60 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         };
         task.attempt = self.node.attempt();
         task.parent = host.span();
-        let (inline, during) = match work {
-            Work::Iterate(i, _) => (self.placer.inline_iteration(), Waiting::Iteration(i)),
-            Work::Start => (self.placer.inline_lifecycle(), Waiting::Registration),
-            Work::Stop(_) => (self.placer.inline_lifecycle(), Waiting::Shutdown),
+        let inline = match work {
+            Work::Iterate(..) => self.placer.inline_iteration(),
+            Work::Start | Work::Stop(_) => self.placer.inline_lifecycle(),
         };
         if inline {
+            let (task, work) = if matches!(work, Work::Iterate(..)) && self.placer.defers() {
+                // Away until its turn comes, as on the pool.
+                match host.defer(task, work) {
+                    Ok(()) => return,
+                    Err(back) => back,
+                }
+            } else {
+                (task, work)
+            };
+            self.inline(host, task, work);
+        } else {
+            // The pool thread owns the task until it sends it back with the outcome. If the
+            // worker is gone by then (the job failed, and gave up on this code after its
+            // grace), the code's interceptors still see the end, here.
+            let home = host.homeward();
+            let (heard, end) = (Arc::clone(&self.heard), self.end.clone());
+            self.executor.spawn(move || {
+                let worked = task.run(work);
+                if let Err(WorkDone { mut task, .. }) = home(WorkDone { task, worked }) {
+                    stop_given_up(&mut task, heard.get().cloned(), &end);
+                }
+            });
+        }
+    }
+
+    /// Runs a unit [`Host::defer`] took, at its turn, on the host's thread.
+    pub(crate) fn run_inline(
+        &mut self,
+        host: &mut impl Host<M, W>,
+        task: Box<WorkerTask<M, W>>,
+        work: Work<M>,
+    ) {
+        self.inline(host, task, work);
+        self.drive(host);
+    }
+
+    /// Runs one unit of the worker's code here, on the host's thread.
+    fn inline(
+        &mut self,
+        host: &mut impl Host<M, W>,
+        mut task: Box<WorkerTask<M, W>>,
+        work: Work<M>,
+    ) {
+        let during = match work {
+            Work::Iterate(i, _) => Waiting::Iteration(i),
+            Work::Start => Waiting::Registration,
+            Work::Stop(_) => Waiting::Shutdown,
+        };
+        {
             let started = host.now();
             let who = Who::Worker(self.rank);
             // A unit of the run's own kind shares its deadline; another (a stop after a
@@ -291,18 +350,6 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             host.ran_until(ended);
             self.task = Some(task);
             self.worked(ended, worked);
-        } else {
-            // The pool thread owns the task until it sends it back with the outcome. If the
-            // worker is gone by then (the job failed, and gave up on this code after its
-            // grace), the code's interceptors still see the end, here.
-            let home = host.homeward();
-            let (heard, end) = (Arc::clone(&self.heard), self.end.clone());
-            self.executor.spawn(move || {
-                let worked = task.run(work);
-                if let Err(WorkDone { mut task, .. }) = home(WorkDone { task, worked }) {
-                    stop_given_up(&mut task, heard.get().cloned(), &end);
-                }
-            });
         }
     }
 

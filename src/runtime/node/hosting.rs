@@ -3,7 +3,10 @@
 //! a broadcast handed to every worker in rank order, and what they send gathered into the
 //! node actor's inbox, taken by the node as one batch.
 
+use super::rescue::{Deferred, Rescue};
 use super::*;
+use crate::protocol::Work;
+use crate::runtime::worker_task::WorkerTask;
 
 /// The hosted workers' messages wait in the inbox: the node takes them as one batch.
 pub(super) struct Gathered;
@@ -14,9 +17,9 @@ impl Message for Gathered {
 
 /// A hosted worker's unit of work came back from the pool.
 pub(super) struct HostedHome<M, W> {
-    rank: Rank,
-    generation: u64,
-    done: WorkerDone<M, W>,
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+    pub(super) done: WorkerDone<M, W>,
 }
 
 impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
@@ -41,6 +44,9 @@ pub(super) struct NodeHost<'a, M: Payload, W: Payload> {
     /// The master's iteration span, if one is under way: what the worker's code runs
     /// under (else the job's), cloned only for a unit of code that runs.
     iteration_span: Option<&'a tracing::Span>,
+    /// While a broadcast is handed out under `Placement::Auto`: where an iteration that
+    /// runs inline waits for its turn (see `rescue.rs`).
+    deferred: Option<&'a mut Vec<Deferred<M, W>>>,
 }
 
 impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
@@ -109,6 +115,25 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
     fn watching(&self) -> Option<(Waiting, Instant)> {
         self.watching
     }
+
+    fn defer(
+        &mut self,
+        task: Box<WorkerTask<M, W>>,
+        work: Work<M>,
+    ) -> Result<(), (Box<WorkerTask<M, W>>, Work<M>)> {
+        match self.deferred.as_deref_mut() {
+            Some(deferred) => {
+                deferred.push(Deferred {
+                    rank: self.rank,
+                    generation: self.generation,
+                    task,
+                    work,
+                });
+                Ok(())
+            }
+            None => Err((task, work)),
+        }
+    }
 }
 
 impl<M: Payload, W: Payload> NodeActor<M, W> {
@@ -151,6 +176,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             clock: &mut self.clock,
             watching: self.chaining,
             iteration_span: self.node.iteration_span(),
+            deferred: self.deferring.then_some(&mut self.deferred),
         };
         f(&mut hosted.driver, &mut host);
         if host.stopped {
@@ -234,14 +260,82 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         self.watch.enter_at(Who::Worker(0), during, start);
         self.clock = Some(start);
         self.chaining = Some((during, start));
+        // Every worker is handed the broadcast before any iteration runs inline: those
+        // that do wait in the round's queue, where the rescuer can take them.
+        self.deferring = matches!(msg, ToWorker::Iterate { .. }) && self.placer.defers();
         for rank in 0..self.local.ranks() {
             self.step_current(ctx, rank, |driver, host| {
                 driver.handle_message(msg.clone(), host)
             });
         }
+        self.deferring = false;
+        if !self.deferred.is_empty() {
+            self.run_deferred(ctx);
+        }
         self.chaining = None;
         self.clock = None;
         self.watch.exit();
+    }
+
+    /// Runs the round's inline iterations one after another, in rank order, until none
+    /// waits — the rescuer may have taken the rest to the pool, when one held this thread
+    /// past the inline threshold.
+    fn run_deferred(&mut self, ctx: &mut Context<Self>) {
+        // One unit alone has nobody behind it to hold up.
+        let alone = self.deferred.len() == 1;
+        let rescue = if alone { None } else { self.rescue(ctx) };
+        let Some(rescue) = rescue else {
+            // Alone, or no rescuer (its thread could not start): they run here in turn.
+            for unit in std::mem::take(&mut self.deferred) {
+                self.run_unit(ctx, unit);
+            }
+            return;
+        };
+        rescue.begin(&mut self.deferred);
+        while let Some(unit) = rescue.next() {
+            self.run_unit(ctx, unit);
+        }
+        rescue.end();
+    }
+
+    fn run_unit(&mut self, ctx: &mut Context<Self>, unit: Deferred<M, W>) {
+        let Deferred {
+            rank,
+            generation,
+            mut task,
+            work,
+        } = unit;
+        if self.local.hosted_of(rank, generation).is_none() {
+            // The worker is gone (it cannot be while a round is handed out; kept whole).
+            let end = self.end.clone();
+            self.pool
+                .spawn(move || stop_given_up(&mut task, None, &end));
+            return;
+        }
+        self.step(ctx, rank, generation, move |driver, host| {
+            driver.run_inline(host, task, work)
+        });
+    }
+
+    /// The round queue and its rescuer, started at the first round that needs it.
+    fn rescue(&mut self, ctx: &mut Context<Self>) -> Option<Arc<Rescue<M, W>>> {
+        if self.rescue.is_none() {
+            let name = format!("{}-rescuer", crate::config::thread_prefix(&self.job_id));
+            match Rescue::start(
+                name,
+                self.placer.threshold(),
+                ctx.address(),
+                Arc::clone(&self.pool),
+                self.end.clone(),
+            ) {
+                Ok(rescue) => self.rescue = Some(rescue),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start the rescuer thread: a slow inline compute holds up the rest of its round");
+                    return None;
+                }
+            }
+        }
+        self.rescue.clone()
     }
 }
 

@@ -34,6 +34,7 @@ use crate::protocol::{
 use crate::transport::{wire_checked, MasterLink, TransportError};
 
 mod hosting;
+mod rescue;
 
 use hosting::Gathered;
 
@@ -140,6 +141,15 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
     wire_check: bool,
+    /// While a broadcast is handed out: whether a hosted worker's inline iteration waits
+    /// in `deferred` for its turn.
+    deferring: bool,
+    /// The round's inline iterations, in rank order (a buffer reused every round).
+    deferred: Vec<rescue::Deferred<M, W>>,
+    /// Where they run from, with a rescuer thread that hands them to the pool when one
+    /// holds the node's thread too long: started at the first round that needs it.
+    rescue: Option<Arc<rescue::Rescue<M, W>>>,
+    job_id: String,
 }
 
 impl<M: Payload, W: Payload> NodeActor<M, W> {
@@ -167,6 +177,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             metrics: crate::metrics::JobMetrics::new(&parts.config.job_id),
             spare: Vec::new(),
             wire_check: parts.wire_check,
+            deferring: false,
+            deferred: Vec::new(),
+            rescue: None,
+            job_id: parts.config.job_id.clone(),
         }
     }
 

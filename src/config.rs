@@ -24,10 +24,10 @@ pub enum Placement {
     /// whose previous run took less than [`JobConfig::inline_threshold`] runs inline on the
     /// coordination thread, a longer one on the pool. The default.
     ///
-    /// A compute that was cheap and turns slow never lines the others up: the round's
-    /// inline iterations wait in a queue that a rescuer thread hands to the pool once one
-    /// of them has held the coordination thread past the threshold, so no worker's compute
-    /// waits for another's, and a failure among them ends the job while the slow one runs.
+    /// A compute that was cheap and turns slow never lines the others up: once it has held
+    /// the coordination thread past the threshold, a rescuer thread hands the workers of
+    /// its round not reached yet to the pool, so no worker's compute waits for another's,
+    /// and a failure among them ends the job while the slow one runs.
     /// (The slow one still holds the coordination thread until it returns; compute whose
     /// cost varies widely is better on `Pool`.)
     ///

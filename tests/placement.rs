@@ -111,3 +111,25 @@ fn no_workers_compute_waits_for_a_compute_that_turned_slow() {
         );
     }
 }
+
+/// Computes that turn slow now and then, at random ranks and iterations: rounds are
+/// rescued again and again, mid-round, and the job's answer is the one it always is.
+#[test]
+fn rounds_rescued_again_and_again_give_the_same_answer() {
+    let slow = |rank: usize, iteration: u64| (rank as u64 * 7919 + iteration * 104_729) % 23 == 0;
+    let outcome = Job::builder(summing_master(), move |rank| FnWorker {
+        f: move |ctx: &mut WorkerContext<u64, u64>| {
+            if slow(rank, ctx.iteration()) {
+                std::thread::sleep(Duration::from_micros(400));
+            }
+            Ok(ctx.iteration() * (rank as u64 + 1))
+        },
+    })
+    .workers(8)
+    .iterations(400)
+    .run()
+    .unwrap();
+    assert_eq!(outcome.iterations, 400);
+    // The summing master adds each round's sum to the last: Σ_i i × (1 + … + 8).
+    assert_eq!(*outcome.result, (1..=400u64).sum::<u64>() * 36);
+}

@@ -6,7 +6,7 @@
 //! hosted by the master's node actor, which steps its driver directly ([`Hosted`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::{Addr, AsyncContext, Context};
 
@@ -40,6 +40,26 @@ pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
     /// Which connection of each rank is the current one (hosted workers): a link of an
     /// earlier one is closed.
     generations: Arc<[AtomicU64]>,
+    /// The hosted worker of each rank, `None` once it stopped (or where the rank is not
+    /// hosted): each behind a lock of its own, so that a thread other than the node
+    /// actor's can step one (the rescue of a round, `runtime/node/rescue.rs`).
+    cells: Arc<[HostedCell<M, W>]>,
+}
+
+/// Where a hosted worker lives.
+pub(crate) type HostedCell<M, W> = Mutex<Option<Box<Hosted<M, W>>>>;
+
+/// The hosted worker in `cell`, locked.
+pub(crate) fn lock_cell<M: Payload, W: Payload>(
+    cell: &HostedCell<M, W>,
+) -> MutexGuard<'_, Option<Box<Hosted<M, W>>>> {
+    cell.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A worker just made, to be put in its rank's place.
+enum Made<M: Payload, W: Payload> {
+    Actor(Addr<WorkerActor<M, W>>, Attempt),
+    Hosted(Box<Hosted<M, W>>),
 }
 
 /// The worker of a rank, as this process runs it.
@@ -48,8 +68,8 @@ enum Slot<M: Payload, W: Payload> {
     Elsewhere,
     /// In an actor of its own, in this attempt.
     Actor(Addr<WorkerActor<M, W>>, Attempt),
-    /// Stepped by the master's node actor; `None` once it stopped.
-    Hosted(Option<Box<Hosted<M, W>>>),
+    /// Stepped by the master's node actor (the worker itself is in its cell).
+    Hosted,
 }
 
 /// A hosted worker replaced, and the message that tells it to stop.
@@ -92,6 +112,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         LocalWorkers {
             slots: (0..n).map(|_| Slot::Elsewhere).collect(),
             retired: Vec::new(),
+            cells: (0..n).map(|_| Mutex::new(None)).collect(),
             fresh: Vec::new(),
             generations: (0..n).map(|_| AtomicU64::new(0)).collect(),
             parts,
@@ -117,7 +138,17 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
 
     /// Whether the master's node actor steps the worker of `rank` directly.
     pub(crate) fn is_hosted(&self, rank: Rank) -> bool {
-        matches!(self.slots.get(rank), Some(Slot::Hosted(_)))
+        matches!(self.slots.get(rank), Some(Slot::Hosted))
+    }
+
+    /// Every rank's hosted worker, each in its cell.
+    pub(crate) fn cells(&self) -> &Arc<[HostedCell<M, W>]> {
+        &self.cells
+    }
+
+    /// Which connection of each rank is the current one.
+    pub(crate) fn generations(&self) -> &Arc<[AtomicU64]> {
+        &self.generations
     }
 
     /// Whether the master's node actor steps every worker of the job directly.
@@ -125,27 +156,30 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         self.parts.host.is_some()
     }
 
-    /// The hosted worker of `rank` that is the rank's current one, if it runs.
-    pub(crate) fn hosted(&mut self, rank: Rank) -> Option<&mut Hosted<M, W>> {
-        match self.slots.get_mut(rank) {
-            Some(Slot::Hosted(Some(hosted))) => Some(hosted),
+    /// The connection of the rank's current hosted worker, if it runs (it has not
+    /// stopped).
+    pub(crate) fn running(&self, rank: Rank) -> Option<u64> {
+        match self.slots.get(rank) {
+            Some(Slot::Hosted) => lock_cell(&self.cells[rank]).as_ref().map(|h| h.generation),
             _ => None,
         }
     }
 
     /// Whether the rank's current hosted worker runs (it has not stopped).
     pub(crate) fn is_running(&self, rank: Rank) -> bool {
-        matches!(self.slots.get(rank), Some(Slot::Hosted(Some(_))))
+        self.running(rank).is_some()
     }
 
-    /// The hosted worker of `rank` of connection `generation`: the rank's current one or
-    /// one retired, if it still runs.
-    pub(crate) fn hosted_of(&mut self, rank: Rank, generation: u64) -> Option<&mut Hosted<M, W>> {
-        if let Some(Slot::Hosted(Some(h))) = self.slots.get(rank) {
-            if h.generation == generation {
-                return self.hosted(rank);
-            }
+    /// The cell of the rank's current hosted worker, if the rank is hosted.
+    pub(crate) fn current_cell(&self, rank: Rank) -> Option<&HostedCell<M, W>> {
+        match self.slots.get(rank) {
+            Some(Slot::Hosted) => Some(&self.cells[rank]),
+            _ => None,
         }
+    }
+
+    /// The retired hosted worker of `rank` of connection `generation`, if it still runs.
+    pub(crate) fn retired_of(&mut self, rank: Rank, generation: u64) -> Option<&mut Hosted<M, W>> {
         self.retired
             .iter_mut()
             .find(|h| h.rank == rank && h.generation == generation)
@@ -153,9 +187,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
 
     /// The hosted worker of `rank` of connection `generation` stopped: it is let go.
     pub(crate) fn hosted_stopped(&mut self, rank: Rank, generation: u64) {
-        if let Some(Slot::Hosted(slot)) = self.slots.get_mut(rank) {
-            if slot.as_ref().is_some_and(|h| h.generation == generation) {
-                *slot = None;
+        if let Some(Slot::Hosted) = self.slots.get(rank) {
+            let mut cell = lock_cell(&self.cells[rank]);
+            if cell.as_ref().is_some_and(|h| h.generation == generation) {
+                *cell = None;
                 return;
             }
         }
@@ -184,8 +219,19 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     /// Starts the worker of `rank` in `attempt`, for the first time.
     pub(crate) fn start(&mut self, rank: Rank, attempt: Attempt) -> Result<(), JobError> {
         let started = self.spawn(rank, attempt, false)?;
-        self.slots[rank] = started;
+        self.install(rank, started);
         Ok(())
+    }
+
+    /// Puts a worker just made in its rank's place.
+    fn install(&mut self, rank: Rank, made: Made<M, W>) {
+        self.slots[rank] = match made {
+            Made::Actor(addr, attempt) => Slot::Actor(addr, attempt),
+            Made::Hosted(hosted) => {
+                *lock_cell(&self.cells[rank]) = Some(hosted);
+                Slot::Hosted
+            }
+        };
     }
 
     /// Replaces the worker of `rank` by a new one in `attempt`: the new one's link closes
@@ -202,7 +248,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let old = self.retire(rank, cause);
         let replaced = match spawned {
             Ok(new) => {
-                self.slots[rank] = new;
+                self.install(rank, new);
                 Ok(())
             }
             // The factory's own failure, as at start-up (logged with the one it replaces).
@@ -254,8 +300,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 });
                 None
             }
-            Slot::Hosted(old) => {
-                *slot = Slot::Hosted(None);
+            Slot::Hosted => {
+                *slot = Slot::Hosted;
+                let old = lock_cell(&self.cells[rank]).take();
                 old.map(|old| {
                     let msg = ToWorker::Abort {
                         attempt: old.attempt,
@@ -277,7 +324,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         rank: Rank,
         attempt: Attempt,
         replace: bool,
-    ) -> Result<Slot<M, W>, JobError> {
+    ) -> Result<Made<M, W>, JobError> {
         let parts = &mut self.parts;
         let (factory, hooks) = (&parts.factory, &parts.hooks);
         let (computable, hooks) = guarded(|| {
@@ -382,16 +429,16 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         );
         if parts.host.is_some() {
             self.fresh.push(rank);
-            return Ok(Slot::Hosted(Some(Box::new(Hosted {
+            return Ok(Made::Hosted(Box::new(Hosted {
                 driver,
                 rank,
                 generation,
                 attempt,
-            }))));
+            })));
         }
         let addr = worker_ctx.address();
         worker_ctx.run(WorkerActor::new(driver, link));
-        Ok(Slot::Actor(addr, attempt))
+        Ok(Made::Actor(addr, attempt))
     }
 }
 

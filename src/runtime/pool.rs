@@ -154,9 +154,9 @@ impl Placer {
         self.placement == Placement::Inline
     }
 
-    /// Whether an iteration to run inline may wait for its turn where another thread can
-    /// take it (`Placement::Auto`: see `runtime/node/rescue.rs`); `Inline` keeps it on the
-    /// coordination thread whatever it costs.
+    /// Whether a round's ranks not reached yet may be taken to the pool when an inline
+    /// iteration holds the coordination thread (`Placement::Auto`: see
+    /// `runtime/node/rescue.rs`); `Inline` keeps them on that thread whatever it costs.
     pub(crate) fn defers(&self) -> bool {
         self.placement == Placement::Auto
     }

@@ -67,16 +67,12 @@ pub(crate) trait Host<M, W> {
     fn watching(&self) -> Option<(Waiting, Instant)> {
         None
     }
-    /// Takes an iteration that is to run inline, to run it later in the same turn
-    /// ([`WorkerDriver::run_inline`]) — or where another thread can take it if a unit
-    /// before it holds the host's thread. The default takes none: it runs at once.
-    #[allow(clippy::type_complexity)]
-    fn defer(
-        &mut self,
-        task: Box<WorkerTask<M, W>>,
-        work: Work<M>,
-    ) -> Result<(), (Box<WorkerTask<M, W>>, Work<M>)> {
-        Err((task, work))
+    /// Whether the worker's code may run here, on the host's own thread, when placement
+    /// says inline. A pool thread that steps a rescued worker (under the lock of its cell)
+    /// says no: the code goes to the pool as a unit of its own, so that the lock is never
+    /// held while user code runs.
+    fn runs_inline(&self) -> bool {
+        true
     }
     /// The worker is done: nothing more reaches its driver.
     fn stop(&mut self);
@@ -274,20 +270,12 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         };
         task.attempt = self.node.attempt();
         task.parent = host.span();
-        let inline = match work {
-            Work::Iterate(..) => self.placer.inline_iteration(),
-            Work::Start | Work::Stop(_) => self.placer.inline_lifecycle(),
-        };
-        if inline {
-            let (task, work) = if matches!(work, Work::Iterate(..)) && self.placer.defers() {
-                // Away until its turn comes, as on the pool.
-                match host.defer(task, work) {
-                    Ok(()) => return,
-                    Err(back) => back,
-                }
-            } else {
-                (task, work)
+        let inline = host.runs_inline()
+            && match work {
+                Work::Iterate(..) => self.placer.inline_iteration(),
+                Work::Start | Work::Stop(_) => self.placer.inline_lifecycle(),
             };
+        if inline {
             self.inline(host, task, work);
         } else {
             // The pool thread owns the task until it sends it back with the outcome. If the
@@ -304,18 +292,8 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         }
     }
 
-    /// Runs a unit [`Host::defer`] took, at its turn, on the host's thread.
-    pub(crate) fn run_inline(
-        &mut self,
-        host: &mut impl Host<M, W>,
-        task: Box<WorkerTask<M, W>>,
-        work: Work<M>,
-    ) {
-        self.inline(host, task, work);
-        self.drive(host);
-    }
-
     /// Runs one unit of the worker's code here, on the host's thread.
+    #[inline]
     fn inline(
         &mut self,
         host: &mut impl Host<M, W>,
@@ -327,30 +305,27 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             Work::Start => Waiting::Registration,
             Work::Stop(_) => Waiting::Shutdown,
         };
-        {
-            let started = host.now();
-            let who = Who::Worker(self.rank);
-            // A unit of the run's own kind shares its deadline; another (a stop after a
-            // failure, say) has its own, from its own start.
-            let watching = host.watching();
-            let chained = watching.filter(|(kind, _)| {
-                std::mem::discriminant(kind) == std::mem::discriminant(&during)
-            });
-            if chained.is_some() {
-                self.watch.rename(who, during);
-            } else {
-                self.watch.enter_at(who, during, started);
-            }
-            let (worked, ended) = task.run_at(work, started);
-            match (chained, watching) {
-                (Some(_), _) => {}
-                (None, Some((kind, since))) => self.watch.enter_at(who, kind, since),
-                (None, None) => self.watch.exit(),
-            }
-            host.ran_until(ended);
-            self.task = Some(task);
-            self.worked(ended, worked);
+        let started = host.now();
+        let who = Who::Worker(self.rank);
+        // A unit of the run's own kind shares its deadline; another (a stop after a
+        // failure, say) has its own, from its own start.
+        let watching = host.watching();
+        let chained = watching
+            .filter(|(kind, _)| std::mem::discriminant(kind) == std::mem::discriminant(&during));
+        if chained.is_some() {
+            self.watch.rename(who, during);
+        } else {
+            self.watch.enter_at(who, during, started);
         }
+        let (worked, ended) = task.run_at(work, started);
+        match (chained, watching) {
+            (Some(_), _) => {}
+            (None, Some((kind, since))) => self.watch.enter_at(who, kind, since),
+            (None, None) => self.watch.exit(),
+        }
+        host.ran_until(ended);
+        self.task = Some(task);
+        self.worked(ended, worked);
     }
 
     /// The worker's code is home, at `now`, with what it did.

@@ -3,10 +3,9 @@
 //! a broadcast handed to every worker in rank order, and what they send gathered into the
 //! node actor's inbox, taken by the node as one batch.
 
-use super::rescue::{Deferred, Rescue};
+use super::rescue::Rescue;
 use super::*;
-use crate::protocol::Work;
-use crate::runtime::worker_task::WorkerTask;
+use crate::runtime::local::lock_cell;
 
 /// The hosted workers' messages wait in the inbox: the node takes them as one batch.
 pub(super) struct Gathered;
@@ -44,9 +43,6 @@ pub(super) struct NodeHost<'a, M: Payload, W: Payload> {
     /// The master's iteration span, if one is under way: what the worker's code runs
     /// under (else the job's), cloned only for a unit of code that runs.
     iteration_span: Option<&'a tracing::Span>,
-    /// While a broadcast is handed out under `Placement::Auto`: where an iteration that
-    /// runs inline waits for its turn (see `rescue.rs`).
-    deferred: Option<&'a mut Vec<Deferred<M, W>>>,
 }
 
 impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
@@ -115,25 +111,6 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
     fn watching(&self) -> Option<(Waiting, Instant)> {
         self.watching
     }
-
-    fn defer(
-        &mut self,
-        task: Box<WorkerTask<M, W>>,
-        work: Work<M>,
-    ) -> Result<(), (Box<WorkerTask<M, W>>, Work<M>)> {
-        match self.deferred.as_deref_mut() {
-            Some(deferred) => {
-                deferred.push(Deferred {
-                    rank: self.rank,
-                    generation: self.generation,
-                    task,
-                    work,
-                });
-                Ok(())
-            }
-            None => Err((task, work)),
-        }
-    }
 }
 
 impl<M: Payload, W: Payload> NodeActor<M, W> {
@@ -161,31 +138,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         generation: u64,
         f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
     ) -> bool {
-        let current = self.local.is_current(rank, generation);
-        let Some(hosted) = self.local.hosted_of(rank, generation) else {
-            return false;
-        };
-        let mut host = NodeHost {
-            rank,
-            generation,
-            current,
-            inbox: &mut self.inbox,
-            wire_check: self.wire_check,
-            ctx,
-            stopped: false,
-            clock: &mut self.clock,
-            watching: self.chaining,
-            iteration_span: self.node.iteration_span(),
-            deferred: self.deferring.then_some(&mut self.deferred),
-        };
-        f(&mut hosted.driver, &mut host);
-        if host.stopped {
-            self.local.hosted_stopped(rank, generation);
-        }
-        if self.chaining.is_none() {
-            self.clock = None;
-        }
-        true
+        self.step_with(ctx, rank, Some(generation), f)
     }
 
     /// Steps the rank's current hosted worker, if it runs (see [`step`](Self::step)).
@@ -195,10 +148,70 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         rank: Rank,
         f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
     ) -> bool {
-        match self.local.hosted(rank).map(|h| h.generation) {
-            Some(generation) => self.step(ctx, rank, generation, f),
-            None => false,
+        self.step_with(ctx, rank, None, f)
+    }
+
+    /// Steps the hosted worker of `rank` of connection `want` (`None`: the current one),
+    /// the current one under the lock of its cell.
+    fn step_with(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rank: Rank,
+        want: Option<u64>,
+        f: impl FnOnce(&mut WorkerDriver<M, W>, &mut NodeHost<'_, M, W>),
+    ) -> bool {
+        macro_rules! host {
+            ($generation:expr, $current:expr) => {
+                NodeHost {
+                    rank,
+                    generation: $generation,
+                    current: $current,
+                    inbox: &mut self.inbox,
+                    wire_check: self.wire_check,
+                    ctx,
+                    stopped: false,
+                    clock: &mut self.clock,
+                    watching: self.chaining,
+                    iteration_span: self.node.iteration_span(),
+                }
+            };
         }
+        if let Some(cell) = self.local.current_cell(rank) {
+            let mut guard = lock_cell(cell);
+            if let Some(hosted) = guard
+                .as_deref_mut()
+                .filter(|h| want.is_none_or(|g| g == h.generation))
+            {
+                let generation = hosted.generation;
+                let current = self.local.is_current(rank, generation);
+                let mut host = host!(generation, current);
+                f(&mut hosted.driver, &mut host);
+                let stopped = host.stopped;
+                drop(guard);
+                return self.stepped(rank, generation, stopped);
+            }
+        }
+        let Some(generation) = want else {
+            return false;
+        };
+        let current = self.local.is_current(rank, generation);
+        let Some(hosted) = self.local.retired_of(rank, generation) else {
+            return false;
+        };
+        let mut host = host!(generation, current);
+        f(&mut hosted.driver, &mut host);
+        let stopped = host.stopped;
+        self.stepped(rank, generation, stopped)
+    }
+
+    fn stepped(&mut self, rank: Rank, generation: u64, stopped: bool) -> bool {
+        if stopped {
+            self.local.hosted_stopped(rank, generation);
+        }
+        if self.chaining.is_none() {
+            self.clock = None;
+        }
+        true
     }
 
     /// Starts the hosted workers made since the last call.
@@ -260,73 +273,53 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         self.watch.enter_at(Who::Worker(0), during, start);
         self.clock = Some(start);
         self.chaining = Some((during, start));
-        // Every worker is handed the broadcast before any iteration runs inline: those
-        // that do wait in the round's queue, where the rescuer can take them.
-        self.deferring = matches!(msg, ToWorker::Iterate { .. }) && self.placer.defers();
-        for rank in 0..self.local.ranks() {
-            self.step_current(ctx, rank, |driver, host| {
-                driver.handle_message(msg.clone(), host)
-            });
-        }
-        self.deferring = false;
-        if !self.deferred.is_empty() {
-            self.run_deferred(ctx);
+        // Under `Auto`, each rank is claimed from the round's cursor before it is handed
+        // the broadcast, so that the rescuer can take the ranks not reached yet when an
+        // inline compute holds this thread (`rescue.rs`).
+        let rescue = match &msg {
+            ToWorker::Iterate { .. } if self.placer.defers() && self.local.ranks() > 1 => {
+                self.rescue(ctx)
+            }
+            _ => None,
+        };
+        match rescue {
+            Some(rescue) => {
+                rescue.begin(&msg, self.node.iteration_span(), self.local.ranks());
+                while let Some(rank) = rescue.claim() {
+                    self.step_current(ctx, rank, |driver, host| {
+                        driver.handle_message(msg.clone(), host)
+                    });
+                }
+                rescue.end();
+            }
+            None => {
+                for rank in 0..self.local.ranks() {
+                    self.step_current(ctx, rank, |driver, host| {
+                        driver.handle_message(msg.clone(), host)
+                    });
+                }
+            }
         }
         self.chaining = None;
         self.clock = None;
         self.watch.exit();
     }
 
-    /// Runs the round's inline iterations one after another, in rank order, until none
-    /// waits — the rescuer may have taken the rest to the pool, when one held this thread
-    /// past the inline threshold.
-    fn run_deferred(&mut self, ctx: &mut Context<Self>) {
-        // One unit alone has nobody behind it to hold up.
-        let alone = self.deferred.len() == 1;
-        let rescue = if alone { None } else { self.rescue(ctx) };
-        let Some(rescue) = rescue else {
-            // Alone, or no rescuer (its thread could not start): they run here in turn.
-            for unit in std::mem::take(&mut self.deferred) {
-                self.run_unit(ctx, unit);
-            }
-            return;
-        };
-        rescue.begin(&mut self.deferred);
-        while let Some(unit) = rescue.next() {
-            self.run_unit(ctx, unit);
-        }
-        rescue.end();
-    }
-
-    fn run_unit(&mut self, ctx: &mut Context<Self>, unit: Deferred<M, W>) {
-        let Deferred {
-            rank,
-            generation,
-            mut task,
-            work,
-        } = unit;
-        if self.local.hosted_of(rank, generation).is_none() {
-            // The worker is gone (it cannot be while a round is handed out; kept whole).
-            let end = self.end.clone();
-            self.pool
-                .spawn(move || stop_given_up(&mut task, None, &end));
-            return;
-        }
-        self.step(ctx, rank, generation, move |driver, host| {
-            driver.run_inline(host, task, work)
-        });
-    }
-
-    /// The round queue and its rescuer, started at the first round that needs it.
+    /// The round's cursor and its rescuer, started at the first round that needs it.
     fn rescue(&mut self, ctx: &mut Context<Self>) -> Option<Arc<Rescue<M, W>>> {
         if self.rescue.is_none() {
             let name = format!("{}-rescuer", crate::config::thread_prefix(&self.job_id));
             match Rescue::start(
                 name,
                 self.placer.threshold(),
-                ctx.address(),
-                Arc::clone(&self.pool),
-                self.end.clone(),
+                super::rescue::Parts {
+                    cells: Arc::clone(self.local.cells()),
+                    generations: Arc::clone(self.local.generations()),
+                    arrivals: Arc::clone(&self.arrivals),
+                    wire_check: self.wire_check,
+                    home: ctx.address(),
+                    pool: Arc::clone(&self.pool),
+                },
             ) {
                 Ok(rescue) => self.rescue = Some(rescue),
                 Err(e) => {
@@ -336,6 +329,54 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             }
         }
         self.rescue.clone()
+    }
+}
+
+/// A hosted worker's driver asks for its timer, from a thread other than the node
+/// actor's (a rank rescued to the pool).
+pub(super) struct HostedArm {
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+    pub(super) after: Duration,
+}
+
+impl Message for HostedArm {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<HostedArm> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, arm: HostedArm, ctx: &mut Context<Self>) {
+        let HostedArm {
+            rank,
+            generation,
+            after,
+        } = arm;
+        ctx.run_later(after, move |act, ctx| {
+            act.step(ctx, rank, generation, |driver, host| {
+                driver.handle_timeout(host)
+            });
+            act.settle(ctx);
+        });
+    }
+}
+
+/// A hosted worker stopped on a thread other than the node actor's.
+pub(super) struct HostedStopped {
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+}
+
+impl Message for HostedStopped {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<HostedStopped> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, stopped: HostedStopped, _: &mut Context<Self>) {
+        self.local.hosted_stopped(stopped.rank, stopped.generation);
     }
 }
 

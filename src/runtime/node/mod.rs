@@ -141,13 +141,9 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
     wire_check: bool,
-    /// While a broadcast is handed out: whether a hosted worker's inline iteration waits
-    /// in `deferred` for its turn.
-    deferring: bool,
-    /// The round's inline iterations, in rank order (a buffer reused every round).
-    deferred: Vec<rescue::Deferred<M, W>>,
-    /// Where they run from, with a rescuer thread that hands them to the pool when one
-    /// holds the node's thread too long: started at the first round that needs it.
+    /// The cursor a broadcast's ranks are claimed from under `Placement::Auto`, with a
+    /// rescuer thread that hands the ranks not reached yet to the pool when an inline
+    /// compute holds the node's thread too long: started at the first round that needs it.
     rescue: Option<Arc<rescue::Rescue<M, W>>>,
     job_id: String,
 }
@@ -177,8 +173,6 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             metrics: crate::metrics::JobMetrics::new(&parts.config.job_id),
             spare: Vec::new(),
             wire_check: parts.wire_check,
-            deferring: false,
-            deferred: Vec::new(),
             rescue: None,
             job_id: parts.config.job_id.clone(),
         }

@@ -1,70 +1,75 @@
-//! A round's inline work, where another thread can take it: under `Placement::Auto` the
-//! node actor hands a broadcast to every hosted worker first, and the workers whose
-//! iteration runs inline leave it here; the node's thread then runs them one after
-//! another. If one of them holds the thread past the inline threshold — a compute that was
-//! cheap and is not any more — a rescuer thread hands every unit still waiting to the
-//! compute pool, so that no worker's compute waits for another's, and what they do
-//! (a failure, above all: it ends the job on the thread it failed on) is known while the
-//! slow one runs.
+//! A round's ranks, where another thread can take them: under `Placement::Auto` the node
+//! actor claims each rank from the round's cursor before it hands it the broadcast (and
+//! its iteration runs inline, if it is cheap). If an inline compute holds the node's thread
+//! past the inline threshold — a compute that was cheap and is not any more — a rescuer
+//! thread claims every rank not reached yet and hands each to the compute pool, where a
+//! pool thread steps that worker's driver under the lock of its cell ([`PoolHost`]), and
+//! its iteration runs on the pool as pool work does. So no
+//! worker's compute waits for another's, and what they do (a failure, above all: it ends
+//! the job on the thread it failed on) is known while the slow one runs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::hosting::HostedHome;
+use super::hosting::{HostedArm, HostedHome, HostedStopped};
 use super::NodeActor;
-use crate::compute::JobEnd;
 use crate::ids::Rank;
 use crate::payload::Payload;
-use crate::protocol::Work;
+use crate::protocol::{Envelope, ToMaster, ToWorker};
+use crate::runtime::arrivals::Arrivals;
+use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
-use crate::runtime::worker::WorkDone;
-use crate::runtime::worker_task::{stop_given_up, WorkerTask};
+use crate::runtime::worker::{Homeward, Host, WorkDone};
+use crate::transport::TransportError;
 
-/// How long the rescuer keeps looking after the last round of inline work before it
-/// parks: rounds that follow each other closely never wake it.
+/// How long the rescuer keeps looking after the last round before it parks: rounds that
+/// follow each other closely never wake it.
 const LINGER: Duration = Duration::from_millis(20);
 
-/// One worker's iteration, left to run inline.
-pub(crate) struct Deferred<M, W> {
-    pub(crate) rank: Rank,
-    pub(crate) generation: u64,
-    pub(crate) task: Box<WorkerTask<M, W>>,
-    pub(crate) work: Work<M>,
-}
-
-/// The units of a round waiting to run inline, and what the rescuer needs to run them
-/// elsewhere.
-pub(crate) struct Rescue<M: Payload, W: Payload> {
-    /// The round's units still waiting, the next one last (so that taking it is a
-    /// `pop`). How many wait is the round's progress: a count that does not move between
-    /// two looks of the rescuer is a unit holding the node's thread.
-    waiting: Mutex<Vec<Deferred<M, W>>>,
-    /// Whether the node's thread is running a round's units.
-    draining: AtomicBool,
-    /// Whether the rescuer is parked (the next round wakes it).
-    parked: AtomicBool,
-    rescuer: std::thread::Thread,
-    home: Addr<NodeActor<M, W>>,
-    pool: Arc<ComputePool>,
-    end: JobEnd,
-}
+/// The cursor's value once the rescuer took the rest of the round.
+const TAKEN: usize = usize::MAX / 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a rescued rank needs to be stepped away from the node actor.
+pub(crate) struct Parts<M: Payload, W: Payload> {
+    pub(crate) cells: Arc<[HostedCell<M, W>]>,
+    pub(crate) generations: Arc<[AtomicU64]>,
+    pub(crate) arrivals: Arc<Arrivals<W>>,
+    pub(crate) wire_check: bool,
+    pub(crate) home: Addr<NodeActor<M, W>>,
+    pub(crate) pool: Arc<ComputePool>,
+}
+
+/// The round under way: its broadcast, its cursor, and the rescuer that watches it.
+pub(crate) struct Rescue<M: Payload, W: Payload> {
+    /// The next rank to claim. It is also the round's progress: a value that does not
+    /// move between two looks of the rescuer, below the round's ranks, is an inline
+    /// compute holding the node's thread.
+    cursor: AtomicUsize,
+    ranks: AtomicUsize,
+    /// The round's broadcast and the iteration's span, for the ranks the rescuer takes.
+    round: Mutex<Option<(ToWorker<M>, tracing::Span)>>,
+    /// Whether a round is being handed out.
+    draining: AtomicBool,
+    /// Whether the rescuer is parked (the next round wakes it).
+    parked: AtomicBool,
+    rescuer: std::thread::Thread,
+    parts: Parts<M, W>,
+}
+
 impl<M: Payload, W: Payload> Rescue<M, W> {
-    /// The queue, with its rescuer thread looking every `threshold` (at least 50 µs)
-    /// while a round runs. The thread ends soon after the queue is dropped.
+    /// The round's cursor, with its rescuer thread looking every `threshold` (at least
+    /// 50 µs) while a round is handed out. The thread ends soon after this is dropped.
     pub(crate) fn start(
         name: String,
         threshold: Duration,
-        home: Addr<NodeActor<M, W>>,
-        pool: Arc<ComputePool>,
-        end: JobEnd,
+        parts: Parts<M, W>,
     ) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = std::sync::mpsc::channel::<Weak<Self>>();
         let look = threshold.max(Duration::from_micros(50));
@@ -74,83 +79,106 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
             }
         })?;
         let rescue = Arc::new(Rescue {
-            waiting: Mutex::new(Vec::new()),
+            cursor: AtomicUsize::new(TAKEN),
+            ranks: AtomicUsize::new(0),
+            round: Mutex::new(None),
             draining: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             rescuer: thread.thread().clone(),
-            home,
-            pool,
-            end,
+            parts,
         });
         let _ = tx.send(Arc::downgrade(&rescue));
         Ok(rescue)
     }
 
-    /// A round's units begin to run: `units`, in the order they run. `units` is left
-    /// empty (with the capacity of the last round's queue: no allocation per round).
-    pub(crate) fn begin(&self, units: &mut Vec<Deferred<M, W>>) {
-        units.reverse();
-        std::mem::swap(&mut *lock(&self.waiting), units);
+    /// A round of `ranks` ranks begins: `msg` is handed to each, under `span`.
+    pub(crate) fn begin(&self, msg: &ToWorker<M>, span: Option<&tracing::Span>, ranks: usize) {
+        let span = span.cloned().unwrap_or_else(tracing::Span::none);
+        let mut round = lock(&self.round);
+        *round = Some((msg.clone(), span));
+        self.ranks.store(ranks, Ordering::Relaxed);
+        self.cursor.store(0, Ordering::Release);
+        drop(round);
         self.draining.store(true, Ordering::SeqCst);
         if self.parked.load(Ordering::SeqCst) {
             self.rescuer.unpark();
         }
     }
 
-    /// The next unit for the node's thread; `None` when none waits (every one ran, or
-    /// the rescuer took the rest).
-    pub(crate) fn next(&self) -> Option<Deferred<M, W>> {
-        lock(&self.waiting).pop()
+    /// The next rank for the node's thread; `None` once every rank was claimed (by it,
+    /// or by the rescuer).
+    pub(crate) fn claim(&self) -> Option<Rank> {
+        let rank = self.cursor.fetch_add(1, Ordering::AcqRel);
+        (rank < self.ranks.load(Ordering::Relaxed)).then_some(rank)
     }
 
-    /// The round's units are done with.
+    /// The round was handed out.
     pub(crate) fn end(&self) {
         self.draining.store(false, Ordering::Release);
+        // Under the round's lock: a rescue under way has taken its ranks and their
+        // message before the round is let go.
+        let mut round = lock(&self.round);
+        self.cursor.store(TAKEN, Ordering::Release);
+        // The master result is not kept past its round.
+        *round = None;
     }
 
-    /// Hands every unit still waiting to the pool: each comes home to the node actor as
-    /// pool work does.
-    /// Hands every unit still waiting to the pool when `seen` units waited at the last
-    /// look and as many wait now (one held the node's thread since); returns how many
-    /// wait now, and how many it moved.
+    /// Takes the ranks not reached yet when the cursor stood at `seen` at the last look
+    /// and still does (a compute held the node's thread since), and hands each to the
+    /// pool. Returns where the cursor stands, and how many ranks it took.
     fn rescue(&self, seen: Option<usize>) -> (usize, usize) {
-        let units: Vec<_> = {
-            let mut waiting = lock(&self.waiting);
-            let now = waiting.len();
-            if now == 0 || seen != Some(now) {
-                return (now, 0);
-            }
-            // In the order they would have run.
-            waiting.drain(..).rev().collect()
+        // Held while the rest is taken: the round cannot end (nor the next begin)
+        // between taking its ranks and reading what to hand them.
+        let round = lock(&self.round);
+        let Some((msg, span)) = round.as_ref() else {
+            return (TAKEN, 0);
         };
-        let count = units.len();
-        for unit in units {
-            let (home, end) = (self.home.clone(), self.end.clone());
-            let Deferred {
-                rank,
-                generation,
-                mut task,
-                work,
-            } = unit;
-            self.pool.spawn(move || {
-                let worked = task.run(work);
-                let done = WorkDone { task, worked };
-                if let Err(actix::dev::SendError::Closed(back)) = home.try_send(HostedHome {
+        let ranks = self.ranks.load(Ordering::Relaxed);
+        let at = self.cursor.load(Ordering::Acquire);
+        if at >= ranks || seen != Some(at) {
+            return (at, 0);
+        }
+        let from = self.cursor.swap(TAKEN, Ordering::AcqRel);
+        if from >= ranks {
+            return (from, 0);
+        }
+        let (msg, span) = (msg.clone(), span.clone());
+        drop(round);
+        for rank in from..ranks {
+            let (msg, span) = (msg.clone(), span.clone());
+            let cells = Arc::clone(&self.parts.cells);
+            let generations = Arc::clone(&self.parts.generations);
+            let arrivals = Arc::clone(&self.parts.arrivals);
+            let (wire_check, home) = (self.parts.wire_check, self.parts.home.clone());
+            self.parts.pool.spawn(move || {
+                let mut cell = lock_cell(&cells[rank]);
+                let Some(hosted) = cell.as_deref_mut() else {
+                    return;
+                };
+                let generation = hosted.generation;
+                let mut host = PoolHost {
                     rank,
                     generation,
-                    done,
-                }) {
-                    let mut task = back.done.task;
-                    stop_given_up(&mut task, None, &end);
+                    generations,
+                    arrivals,
+                    wire_check,
+                    home,
+                    span,
+                    stopped: false,
+                };
+                hosted.driver.handle_message(msg, &mut host);
+                if host.stopped {
+                    drop(cell);
+                    host.home.do_send(HostedStopped { rank, generation });
                 }
             });
         }
-        (0, count)
+        (TAKEN, ranks - from)
     }
 }
 
-/// Looks every `look` while a round's units run; takes the units still waiting when as
-/// many wait as at the last look (one unit ran at least `look`).
+/// Looks every `look` while a round is handed out; takes the ranks not reached yet when
+/// the cursor did not move since the last look (one inline compute ran at least `look`).
 fn rescuer<M: Payload, W: Payload>(rescue: Weak<Rescue<M, W>>, look: Duration) {
     let mut seen = None;
     let mut last_round = Instant::now();
@@ -160,14 +188,14 @@ fn rescuer<M: Payload, W: Payload>(rescue: Weak<Rescue<M, W>>, look: Duration) {
         };
         if r.draining.load(Ordering::Acquire) {
             last_round = Instant::now();
-            let (waiting, moved) = r.rescue(seen);
-            if moved > 0 {
+            let (at, taken) = r.rescue(seen);
+            if taken > 0 {
                 tracing::debug!(
-                    units = moved,
-                    "a worker's inline compute held the node's thread past the inline threshold: the rest of the round went to the pool"
+                    ranks = taken,
+                    "an inline compute held the node's thread past the inline threshold: the rest of the round went to the pool"
                 );
             }
-            seen = Some(waiting);
+            seen = Some(at);
             drop(r);
             std::thread::sleep(look);
         } else if last_round.elapsed() < LINGER {
@@ -184,8 +212,76 @@ fn rescuer<M: Payload, W: Payload>(rescue: Weak<Rescue<M, W>>, look: Duration) {
                 std::thread::park_timeout(LINGER);
             }
             if let Some(r) = rescue.upgrade() {
-                r.parked.store(false, Ordering::Release);
+                r.parked.store(false, Ordering::SeqCst);
             }
         }
+    }
+}
+
+/// A pool thread as the host of a rescued worker, stepped under the lock of its cell: its
+/// iteration goes to the pool as a unit of its own (the lock is not held while user code
+/// runs) and comes home to the node actor, what it sends joins the node actor's arrivals,
+/// and its timer and its stop are messages to the node actor.
+struct PoolHost<M: Payload, W: Payload> {
+    rank: Rank,
+    generation: u64,
+    generations: Arc<[AtomicU64]>,
+    arrivals: Arc<Arrivals<W>>,
+    wire_check: bool,
+    home: Addr<NodeActor<M, W>>,
+    span: tracing::Span,
+    stopped: bool,
+}
+
+impl<M: Payload, W: Payload> Host<M, W> for PoolHost<M, W> {
+    fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        let rank = self.rank;
+        let carries = msg.carries_result();
+        let msg = crate::transport::wire_checked(self.wire_check, carries, msg, || {
+            format!("worker {rank} → master")
+        })?;
+        let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;
+        if !self
+            .arrivals
+            .deliver_if(Envelope { from: rank, msg }, current)
+        {
+            return Err(TransportError::Replaced { rank });
+        }
+        Ok(())
+    }
+
+    fn homeward(&mut self) -> Homeward<M, W> {
+        let addr = self.home.clone();
+        let (rank, generation) = (self.rank, self.generation);
+        Box::new(move |done: WorkDone<M, W>| {
+            match addr.try_send(HostedHome {
+                rank,
+                generation,
+                done,
+            }) {
+                Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn arm(&mut self, after: Duration) {
+        self.home.do_send(HostedArm {
+            rank: self.rank,
+            generation: self.generation,
+            after,
+        });
+    }
+
+    fn runs_inline(&self) -> bool {
+        false
+    }
+
+    fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    fn span(&self) -> tracing::Span {
+        self.span.clone()
     }
 }

@@ -56,6 +56,46 @@ fn a_worker_whose_master_name_does_not_resolve_says_so_while_it_waits_and_then_f
     );
 }
 
+/// torchrun's `MASTER_PORT` may be its agent's store, not rank 0's listener: a worker that
+/// cannot reach the master says which variables its address came from.
+#[test]
+fn a_worker_that_cannot_reach_the_master_names_the_variables_its_address_came_from() {
+    logs();
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let vars = [
+        ("RANK", "1".to_string()),
+        ("WORLD_SIZE", "2".to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("SUPERSTEP_JOB_ID", "wrong-port".to_string()),
+        ("SUPERSTEP_CONNECT_TIMEOUT", "1".to_string()),
+    ];
+    let env = superstep::transport::ClusterEnv::from_vars(|name| {
+        vars.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    })
+    .unwrap()
+    .expect("a cluster environment");
+    let settings = TcpSettings::from_cluster(&env).unwrap();
+    let err = summing(2)
+        .transport(TcpTransport::new(settings).unwrap())
+        .run()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{port} (check MASTER_ADDR and MASTER_PORT)"
+        )),
+        "{text}"
+    );
+}
+
 #[test]
 fn an_address_that_is_not_host_and_port_is_refused_before_anything_connects() {
     for (addr, says) in [

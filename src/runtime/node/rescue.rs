@@ -53,6 +53,8 @@ pub(crate) struct Rescue<M: Payload, W: Payload> {
     /// compute holding the node's thread.
     cursor: AtomicUsize,
     ranks: AtomicUsize,
+    /// The rounds begun, counted: a look compares the cursor within one round only.
+    rounds: AtomicU64,
     /// The round's broadcast and the iteration's span, for the ranks the rescuer takes.
     round: Mutex<Option<(ToWorker<M>, tracing::Span)>>,
     /// Whether a round is being handed out.
@@ -81,6 +83,7 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
         let rescue = Arc::new(Rescue {
             cursor: AtomicUsize::new(TAKEN),
             ranks: AtomicUsize::new(0),
+            rounds: AtomicU64::new(0),
             round: Mutex::new(None),
             draining: AtomicBool::new(false),
             parked: AtomicBool::new(false),
@@ -97,6 +100,7 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
         let mut round = lock(&self.round);
         *round = Some((msg.clone(), span));
         self.ranks.store(ranks, Ordering::Relaxed);
+        self.rounds.fetch_add(1, Ordering::Relaxed);
         self.cursor.store(0, Ordering::Release);
         drop(round);
         self.draining.store(true, Ordering::SeqCst);
@@ -123,24 +127,26 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
         *round = None;
     }
 
-    /// Takes the ranks not reached yet when the cursor stood at `seen` at the last look
-    /// and still does (a compute held the node's thread since), and hands each to the
-    /// pool. Returns where the cursor stands, and how many ranks it took.
-    fn rescue(&self, seen: Option<usize>) -> (usize, usize) {
+    /// Takes the ranks not reached yet when the round and its cursor stood at `seen` at
+    /// the last look and still do (a compute held the node's thread since), and hands
+    /// each to the pool. Returns where the round and cursor stand, and how many ranks it
+    /// took.
+    fn rescue(&self, seen: Option<(u64, usize)>) -> ((u64, usize), usize) {
         // Held while the rest is taken: the round cannot end (nor the next begin)
         // between taking its ranks and reading what to hand them.
         let round = lock(&self.round);
+        let which = self.rounds.load(Ordering::Relaxed);
         let Some((msg, span)) = round.as_ref() else {
-            return (TAKEN, 0);
+            return ((which, TAKEN), 0);
         };
         let ranks = self.ranks.load(Ordering::Relaxed);
         let at = self.cursor.load(Ordering::Acquire);
-        if at >= ranks || seen != Some(at) {
-            return (at, 0);
+        if at >= ranks || seen != Some((which, at)) {
+            return ((which, at), 0);
         }
         let from = self.cursor.swap(TAKEN, Ordering::AcqRel);
         if from >= ranks {
-            return (from, 0);
+            return ((which, from), 0);
         }
         let (msg, span) = (msg.clone(), span.clone());
         drop(round);
@@ -173,7 +179,7 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
                 }
             });
         }
-        (TAKEN, ranks - from)
+        ((which, TAKEN), ranks - from)
     }
 }
 

@@ -7,6 +7,7 @@
 #[path = "../examples/support/labels.rs"]
 mod labels;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use superstep::checkpoint::MemoryCheckpointStore;
@@ -24,6 +25,7 @@ fn label_propagation_gives_the_sequential_components_whatever_crashes_and_recove
     ] {
         let graph = Arc::clone(&graph);
         let expected = expected.clone();
+        let recovered = AtomicU32::new(0);
         Simulation::from_job(move || {
             labels::job(Arc::clone(&graph), 4)
                 .failure_policy(policy)
@@ -34,11 +36,22 @@ fn label_propagation_gives_the_sequential_components_whatever_crashes_and_recove
             master_crash: 0.02,
             ..Faults::none()
         })
-        .check(0..60, |run| match &run.outcome {
-            Ok(o) if *o.result == expected => Ok(()),
-            Ok(o) => Err(format!("other labels after {} iterations", o.iterations)),
-            Err(e) => Err(e.to_string()),
+        .check(0..60, |run| {
+            recovered.fetch_add(
+                run.stats.worker_restarts + run.stats.new_attempts,
+                Ordering::Relaxed,
+            );
+            match &run.outcome {
+                Ok(o) if *o.result == expected => Ok(()),
+                Ok(o) => Err(format!("other labels after {} iterations", o.iterations)),
+                Err(e) => Err(e.to_string()),
+            }
         });
+        // The seeds did crash workers and masters, and every run recovered.
+        assert!(
+            recovered.into_inner() > 5,
+            "{policy:?}: too few recoveries to tell"
+        );
     }
 }
 

@@ -25,8 +25,8 @@ pub struct Graph {
     pub edges: Vec<(u32, u32)>,
 }
 
-/// A graph of `vertices` vertices and `edges` edges drawn from `seed` (a 64-bit LCG), with
-/// many small components and a few large ones.
+/// A graph of `vertices` vertices and `edges` edges drawn uniformly from `seed` (a 64-bit
+/// LCG): a large component of short diameter, and small ones beside it.
 pub fn graph(vertices: u32, edges: usize, seed: u64) -> Arc<Graph> {
     let mut state = seed
         .wrapping_mul(6364136223846793005)
@@ -38,13 +38,7 @@ pub fn graph(vertices: u32, edges: usize, seed: u64) -> Arc<Graph> {
         (state >> 33) as u32
     };
     let edges = (0..edges)
-        .map(|_| {
-            let u = next() % vertices;
-            // Mostly near neighbours: components grow along the ids, and need a few
-            // iterations to settle.
-            let v = (u + 1 + next() % 8).min(vertices - 1);
-            (u, v)
-        })
+        .map(|_| (next() % vertices, next() % vertices))
         .collect();
     Arc::new(Graph { vertices, edges })
 }

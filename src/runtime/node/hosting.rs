@@ -25,6 +25,26 @@ impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
     type Result = ();
 }
 
+/// Where a hosted worker's unit of work done on the pool comes home: the node actor's
+/// mailbox, or back to the caller when the actor is gone.
+pub(super) fn homeward<M: Payload, W: Payload>(
+    addr: actix::Addr<NodeActor<M, W>>,
+    rank: Rank,
+    generation: u64,
+) -> Homeward<M, W> {
+    Box::new(move |done| {
+        match addr.try_send(HostedHome {
+            rank,
+            generation,
+            done,
+        }) {
+            Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
+            // An unbounded mailbox is never full.
+            _ => Ok(()),
+        }
+    })
+}
+
 /// The node actor as the host of one of its workers.
 pub(super) struct NodeHost<'a, M: Payload, W: Payload> {
     rank: Rank,
@@ -71,19 +91,7 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
     }
 
     fn homeward(&mut self) -> Homeward<M, W> {
-        let addr = self.ctx.address();
-        let (rank, generation) = (self.rank, self.generation);
-        Box::new(move |done| {
-            match addr.try_send(HostedHome {
-                rank,
-                generation,
-                done,
-            }) {
-                Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
-                // An unbounded mailbox is never full.
-                _ => Ok(()),
-            }
-        })
+        homeward(self.ctx.address(), self.rank, self.generation)
     }
 
     fn arm(&mut self, after: Duration) {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::hosting::{HostedArm, HostedHome, HostedStopped};
+use super::hosting::{HostedArm, HostedStopped};
 use super::NodeActor;
 use crate::ids::Rank;
 use crate::payload::Payload;
@@ -22,7 +22,7 @@ use crate::protocol::{Envelope, ToMaster, ToWorker};
 use crate::runtime::arrivals::Arrivals;
 use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
-use crate::runtime::worker::{Homeward, Host, WorkDone};
+use crate::runtime::worker::{Homeward, Host};
 use crate::transport::TransportError;
 
 /// How long the rescuer keeps looking after the last round before it parks: rounds that
@@ -257,18 +257,7 @@ impl<M: Payload, W: Payload> Host<M, W> for PoolHost<M, W> {
     }
 
     fn homeward(&mut self) -> Homeward<M, W> {
-        let addr = self.home.clone();
-        let (rank, generation) = (self.rank, self.generation);
-        Box::new(move |done: WorkDone<M, W>| {
-            match addr.try_send(HostedHome {
-                rank,
-                generation,
-                done,
-            }) {
-                Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
-                _ => Ok(()),
-            }
-        })
+        super::hosting::homeward(self.home.clone(), self.rank, self.generation)
     }
 
     fn arm(&mut self, after: Duration) {

@@ -15,6 +15,7 @@ use crate::error::{BoxError, JobError};
 use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
 use crate::protocol::{Gathered, SyncResult, ToMaster, WorkerConfig};
+use crate::transport::{PeerEvent, PeerLink};
 
 /// What the master's compute returns: its result of the iteration, and whether to go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,7 +257,14 @@ pub(crate) trait SyncSender<W>: Send + Sync {
 /// then wait for the answer its actor forwards.
 pub(crate) struct SyncLink<W> {
     pub(crate) link: Arc<dyn SyncSender<W>>,
-    pub(crate) answers: mpsc::Receiver<(Epoch, SyncResult)>,
+    /// The answers to sync calls and what peers send for collectives, in the order they
+    /// came.
+    pub(crate) answers: mpsc::Receiver<Incoming>,
+    /// The way to the other workers, for collectives; `None` where the transport has
+    /// none (said in the error).
+    pub(crate) peers: Result<Arc<dyn PeerLink>, &'static str>,
+    /// Pieces of collectives this rank has not called yet, and peers lost.
+    pub(crate) early: Vec<PeerEvent>,
     pub(crate) attempt: Attempt,
     /// The worker's settings: how long a call waits for an answer before giving up on the
     /// master's node (`sync_patience`: longer than the sync timeout, which normally
@@ -266,6 +274,15 @@ pub(crate) struct SyncLink<W> {
     /// call waiting, and every call after it, fails with it at once — the master may be
     /// gone, or past answering.
     pub(crate) ended: Arc<OnceLock<JobError>>,
+}
+
+/// What reaches a worker's compute while it waits in a sync call or a collective.
+pub(crate) enum Incoming {
+    /// The master's node's answer to sync call `epoch` (or, at `Epoch::MAX`, word that the
+    /// job failed).
+    Answer(Epoch, SyncResult),
+    /// A peer's piece, or a peer lost.
+    Peer(PeerEvent),
 }
 
 impl<M, W> WorkerContext<M, W> {
@@ -469,54 +486,115 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 
     fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
-        let sync = self.sync.as_ref().ok_or(SyncError::NotEnabled)?;
+        let rank = self.rank;
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute);
         }
-        // The job's failure, as every rank waiting in a call got it: a sync failure as it
-        // is, another wrapped.
-        let ended = |e: &JobError| match e {
-            JobError::Sync(failed) => failed.clone(),
-            other => SyncError::JobFailed(Box::new(other.clone())),
-        };
-        if let Some(e) = sync.ended.get() {
-            return Err(ended(e));
+        if let Some(e) = sync.failure() {
+            return Err(e);
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.link
-            .send_call(ToMaster::Sync {
-                attempt: sync.attempt,
-                epoch,
-                kind,
-                message,
-            })
-            .map_err(|e| SyncError::JobFailed(Box::new(e)))?;
-        let _span = tracing::debug_span!("sync", rank = self.rank, epoch, %kind).entered();
+        sync.call(epoch, kind, message)?;
+        let _span = tracing::debug_span!("sync", rank, epoch, %kind).entered();
         let patience = sync.config.sync_patience;
         let deadline = Instant::now().checked_add(patience);
         loop {
-            let answer = match deadline {
-                Some(deadline) => sync
-                    .answers
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now())),
-                None => sync
-                    .answers
-                    .recv()
-                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-            };
-            let answer = match answer {
-                Ok((answered, result)) if answered == epoch => return result,
-                other => other,
-            };
-            // Not this call's answer: the job failed (the actor woke this call to say so),
-            // the wait ran out, or it answers an earlier call that failed.
-            match (sync.ended.get(), answer) {
-                (Some(e), _) => return Err(ended(e)),
-                (None, Ok(_)) => continue,
-                (None, Err(_)) => return Err(SyncError::NoAnswer(patience)),
+            match sync.receive(deadline) {
+                Ok(Incoming::Answer(answered, result)) if answered == epoch => return result,
+                // A peer's collective of a later epoch, or of this one (then the calls
+                // differ, which the master's node says to every rank).
+                Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
+                // Not this call's answer: the job failed (the actor woke this call to say
+                // so), or it answers an earlier call that failed.
+                Ok(Incoming::Answer(..)) => match sync.failure() {
+                    Some(e) => return Err(e),
+                    None => continue,
+                },
+                Err(_) => return Err(sync.failure().unwrap_or(SyncError::NoAnswer(patience))),
             }
         }
+    }
+}
+
+impl<W> SyncLink<W> {
+    /// Tells the master's node of this rank's call `epoch`.
+    pub(crate) fn call(
+        &self,
+        epoch: Epoch,
+        kind: SyncKind,
+        message: Vec<u8>,
+    ) -> Result<(), SyncError> {
+        let call = ToMaster::Sync {
+            attempt: self.attempt,
+            epoch,
+            kind,
+            message,
+        };
+        self.link
+            .send_call(call)
+            .map_err(|e| SyncError::JobFailed(Box::new(e)))
+    }
+
+    /// The job's failure, once this worker heard of it, as every rank waiting in a call
+    /// gets it: a sync failure as it is, another wrapped.
+    pub(crate) fn failure(&self) -> Option<SyncError> {
+        self.ended.get().map(|e| match e {
+            JobError::Sync(failed) => failed.clone(),
+            other => SyncError::JobFailed(Box::new(other.clone())),
+        })
+    }
+
+    /// What comes next, waiting until `deadline` (`None`: as long as it takes).
+    pub(crate) fn receive(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        match deadline {
+            Some(deadline) => self
+                .answers
+                .recv_timeout(deadline.saturating_duration_since(Instant::now())),
+            None => self
+                .answers
+                .recv()
+                .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        }
+    }
+
+    /// Keeps what a peer sent for a later call than `epoch` (or for `epoch` itself, when
+    /// this rank made another call then: a piece of it is no use, but harmless), and word
+    /// of a lost peer; drops pieces of earlier calls and of other attempts.
+    pub(crate) fn keep_early(&mut self, event: PeerEvent, epoch: Epoch) {
+        match &event {
+            PeerEvent::Message(m) if m.attempt != self.attempt || m.call.seq <= epoch => {}
+            _ => self.early.push(event),
+        }
+    }
+
+    /// The pieces of call `epoch` that came early, taken out, in the order they came; and
+    /// the first peer lost, if any was.
+    pub(crate) fn take_early(
+        &mut self,
+        epoch: Epoch,
+    ) -> (Vec<crate::protocol::PeerMessage>, Option<(Rank, String)>) {
+        let mut lost = None;
+        let mut pieces = Vec::new();
+        let mut kept = Vec::new();
+        for event in self.early.drain(..) {
+            match event {
+                PeerEvent::Message(m) if m.call.seq == epoch => pieces.push(m),
+                PeerEvent::Lost { rank, reason } => {
+                    if lost.is_none() {
+                        lost = Some((rank, reason.clone()));
+                    }
+                    kept.push(PeerEvent::Lost { rank, reason });
+                }
+                other => kept.push(other),
+            }
+        }
+        self.early = kept;
+        (pieces, lost)
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{CollectiveCall, Epoch, Iteration, Rank, SyncKind};
 
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -522,6 +522,111 @@ pub enum SyncError {
     /// No answer came from the barrier (it is gone, or much slower than its timeout).
     #[error("no answer from the barrier within {0:?}")]
     NoAnswer(Duration),
+    /// Two ranks made different collective calls at the same point of their sequence of
+    /// collectives — another collective, another root, or another length. Every rank must
+    /// make the same collective calls, with values of the same length, in the same order.
+    #[error("{}", CallsDiffer::new(*.rank, .call, *.peer, .peer_call))]
+    CollectiveMismatch {
+        /// The rank that noticed.
+        rank: Rank,
+        /// Its call.
+        call: CollectiveCall,
+        /// The rank whose piece it received.
+        peer: Rank,
+        /// The peer's call.
+        peer_call: CollectiveCall,
+    },
+    /// A collective's peers did not send what it waits for within the sync timeout,
+    /// counted from the call.
+    #[error("{call} timed out on rank {rank} after {waited:?}: rank(s) {waiting_on:?} sent nothing it waits for")]
+    CollectiveTimedOut {
+        /// The rank that waited.
+        rank: Rank,
+        /// Its call.
+        call: CollectiveCall,
+        /// The peers it waited for.
+        waiting_on: Vec<Rank>,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The connection to a peer was lost, so collectives cannot go on: the peer's process
+    /// ended, or the network between them failed.
+    #[error("rank {rank} lost its connection to rank {peer}: {reason}")]
+    PeerLost {
+        /// The rank that noticed.
+        rank: Rank,
+        /// The peer it lost.
+        peer: Rank,
+        /// What happened, with the peer's address where it has one.
+        reason: String,
+    },
+    /// The job's transport gives workers no way to each other, so collectives cannot run.
+    #[error("collectives need workers that reach each other: {0}")]
+    NoPeers(String),
+    /// `broadcast` was called without a value on the rank it broadcasts from.
+    #[error("rank {0} broadcasts, but was given no value to broadcast")]
+    NothingToBroadcast(Rank),
+    /// A peer sent a piece of a collective that does not fit the call: a step or a chunk
+    /// the call does not have, one already received, or a part of another length. The
+    /// peer runs other code, or its bytes were damaged.
+    #[error("rank {rank} got a piece of {call} from rank {peer} that does not fit it: {reason}")]
+    BadPiece {
+        /// The rank that received it.
+        rank: Rank,
+        /// The call.
+        call: CollectiveCall,
+        /// The rank that sent it.
+        peer: Rank,
+        /// What does not fit.
+        reason: String,
+    },
+}
+
+/// Two ranks' collective calls, said by what differs: only the length, or the calls.
+struct CallsDiffer<'a> {
+    rank: Rank,
+    call: &'a CollectiveCall,
+    peer: Rank,
+    peer_call: &'a CollectiveCall,
+}
+
+impl<'a> CallsDiffer<'a> {
+    fn new(
+        rank: Rank,
+        call: &'a CollectiveCall,
+        peer: Rank,
+        peer_call: &'a CollectiveCall,
+    ) -> Self {
+        CallsDiffer {
+            rank,
+            call,
+            peer,
+            peer_call,
+        }
+    }
+}
+
+impl fmt::Display for CallsDiffer<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (call, peer_call) = (self.call, self.peer_call);
+        let same_but_len = CollectiveCall {
+            len: peer_call.len,
+            ..*call
+        } == *peer_call;
+        if same_but_len {
+            write!(
+                f,
+                "collective {}: rank {} called {} with {} element(s), rank {} with {}; every rank must pass a value of the same length",
+                call.seq, self.rank, call.kind, call.len, self.peer, peer_call.len
+            )
+        } else {
+            write!(
+                f,
+                "collective {}: rank {} called {}, rank {} called {}; every rank must make the same collective calls in the same order",
+                call.seq, self.rank, call, self.peer, peer_call
+            )
+        }
+    }
 }
 
 struct Calls<'a>(&'a [(Rank, SyncKind)]);

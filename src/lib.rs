@@ -209,6 +209,7 @@
 
 pub mod checkpoint;
 mod codec;
+pub mod collective;
 mod compute;
 mod config;
 pub mod coordinator;
@@ -285,9 +286,9 @@ struct ReadmeDoctests;
 /// ```
 pub mod dev {
     pub use crate::protocol::{
-        Combiner, Envelope, Gate, GateConfig, GateOutput, Gathered, Next, Offer, Recovery, Report,
-        Round, Schedule, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
-        WorkerCommand, WorkerState,
+        Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered, Next, Offer,
+        PeerBody, PeerMessage, Piece, Recovery, Report, Round, Schedule, SyncResult, SyncState,
+        SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand, WorkerState,
     };
     /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for
     /// captures and tests): `Ok` with the message's kind, or why it could not be read.

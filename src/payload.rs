@@ -34,6 +34,18 @@ pub trait Element:
     /// This number read from its bytes as the wire has them.
     #[doc(hidden)]
     fn wire_to_native(self) -> Self;
+
+    /// The sum (integers wrap around).
+    #[doc(hidden)]
+    fn sum(self, other: Self) -> Self;
+
+    /// The lesser of the two (for floats, as `f64::min`: a NaN gives way to a number).
+    #[doc(hidden)]
+    fn least(self, other: Self) -> Self;
+
+    /// The greater of the two (for floats, as `f64::max`).
+    #[doc(hidden)]
+    fn greatest(self, other: Self) -> Self;
 }
 
 mod sealed {
@@ -41,7 +53,7 @@ mod sealed {
 }
 
 macro_rules! element {
-    ($($t:ty),*) => {$(
+    ($sum:ident; $($t:ty),*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const NAME: &'static str = stringify!($t);
@@ -51,11 +63,23 @@ macro_rules! element {
             fn wire_to_native(self) -> Self {
                 <$t>::from_le_bytes(self.to_ne_bytes())
             }
+            fn sum(self, other: Self) -> Self {
+                element!(@$sum self, other)
+            }
+            fn least(self, other: Self) -> Self {
+                self.min(other)
+            }
+            fn greatest(self, other: Self) -> Self {
+                self.max(other)
+            }
         }
     )*};
+    (@float $a:expr, $b:expr) => { $a + $b };
+    (@int $a:expr, $b:expr) => { $a.wrapping_add($b) };
 }
 
-element!(f64, f32, i8, i16, i32, i64, i128, u8, u16, u32, u64, u128);
+element!(float; f64, f32);
+element!(int; i8, i16, i32, i64, i128, u8, u16, u32, u64, u128);
 
 /// A `Vec` of plain numbers — `f64` unless said otherwise (`Floats<f32>`,
 /// `Floats<u64>`, …) — that serializes as one block of little-endian bytes instead of

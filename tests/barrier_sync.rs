@@ -7,28 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::{summing_master, FnWorker};
+use common::{barrier_job, summing_master, FnWorker};
 use superstep::prelude::*;
 use superstep::{Phase, Placement};
 use superstep::{SyncError, SyncKind};
 
-/// Long enough that no passing test comes near it: a regression that made ranks wait out
-/// the sync timeout shows as a `TimedOut` error instead of the expected one.
-const PATIENT: Duration = Duration::from_secs(30);
 /// Longer still, for the waits these tests are not about.
 const NEVER: Duration = Duration::from_secs(3600);
-
-fn barrier_job<F>(workers: usize, iterations: u64, make: F) -> superstep::JobBuilder<u64, u64>
-where
-    F: Fn(usize) -> FnWorker<common::WorkerFn> + Send + Sync + 'static,
-{
-    Job::builder(summing_master(), make)
-        .workers(workers)
-        .iterations(iterations)
-        .barrier_mode(true)
-        .sync_timeout(PATIENT)
-        .iteration_timeout(NEVER)
-}
 
 /// A rank and what its sync call returned.
 type Call = (usize, Result<(), SyncError>);

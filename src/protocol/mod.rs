@@ -18,6 +18,7 @@
 //!   one place that decides what a round, a failure, a recovery and the end of a job mean.
 //!   The runtime's node actor and the simulator both drive it.
 
+mod collective;
 mod config;
 mod event;
 mod gate;
@@ -40,6 +41,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
 
+pub(crate) use collective::segment;
+pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
 pub(crate) use config::{abort_ends_job, NodeConfig, Save, WorkerConfig};
 pub use event::JobEvent;
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};

@@ -24,7 +24,7 @@ use crate::error::{JobError, Phase};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{abort_ends_job, Envelope, ToMaster, ToWorker, WorkerConfig};
-use crate::transport::{Transport, TransportError, WorkerLink};
+use crate::transport::{MemoryMesh, PeerLink, Transport, TransportError, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank
 /// running here.
@@ -44,6 +44,9 @@ pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
     /// hosted): each behind a lock of its own, so that a thread other than the node
     /// actor's can step one (the rescue of a round, `runtime/node/rescue.rs`).
     cells: Arc<[HostedCell<M, W>]>,
+    /// The workers of this process as each other's peers, for collectives, when every
+    /// worker is here.
+    mesh: Option<Arc<MemoryMesh>>,
 }
 
 /// Where a hosted worker lives.
@@ -115,6 +118,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             cells: (0..n).map(|_| Mutex::new(None)).collect(),
             fresh: Vec::new(),
             generations: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            mesh: parts
+                .transport
+                .in_process()
+                .map(|p| MemoryMesh::new(n, p.wire_check)),
             parts,
         }
     }
@@ -384,11 +391,19 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
+            let peers: Result<Arc<dyn PeerLink>, &'static str> = match &self.mesh {
+                Some(mesh) => Ok(Arc::clone(mesh) as Arc<dyn PeerLink>),
+                None => Err("the job's transport does not connect workers to each other"),
+            };
             let (sync, answers) = super::sync_calls::sync_link(
                 Arc::clone(&link),
                 attempt,
                 Arc::clone(&parts.worker_config),
+                peers,
             );
+            if let Some(mesh) = &self.mesh {
+                mesh.join(rank, answers.peer_inbox());
+            }
             ctx.sync = Some(sync);
             let name = format!(
                 "{}-worker-{rank}",

@@ -4,18 +4,18 @@
 
 use std::sync::{mpsc, Arc};
 
-use crate::compute::{SyncLink, SyncSender};
+use crate::compute::{Incoming, SyncLink, SyncSender};
 use crate::error::{JobError, SyncError};
 use crate::ids::{Attempt, Epoch};
 use crate::payload::Payload;
 use crate::protocol::{SyncResult, ToMaster, WorkerConfig};
-use crate::transport::WorkerLink;
+use crate::transport::{PeerInbox, PeerLink, WorkerLink};
 
 /// In barrier mode: where the answers to the worker's sync calls go, to the compute
 /// waiting for them, and where the job's first failure goes once the worker heard of it
 /// (every sync call then fails with it at once).
 pub(crate) struct SyncAnswers {
-    to: mpsc::Sender<(Epoch, SyncResult)>,
+    to: mpsc::Sender<Incoming>,
     ended: Arc<std::sync::OnceLock<JobError>>,
 }
 
@@ -23,7 +23,7 @@ impl SyncAnswers {
     /// The answer to call `epoch`, for the compute waiting in it (it may have given up
     /// waiting already; then nobody listens).
     pub(crate) fn answer(&self, epoch: Epoch, result: SyncResult) {
-        let _ = self.to.send((epoch, result));
+        let _ = self.to.send(Incoming::Answer(epoch, result));
     }
 
     /// The job failed with `error`: the call waiting, and every later one, fails with it
@@ -32,8 +32,17 @@ impl SyncAnswers {
         if self.ended.set(error.clone()).is_ok() {
             // Wakes a compute waiting in a sync call: not its epoch, so it looks.
             let failed = SyncError::JobFailed(Box::new(error.clone()));
-            let _ = self.to.send((Epoch::MAX, Err(failed)));
+            let _ = self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
         }
+    }
+
+    /// Where the worker's peers' pieces go: to the compute, which takes them in its
+    /// collectives.
+    pub(crate) fn peer_inbox(&self) -> PeerInbox {
+        let to = self.to.clone();
+        Box::new(move |event| {
+            let _ = to.send(Incoming::Peer(event));
+        })
     }
 }
 
@@ -49,17 +58,22 @@ impl<W: Payload> SyncSender<W> for LinkCalls<W> {
 
 /// A worker's end of barrier mode: its sync calls go out on `link`, in `attempt`, and each
 /// waits at most the worker's `sync_patience` for its answer (`Duration::MAX`: until it
-/// comes); the answers come in through the [`SyncAnswers`], which its driver holds.
+/// comes); the answers come in through the [`SyncAnswers`], which its driver holds. Its
+/// collectives go to its peers on `peers` (or fail saying why there are none); what the
+/// peers send it is to go to [`SyncAnswers::peer_inbox`].
 pub(crate) fn sync_link<W: Payload>(
     link: Arc<dyn WorkerLink<W>>,
     attempt: Attempt,
     config: Arc<WorkerConfig>,
+    peers: Result<Arc<dyn PeerLink>, &'static str>,
 ) -> (SyncLink<W>, SyncAnswers) {
     let (to, answers) = mpsc::channel();
     let ended = Arc::new(std::sync::OnceLock::new());
     let sync = SyncLink {
         link: Arc::new(LinkCalls(link)),
         answers,
+        peers,
+        early: Vec::new(),
         attempt,
         config,
         ended: Arc::clone(&ended),

@@ -31,10 +31,11 @@ mod memory;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
-use crate::protocol::{Envelope, ToMaster, ToWorker, Unsent};
+use crate::protocol::{Envelope, PeerMessage, ToMaster, ToWorker, Unsent};
 
 use crate::ids::{Attempt, Rank};
 
+pub(crate) use memory::MemoryMesh;
 pub use memory::MemoryTransport;
 #[cfg(feature = "tcp")]
 pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
@@ -345,6 +346,37 @@ pub trait WorkerLink<W>: Send + Sync + 'static {
     /// Sends `msg` to the master's node, which receives it stamped with this worker's rank.
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError>;
 }
+
+/// A worker's way to the other workers, for collectives (`all_reduce`, `broadcast`, …):
+/// what it sends one peer reaches it in order.
+pub trait PeerLink: Send + Sync + 'static {
+    /// Sends `msg` to worker `to`.
+    fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError>;
+
+    /// Whether every peer is in this process, so that pieces travel as values and are
+    /// never encoded.
+    fn carries_values(&self) -> bool {
+        false
+    }
+}
+
+/// What reaches a worker from its peers.
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// A piece of a collective.
+    Message(PeerMessage),
+    /// The connection to a peer was lost: its collectives cannot go on.
+    Lost {
+        /// The peer.
+        rank: Rank,
+        /// What happened, with the peer's address where it has one.
+        reason: String,
+    },
+}
+
+/// Where a worker's peers' messages are handed to it: called on whichever thread they
+/// arrive on.
+pub type PeerInbox = Box<dyn Fn(PeerEvent) + Send + Sync>;
 
 /// A way to connect the parts of a job. See the [module docs](self) for the call order.
 pub trait Transport<M, W>: Send + 'static {

@@ -62,6 +62,24 @@ pub fn summing_master() -> SummingMaster {
     SummingMaster
 }
 
+/// Long enough that no passing test comes near it: a regression that made ranks wait out
+/// the sync timeout shows as a timeout error instead of the expected one.
+pub const PATIENT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A job in barrier mode of `workers` boxed workers summed by the master, with a patient
+/// sync timeout and no iteration timeout to speak of.
+pub fn barrier_job<F>(workers: usize, iterations: u64, make: F) -> JobBuilder<u64, u64>
+where
+    F: Fn(usize) -> FnWorker<WorkerFn> + Send + Sync + 'static,
+{
+    Job::builder(summing_master(), make)
+        .workers(workers)
+        .iterations(iterations)
+        .barrier_mode(true)
+        .sync_timeout(PATIENT)
+        .iteration_timeout(std::time::Duration::from_secs(3600))
+}
+
 /// A boxed worker compute, for workers chosen at run time.
 pub type WorkerFn = Box<dyn FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send>;
 

@@ -142,7 +142,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             let (to_sim, from) = mpsc::channel();
             let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
             let config = Arc::clone(&self.worker_config);
-            let (link, answers) = crate::runtime::sync_calls::sync_link(link, attempt, config);
+            let (link, answers) = crate::runtime::sync_calls::sync_link(
+                link,
+                attempt,
+                config,
+                Err("the simulator does not carry collectives among workers yet"),
+            );
             ctx.sync = Some(link);
             SimSync {
                 from,

@@ -1,0 +1,531 @@
+//! Collectives among the workers, inside `compute` in barrier mode: `all_reduce`,
+//! `reduce_scatter`, `broadcast` and a fold of any serde type, carried worker to worker
+//! over the transport's peer mesh — never through the master.
+//!
+//! Large values go around the ring of ranks in segments, chunked so that sending one
+//! chunk overlaps receiving and folding the next: each rank sends and receives about
+//! twice the value's size in all, whatever the number of ranks. Small ones take
+//! log₂(ranks) exchanges (recursive doubling, or a tree). Either can be chosen
+//! ([`Algorithm`]).
+//!
+//! The rules are the sync calls' ([`WorkerContext::barrier`]): every rank makes the same
+//! calls, with values of the same length, in the same order; a rank that made another call
+//! at that point fails its call naming both; a call whose peers do not send within
+//! `sync_timeout` fails naming the ranks it waited for; a job's failure releases every
+//! rank waiting at once. Collectives and sync calls share one count (the epoch).
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::compute::{Incoming, WorkerContext};
+use crate::error::SyncError;
+pub use crate::ids::{Algorithm, CollectiveCall, CollectiveKind, ReduceOp};
+use crate::ids::{Epoch, Rank, SyncKind};
+use crate::payload::{Element, Floats};
+use crate::protocol::{segment, Buffer, Exchange, PeerBody, PeerMessage, Piece};
+use crate::transport::PeerEvent;
+
+/// How [`all_reduce`](WorkerContext::all_reduce) and
+/// [`reduce_scatter`](WorkerContext::reduce_scatter) combine the ranks' values, element by
+/// element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The sum (integers wrap around).
+    Sum,
+    /// The least (for floats, as `f64::min`: a NaN gives way to a number).
+    Min,
+    /// The greatest (for floats, as `f64::max`).
+    Max,
+}
+
+impl Op {
+    fn id(self) -> ReduceOp {
+        match self {
+            Op::Sum => ReduceOp::Sum,
+            Op::Min => ReduceOp::Min,
+            Op::Max => ReduceOp::Max,
+        }
+    }
+
+    fn apply<T: Element>(self, a: T, b: T) -> T {
+        match self {
+            Op::Sum => a.sum(b),
+            Op::Min => a.least(b),
+            Op::Max => a.greatest(b),
+        }
+    }
+}
+
+/// Below this many bytes a value takes the latency-optimal way (log₂(ranks) steps),
+/// above it the ring.
+const SMALL: usize = 64 * 1024;
+
+/// About how many bytes travel in one piece: small enough that a ring step's sending and
+/// the next step's overlap, large enough that a piece's overhead does not count.
+const CHUNK: usize = 128 * 1024;
+
+/// The elements of a value to combine in place: borrowed (`&mut [T]`), or owned (a
+/// `Vec<T>`, for a broadcast received).
+struct Elements<V, T> {
+    values: V,
+    op: Op,
+    _element: std::marker::PhantomData<T>,
+}
+
+impl<V: AsMut<[T]>, T: Element> Elements<V, T> {
+    fn new(values: V, op: Op) -> Self {
+        Elements {
+            values,
+            op,
+            _element: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<V: AsRef<[T]> + AsMut<[T]>, T: Element> Buffer for Elements<V, T> {
+    type Part = Floats<T>;
+
+    fn len(&self) -> usize {
+        self.values.as_ref().len()
+    }
+
+    fn part(&self, range: Range<usize>) -> Floats<T> {
+        Floats(self.values.as_ref()[range].to_vec())
+    }
+
+    fn part_len(part: &Floats<T>) -> usize {
+        part.len()
+    }
+
+    fn put(&mut self, range: Range<usize>, part: Floats<T>) {
+        self.values.as_mut()[range].copy_from_slice(&part);
+    }
+
+    fn fold(&mut self, range: Range<usize>, part: Floats<T>, part_first: bool) {
+        let op = self.op;
+        for (own, got) in self.values.as_mut()[range].iter_mut().zip(part.0) {
+            *own = if part_first {
+                op.apply(got, *own)
+            } else {
+                op.apply(*own, got)
+            };
+        }
+    }
+}
+
+/// One value of any type, folded whole by the user's fold.
+struct Whole<T, F> {
+    value: Vec<T>,
+    fold: F,
+}
+
+impl<T: Clone, F: Fn(&mut T, T)> Buffer for Whole<T, F> {
+    type Part = Vec<T>;
+
+    fn len(&self) -> usize {
+        self.value.len()
+    }
+
+    fn part(&self, range: Range<usize>) -> Vec<T> {
+        self.value[range].to_vec()
+    }
+
+    fn part_len(part: &Vec<T>) -> usize {
+        part.len()
+    }
+
+    fn put(&mut self, range: Range<usize>, part: Vec<T>) {
+        for (own, got) in self.value[range].iter_mut().zip(part) {
+            *own = got;
+        }
+    }
+
+    fn fold(&mut self, range: Range<usize>, part: Vec<T>, part_first: bool) {
+        for (own, got) in self.value[range].iter_mut().zip(part) {
+            if part_first {
+                let mine = std::mem::replace(own, got);
+                (self.fold)(own, mine);
+            } else {
+                (self.fold)(own, got);
+            }
+        }
+    }
+}
+
+/// Where a collective's call comes from: this rank's own, or — for a `broadcast` seen from
+/// a rank that does not know the value's length — the first piece of it.
+enum Start<B: Buffer> {
+    Known(Box<Exchange<B>>),
+    Awaited {
+        kind: CollectiveKind,
+        make: fn(&CollectiveCall) -> B,
+    },
+}
+
+impl<M, W: 'static> WorkerContext<M, W> {
+    /// Combines every rank's `values` element by element with `op`: when it returns, every
+    /// rank holds the same result. The way is chosen by size: recursive doubling below
+    /// 64 KiB, the ring above; [`all_reduce_by`](Self::all_reduce_by) chooses it.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # use superstep::collective::Op;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let mut gradient = Floats::from(vec![0.5; 1 << 20]);
+    /// ctx.all_reduce(&mut gradient, Op::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Every rank must pass as many elements. Fails as
+    /// [`barrier`](Self::barrier) does, and when a peer is lost
+    /// ([`SyncError::PeerLost`]) or does not send within `sync_timeout`
+    /// ([`SyncError::CollectiveTimedOut`], naming the ranks waited for).
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        values: &mut Floats<T>,
+        op: Op,
+    ) -> Result<(), SyncError> {
+        let bytes = values.len().saturating_mul(std::mem::size_of::<T>());
+        let algorithm = if bytes < SMALL {
+            Algorithm::Doubling
+        } else {
+            Algorithm::Ring
+        };
+        self.all_reduce_by(values, op, algorithm)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) by `algorithm`. [`Algorithm::Chain`] folds the
+    /// ranks' values one after another in rank order, as the master folds workers'
+    /// results, so a sum of floats has the same bits as that fold; the others group them
+    /// otherwise (the last bits of a float sum may differ between algorithms, never between
+    /// ranks or runs).
+    pub fn all_reduce_by<T: Element>(
+        &mut self,
+        values: &mut Floats<T>,
+        op: Op,
+        algorithm: Algorithm,
+    ) -> Result<(), SyncError> {
+        let kind = CollectiveKind::AllReduce(op.id());
+        let chunk = chunk_of::<T>();
+        let buffer = Elements::new(&mut values.0[..], op);
+        self.collective(kind, algorithm, chunk, buffer).map(drop)
+    }
+
+    /// Combines every rank's `values` element by element with `op`, and returns this
+    /// rank's segment of the result: [`segment`](Self::segment) of the length, a
+    /// near-equal share. Around the ring: each rank sends and receives about the value's
+    /// size. Every rank must pass as many elements.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        mut values: Floats<T>,
+        op: Op,
+    ) -> Result<Floats<T>, SyncError> {
+        let kind = CollectiveKind::ReduceScatter(op.id());
+        let range = self.segment(values.len());
+        let buffer = Elements::new(&mut values.0[..], op);
+        self.collective(kind, Algorithm::Ring, chunk_of::<T>(), buffer)?;
+        values.truncate(range.end);
+        values.drain(..range.start);
+        Ok(values)
+    }
+
+    /// The elements of a value of `len` elements that
+    /// [`reduce_scatter`](Self::reduce_scatter) gives this rank.
+    pub fn segment(&self, len: usize) -> Range<usize> {
+        segment(len, self.workers, self.rank)
+    }
+
+    /// Every rank gets rank `from`'s value: `from` passes `Some`, the others `None` (their
+    /// value is not read). Any serde type. Large values travel along the ranks in chunks,
+    /// each rank passing on what it received while it receives the rest; small ones down
+    /// a binomial tree.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let mine = (ctx.rank() == 0).then(|| vec![1u64, 2, 3]);
+    /// let plan: Vec<u64> = ctx.broadcast(0, mine.as_ref())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast<T>(&mut self, from: Rank, value: Option<&T>) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let kind = CollectiveKind::Broadcast { root: from };
+        let bytes = if self.rank == from {
+            let Some(value) = value else {
+                return Err(SyncError::NothingToBroadcast(from));
+            };
+            let mut bytes =
+                crate::codec::to_vec(value).map_err(|e| SyncError::Codec(e.to_string()))?;
+            let algorithm = if bytes.len() < SMALL {
+                Algorithm::Tree
+            } else {
+                Algorithm::Ring
+            };
+            let buffer = Elements::new(&mut bytes[..], Op::Sum);
+            self.collective(kind, algorithm, CHUNK as u64, buffer)?;
+            bytes
+        } else {
+            self.broadcast_received(kind)?
+        };
+        crate::codec::from_slice(&bytes).map_err(|e| SyncError::Codec(e.to_string()))
+    }
+
+    /// Every rank's `value` folded by `fold` (which must be associative), for any serde
+    /// type: every rank gets the same result. Values are never swapped — a lower rank's
+    /// comes first in every fold — but grouped as a tree groups them (recursive doubling,
+    /// log₂(ranks) steps).
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let words = ctx.all_reduce_with(format!("{};", ctx.rank()), |a, b| a.push_str(&b))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_reduce_with<T, F>(&mut self, value: T, fold: F) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + 'static,
+        F: Fn(&mut T, T),
+    {
+        let kind = CollectiveKind::AllReduce(ReduceOp::Fold);
+        let buffer = Whole {
+            value: vec![value],
+            fold,
+        };
+        let done = self.collective(kind, Algorithm::Doubling, 1, buffer)?;
+        Ok(done
+            .value
+            .into_iter()
+            .next()
+            .expect("a whole value keeps its one element"))
+    }
+
+    /// A broadcast's bytes, on a rank that does not know their length until the first
+    /// piece says it.
+    fn broadcast_received(&mut self, kind: CollectiveKind) -> Result<Vec<u8>, SyncError> {
+        // A broadcast only puts: its op is never used.
+        fn zeros(call: &CollectiveCall) -> Elements<Vec<u8>, u8> {
+            Elements::new(vec![0; usize::try_from(call.len).unwrap_or(0)], Op::Sum)
+        }
+        let epoch = self.start_collective(kind)?;
+        let start = Start::Awaited { kind, make: zeros };
+        Ok(self.drive(epoch, start)?.values)
+    }
+
+    /// Runs `kind` on `buffer` with this rank's peers.
+    fn collective<B>(
+        &mut self,
+        kind: CollectiveKind,
+        algorithm: Algorithm,
+        chunk: u64,
+        buffer: B,
+    ) -> Result<B, SyncError>
+    where
+        B: Buffer,
+        B::Part: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let epoch = self.start_collective(kind)?;
+        let call = CollectiveCall {
+            seq: epoch,
+            kind,
+            len: buffer.len() as u64,
+            algorithm,
+            chunk,
+        };
+        let exchange = Exchange::new(call, self.workers, self.rank, buffer);
+        self.drive(epoch, Start::Known(Box::new(exchange)))
+    }
+
+    /// Checks that a collective can start, and counts it: its epoch.
+    fn start_collective(&mut self, kind: CollectiveKind) -> Result<Epoch, SyncError> {
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+        if self.iteration == 0 {
+            return Err(SyncError::OutsideCompute);
+        }
+        if let Some(e) = sync.failure() {
+            return Err(e);
+        }
+        if let Err(why) = &sync.peers {
+            return Err(SyncError::NoPeers((*why).to_owned()));
+        }
+        let epoch = self.epoch;
+        self.epoch += 1;
+        // The master's node hears of the call as of a sync call, and holds the rules: the
+        // same call on every rank, within the sync timeout of the first, none returned
+        // without it; it answers every rank when they are broken. The values themselves
+        // go worker to worker.
+        sync.call(epoch, SyncKind::Collective(kind), Vec::new())?;
+        Ok(epoch)
+    }
+
+    /// Sends and receives the pieces of call `epoch` until this rank's part is done.
+    fn drive<B>(&mut self, epoch: Epoch, start: Start<B>) -> Result<B, SyncError>
+    where
+        B: Buffer,
+        B::Part: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let (rank, workers) = (self.rank, self.workers);
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+        let peers = match &sync.peers {
+            Ok(peers) => std::sync::Arc::clone(peers),
+            Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
+        };
+        let values = peers.carries_values();
+        let (early, lost) = sync.take_early(epoch);
+        if let Some((peer, reason)) = lost {
+            return Err(SyncError::PeerLost { rank, peer, reason });
+        }
+        let mut start = start;
+        let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
+        // The master's node answers first when a rank did not make the call; this rank's
+        // own limit is for peers that made it but send nothing.
+        let timeout = sync.config.sync_patience;
+        let started = Instant::now();
+        let deadline = started.checked_add(timeout);
+        let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+        let mut word = started + every;
+        let _span = tracing::debug_span!("collective", rank, epoch).entered();
+        loop {
+            // What came early, or now, for this call.
+            while let Some(m) = queue.pop_front() {
+                if let Start::Awaited { kind, make } = &start {
+                    if *kind != m.call.kind {
+                        // Another call of this epoch: the master's node says so to every
+                        // rank.
+                        continue;
+                    }
+                    let buffer = make(&m.call);
+                    start = Start::Known(Box::new(Exchange::new(m.call, workers, rank, buffer)));
+                }
+                if let Start::Known(exchange) = &mut start {
+                    feed(exchange, rank, m)?;
+                }
+            }
+            if let Start::Known(exchange) = &mut start {
+                while let Some((to, piece)) = exchange.poll_send() {
+                    let msg = PeerMessage {
+                        attempt: sync.attempt,
+                        from: rank,
+                        call: piece.call,
+                        step: piece.step,
+                        chunk: piece.chunk,
+                        body: if values {
+                            PeerBody::Value(Box::new(piece.part))
+                        } else {
+                            let bytes = crate::codec::to_vec(&piece.part)
+                                .map_err(|e| SyncError::Codec(e.to_string()))?;
+                            PeerBody::Encoded(bytes)
+                        },
+                    };
+                    peers.send(to, msg).map_err(|e| SyncError::PeerLost {
+                        rank,
+                        peer: to,
+                        reason: e.to_string(),
+                    })?;
+                }
+            }
+            if let Start::Known(exchange) = start {
+                if exchange.is_done() {
+                    return Ok(exchange.into_buffer());
+                }
+                start = Start::Known(exchange);
+            }
+            let until = deadline.map_or(word, |d| d.min(word));
+            match sync.receive(Some(until)) {
+                Ok(Incoming::Peer(PeerEvent::Message(m)))
+                    if m.attempt == sync.attempt && m.call.seq == epoch =>
+                {
+                    queue.push_back(m)
+                }
+                Ok(Incoming::Peer(PeerEvent::Lost { rank: peer, reason })) => {
+                    return Err(SyncError::PeerLost { rank, peer, reason })
+                }
+                Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
+                // The master's node found the call broken: another call on some rank, a
+                // rank that returned without it, or one that did not make it in time.
+                Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
+                // Every rank made the call (its values still on their way), or the answer
+                // to an earlier call; or the job failed.
+                Ok(Incoming::Answer(..)) => {
+                    if let Some(e) = sync.failure() {
+                        return Err(e);
+                    }
+                }
+                Err(_) => {
+                    if let Some(e) = sync.failure() {
+                        return Err(e);
+                    }
+                    let (call, waiting_on) = match &start {
+                        Start::Known(exchange) => (*exchange.call(), exchange.waiting_on()),
+                        Start::Awaited { kind, .. } => (awaited(epoch, *kind), Vec::new()),
+                    };
+                    let waited = started.elapsed();
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(SyncError::CollectiveTimedOut {
+                            rank,
+                            call,
+                            waiting_on,
+                            waited,
+                        });
+                    }
+                    tracing::warn!(
+                        rank,
+                        %call,
+                        ?waiting_on,
+                        ?waited,
+                        "a collective still waits for its peers (it fails after {timeout:?})"
+                    );
+                    word += every;
+                }
+            }
+        }
+    }
+}
+
+/// A call known only by its kind (a broadcast still waiting for its first piece).
+fn awaited(seq: Epoch, kind: CollectiveKind) -> CollectiveCall {
+    CollectiveCall {
+        seq,
+        kind,
+        len: 0,
+        algorithm: Algorithm::Tree,
+        chunk: 0,
+    }
+}
+
+/// How many elements of `T` travel in one piece.
+fn chunk_of<T>() -> u64 {
+    (CHUNK / std::mem::size_of::<T>().max(1)) as u64
+}
+
+/// Hands `m`'s piece to `exchange`, decoded where it came encoded.
+fn feed<B>(exchange: &mut Exchange<B>, rank: Rank, m: PeerMessage) -> Result<(), SyncError>
+where
+    B: Buffer,
+    B::Part: DeserializeOwned + 'static,
+{
+    let bad = |reason: String| SyncError::BadPiece {
+        rank,
+        call: *exchange.call(),
+        peer: m.from,
+        reason,
+    };
+    let part = match m.body {
+        PeerBody::Encoded(ref bytes) => crate::codec::from_slice::<B::Part>(bytes)
+            .map_err(|e| bad(format!("its elements do not decode: {e}")))?,
+        PeerBody::Value(value) => *value
+            .downcast::<B::Part>()
+            .map_err(|_| bad("its elements are of another type".to_owned()))?,
+    };
+    let piece = Piece {
+        call: m.call,
+        step: m.step,
+        chunk: m.chunk,
+        part,
+    };
+    exchange.handle_piece(m.from, piece)
+}

@@ -1,0 +1,268 @@
+//! What each rank sends and receives in a collective: one plan per rank, computed from the
+//! call alone, so that every rank's plan meets every other's without a word exchanged.
+//!
+//! A plan is a list of transfers in order. The value is cut into chunks (`chunk` elements
+//! of each transfer's range); each chunk index runs through the plan in order on its own, so
+//! chunk 2 of a step can travel while chunk 3 of the step before still does (pipelining),
+//! and a transfer that reads a range always reads it after every earlier transfer of the
+//! plan wrote it. Every plan here is built so that a transfer's range equals the range of
+//! the one it depends on, which is what makes a chunk index a unit of its own.
+
+use std::ops::Range;
+
+use crate::ids::{Algorithm, CollectiveKind, Rank};
+
+/// How a received part is applied to the rank's own values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Apply {
+    /// It replaces them.
+    Put,
+    /// It is folded with them, the received part first: it holds lower ranks' values (in
+    /// the plan's order) than the rank's own.
+    FoldFirst,
+    /// It is folded with them, the rank's own first: it holds higher ranks' values.
+    FoldAfter,
+}
+
+/// One transfer of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    /// Send this range to a peer.
+    Send {
+        to: Rank,
+        step: u32,
+        range: Range<usize>,
+    },
+    /// Receive this range from a peer and apply it.
+    Recv {
+        from: Rank,
+        step: u32,
+        range: Range<usize>,
+        apply: Apply,
+    },
+}
+
+impl Transfer {
+    pub(crate) fn range(&self) -> &Range<usize> {
+        match self {
+            Transfer::Send { range, .. } | Transfer::Recv { range, .. } => range,
+        }
+    }
+}
+
+/// The algorithm that runs: `Doubling` on a number of ranks that is not a power of two is
+/// a tree, and a ring of `all_gather` is the only `all_gather`.
+pub(crate) fn effective(kind: CollectiveKind, algorithm: Algorithm, ranks: usize) -> Algorithm {
+    match (kind, algorithm) {
+        (CollectiveKind::AllGather, _) => Algorithm::Ring,
+        (CollectiveKind::ReduceScatter(_), _) => Algorithm::Ring,
+        (_, Algorithm::Doubling) if !ranks.is_power_of_two() => Algorithm::Tree,
+        (CollectiveKind::Broadcast { .. } | CollectiveKind::Reduce { .. }, Algorithm::Doubling) => {
+            Algorithm::Tree
+        }
+        (_, algorithm) => algorithm,
+    }
+}
+
+/// The `i`-th of `n` near-equal segments of `0..len` (the first `len % n` one longer).
+pub(crate) fn segment(len: usize, n: usize, i: usize) -> Range<usize> {
+    let base = len / n;
+    let extra = len % n;
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+/// Rank `rank`'s plan for `kind` by `algorithm` among `ranks` ranks, on a value of `len`
+/// elements. `algorithm` is taken as [`effective`] says.
+pub(crate) fn plan(
+    kind: CollectiveKind,
+    algorithm: Algorithm,
+    ranks: usize,
+    rank: Rank,
+    len: usize,
+) -> Vec<Transfer> {
+    let mut plan = Vec::new();
+    if ranks <= 1 {
+        return plan;
+    }
+    let n = ranks;
+    let all = 0..len;
+    match (kind, effective(kind, algorithm, ranks)) {
+        (CollectiveKind::AllGather, _) => ring_gather(&mut plan, n, rank, len, 0),
+        (CollectiveKind::ReduceScatter(_), _) => ring_scatter(&mut plan, n, rank, len),
+        (CollectiveKind::AllReduce(_), Algorithm::Ring) => {
+            ring_scatter(&mut plan, n, rank, len);
+            ring_gather(&mut plan, n, rank, len, n as u32);
+        }
+        (CollectiveKind::AllReduce(_), Algorithm::Chain) => {
+            chain_reduce(&mut plan, n, rank, all.clone(), 0);
+            // Back along the chain: each link's other direction, so the way back overlaps
+            // the way out.
+            if rank + 1 < n {
+                plan.push(recv(rank + 1, 1, all.clone(), Apply::Put));
+            }
+            if rank > 0 {
+                plan.push(send(rank - 1, 1, all));
+            }
+        }
+        (CollectiveKind::AllReduce(_), Algorithm::Doubling) => {
+            let mut bit = 0u32;
+            while (1usize << bit) < n {
+                let partner = rank ^ (1 << bit);
+                plan.push(send(partner, bit, all.clone()));
+                let apply = if partner < rank {
+                    Apply::FoldFirst
+                } else {
+                    Apply::FoldAfter
+                };
+                plan.push(recv(partner, bit, all.clone(), apply));
+                bit += 1;
+            }
+        }
+        (CollectiveKind::AllReduce(_), _) => {
+            tree_reduce(&mut plan, n, rank, 0, all.clone(), 0);
+            tree_broadcast(&mut plan, n, rank, 0, all, 64);
+        }
+        (CollectiveKind::Reduce { root, .. }, Algorithm::Ring | Algorithm::Chain) => {
+            // Along the ring, ending at the root: rank order when the root is the last rank.
+            let v = (rank + n - root + n - 1) % n;
+            chain_reduce_virtual(&mut plan, n, v, |v| (v + root + 1) % n, all, 0);
+        }
+        (CollectiveKind::Reduce { root, .. }, _) => tree_reduce(&mut plan, n, rank, root, all, 0),
+        (CollectiveKind::Broadcast { root }, Algorithm::Ring | Algorithm::Chain) => {
+            let v = (rank + n - root) % n;
+            if v > 0 {
+                plan.push(recv((rank + n - 1) % n, 0, all.clone(), Apply::Put));
+            }
+            if v + 1 < n {
+                plan.push(send((rank + 1) % n, 0, all));
+            }
+        }
+        (CollectiveKind::Broadcast { root }, _) => tree_broadcast(&mut plan, n, rank, root, all, 0),
+    }
+    plan
+}
+
+fn send(to: Rank, step: u32, range: Range<usize>) -> Transfer {
+    Transfer::Send { to, step, range }
+}
+
+fn recv(from: Rank, step: u32, range: Range<usize>, apply: Apply) -> Transfer {
+    Transfer::Recv {
+        from,
+        step,
+        range,
+        apply,
+    }
+}
+
+/// Reduce-scatter around the ring: after `n - 1` steps rank `r` holds segment `r` folded
+/// over every rank. At step `s` it sends segment `r - s - 1` to the next rank and folds
+/// segment `r - s - 2` from the one before; what it sends at a step is what it folded at
+/// the step before.
+fn ring_scatter(plan: &mut Vec<Transfer>, n: usize, rank: Rank, len: usize) {
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    for s in 0..n - 1 {
+        plan.push(send(
+            next,
+            s as u32,
+            segment(len, n, (rank + 2 * n - s - 1) % n),
+        ));
+        let into = segment(len, n, (rank + 2 * n - s - 2) % n);
+        plan.push(recv(prev, s as u32, into, Apply::FoldFirst));
+    }
+}
+
+/// All-gather around the ring, rank `r` starting with segment `r`: at step `t` it sends
+/// segment `r - t` and receives segment `r - t - 1`. Steps are numbered from `first`.
+fn ring_gather(plan: &mut Vec<Transfer>, n: usize, rank: Rank, len: usize, first: u32) {
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    for t in 0..n - 1 {
+        let step = first + t as u32;
+        plan.push(send(next, step, segment(len, n, (rank + n - t) % n)));
+        let into = segment(len, n, (rank + 2 * n - t - 1) % n);
+        plan.push(recv(prev, step, into, Apply::Put));
+    }
+}
+
+/// Along the ranks 0, 1, …, n − 1: each folds what the one before sent (its fold of every
+/// lower rank) before its own value and passes it on, so the last rank ends with the rank
+/// order's fold, one after another as the master folds.
+fn chain_reduce(plan: &mut Vec<Transfer>, n: usize, rank: Rank, all: Range<usize>, step: u32) {
+    chain_reduce_virtual(plan, n, rank, |v| v, all, step);
+}
+
+/// [`chain_reduce`] along virtual ranks: `v` is this rank's place in the chain, `real`
+/// maps a place to its rank.
+fn chain_reduce_virtual(
+    plan: &mut Vec<Transfer>,
+    n: usize,
+    v: usize,
+    real: impl Fn(usize) -> Rank,
+    all: Range<usize>,
+    step: u32,
+) {
+    if v > 0 {
+        plan.push(recv(real(v - 1), step, all.clone(), Apply::FoldFirst));
+    }
+    if v + 1 < n {
+        plan.push(send(real(v + 1), step, all));
+    }
+}
+
+/// A binomial tree's reduce to `root`. Relative to the root, a rank gathers its subtrees
+/// from the smallest up — each holds higher ranks than the rank and every subtree before —
+/// and then sends to its parent, so with root 0 the ranks' values are folded in rank
+/// order, grouped as the tree groups them. Steps are `first + bit`.
+fn tree_reduce(
+    plan: &mut Vec<Transfer>,
+    n: usize,
+    rank: Rank,
+    root: Rank,
+    all: Range<usize>,
+    first: u32,
+) {
+    let v = (rank + n - root) % n;
+    let mut bit = 0u32;
+    while (1usize << bit) < n {
+        let mask = 1usize << bit;
+        if v & mask != 0 {
+            plan.push(send((v - mask + root) % n, first + bit, all));
+            return;
+        }
+        if v + mask < n {
+            let child = (v + mask + root) % n;
+            plan.push(recv(child, first + bit, all.clone(), Apply::FoldAfter));
+        }
+        bit += 1;
+    }
+}
+
+/// A binomial tree's broadcast from `root`: a rank receives from its parent, then sends
+/// to its children, the largest subtree first. Steps are `first + bit`.
+fn tree_broadcast(
+    plan: &mut Vec<Transfer>,
+    n: usize,
+    rank: Rank,
+    root: Rank,
+    all: Range<usize>,
+    first: u32,
+) {
+    let v = (rank + n - root) % n;
+    let top = usize::BITS - (n - 1).leading_zeros();
+    // The bit a rank receives at: its lowest set bit (the root receives nothing).
+    let below = if v == 0 {
+        top
+    } else {
+        let low = v.trailing_zeros();
+        let parent = (v - (1 << low) + root) % n;
+        plan.push(recv(parent, first + low, all.clone(), Apply::Put));
+        low
+    };
+    for bit in (0..below).rev() {
+        let child = v + (1 << bit);
+        if child < n {
+            plan.push(send((child + root) % n, first + bit, all.clone()));
+        }
+    }
+}

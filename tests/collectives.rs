@@ -1,0 +1,305 @@
+//! Collectives among the workers inside compute (barrier mode): `all_reduce`,
+//! `reduce_scatter`, `broadcast` and a fold of any type, worker to worker; with the sync
+//! calls' rules.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{barrier_job as job, summing_master, FnWorker, PATIENT};
+use superstep::collective::{Algorithm, CollectiveKind, Op, ReduceOp};
+use superstep::prelude::*;
+use superstep::transport::MemoryTransport;
+use superstep::SyncKind;
+
+fn worker(
+    f: impl FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send + 'static,
+) -> FnWorker<common::WorkerFn> {
+    FnWorker { f: Box::new(f) }
+}
+
+/// Rank `rank`'s values in iteration `i`: small integers, so that every grouping of a
+/// float sum is exact.
+fn values(rank: usize, i: u64, len: usize) -> Vec<f64> {
+    (0..len)
+        .map(|e| ((rank * 31 + e * 7 + i as usize) % 97) as f64 - 40.0)
+        .collect()
+}
+
+/// What each rank saw, checked on the test's thread (an assertion in a worker fails the
+/// job with a less direct message).
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<Saw>>>);
+
+/// A rank, a key (the iteration, or more) and the values it ended with.
+type Saw = (usize, u64, Vec<f64>);
+
+impl Seen {
+    fn push(&self, rank: usize, i: u64, v: &[f64]) {
+        self.0.lock().unwrap().push((rank, i, v.to_vec()));
+    }
+    fn all(&self) -> Vec<Saw> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn all_reduce_gives_every_rank_the_sum_min_and_max_small_and_large_on_any_number_of_ranks() {
+    // 100 elements go by recursive doubling (or a tree), 20,000 (160 KB) around the ring;
+    // with the wire check (pieces encoded, as over TCP) and without (pieces as values).
+    for (workers, wire_check) in [
+        (1, true),
+        (2, true),
+        (3, false),
+        (4, true),
+        (5, true),
+        (8, false),
+    ] {
+        for len in [100, 20_000] {
+            let seen = Seen::default();
+            let record = seen.clone();
+            job(workers, 2, move |rank| {
+                let record = record.clone();
+                worker(move |ctx| {
+                    let i = ctx.iteration();
+                    for op in [Op::Sum, Op::Min, Op::Max] {
+                        let mut v = Floats::from(values(rank, i, len));
+                        ctx.all_reduce(&mut v, op)?;
+                        record.push(rank, i * 10 + op as u64, &v);
+                    }
+                    Ok(0)
+                })
+            })
+            .transport(MemoryTransport::new().wire_check(wire_check))
+            .run()
+            .unwrap();
+            let seen = seen.all();
+            assert_eq!(seen.len(), workers * 2 * 3);
+            for (rank, key, got) in seen {
+                let (i, op) = (key / 10, key % 10);
+                let all: Vec<Vec<f64>> = (0..workers).map(|r| values(r, i, len)).collect();
+                let want: Vec<f64> = (0..len)
+                    .map(|e| {
+                        let column = all.iter().map(|v| v[e]);
+                        match op {
+                            0 => column.sum(),
+                            1 => column.fold(f64::INFINITY, f64::min),
+                            _ => column.fold(f64::NEG_INFINITY, f64::max),
+                        }
+                    })
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "{workers} ranks, {len} elements, rank {rank}, op {op}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_by_the_chain_sums_floats_bit_for_bit_as_the_master_folds_results() {
+    let workers = 6;
+    let len = 5_000;
+    let value = |rank: usize, e: usize| ((rank + 1) as f64).sqrt() * (e as f64 + 0.1).ln();
+    let seen = Seen::default();
+    let record = seen.clone();
+    job(workers, 1, move |rank| {
+        let record = record.clone();
+        worker(move |ctx| {
+            let mut v: Floats = (0..len).map(|e| value(rank, e)).collect();
+            ctx.all_reduce_by(&mut v, Op::Sum, Algorithm::Chain)?;
+            record.push(rank, 0, &v);
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap();
+    let left_fold: Vec<u64> = (0..len)
+        .map(|e| {
+            (1..workers)
+                .fold(value(0, e), |acc, r| acc + value(r, e))
+                .to_bits()
+        })
+        .collect();
+    for (rank, _, got) in seen.all() {
+        let bits: Vec<u64> = got.iter().map(|x| x.to_bits()).collect();
+        assert!(
+            bits == left_fold,
+            "rank {rank}: not the rank order's fold, bit for bit"
+        );
+    }
+}
+
+#[test]
+fn reduce_scatter_gives_each_rank_its_segment_of_the_sum() {
+    let workers = 4;
+    let len = 10_003;
+    let seen = Seen::default();
+    let record = seen.clone();
+    job(workers, 1, move |rank| {
+        let record = record.clone();
+        worker(move |ctx| {
+            let mine = ctx.reduce_scatter(Floats::from(values(rank, 1, len)), Op::Sum)?;
+            assert_eq!(mine.len(), ctx.segment(len).len());
+            record.push(rank, 0, &mine);
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap();
+    let sum: Vec<f64> = (0..len)
+        .map(|e| (0..workers).map(|r| values(r, 1, len)[e]).sum())
+        .collect();
+    let mut covered = 0;
+    for (rank, _, got) in seen.all() {
+        let base = len / workers;
+        let start = rank * base + rank.min(len % workers);
+        assert_eq!(got, sum[start..start + got.len()], "rank {rank}");
+        covered += got.len();
+    }
+    assert_eq!(covered, len, "the segments cover the value");
+}
+
+#[test]
+fn broadcast_gives_every_rank_the_root_value_small_and_large() {
+    let workers = 5;
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&got);
+    job(workers, 2, move |rank| {
+        let record = Arc::clone(&record);
+        worker(move |ctx| {
+            let i = ctx.iteration();
+            // A few bytes in the first iteration, a megabyte in the second.
+            let len = if i == 1 { 3 } else { 1 << 17 };
+            let root = (i as usize * 2) % 5;
+            let mine = (rank == root).then(|| vec![i * 1000 + rank as u64; len]);
+            let value: Vec<u64> = ctx.broadcast(root, mine.as_ref())?;
+            record.lock().unwrap().push((rank, i, value));
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap();
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), workers * 2);
+    for (rank, i, value) in got.iter() {
+        let len = if *i == 1 { 3 } else { 1 << 17 };
+        let root = (*i as usize * 2) % 5;
+        assert!(
+            *value == vec![i * 1000 + root as u64; len],
+            "rank {rank}, iteration {i}: not rank {root}'s value"
+        );
+    }
+}
+
+#[test]
+fn all_reduce_with_folds_any_type_in_rank_order_on_every_rank() {
+    let workers = 7;
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&got);
+    job(workers, 1, move |rank| {
+        let record = Arc::clone(&record);
+        worker(move |ctx| {
+            let all = ctx.all_reduce_with(format!("{rank};"), |a, b| a.push_str(&b))?;
+            record.lock().unwrap().push(all);
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap();
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), workers);
+    assert!(got.iter().all(|s| s == "0;1;2;3;4;5;6;"), "{got:?}");
+}
+
+#[test]
+fn a_rank_that_makes_another_call_fails_the_job_naming_the_calls_that_differ() {
+    let err = job(3, 1, |rank| {
+        worker(move |ctx| {
+            if rank == 1 {
+                ctx.barrier()?;
+            } else {
+                ctx.all_reduce(&mut Floats::from(vec![1.0; 8]), Op::Sum)?;
+            }
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    // The first two calls that differ, as the master's node met them.
+    let all_reduce = SyncKind::Collective(CollectiveKind::AllReduce(ReduceOp::Sum));
+    let JobError::Sync(SyncError::Mismatch { epoch: 0, calls }) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(calls.len(), 2, "{err}");
+    assert!(calls.contains(&(1, SyncKind::Barrier)), "{err}");
+    assert!(
+        calls.contains(&(0, all_reduce)) || calls.contains(&(2, all_reduce)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("rank 1 called barrier()"), "{text}");
+    assert!(text.contains("called all_reduce(sum)"), "{text}");
+}
+
+#[test]
+fn a_rank_that_passes_another_length_fails_the_job_naming_both_ranks_and_lengths() {
+    let err = job(2, 1, |rank| {
+        worker(move |ctx| {
+            let mut v = Floats::from(vec![1.0; 10 + rank]);
+            ctx.all_reduce(&mut v, Op::Sum)?;
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 0 called all_reduce(sum) with 10 element(s), rank 1 with 11")
+            || text.contains("rank 1 called all_reduce(sum) with 11 element(s), rank 0 with 10"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_rank_that_returns_without_the_call_fails_the_others_at_once_naming_it() {
+    let started = std::time::Instant::now();
+    let err = job(4, 1, |rank| {
+        worker(move |ctx| {
+            if rank != 2 {
+                ctx.all_reduce(&mut Floats::from(vec![1.0; 1000]), Op::Sum)?;
+            }
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    assert!(
+        started.elapsed() < PATIENT,
+        "the others waited out the sync timeout"
+    );
+    assert!(
+        matches!(&err, JobError::Sync(SyncError::Unmatched { returned, .. }) if returned == &[2]),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_collective_outside_barrier_mode_or_in_init_says_what_it_needs() {
+    let err = Job::builder(summing_master(), |_| {
+        worker(|ctx| {
+            ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum)?;
+            Ok(0)
+        })
+    })
+    .workers(2)
+    .iterations(1)
+    .run()
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("need a job built with barrier_mode(true)"),
+        "{err}"
+    );
+}

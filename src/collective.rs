@@ -380,6 +380,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             return Err(SyncError::PeerLost { rank, peer, reason });
         }
         let mut start = start;
+        let mut released = false;
         let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
         // The master's node answers first when a rank did not make the call; this rank's
         // own limit is for peers that made it but send nothing.
@@ -428,8 +429,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
                     })?;
                 }
             }
+            // Done, once the master's node said every rank made the call too: a rank whose
+            // part needs no one else's (a broadcast's root) does not run ahead into calls
+            // the others have not reached, so the node meets one epoch at a time.
             if let Start::Known(exchange) = start {
-                if exchange.is_done() {
+                if exchange.is_done() && released {
                     return Ok(exchange.into_buffer());
                 }
                 start = Start::Known(exchange);
@@ -448,8 +452,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 // The master's node found the call broken: another call on some rank, a
                 // rank that returned without it, or one that did not make it in time.
                 Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
-                // Every rank made the call (its values still on their way), or the answer
-                // to an earlier call; or the job failed.
+                // Every rank made the call (its values may still be on their way).
+                Ok(Incoming::Answer(answered, Ok(_))) if answered == epoch => released = true,
+                // The answer to an earlier call; or the job failed.
                 Ok(Incoming::Answer(..)) => {
                     if let Some(e) = sync.failure() {
                         return Err(e);
@@ -465,6 +470,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
                     };
                     let waited = started.elapsed();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
+                        // Waiting for no peer: for the master's node's word.
+                        if waiting_on.is_empty() {
+                            return Err(SyncError::NoAnswer(timeout));
+                        }
                         return Err(SyncError::CollectiveTimedOut {
                             rank,
                             call,

@@ -303,3 +303,56 @@ fn a_collective_outside_barrier_mode_or_in_init_says_what_it_needs() {
         "{err}"
     );
 }
+
+/// A worker that checks, in every iteration, what four kinds of collective give it —
+/// the ring's and recursive doubling's sums, a broadcast, a fold of strings — against what
+/// it computes alone, and returns how many values it checked.
+#[cfg(feature = "tcp")]
+fn checking(
+    workers: usize,
+) -> impl Fn(usize) -> FnWorker<common::WorkerFn> + Send + Sync + 'static {
+    move |rank| {
+        worker(move |ctx| {
+            let i = ctx.iteration();
+            let mut checked = 0;
+            for len in [100, 50_000] {
+                let mut v = Floats::from(values(rank, i, len));
+                ctx.all_reduce(&mut v, Op::Sum)?;
+                let all: Vec<Vec<f64>> = (0..workers).map(|r| values(r, i, len)).collect();
+                let want: Vec<f64> = (0..len).map(|e| all.iter().map(|v| v[e]).sum()).collect();
+                if *v != want {
+                    return Err(format!("rank {rank}: a wrong sum of {len} elements").into());
+                }
+                checked += len as u64;
+            }
+            let root = i as usize % workers;
+            let mine = (rank == root).then(|| vec![i; 70_000]);
+            let got: Vec<u64> = ctx.broadcast(root, mine.as_ref())?;
+            if got != vec![i; 70_000] {
+                return Err(format!("rank {rank}: a wrong broadcast").into());
+            }
+            let all = ctx.all_reduce_with(format!("{rank};"), |a, b| a.push_str(&b))?;
+            let want: String = (0..workers).map(|r| format!("{r};")).collect();
+            if all != want {
+                return Err(format!("rank {rank}: {all} folded, not {want}").into());
+            }
+            Ok(checked + 1)
+        })
+    }
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn collectives_across_processes_over_tcp_give_what_they_give_in_memory() {
+    let workers = 4;
+    let in_memory = job(workers, 3, checking(workers)).run().unwrap();
+    let outcomes = common::over_tcp(workers, "collectives", move |_, transport| {
+        job(workers, 3, checking(workers))
+            .transport(transport)
+            .run()
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
+    }
+}

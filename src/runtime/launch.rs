@@ -75,6 +75,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         job_id: config.job_id.clone(),
         workers: config.workers,
         fingerprint: fingerprint::<M, W>(&config, input.as_ref(), combine.is_some()),
+        peers: config.barrier_mode,
     })?;
     // A transport that runs the whole job here leaves the connecting to the runtime: the
     // node actor hosts every worker and steps it directly.

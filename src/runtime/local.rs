@@ -391,18 +391,20 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         // In barrier mode every worker computes on a thread of its own, so that ranks can
         // wait for each other in sync calls.
         let (placement, sync_answers, executor) = if config.barrier_mode {
-            let peers: Result<Arc<dyn PeerLink>, &'static str> = match &self.mesh {
-                Some(mesh) => Ok(Arc::clone(mesh) as Arc<dyn PeerLink>),
-                None => Err("the job's transport does not connect workers to each other"),
+            let peers: Option<Arc<dyn PeerLink>> = match &self.mesh {
+                Some(mesh) => Some(Arc::clone(mesh) as Arc<dyn PeerLink>),
+                None => parts.transport.peers(rank)?,
             };
             let (sync, answers) = super::sync_calls::sync_link(
                 Arc::clone(&link),
                 attempt,
                 Arc::clone(&parts.worker_config),
-                peers,
+                peers
+                    .clone()
+                    .ok_or("the job's transport does not connect workers to each other"),
             );
-            if let Some(mesh) = &self.mesh {
-                mesh.join(rank, answers.peer_inbox());
+            if let Some(peers) = peers {
+                peers.join(rank, answers.peer_inbox());
             }
             ctx.sync = Some(sync);
             let name = format!(

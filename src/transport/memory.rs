@@ -120,16 +120,15 @@ impl MemoryMesh {
             wire_check,
         })
     }
+}
 
-    /// From now on, what peers send `rank` goes to `inbox`.
-    pub(crate) fn join(&self, rank: Rank, inbox: PeerInbox) {
+impl PeerLink for MemoryMesh {
+    fn join(&self, rank: Rank, inbox: PeerInbox) {
         if let Some(slot) = self.inboxes.get(rank) {
             *slot.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(inbox));
         }
     }
-}
 
-impl PeerLink for MemoryMesh {
     fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError> {
         let inbox = self
             .inboxes

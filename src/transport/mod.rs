@@ -31,6 +31,8 @@ mod memory;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
+use std::sync::Arc;
+
 use crate::protocol::{Envelope, PeerMessage, ToMaster, ToWorker, Unsent};
 
 use crate::ids::{Attempt, Rank};
@@ -86,6 +88,10 @@ pub struct LinkSpec {
     /// What every process of the job must agree on: a transport that connects processes
     /// checks that a worker's process runs the job as the master's does.
     pub fingerprint: Fingerprint,
+    /// Whether workers reach each other (barrier mode: for collectives): a transport
+    /// that connects processes gives each worker a way to its peers
+    /// ([`Transport::peers`]).
+    pub peers: bool,
 }
 
 impl LinkSpec {
@@ -95,6 +101,7 @@ impl LinkSpec {
             job_id: job_id.into(),
             workers,
             fingerprint: Fingerprint::default(),
+            peers: false,
         }
     }
 }
@@ -353,6 +360,10 @@ pub trait PeerLink: Send + Sync + 'static {
     /// Sends `msg` to worker `to`.
     fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError>;
 
+    /// From now on, what peers send worker `rank` goes to `inbox` (the newest worker of
+    /// the rank's: one started again replaces the one before).
+    fn join(&self, rank: Rank, inbox: PeerInbox);
+
     /// Whether every peer is in this process, so that pieces travel as values and are
     /// never encoded.
     fn carries_values(&self) -> bool {
@@ -442,5 +453,15 @@ pub trait Transport<M, W>: Send + 'static {
         Err(TransportError::Unsupported(format!(
             "this transport cannot replace worker {rank} in process"
         )))
+    }
+
+    /// The local worker of `rank`'s way to the other workers, for collectives, when the
+    /// job asked for one ([`LinkSpec::peers`]); what its peers send it goes to the inbox
+    /// given to [`PeerLink::join`]. Called after [`connect_worker`](Self::connect_worker).
+    /// The default: `None` (this transport connects no workers to each other; a
+    /// collective then fails saying so).
+    fn peers(&mut self, rank: Rank) -> Result<Option<Arc<dyn PeerLink>>, TransportError> {
+        let _ = rank;
+        Ok(None)
     }
 }

@@ -235,6 +235,7 @@ pub fn tcp_link(
         job_id: job.into(),
         workers: world,
         fingerprint,
+        peers: false,
     })
     .unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

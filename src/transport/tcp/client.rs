@@ -46,6 +46,9 @@ pub(super) struct Client<M, W> {
     /// finds (a message that does not decode). Weak: the queue ends when the worker's
     /// link is dropped, as it must for the writer to end.
     pub(super) to_master: Weak<Lane>,
+    /// This worker's way to its peers, when the job asked for one: where they reach it
+    /// goes in the hello, and where they listen comes from the master.
+    pub(super) mesh: Option<Arc<super::peer::Mesh>>,
     pub(super) _types: PhantomData<fn() -> W>,
 }
 
@@ -103,6 +106,9 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 );
             }
             attempt = joined_attempt;
+            if let Some(mesh) = &self.mesh {
+                mesh.joined(attempt);
+            }
             (self.inbox)(ToWorker::Connected { attempt });
             match self.session(&mut frames, writer, &mut queue, attempt).await {
                 SessionEnd::Over => return,
@@ -380,10 +386,15 @@ impl<M: Payload, W: Payload> Client<M, W> {
             Err(Unreadable::Closed(how)) => Err(Unreached::Lost(format!("the master {how}"))),
             Err(other) => Err(lost("the master answered nothing")(other.to_string())),
         };
+        let peer_addr = match (&self.mesh, writer.local_addr()) {
+            (Some(mesh), Ok(local)) => Some(mesh.advertised(local)),
+            _ => None,
+        };
         let hello = Wire::<(), ()>::Hello {
             job_id: s.job_id.clone(),
             rank: s.rank,
             fingerprint: (*self.fingerprint).clone(),
+            peer_addr,
         };
         let frame = wire::encode(&hello, wire::HANDSHAKE_MAX_FRAME)
             .map_err(|e| lost("could not encode its hello")(e.to_string()))?;
@@ -458,6 +469,12 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 } else {
                     Delivered::More
                 })
+            }
+            Ok(Wire::PeerTable { addrs }) => {
+                if let Some(mesh) = &self.mesh {
+                    mesh.learn(addrs);
+                }
+                Ok(Delivered::More)
             }
             Ok(Wire::Refused { refusal }) => Err(format!("it closed this connection: {refusal}")),
             Ok(_) => Err("it sent a handshake message after the handshake".into()),

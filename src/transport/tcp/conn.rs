@@ -303,3 +303,49 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The guard it gives back is dropped here: it must not live across an await.
     let _ = stop.wait_for(|stopped| *stopped).await;
 }
+
+/// Accepts connections on `listener` until the transport stops, each admitted to a
+/// handshake slot of `unproven` — a full table makes room by dropping its oldest unproven
+/// connection: idle and trickling peers grow old, workers do not — and served by a task
+/// of `tracker` (`serve(stream, its address, its slot, the token that drops it)`).
+pub(super) async fn accept_each<F, Fut>(
+    listener: std::net::TcpListener,
+    unproven: &std::sync::Mutex<super::admission::Unproven>,
+    tracker: &tokio_util::task::TaskTracker,
+    mut stop: watch::Receiver<bool>,
+    whose: &str,
+    mut serve: F,
+) where
+    F: FnMut(
+        tokio::net::TcpStream,
+        std::net::SocketAddr,
+        u64,
+        tokio_util::sync::CancellationToken,
+    ) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tracing::Instrument;
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for {whose}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let (id, token) = super::lock(unproven).admit(peer.ip());
+                    tracker.spawn(serve(stream, peer, id, token).in_current_span());
+                }
+                Err(e) => {
+                    // Out of file handles, say: do not spin.
+                    tracing::warn!(error = %e, "accepting a connection of {whose} failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = stopped(&mut stop) => return,
+        }
+    }
+}

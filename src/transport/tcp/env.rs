@@ -21,6 +21,7 @@ use crate::transport::TransportError;
 /// | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
 /// | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 s |
 /// | how long a worker tries to reach a lost master again | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
+/// | the port a worker listens on for its peers (barrier mode) | `SUPERSTEP_PEER_PORT`; default one the system picks |
 /// | how often a side with nothing to send sends a heartbeat | `SUPERSTEP_HEARTBEAT_INTERVAL`; default 1 s |
 /// | how long a side may hear nothing before its peer is lost | `SUPERSTEP_HEARTBEAT_TIMEOUT`; default 30 s |
 /// | how long a new connection's handshake may take | `SUPERSTEP_HANDSHAKE_TIMEOUT`; default 5 s |
@@ -88,6 +89,8 @@ pub struct ClusterEnv {
     pub handshake_timeout: Option<Duration>,
     /// The largest frame, in bytes (`SUPERSTEP_MAX_FRAME`), if set.
     pub max_frame: Option<usize>,
+    /// The port a worker listens on for its peers (`SUPERSTEP_PEER_PORT`), if set.
+    pub peer_port: Option<u16>,
     /// The variables the master's address came from (`SUPERSTEP_MASTER_ADDR`, or
     /// `MASTER_ADDR and MASTER_PORT`, …): what an error reaching the master says to check.
     pub master_addr_from: &'static str,
@@ -249,6 +252,9 @@ impl ClusterEnv {
             handshake_timeout: seconds_of("SUPERSTEP_HANDSHAKE_TIMEOUT")?,
             max_frame: get("SUPERSTEP_MAX_FRAME")
                 .map(|v| parse("SUPERSTEP_MAX_FRAME", &v))
+                .transpose()?,
+            peer_port: get("SUPERSTEP_PEER_PORT")
+                .map(|v| parse("SUPERSTEP_PEER_PORT", &v))
                 .transpose()?,
             launcher: launcher.map_or("superstep", |l| l.name),
         }))

@@ -26,7 +26,9 @@ mod admission;
 mod client;
 mod conn;
 mod env;
+mod io;
 mod lane;
+mod peer;
 mod server;
 pub(crate) mod wire;
 
@@ -38,18 +40,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{oneshot, watch};
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::{
-    Fingerprint, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError, WorkerLink,
+    Fingerprint, Inbox, LinkSpec, MasterLink, PeerLink, Topology, Transport, TransportError,
+    WorkerLink,
 };
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{Envelope, ToMaster, ToWorker};
 
 pub use env::ClusterEnv;
+use io::IoThread;
 use lane::Lane;
 use wire::Wire;
 pub use wire::PROTOCOL_VERSION;
@@ -146,6 +148,11 @@ pub struct TcpSettings {
     /// newest checkpoint as a new attempt.
     #[serde(default)]
     pub restart_count: u32,
+    /// The port a worker listens on for its peers (in barrier mode, for collectives), on
+    /// the host `bind` names (loopback by default). Default: one the system picks; the
+    /// master's node tells every worker where the others listen.
+    #[serde(default)]
+    pub peer_port: Option<u16>,
     /// The variables the master's address came from, in a cluster job: what an error
     /// reaching the master names to check.
     #[serde(skip)]
@@ -223,6 +230,7 @@ impl TcpSettings {
             bind: None,
             job_id: Self::DEFAULT_JOB_ID.into(),
             master_addr_from: None,
+            peer_port: None,
             secret: None,
             max_frame: 256 << 20,
             handshake_timeout: Duration::from_secs(5),
@@ -259,6 +267,7 @@ impl TcpSettings {
         if let Some(max) = env.max_frame {
             settings.max_frame = max;
         }
+        settings.peer_port = env.peer_port;
         if let Some(bind) = &env.bind {
             settings.bind = Some(bind_addr(bind, &settings.master_addr)?);
         }
@@ -363,7 +372,18 @@ pub struct TcpTransport<M, W> {
     attempt: Option<Attempt>,
     /// The job as this process runs it, from `prepare`.
     fingerprint: Arc<Fingerprint>,
+    /// This process's worker's way to its peers, when the job asked for one.
+    mesh: Option<Arc<peer::Mesh>>,
     _types: PhantomData<fn() -> (M, W)>,
+}
+
+impl<M, W> Drop for TcpTransport<M, W> {
+    fn drop(&mut self) {
+        // Before the I/O thread stops: peers see the goodbye, not a loss.
+        if let Some(mesh) = &self.mesh {
+            mesh.close();
+        }
+    }
 }
 
 impl<M, W> fmt::Debug for TcpTransport<M, W> {
@@ -411,6 +431,7 @@ impl<M, W> TcpTransport<M, W> {
             io: None,
             attempt: None,
             fingerprint: Arc::default(),
+            mesh: None,
             _types: PhantomData,
         })
     }
@@ -437,73 +458,6 @@ impl<M, W> TcpTransport<M, W> {
 
     fn io(&self) -> Result<&IoThread, TransportError> {
         self.io.as_ref().ok_or(TransportError::NotPrepared)
-    }
-}
-
-/// The transport's I/O thread: a tokio runtime that runs every connection's tasks.
-struct IoThread {
-    handle: tokio::runtime::Handle,
-    tracker: TaskTracker,
-    stop: watch::Sender<bool>,
-    done: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl IoThread {
-    fn start(name: String) -> Result<Self, TransportError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                TransportError::io(format!("cannot start the I/O runtime: {e}"), Some(e))
-            })?;
-        let handle = runtime.handle().clone();
-        let tracker = TaskTracker::new();
-        let (stop, _) = watch::channel(false);
-        let (done, done_rx) = oneshot::channel::<()>();
-        let drained = tracker.clone();
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let _ = done_rx.await;
-                    // Writers flush what is queued once `stop` is set; give them a moment.
-                    drained.close();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), drained.wait()).await;
-                });
-                // Dropping the runtime would wait for blocking work (a name lookup in a
-                // connect, say) however long it takes; bound it.
-                runtime.shutdown_timeout(Duration::from_secs(1));
-            })
-            .map_err(|e| {
-                TransportError::io(format!("cannot start the I/O thread: {e}"), Some(e))
-            })?;
-        Ok(IoThread {
-            handle,
-            tracker,
-            stop,
-            done: Some(done),
-            thread: Some(thread),
-        })
-    }
-
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let _guard = self.handle.enter();
-        self.tracker.spawn(task);
-    }
-}
-
-impl Drop for IoThread {
-    fn drop(&mut self) {
-        // Writers send what is queued, then every task ends; the thread is joined, so no
-        // thread of the transport outlives it.
-        let _ = self.stop.send(true);
-        if let Some(done) = self.done.take() {
-            let _ = done.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -542,11 +496,35 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             );
             self.io = Some(IoThread::start(name)?);
         }
+        if spec.peers && self.mesh.is_none() {
+            let io = self.io()?;
+            let io = peer::Io {
+                handle: io.handle.clone(),
+                tracker: io.tracker.clone(),
+                stop: io.stop.subscribe(),
+            };
+            let mesh = peer::Mesh::bind(&self.settings, Arc::clone(&self.fingerprint), io)?;
+            mesh.start();
+            self.mesh = Some(mesh);
+        }
         Ok(Topology {
             master: self.settings.rank == 0,
             workers: vec![self.settings.rank],
             restarted: self.settings.restart_count,
         })
+    }
+
+    fn peers(&mut self, rank: Rank) -> Result<Option<Arc<dyn PeerLink>>, TransportError> {
+        if rank != self.settings.rank {
+            return Err(TransportError::UnknownRank {
+                rank,
+                workers: self.settings.world_size,
+            });
+        }
+        Ok(self
+            .mesh
+            .as_ref()
+            .map(|mesh| Arc::clone(mesh) as Arc<dyn PeerLink>))
     }
 
     fn bind_master(
@@ -566,6 +544,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         let peers = Arc::new(Mutex::new(Peers {
             conns: vec![None; world],
             ever: vec![false; world],
+            addrs: vec![None; world],
             ending: None,
         }));
         let refusals = Arc::new(Mutex::new(admission::Refusals::new(
@@ -628,6 +607,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             first_attempt: self.attempt.unwrap_or(client::FIRST_ATTEMPT),
             fingerprint: Arc::clone(&self.fingerprint),
             to_master: Arc::downgrade(&lane),
+            mesh: self.mesh.clone(),
             _types: PhantomData,
         };
         let span = tracing::warn_span!("worker_link", job = %self.settings.job_id, rank);
@@ -650,6 +630,8 @@ struct Peers {
     conns: Vec<Option<Arc<Lane>>>,
     /// By rank: whether it ever connected.
     ever: Vec<bool>,
+    /// By rank: where its peers reach it, as its hello said.
+    addrs: Vec<Option<String>>,
     /// The job's last message (finish or abort), once broadcast.
     ending: Option<Bytes>,
 }
@@ -757,65 +739,4 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_partial_settings_document_keeps_the_defaults() {
-        let s: TcpSettings = serde_json::from_str(
-            r#"{"rank": 1, "world_size": 3, "master_addr": "node01:29400", "secret": "s3cret",
-                "bind": "0.0.0.0:29400", "heartbeat_interval": "250ms", "connect_timeout": 120}"#,
-        )
-        .unwrap();
-        let mut expected = TcpSettings::new(1, 3, "node01:29400");
-        expected.secret = Some(b"s3cret".to_vec());
-        expected.bind = Some("0.0.0.0:29400".parse().unwrap());
-        expected.heartbeat_interval = Duration::from_millis(250);
-        expected.connect_timeout = Duration::from_secs(120);
-        assert_eq!(s, expected);
-        let least = r#"{"rank": 0, "world_size": 2, "master_addr": "127.0.0.1:29500""#;
-        let only: TcpSettings = serde_json::from_str(&format!("{least}}}")).unwrap();
-        assert_eq!(only, TcpSettings::new(0, 2, "127.0.0.1:29500"));
-        only.validate().unwrap();
-        // Which process this is, is never guessed.
-        let err = serde_json::from_str::<TcpSettings>(r#"{"master_addr": "10.0.0.1:29500"}"#)
-            .unwrap_err();
-        assert!(err.to_string().contains("missing field `rank`"), "{err}");
-        let err = serde_json::from_str::<TcpSettings>(&format!(r#"{least}, "heartbeat": "1s"}}"#))
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("unknown field `heartbeat`"),
-            "{err}"
-        );
-        let none: TcpSettings =
-            serde_json::from_str(&format!(r#"{least}, "secret": ""}}"#)).unwrap();
-        assert_eq!(none.secret, None);
-    }
-
-    #[test]
-    fn rank_0_binds_an_address_alone_on_the_master_address_port() {
-        let at = |bind: &str| bind_addr(bind, "node01:29400");
-        assert_eq!(at("0.0.0.0").unwrap(), "0.0.0.0:29400".parse().unwrap());
-        assert_eq!(at("[::]").unwrap(), "[::]:29400".parse().unwrap());
-        assert_eq!(
-            at("127.0.0.1:5000").unwrap(),
-            "127.0.0.1:5000".parse().unwrap()
-        );
-        let err = at("http://0.0.0.0:1").unwrap_err().to_string();
-        assert!(
-            err.contains("SUPERSTEP_BIND") && err.contains("drop the scheme"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn settings_name_an_address_that_is_not_host_and_port() {
-        let err = TcpSettings::new(1, 2, "node01:0").validate().unwrap_err();
-        assert!(
-            err.to_string().contains("port 0, outside 1..=65535"),
-            "{err}"
-        );
-        // Rank 0 may listen on a port the system chooses.
-        TcpSettings::new(0, 2, "127.0.0.1:0").validate().unwrap();
-    }
-}
+mod tests;

@@ -93,36 +93,19 @@ impl<M, W> Clone for Server<M, W> {
 
 impl<M: Payload, W: Payload> Server<M, W> {
     pub(super) async fn serve(self, listener: std::net::TcpListener) {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for workers");
-                return;
-            }
-        };
         self.tracker
             .spawn(self.clone().watch(Instant::now()).in_current_span());
-        let mut stop = self.stop.clone();
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        // A full table makes room by dropping its oldest unproven
-                        // connection: idle and trickling peers grow old, workers do not.
-                        let (id, token) = lock(&self.unproven).admit(peer.ip());
-                        let server = self.clone();
-                        self.tracker
-                            .spawn(server.connection(stream, peer, id, token).in_current_span());
-                    }
-                    Err(e) => {
-                        // Out of file handles, say: do not spin.
-                        tracing::warn!(error = %e, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
-                _ = stopped(&mut stop) => return,
-            }
-        }
+        let (unproven, tracker) = (Arc::clone(&self.unproven), self.tracker.clone());
+        let stop = self.stop.clone();
+        accept_each(
+            listener,
+            &unproven,
+            &tracker,
+            stop,
+            "workers",
+            |stream, peer, id, token| self.clone().connection(stream, peer, id, token),
+        )
+        .await;
     }
 
     /// While ranks have never connected: says so at a steady interval, naming them and
@@ -343,6 +326,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             job_id,
             rank,
             fingerprint,
+            peer_addr,
         } = frames.handshake().await.map_err(|e| refused(None, e))?
         else {
             return Err(broken(None)("expected a hello first".into()));
@@ -427,7 +411,21 @@ impl<M: Payload, W: Payload> Server<M, W> {
             .await
             .map_err(|e| broken(claimed)(e.to_string()))?;
         // Welcomed: the rank has connected (what the master's node waits for at start).
-        lock(&self.peers).ever[rank] = true;
+        let mut peers = lock(&self.peers);
+        peers.ever[rank] = true;
+        // Where its peers reach it: every worker is told every rank's address.
+        if let Some(addr) = peer_addr {
+            peers.addrs[rank] = Some(clip(&addr, 300));
+            let table = Wire::<(), ()>::PeerTable {
+                addrs: peers.addrs.clone(),
+            };
+            if let Ok(frame) = wire::encode(&table, s.max_frame) {
+                for lane in peers.conns.iter().flatten() {
+                    let _ = lane.send(frame.clone());
+                }
+            }
+        }
+        drop(peers);
         Ok((claim, (Arc::downgrade(&lane), rx)))
     }
 

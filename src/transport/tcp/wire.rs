@@ -22,12 +22,13 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 use crate::protocol::{ToMaster, ToWorker};
 
-use crate::ids::{Attempt, Rank};
+use crate::ids::{Attempt, CollectiveCall, Rank};
+use crate::payload::Floats;
 use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 const HEADER: usize = 4 + 2;
 
@@ -38,12 +39,33 @@ pub(crate) const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 /// Everything that crosses a connection.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Wire<M, W> {
-    /// Worker → master, first: who it is, and the job as its process runs it.
+    /// Worker → master, first: who it is, the job as its process runs it, and where its
+    /// peers reach it (when workers reach each other).
     Hello {
         job_id: String,
         rank: Rank,
         fingerprint: Fingerprint,
+        peer_addr: Option<String>,
     },
+    /// Master → worker: where every rank's peers reach it, as far as the master knows.
+    PeerTable { addrs: Vec<Option<String>> },
+    /// Worker → worker, first: who it is, the job as its process runs it, and its attempt.
+    PeerHello {
+        job_id: String,
+        rank: Rank,
+        fingerprint: Fingerprint,
+        attempt: Attempt,
+    },
+    /// Worker → worker: a piece of a collective.
+    Peer {
+        attempt: Attempt,
+        call: CollectiveCall,
+        step: u32,
+        chunk: u32,
+        body: Floats<u8>,
+    },
+    /// Worker → worker: this connection closes, as the sender's job ended; no loss.
+    PeerBye,
     /// Master → worker: prove you know the secret.
     Challenge { nonce: [u8; 32] },
     /// Worker → master: HMAC-SHA256(secret, nonce ‖ job id ‖ rank ‖ its hello's fingerprint).
@@ -89,6 +111,8 @@ pub(crate) enum Refusal {
     /// The peer closed or broke its connection in the handshake (never sent: there is
     /// nobody to tell; noted as it is).
     Closed(String),
+    /// A worker's peer runs another attempt of the job.
+    OtherAttempt { ours: Attempt, theirs: Attempt },
 }
 
 impl Refusal {
@@ -118,6 +142,7 @@ impl Refusal {
             Refusal::Stopping => "the node stopping",
             Refusal::Protocol(_) => "a broken handshake",
             Refusal::Closed(_) => "a connection closed in its handshake",
+            Refusal::OtherAttempt { .. } => "another attempt of the job",
         }
     }
 }
@@ -140,6 +165,10 @@ impl std::fmt::Display for Refusal {
             Refusal::RankTaken { rank } => write!(f, "rank {rank} is already connected"),
             Refusal::Stopping => f.write_str("the master's node is stopping"),
             Refusal::Protocol(reason) | Refusal::Closed(reason) => f.write_str(reason),
+            Refusal::OtherAttempt { ours, theirs } => write!(
+                f,
+                "it runs attempt {theirs} of the job, this worker attempt {ours}"
+            ),
         }
     }
 }
@@ -234,6 +263,7 @@ mod tests {
             job_id: "j".into(),
             rank: 3,
             fingerprint: Fingerprint::default(),
+            peer_addr: Some("10.0.0.3:41000".into()),
         };
         let bytes = encode(&msg, 1 << 20).unwrap();
         assert_eq!(

@@ -1,0 +1,209 @@
+//! Every rank contributes `--mb` MB of `f64` and every rank gets the sum, `--iterations`
+//! times: the collective a training loop runs on its gradients. Rank 0 prints one line,
+//! `allreduce mode=<mode> n=<ranks> mb=<MB> median_ms=<ms>`, the median over the
+//! iterations after the first (which opens the connections).
+//!
+//! - `--mode all-reduce` (the default): `ctx.all_reduce` inside compute, worker to worker
+//!   around the ring (barrier mode); the time is the slowest rank's call.
+//! - `--mode star`: each worker returns its values, the master sums them and sends the
+//!   sum to every worker with the next iteration — everything through rank 0; the time
+//!   is the master's round, from one sum to the next.
+//!
+//! ```text
+//! cargo run --release --example allreduce -- --workers 4 --mb 8         # in one process
+//! cargo build --release --features launcher --example allreduce --bin superstep-launch
+//! target/release/superstep-launch --nproc 4 -- target/release/examples/allreduce --mb 8
+//! ```
+//!
+//! Across hosts, start rank `r` of `n` with `SUPERSTEP_RANK=r SUPERSTEP_WORLD_SIZE=n
+//! SUPERSTEP_MASTER_ADDR=host0:port SUPERSTEP_SECRET=… SUPERSTEP_BIND=0.0.0.0` (or a
+//! launcher's variables); `benches/cluster/allreduce.sh` runs it on an emulated cluster.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use superstep::collective::Op;
+use superstep::prelude::*;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// How many MB of f64 each rank contributes.
+    #[arg(long, default_value_t = 8.0)]
+    mb: f64,
+    /// How many times.
+    #[arg(long, default_value_t = 10)]
+    iterations: u64,
+    /// How the values travel.
+    #[arg(long, value_enum, default_value_t = Mode::AllReduce)]
+    mode: Mode,
+    /// How many ranks, in one process (a cluster's environment gives its own).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    AllReduce,
+    Star,
+}
+
+/// Rank `rank`'s values: small integers, so that every order of summing is exact and
+/// the sum can be checked.
+fn contribution(rank: usize, len: usize) -> Floats {
+    Floats::from(vec![rank as f64 + 1.0; len])
+}
+
+/// What every element sums to over `n` ranks.
+fn expected(n: usize) -> f64 {
+    (n * (n + 1) / 2) as f64
+}
+
+/// Checks a few elements of a sum (a wrong collective shows in every element).
+fn check(sum: &[f64], n: usize) -> Result<(), BoxError> {
+    let want = expected(n);
+    for &i in &[0, sum.len() / 2, sum.len().saturating_sub(1)] {
+        if sum.get(i).is_some_and(|&x| x != want) {
+            return Err(format!("element {i} sums to {}, not {want}", sum[i]).into());
+        }
+    }
+    Ok(())
+}
+
+/// A rank: in `--mode all-reduce` it sums with every other inside compute and reports how
+/// long its call took (ms); in `--mode star` it sends its values to the master and checks
+/// the sum the master sent back.
+struct Rank {
+    mode: Mode,
+    len: usize,
+}
+
+impl WorkerComputable for Rank {
+    type MasterResult = Floats;
+    type WorkerResult = Floats;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<Floats, Floats>) -> Result<Floats, BoxError> {
+        let mut values = contribution(ctx.rank(), self.len);
+        match self.mode {
+            Mode::AllReduce => {
+                let started = Instant::now();
+                ctx.all_reduce(&mut values, Op::Sum)?;
+                let took = started.elapsed().as_secs_f64() * 1e3;
+                check(&values, ctx.workers())?;
+                Ok(Floats::from(vec![took]))
+            }
+            Mode::Star => {
+                if let Some(sum) = ctx.last_master_result() {
+                    check(sum, ctx.workers())?;
+                }
+                Ok(values)
+            }
+        }
+    }
+}
+
+/// Keeps each iteration's time — the slowest rank's call (all-reduce), or the round since
+/// the last sum (star, where the master sums) — and prints their median after the last.
+struct Timing {
+    mode: Mode,
+    mb: f64,
+    last: Option<Instant>,
+    times: Vec<f64>,
+}
+
+impl MasterComputable for Timing {
+    type MasterResult = Floats;
+    type WorkerResult = Floats;
+
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<Floats, Floats>,
+    ) -> Result<Step<Floats>, BoxError> {
+        let first = ctx.is_first_iteration();
+        let next = match self.mode {
+            Mode::AllReduce => {
+                let slowest = ctx
+                    .worker_results()
+                    .iter()
+                    .map(|t| t[0])
+                    .fold(0.0, f64::max);
+                if !first {
+                    self.times.push(slowest);
+                }
+                Floats::default()
+            }
+            Mode::Star => {
+                let mut results = ctx.worker_results().iter();
+                let mut sum = results.next().cloned().unwrap_or_default();
+                for other in results {
+                    for (s, x) in sum.iter_mut().zip(other.iter()) {
+                        *s += x;
+                    }
+                }
+                let now = Instant::now();
+                if let Some(last) = self.last.replace(now) {
+                    self.times.push((now - last).as_secs_f64() * 1e3);
+                }
+                sum
+            }
+        };
+        if ctx.iteration() == ctx.iterations() {
+            let mode = match self.mode {
+                Mode::AllReduce => "all-reduce",
+                Mode::Star => "star",
+            };
+            println!(
+                "allreduce mode={mode} n={} mb={} median_ms={:.1}",
+                ctx.workers(),
+                self.mb,
+                median(&self.times)
+            );
+        }
+        Ok(Step::Continue(next))
+    }
+}
+
+fn median(times: &[f64]) -> f64 {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let len = (args.mb * (1 << 20) as f64 / 8.0) as usize;
+    let master = Timing {
+        mode: args.mode,
+        mb: args.mb,
+        last: None,
+        times: Vec::new(),
+    };
+    let mode = args.mode;
+    let job = Job::builder(master, move |_| Rank { mode, len })
+        .job_id("allreduce")
+        .workers(args.workers)
+        .cluster_from_env();
+    let job = match job {
+        Ok(job) => job,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // One more iteration than asked: the first opens the connections and is not timed.
+    let outcome = job
+        .iterations(args.iterations + 1)
+        .barrier_mode(mode == Mode::AllReduce)
+        .run();
+    match outcome {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}

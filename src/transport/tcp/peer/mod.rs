@@ -1,0 +1,675 @@
+//! The workers' mesh over TCP: each worker listens for its peers, and opens a connection
+//! to a peer the first time it sends it something (one connection a direction: what a
+//! worker sends a peer goes on its own connection, in order).
+//!
+//! A worker tells the master's node where its peers reach it in its hello; the master's
+//! node tells every worker every rank's address (`Wire::PeerTable`) as ranks connect. A
+//! peer connection is admitted as a master connection is: at most the handshake slots
+//! unproven at once, a hello naming the job, the rank, the job's fingerprint and the
+//! attempt; the secret's proof over a fresh challenge; the same fingerprint and attempt
+//! as the acceptor's (refused otherwise, and logged once per kind in an interval). Both
+//! ends send heartbeats; a connection that breaks, closes or goes silent for the
+//! heartbeat timeout before the peer's goodbye is a lost peer, named with its address
+//! and what the connection was doing, and handed to the worker (`PeerEvent::Lost`),
+//! whose collective then fails with it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hmac::Mac;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::admission::{Refusals, Unproven};
+use super::conn::*;
+use super::lane::Lane;
+use super::wire::{self, Refusal, Wire};
+use super::{lock, TcpSettings};
+use crate::ids::{Attempt, Rank};
+use crate::payload::Floats;
+use crate::protocol::{PeerBody, PeerMessage};
+use crate::transport::{Fingerprint, PeerEvent, PeerInbox, PeerLink, TransportError};
+
+/// How the transport's I/O thread is reached from other threads.
+#[derive(Clone)]
+pub(super) struct Io {
+    pub(super) handle: tokio::runtime::Handle,
+    pub(super) tracker: TaskTracker,
+    pub(super) stop: watch::Receiver<bool>,
+}
+
+/// This process's worker's connection to a peer, by the peer's rank.
+enum Out {
+    /// None yet.
+    Idle,
+    /// Open, or opening: frames queue until it is.
+    Open(Arc<Lane>),
+    /// Lost, and why; or closed at the end of the peer's job.
+    Gone(String),
+}
+
+/// A worker process's part of the mesh.
+pub(super) struct Mesh {
+    settings: Arc<TcpSettings>,
+    fingerprint: Arc<Fingerprint>,
+    /// The attempt this worker runs, as the master's node last welcomed it: a peer of
+    /// another is refused.
+    attempt: AtomicU32,
+    /// The mesh itself, for the tasks it starts.
+    me: Weak<Mesh>,
+    /// Where this worker listens for its peers.
+    local: SocketAddr,
+    listener: Mutex<Option<std::net::TcpListener>>,
+    /// Every rank's peer address, as the master's node told it.
+    table: watch::Sender<Vec<Option<String>>>,
+    out: Mutex<Vec<Out>>,
+    /// Which ranks' connections to this worker stand.
+    incoming: Mutex<Vec<bool>>,
+    inbox: RwLock<Option<Arc<PeerInbox>>>,
+    unproven: Arc<Mutex<Unproven>>,
+    refusals: Mutex<Refusals>,
+    io: Io,
+}
+
+impl Mesh {
+    /// Binds this worker's listener for its peers: on the host the settings bind (loopback
+    /// by default; any other needs a secret), on `peer_port` or a port of the system's.
+    pub(super) fn bind(
+        settings: &Arc<TcpSettings>,
+        fingerprint: Arc<Fingerprint>,
+        io: Io,
+    ) -> Result<Arc<Mesh>, TransportError> {
+        let ip = settings
+            .bind
+            .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |b| b.ip());
+        let addr = SocketAddr::new(ip, settings.peer_port.unwrap_or(0));
+        if !ip.is_loopback() && settings.secret.is_none() {
+            return Err(TransportError::Insecure {
+                addr: addr.to_string(),
+            });
+        }
+        let failed = |e: std::io::Error| {
+            TransportError::io(format!("cannot listen for peers on {addr}: {e}"), Some(e))
+        };
+        let listener = std::net::TcpListener::bind(addr).map_err(failed)?;
+        listener.set_nonblocking(true).map_err(failed)?;
+        let local = listener.local_addr().map_err(failed)?;
+        let world = settings.world_size;
+        let (table, _) = watch::channel(vec![None; world]);
+        Ok(Arc::new_cyclic(|me| Mesh {
+            settings: Arc::clone(settings),
+            fingerprint,
+            attempt: AtomicU32::new(super::client::FIRST_ATTEMPT),
+            me: Weak::clone(me),
+            local,
+            listener: Mutex::new(Some(listener)),
+            table,
+            out: Mutex::new((0..world).map(|_| Out::Idle).collect()),
+            incoming: Mutex::new(vec![false; world]),
+            inbox: RwLock::new(None),
+            unproven: Arc::default(),
+            refusals: Mutex::new(Refusals::new(world, Instant::now())),
+            io,
+        }))
+    }
+
+    /// Where peers reach this worker, said in its hello to the master: the listener's
+    /// address, or — listening on every interface — the address this process reaches the
+    /// master from (`local`, its connection's end), or the master's host for rank 0's own
+    /// worker, which reaches its master over loopback.
+    pub(super) fn advertised(&self, local: SocketAddr) -> String {
+        let port = self.local.port();
+        if !self.local.ip().is_unspecified() {
+            return self.local.to_string();
+        }
+        if local.ip().is_loopback() {
+            if let Some((host, _)) = self.settings.master_addr.rsplit_once(':') {
+                return format!("{host}:{port}");
+            }
+        }
+        SocketAddr::new(local.ip(), port).to_string()
+    }
+
+    /// The master's node welcomed this worker in `attempt`.
+    pub(super) fn joined(&self, attempt: Attempt) {
+        self.attempt.store(attempt, Ordering::Release);
+    }
+
+    fn attempt(&self) -> Attempt {
+        self.attempt.load(Ordering::Acquire)
+    }
+
+    fn me(&self) -> Arc<Mesh> {
+        self.me.upgrade().expect("a mesh in use is alive")
+    }
+
+    /// The master's node told where every rank's peers reach it.
+    pub(super) fn learn(&self, addrs: Vec<Option<String>>) {
+        let world = self.settings.world_size;
+        self.table.send_modify(|table| {
+            for (rank, addr) in addrs.into_iter().enumerate().take(world) {
+                if addr.is_some() {
+                    table[rank] = addr;
+                }
+            }
+        });
+    }
+
+    /// Starts accepting peers' connections (once).
+    pub(super) fn start(self: &Arc<Self>) {
+        let Some(listener) = lock(&self.listener).take() else {
+            return;
+        };
+        let span =
+            tracing::warn_span!("peers", job = %self.settings.job_id, rank = self.settings.rank);
+        let mesh = Arc::clone(self);
+        let _guard = self.io.handle.enter();
+        self.io.tracker.spawn(mesh.serve(listener).instrument(span));
+    }
+
+    /// Says goodbye on every connection this worker opened: its job ended, so a peer that
+    /// sees it close loses nothing.
+    pub(super) fn close(&self) {
+        let Ok(bye) = wire::encode(&Wire::<(), ()>::PeerBye, self.settings.max_frame) else {
+            return;
+        };
+        for out in lock(&self.out).iter() {
+            if let Out::Open(lane) = out {
+                let _ = lane.send(bye.clone());
+            }
+        }
+    }
+
+    fn deliver(&self, event: PeerEvent) {
+        let inbox = self.inbox.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(inbox) = inbox {
+            inbox(event);
+        }
+    }
+
+    /// The connection to `to` is lost (or, with `quietly`, closed at the end of its job).
+    fn lose(&self, to: Rank, reason: String, quietly: bool) {
+        lock(&self.out)[to] = Out::Gone(reason.clone());
+        if !quietly {
+            tracing::warn!(peer = to, %reason, "peer lost");
+            self.deliver(PeerEvent::Lost { rank: to, reason });
+        }
+    }
+
+    async fn serve(self: Arc<Self>, listener: std::net::TcpListener) {
+        let stop = self.io.stop.clone();
+        accept_each(
+            listener,
+            &self.unproven,
+            &self.io.tracker,
+            stop,
+            "peers",
+            |stream, from, id, token| Arc::clone(&self).accepted(stream, from, id, token),
+        )
+        .await;
+    }
+
+    /// A peer's connection: its handshake, then its pieces to this worker's inbox until
+    /// its goodbye, a loss, or the transport's stop.
+    async fn accepted(
+        self: Arc<Self>,
+        stream: TcpStream,
+        from: SocketAddr,
+        id: u64,
+        dropped: CancellationToken,
+    ) {
+        let s = Arc::clone(&self.settings);
+        let _ = stream.set_nodelay(true);
+        let (reader, mut writer) = stream.into_split();
+        let mut frames = Frames::new(reader);
+        let mut stop = self.io.stop.clone();
+        let shaken = tokio::select! {
+            shaken = tokio::time::timeout(s.handshake_timeout, self.admit(&mut frames, &mut writer)) => match shaken {
+                Ok(shaken) => shaken,
+                Err(_) => Err((None, Refusal::Closed(format!("did not complete its handshake within {:?}", s.handshake_timeout)))),
+            },
+            _ = dropped.cancelled() => Err((None, Refusal::Closed("dropped in its handshake to make room for a newer connection".into()))),
+            _ = stopped(&mut stop) => return,
+        };
+        lock(&self.unproven).leave(id);
+        let rank = match shaken {
+            Ok(rank) => rank,
+            Err((rank, refusal)) => {
+                {
+                    let mut refusals = lock(&self.refusals);
+                    refusals.note(
+                        &from.to_string(),
+                        rank,
+                        refusal.kind(),
+                        &refusal.to_string(),
+                    );
+                    refusals.flush(Instant::now());
+                }
+                if !matches!(refusal, Refusal::Closed(_)) {
+                    if let Ok(frame) = wire::encode(
+                        &Wire::<(), ()>::Refused { refusal },
+                        wire::HANDSHAKE_MAX_FRAME,
+                    ) {
+                        let _ = tokio::time::timeout(
+                            s.handshake_timeout,
+                            write_frame(&mut writer, &frame),
+                        )
+                        .await;
+                    }
+                }
+                return;
+            }
+        };
+        frames.allow(s.max_frame);
+        // This end sends only heartbeats.
+        let (lane, mut queue) = Lane::new();
+        let (stop, heartbeat) = (self.io.stop.clone(), heartbeat_frame(s.max_frame));
+        let interval = s.heartbeat_interval;
+        let weak = Arc::downgrade(&lane);
+        self.io.tracker.spawn(
+            async move {
+                let _ = write_loop(weak, writer, &mut queue, stop, heartbeat, interval).await;
+            }
+            .in_current_span(),
+        );
+        let lost = self.carry_in(rank, &mut frames).await;
+        drop(lane);
+        lock(&self.incoming)[rank] = false;
+        if let Some(reason) = lost {
+            let reason = format!("its connection to this worker from {from} {reason}");
+            tracing::warn!(peer = rank, %reason, "peer lost");
+            self.deliver(PeerEvent::Lost { rank, reason });
+        }
+    }
+
+    /// Checks a peer's hello, its proof of the secret, its job and attempt, and claims
+    /// its rank's incoming connection. Returns the rank, or why it is refused (with the
+    /// rank it claimed).
+    async fn admit(
+        &self,
+        frames: &mut Frames,
+        writer: &mut OwnedWriteHalf,
+    ) -> Result<Rank, (Option<Rank>, Refusal)> {
+        let s = &self.settings;
+        let refused = |rank: Option<Rank>, e: Unreadable| match e {
+            Unreadable::Closed(how) => (rank, Refusal::Closed(how)),
+            other => (rank, Refusal::Protocol(other.to_string())),
+        };
+        let broken = |rank: Option<Rank>, reason: String| (rank, Refusal::Protocol(reason));
+        let Wire::PeerHello {
+            job_id,
+            rank,
+            fingerprint,
+            attempt,
+        } = frames.handshake().await.map_err(|e| refused(None, e))?
+        else {
+            return Err(broken(None, "expected a peer's hello first".into()));
+        };
+        let claimed = Some(rank);
+        if job_id != s.job_id {
+            let asked = clip(&job_id, 64);
+            return Err((claimed, Refusal::WrongJob { asked }));
+        }
+        let mut nonce = [0u8; 32];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| broken(claimed, format!("no randomness for a challenge: {e}")))?;
+        let challenge = wire::encode(&Wire::<(), ()>::Challenge { nonce }, s.max_frame)
+            .map_err(|e| broken(claimed, e.to_string()))?;
+        write_frame(writer, &challenge)
+            .await
+            .map_err(|e| broken(claimed, e.to_string()))?;
+        let Wire::Proof { mac } = frames.handshake().await.map_err(|e| refused(claimed, e))? else {
+            return Err(broken(claimed, "expected a proof of the secret".into()));
+        };
+        let secret = s.secret.as_deref().unwrap_or_default();
+        proof(secret, &nonce, &job_id, rank, &fingerprint)
+            .verify_slice(&mac)
+            .map_err(|_| (claimed, Refusal::WrongSecret))?;
+        if let Some((field, ours, theirs)) = self.fingerprint.first_difference(&fingerprint) {
+            let (master, worker) = (clip(&ours, 200), clip(&theirs, 200));
+            let field = clip(&field, 64);
+            return Err((
+                claimed,
+                Refusal::Mismatch {
+                    field,
+                    master,
+                    worker,
+                },
+            ));
+        }
+        if rank >= s.world_size || rank == s.rank {
+            return Err(broken(
+                claimed,
+                format!("rank {rank} is no peer of rank {}", s.rank),
+            ));
+        }
+        if attempt != self.attempt() {
+            let ours = self.attempt();
+            return Err((
+                claimed,
+                Refusal::OtherAttempt {
+                    ours,
+                    theirs: attempt,
+                },
+            ));
+        }
+        {
+            let mut incoming = lock(&self.incoming);
+            if incoming[rank] {
+                return Err((claimed, Refusal::RankTaken { rank }));
+            }
+            incoming[rank] = true;
+        }
+        let welcome = wire::encode(
+            &Wire::<(), ()>::Welcome {
+                attempt: self.attempt(),
+            },
+            s.max_frame,
+        )
+        .map_err(|e| broken(claimed, e.to_string()));
+        let written = match welcome {
+            Ok(frame) => write_frame(writer, &frame)
+                .await
+                .map_err(|e| broken(claimed, e.to_string())),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            lock(&self.incoming)[rank] = false;
+            return Err(e);
+        }
+        Ok(rank)
+    }
+
+    /// Hands a peer's pieces to this worker's inbox until its goodbye (`None`), or says
+    /// how the connection was lost.
+    async fn carry_in(&self, rank: Rank, frames: &mut Frames) -> Option<String> {
+        let mut stop = self.io.stop.clone();
+        loop {
+            let next = tokio::select! {
+                next = frames.next(self.settings.heartbeat_timeout) => next,
+                _ = stopped(&mut stop) => return None,
+            };
+            let frame = match next {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Some("closed before its goodbye".into()),
+                Err(reason) => return Some(reason),
+            };
+            match wire::decode::<Handshake>(&frame) {
+                Ok(Wire::Heartbeat) => {}
+                Ok(Wire::PeerBye) => return None,
+                Ok(Wire::Peer {
+                    attempt,
+                    call,
+                    step,
+                    chunk,
+                    body,
+                }) => self.deliver(PeerEvent::Message(PeerMessage {
+                    attempt,
+                    from: rank,
+                    call,
+                    step,
+                    chunk,
+                    body: PeerBody::Encoded(body.into_inner()),
+                })),
+                Ok(_) => return Some("sent a message that is no peer's".into()),
+                Err(e) => return Some(format!("sent an unreadable frame: {e}")),
+            }
+        }
+    }
+
+    /// The connection to `to`: reached at its address (waited for from the master's node,
+    /// and tried again until the connect timeout), its handshake, then this worker's
+    /// frames for it until the transport stops.
+    async fn open(
+        self: Arc<Self>,
+        to: Rank,
+        mut queue: mpsc::UnboundedReceiver<Bytes>,
+        lane: Weak<Lane>,
+    ) {
+        let mut at = None;
+        let carried = self.reach_and_carry(to, &mut queue, lane, &mut at).await;
+        let at = at.map_or_else(String::new, |addr| format!(" at {addr}"));
+        match carried {
+            Ok(()) => {}
+            Err(Ended::Bye) => self.lose(to, format!("rank {to}{at} ended its job"), true),
+            Err(Ended::Lost(reason)) => self.lose(to, format!("rank {to}{at}: {reason}"), false),
+        }
+    }
+
+    async fn reach_and_carry(
+        &self,
+        to: Rank,
+        queue: &mut mpsc::UnboundedReceiver<Bytes>,
+        lane: Weak<Lane>,
+        at: &mut Option<String>,
+    ) -> Result<(), Ended> {
+        let s = &self.settings;
+        let deadline = Instant::now() + s.connect_timeout;
+        let addr = self.address_of(to, deadline).await?;
+        *at = Some(addr.clone());
+        let (mut frames, writer) = self.reach(to, &addr, deadline).await?;
+        frames.allow(s.max_frame);
+        let write = write_loop(
+            lane,
+            writer,
+            queue,
+            self.io.stop.clone(),
+            heartbeat_frame(s.max_frame),
+            s.heartbeat_interval,
+        );
+        tokio::pin!(write);
+        let mut stop = self.io.stop.clone();
+        loop {
+            tokio::select! {
+                written = &mut write => {
+                    return written.map_err(|e| Ended::Lost(format!("sending to it: {e}")));
+                }
+                next = frames.next(s.heartbeat_timeout) => match next {
+                    Ok(Some(frame)) => match wire::decode::<Handshake>(&frame) {
+                        Ok(Wire::Heartbeat) => {}
+                        Ok(Wire::PeerBye) => return Err(Ended::Bye),
+                        _ => return Err(Ended::Lost("it sent what a peer's end does not".into())),
+                    },
+                    Ok(None) if *stop.borrow() => return Ok(()),
+                    Ok(None) => return Err(Ended::Lost("its connection closed while this worker sent to it".into())),
+                    Err(reason) => return Err(Ended::Lost(format!("{reason}, while this worker sent to it"))),
+                },
+                _ = stopped(&mut stop) => {
+                    // Queued frames (the goodbye last) are written by the write loop.
+                    return write.await.map_err(|e| Ended::Lost(format!("sending to it: {e}")));
+                }
+            }
+        }
+    }
+
+    /// `to`'s address, once the master's node told it, at most until `deadline`.
+    async fn address_of(&self, to: Rank, deadline: Instant) -> Result<String, Ended> {
+        let mut table = self.table.subscribe();
+        let waited = tokio::time::timeout_at(
+            deadline.into(),
+            table.wait_for(|t| t.get(to).is_some_and(Option::is_some)),
+        )
+        .await;
+        match waited {
+            Ok(Ok(t)) => Ok(t[to].clone().unwrap_or_default()),
+            _ => Err(Ended::Lost(format!(
+                "the master's node did not say where it listens within {:?}",
+                self.settings.connect_timeout
+            ))),
+        }
+    }
+
+    /// Connects to `addr` and completes the handshake, trying again until `deadline`.
+    async fn reach(
+        &self,
+        to: Rank,
+        addr: &str,
+        deadline: Instant,
+    ) -> Result<(Frames, OwnedWriteHalf), Ended> {
+        let s = &self.settings;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let tried = tokio::time::timeout(left.max(Duration::from_millis(1)), async {
+                let stream = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("could not connect: {e}"))?;
+                let _ = stream.set_nodelay(true);
+                let (reader, mut writer) = stream.into_split();
+                let mut frames = Frames::new(reader);
+                match tokio::time::timeout(
+                    s.handshake_timeout,
+                    self.greet(to, &mut frames, &mut writer),
+                )
+                .await
+                {
+                    Ok(Ok(())) => Ok((frames, writer)),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(format!(
+                        "no answer to the handshake within {:?}",
+                        s.handshake_timeout
+                    )),
+                }
+            })
+            .await;
+            let last = match tried {
+                Ok(Ok(reached)) => return Ok(reached),
+                Ok(Err(e)) if e.starts_with("refused: ") => return Err(Ended::Lost(e)),
+                Ok(Err(e)) => e,
+                Err(_) => "connecting timed out".to_string(),
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(Ended::Lost(format!(
+                    "not reached within {:?}: {last}",
+                    s.connect_timeout
+                )));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Hello, proof of the secret, welcome.
+    async fn greet(
+        &self,
+        to: Rank,
+        frames: &mut Frames,
+        writer: &mut OwnedWriteHalf,
+    ) -> Result<(), String> {
+        let s = &self.settings;
+        let hello = Wire::<(), ()>::PeerHello {
+            job_id: s.job_id.clone(),
+            rank: s.rank,
+            fingerprint: (*self.fingerprint).clone(),
+            attempt: self.attempt(),
+        };
+        let send = |msg: &Wire<(), ()>| {
+            wire::encode(msg, wire::HANDSHAKE_MAX_FRAME).map_err(|e| e.to_string())
+        };
+        write_frame(writer, &send(&hello)?)
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = |read: Result<Handshake, Unreadable>| match read {
+            Ok(Wire::Refused { refusal }) => Err(format!("refused: {refusal}")),
+            Ok(answer) => Ok(answer),
+            Err(e) => Err(format!("rank {to} {e}")),
+        };
+        let Wire::Challenge { nonce } = answer(frames.handshake().await)? else {
+            return Err("it sent no challenge".into());
+        };
+        let secret = s.secret.as_deref().unwrap_or_default();
+        let mac = proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
+            .finalize()
+            .into_bytes()
+            .to_vec();
+        write_frame(writer, &send(&Wire::Proof { mac })?)
+            .await
+            .map_err(|e| e.to_string())?;
+        match answer(frames.handshake().await)? {
+            Wire::Welcome { .. } => Ok(()),
+            _ => Err("it did not answer the proof".into()),
+        }
+    }
+}
+
+/// How a connection to a peer ended, short of the transport's stop.
+enum Ended {
+    /// The peer said goodbye: its job ended.
+    Bye,
+    /// Lost, and how.
+    Lost(String),
+}
+
+impl From<String> for Ended {
+    fn from(reason: String) -> Self {
+        Ended::Lost(reason)
+    }
+}
+
+impl PeerLink for Mesh {
+    fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError> {
+        let s = &self.settings;
+        if to >= s.world_size || to == s.rank {
+            return Err(TransportError::UnknownRank {
+                rank: to,
+                workers: s.world_size,
+            });
+        }
+        let PeerBody::Encoded(body) = msg.body else {
+            return Err(TransportError::Unsupported(
+                "a piece for a peer over TCP must be encoded".into(),
+            ));
+        };
+        let frame = Wire::<(), ()>::Peer {
+            attempt: msg.attempt,
+            call: msg.call,
+            step: msg.step,
+            chunk: msg.chunk,
+            body: Floats(body),
+        };
+        let frame = wire::encode(&frame, s.max_frame)
+            .map_err(|e| TransportError::io(format!("a piece for rank {to}: {e}"), None))?;
+        let lane = {
+            let mut out = lock(&self.out);
+            match &out[to] {
+                Out::Open(lane) => Arc::clone(lane),
+                Out::Gone(reason) => {
+                    return Err(TransportError::io(
+                        format!("the connection to {reason}"),
+                        None,
+                    ))
+                }
+                Out::Idle => {
+                    let (lane, queue) = Lane::new();
+                    out[to] = Out::Open(Arc::clone(&lane));
+                    let mesh = self.me();
+                    let weak = Arc::downgrade(&lane);
+                    let span = tracing::warn_span!("peer", job = %s.job_id, rank = s.rank, to);
+                    let _guard = self.io.handle.enter();
+                    self.io
+                        .tracker
+                        .spawn(mesh.open(to, queue, weak).instrument(span));
+                    lane
+                }
+            }
+        };
+        lane.send(frame)
+            .map_err(|_| TransportError::io(format!("the connection to rank {to} is closed"), None))
+    }
+
+    fn join(&self, rank: Rank, inbox: PeerInbox) {
+        if rank == self.settings.rank {
+            *self.inbox.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(inbox));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+use std::io::{Read, Write};
+use std::sync::mpsc as std_mpsc;
+
+use super::*;
+use crate::ids::{Algorithm, CollectiveCall, CollectiveKind, ReduceOp};
+use crate::transport::{LinkSpec, Transport};
+
+const SECRET: &[u8] = b"s3cret";
+
+/// Rank 1 of 2's transport, prepared for a job whose workers reach each other; its
+/// mesh, and what reaches its worker from peers.
+fn rank_1() -> (
+    super::super::TcpTransport<u64, u64>,
+    Arc<Mesh>,
+    std_mpsc::Receiver<PeerEvent>,
+) {
+    let mut s = TcpSettings::new(1, 2, "127.0.0.1:1");
+    s.job_id = "j".into();
+    s.secret = Some(SECRET.to_vec());
+    s.heartbeat_interval = Duration::from_millis(50);
+    let mut t = super::super::TcpTransport::<u64, u64>::new(s).unwrap();
+    let mut spec = LinkSpec::new("j", 2);
+    spec.peers = true;
+    t.prepare(&spec).unwrap();
+    let link = t.peers(1).unwrap().expect("a mesh");
+    let (tx, rx) = std_mpsc::channel();
+    let tx = Mutex::new(tx);
+    link.join(1, Box::new(move |event| drop(lock(&tx).send(event))));
+    let mesh = t.mesh.clone().unwrap();
+    (t, mesh, rx)
+}
+
+fn write(stream: &mut std::net::TcpStream, msg: &Wire<(), ()>) {
+    stream
+        .write_all(&wire::encode(msg, 1 << 20).unwrap())
+        .unwrap();
+}
+
+fn read(stream: &mut std::net::TcpStream) -> Handshake {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).unwrap();
+    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut frame).unwrap();
+    wire::decode(&frame).unwrap()
+}
+
+/// Says hello as rank 0 of `job` in `attempt` and proves `secret`: what the peer
+/// answers last.
+fn greet(
+    mesh: &Mesh,
+    job: &str,
+    attempt: Attempt,
+    secret: &[u8],
+) -> (std::net::TcpStream, Handshake) {
+    let mut stream = std::net::TcpStream::connect(mesh.local).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let fingerprint = Fingerprint::default();
+    write(
+        &mut stream,
+        &Wire::PeerHello {
+            job_id: job.into(),
+            rank: 0,
+            fingerprint: fingerprint.clone(),
+            attempt,
+        },
+    );
+    let nonce = match read(&mut stream) {
+        Wire::Challenge { nonce } => nonce,
+        other => return (stream, other),
+    };
+    let mac = proof(secret, &nonce, job, 0, &fingerprint)
+        .finalize()
+        .into_bytes()
+        .to_vec();
+    write(&mut stream, &Wire::Proof { mac });
+    let answer = read(&mut stream);
+    (stream, answer)
+}
+
+fn refusal(answer: Handshake) -> Refusal {
+    match answer {
+        Wire::Refused { refusal } => refusal,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_of_another_job_attempt_or_secret_is_refused_saying_why() {
+    let (_t, mesh, _events) = rank_1();
+    let (_, answer) = greet(&mesh, "another", 0, SECRET);
+    assert_eq!(
+        refusal(answer),
+        Refusal::WrongJob {
+            asked: "another".into()
+        }
+    );
+    let (_, answer) = greet(&mesh, "j", 0, b"wrong");
+    assert_eq!(refusal(answer), Refusal::WrongSecret);
+    let (_, answer) = greet(&mesh, "j", 3, SECRET);
+    assert_eq!(
+        refusal(answer),
+        Refusal::OtherAttempt { ours: 0, theirs: 3 }
+    );
+    assert_eq!(
+        refusal(greet(&mesh, "j", 3, SECRET).1).to_string(),
+        "it runs attempt 3 of the job, this worker attempt 0"
+    );
+}
+
+#[test]
+fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_named() {
+    let (_t, mesh, events) = rank_1();
+    let (mut stream, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
+    let call = CollectiveCall {
+        seq: 4,
+        kind: CollectiveKind::AllReduce(ReduceOp::Sum),
+        len: 3,
+        algorithm: Algorithm::Ring,
+        chunk: 8,
+    };
+    let piece = Wire::Peer {
+        attempt: 0,
+        call,
+        step: 1,
+        chunk: 0,
+        body: Floats(vec![1, 2, 3]),
+    };
+    write(&mut stream, &piece);
+    let Ok(PeerEvent::Message(m)) = events.recv_timeout(Duration::from_secs(10)) else {
+        panic!("no piece");
+    };
+    assert_eq!((m.from, m.call, m.step, m.chunk), (0, call, 1, 0));
+    assert!(matches!(m.body, PeerBody::Encoded(ref b) if b == &[1, 2, 3]));
+    // A second connection of the same rank is refused while the first stands.
+    assert_eq!(
+        refusal(greet(&mesh, "j", 0, SECRET).1),
+        Refusal::RankTaken { rank: 0 }
+    );
+    drop(stream);
+    match events.recv_timeout(Duration::from_secs(10)) {
+        Ok(PeerEvent::Lost { rank: 0, reason }) => {
+            assert!(reason.contains("closed before its goodbye"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_that_says_goodbye_is_no_loss() {
+    let (_t, mesh, events) = rank_1();
+    let (mut stream, _) = greet(&mesh, "j", 0, SECRET);
+    write(&mut stream, &Wire::PeerBye);
+    drop(stream);
+    assert!(matches!(
+        events.recv_timeout(Duration::from_millis(500)),
+        Err(std_mpsc::RecvTimeoutError::Timeout)
+    ));
+}

@@ -64,7 +64,9 @@ impl Op {
 const SMALL: usize = 64 * 1024;
 
 /// About how many bytes travel in one piece: small enough that a ring step's sending and
-/// the next step's overlap, large enough that a piece's overhead does not count.
+/// the next step's overlap, large enough that a piece's overhead does not count (on the
+/// emulated 1 Gbit/s cluster 32 KiB to 512 KiB pieces gave the same times within 3%, 2 MiB
+/// pieces 25% more at 8 ranks).
 const CHUNK: usize = 128 * 1024;
 
 /// The elements of a value to combine in place: borrowed (`&mut [T]`), or owned (a

@@ -192,7 +192,17 @@ pub(crate) enum WireError {
 /// is the only copy of the message; the bytes are then written as they are, and shared
 /// when the same frame goes to many peers.
 pub(crate) fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Bytes, WireError> {
-    let mut buf = BytesMut::with_capacity(256).writer();
+    encode_sized(msg, max, 256)
+}
+
+/// [`encode`] into a buffer of `capacity` bytes at first: a frame whose size is known
+/// about (a piece of a collective) is written without growing its buffer.
+pub(crate) fn encode_sized<T: Serialize>(
+    msg: &T,
+    max: usize,
+    capacity: usize,
+) -> Result<Bytes, WireError> {
+    let mut buf = BytesMut::with_capacity(capacity).writer();
     buf.get_mut().put_slice(&[0; HEADER]);
     crate::codec::write(&mut buf, msg).map_err(|e| WireError::Encode(e.to_string()))?;
     let mut buf = buf.into_inner();

@@ -627,6 +627,8 @@ impl PeerLink for Mesh {
                 "a piece for a peer over TCP must be encoded".into(),
             ));
         };
+        // The body and a header's worth.
+        let capacity = body.len() + 128;
         let frame = Wire::<(), ()>::Peer {
             attempt: msg.attempt,
             call: msg.call,
@@ -634,7 +636,7 @@ impl PeerLink for Mesh {
             chunk: msg.chunk,
             body: Floats(body),
         };
-        let frame = wire::encode(&frame, s.max_frame)
+        let frame = wire::encode_sized(&frame, s.max_frame, capacity)
             .map_err(|e| TransportError::io(format!("a piece for rank {to}: {e}"), None))?;
         let lane = {
             let mut out = lock(&self.out);

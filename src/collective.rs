@@ -9,10 +9,13 @@
 //! ([`Algorithm`]).
 //!
 //! The rules are the sync calls' ([`WorkerContext::barrier`]): every rank makes the same
-//! calls, with values of the same length, in the same order; a rank that made another call
-//! at that point fails its call naming both; a call whose peers do not send within
-//! `sync_timeout` fails naming the ranks it waited for; a job's failure releases every
-//! rank waiting at once. Collectives and sync calls share one count (the epoch).
+//! calls, with values of the same length, in the same order — otherwise every rank's call
+//! fails naming two that differ; a rank that returns from compute without the call, or
+//! does not make it within `sync_timeout` of the first, is named; a job's failure releases
+//! every rank waiting at once. A call whose peers all made it but stop sending for longer
+//! than `sync_timeout` (and a few seconds) fails naming the ranks it waits for; a lost peer
+//! fails it at once, naming the peer. Collectives and sync calls share one count (the
+//! epoch).
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -157,13 +160,24 @@ impl<T: Clone, F: Fn(&mut T, T)> Buffer for Whole<T, F> {
     }
 }
 
+/// What a rank's call is beyond its kind, as it tells the master's node (`None`: a
+/// broadcast's receiver, which learns it from the first piece). Every rank gets every
+/// rank's back with the node's answer, and fails the call when two differ — so a rank
+/// whose part is done at once (an empty value) does not return a wrong answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+struct Shape {
+    len: u64,
+    algorithm: Algorithm,
+    chunk: u64,
+}
+
 /// Where a collective's call comes from: this rank's own, or — for a `broadcast` seen from
 /// a rank that does not know the value's length — the first piece of it.
 enum Start<B: Buffer> {
     Known(Box<Exchange<B>>),
     Awaited {
         kind: CollectiveKind,
-        make: fn(&CollectiveCall) -> B,
+        make: fn(&CollectiveCall) -> Result<B, String>,
     },
 }
 
@@ -181,9 +195,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// # Ok(()) }
     /// ```
     ///
-    /// Every rank must pass as many elements. Fails as
-    /// [`barrier`](Self::barrier) does, and when a peer is lost
-    /// ([`SyncError::PeerLost`]) or does not send within `sync_timeout`
+    /// Every rank must pass as many elements ([`SyncError::CollectiveMismatch`] otherwise,
+    /// naming two ranks and their lengths). Fails as [`barrier`](Self::barrier) does, and
+    /// when a peer is lost ([`SyncError::PeerLost`]) or stops sending
     /// ([`SyncError::CollectiveTimedOut`], naming the ranks waited for).
     pub fn all_reduce<T: Element>(
         &mut self,
@@ -309,11 +323,28 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// A broadcast's bytes, on a rank that does not know their length until the first
     /// piece says it.
     fn broadcast_received(&mut self, kind: CollectiveKind) -> Result<Vec<u8>, SyncError> {
-        // A broadcast only puts: its op is never used.
-        fn zeros(call: &CollectiveCall) -> Elements<Vec<u8>, u8> {
-            Elements::new(vec![0; usize::try_from(call.len).unwrap_or(0)], Op::Sum)
+        /// The bytes a broadcast's first piece announces, as the root makes them (its
+        /// pieces, and a way of its); allocated without aborting on a length too large.
+        /// A broadcast only puts: the op is never used.
+        fn zeros(call: &CollectiveCall) -> Result<Elements<Vec<u8>, u8>, String> {
+            if call.chunk != CHUNK as u64
+                || !matches!(call.algorithm, Algorithm::Tree | Algorithm::Ring)
+            {
+                return Err(format!(
+                    "a broadcast is sent in pieces of {CHUNK} bytes by tree or ring, not {} by {}",
+                    call.chunk, call.algorithm
+                ));
+            }
+            let len = usize::try_from(call.len)
+                .map_err(|_| format!("{} bytes do not fit in memory", call.len))?;
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(len)
+                .map_err(|_| format!("{len} bytes could not be allocated"))?;
+            bytes.resize(len, 0);
+            Ok(Elements::new(bytes, Op::Sum))
         }
-        let epoch = self.start_collective(kind)?;
+        let epoch = self.start_collective(kind, None)?;
         let start = Start::Awaited { kind, make: zeros };
         Ok(self.drive(epoch, start)?.values)
     }
@@ -330,11 +361,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Buffer,
         B::Part: Serialize + DeserializeOwned + Send + 'static,
     {
-        let epoch = self.start_collective(kind)?;
+        let shape = Shape {
+            len: buffer.len() as u64,
+            algorithm,
+            chunk,
+        };
+        let epoch = self.start_collective(kind, Some(shape))?;
         let call = CollectiveCall {
             seq: epoch,
             kind,
-            len: buffer.len() as u64,
+            len: shape.len,
             algorithm,
             chunk,
         };
@@ -343,7 +379,20 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 
     /// Checks that a collective can start, and counts it: its epoch.
-    fn start_collective(&mut self, kind: CollectiveKind) -> Result<Epoch, SyncError> {
+    fn start_collective(
+        &mut self,
+        kind: CollectiveKind,
+        shape: Option<Shape>,
+    ) -> Result<Epoch, SyncError> {
+        if let CollectiveKind::Broadcast { root } | CollectiveKind::Reduce { root, .. } = kind {
+            if root >= self.workers {
+                let workers = self.workers;
+                return Err(SyncError::NoSuchRank {
+                    rank: root,
+                    workers,
+                });
+            }
+        }
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute);
@@ -360,7 +409,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // same call on every rank, within the sync timeout of the first, none returned
         // without it; it answers every rank when they are broken. The values themselves
         // go worker to worker.
-        sync.call(epoch, SyncKind::Collective(kind), Vec::new())?;
+        let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
+        sync.call(epoch, SyncKind::Collective(kind), shape)?;
         Ok(epoch)
     }
 
@@ -388,7 +438,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // own limit is for peers that made it but send nothing.
         let timeout = sync.config.sync_patience;
         let started = Instant::now();
-        let deadline = started.checked_add(timeout);
+        // A silence limit: pushed back by every piece that comes.
+        let mut deadline = started.checked_add(timeout);
         let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         let mut word = started + every;
         let _span = tracing::debug_span!("collective", rank, epoch).entered();
@@ -401,7 +452,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
                         // rank.
                         continue;
                     }
-                    let buffer = make(&m.call);
+                    let buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
+                        rank,
+                        call: m.call,
+                        peer: m.from,
+                        reason,
+                    })?;
                     start = Start::Known(Box::new(Exchange::new(m.call, workers, rank, buffer)));
                 }
                 if let Start::Known(exchange) = &mut start {
@@ -445,17 +501,29 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 Ok(Incoming::Peer(PeerEvent::Message(m)))
                     if m.attempt == sync.attempt && m.call.seq == epoch =>
                 {
+                    deadline = Instant::now().checked_add(timeout);
                     queue.push_back(m)
                 }
                 Ok(Incoming::Peer(PeerEvent::Lost { rank: peer, reason })) => {
-                    return Err(SyncError::PeerLost { rank, peer, reason })
+                    // Kept: a later call that needs the peer fails at once too.
+                    let lost = SyncError::PeerLost {
+                        rank,
+                        peer,
+                        reason: reason.clone(),
+                    };
+                    sync.early.push(PeerEvent::Lost { rank: peer, reason });
+                    return Err(lost);
                 }
                 Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
                 // The master's node found the call broken: another call on some rank, a
                 // rank that returned without it, or one that did not make it in time.
                 Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
-                // Every rank made the call (its values may still be on their way).
-                Ok(Incoming::Answer(answered, Ok(_))) if answered == epoch => released = true,
+                // Every rank made the call (its values may still be on their way): the
+                // same one, to the length?
+                Ok(Incoming::Answer(answered, Ok(shapes))) if answered == epoch => {
+                    same_shapes(epoch, &start, &shapes)?;
+                    released = true;
+                }
                 // The answer to an earlier call; or the job failed.
                 Ok(Incoming::Answer(..)) => {
                     if let Some(e) = sync.failure() {
@@ -468,7 +536,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
                     }
                     let (call, waiting_on) = match &start {
                         Start::Known(exchange) => (*exchange.call(), exchange.waiting_on()),
-                        Start::Awaited { kind, .. } => (awaited(epoch, *kind), Vec::new()),
+                        Start::Awaited { kind, .. } => {
+                            let root = match kind {
+                                CollectiveKind::Broadcast { root } => vec![*root],
+                                _ => Vec::new(),
+                            };
+                            (awaited(epoch, *kind), root)
+                        }
                     };
                     let waited = started.elapsed();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -495,6 +569,52 @@ impl<M, W: 'static> WorkerContext<M, W> {
             }
         }
     }
+}
+
+/// Checks every rank's call of `epoch`, as the master's node gathered them (`shapes`, in
+/// rank order), against the others: the first two that differ fail the call, on every rank
+/// alike. Ranks that did not know theirs (a broadcast's receivers) are not compared.
+fn same_shapes<B: Buffer>(
+    epoch: Epoch,
+    start: &Start<B>,
+    shapes: &[Vec<u8>],
+) -> Result<(), SyncError> {
+    let kind = match start {
+        Start::Known(exchange) => exchange.call().kind,
+        Start::Awaited { kind, .. } => *kind,
+    };
+    let mut first: Option<(Rank, Shape)> = None;
+    for (other, bytes) in shapes.iter().enumerate() {
+        let Ok(Some(shape)) = crate::codec::from_slice::<Option<Shape>>(bytes) else {
+            continue;
+        };
+        let call = |r: Rank, s: Shape| {
+            (
+                r,
+                CollectiveCall {
+                    seq: epoch,
+                    kind,
+                    len: s.len,
+                    algorithm: s.algorithm,
+                    chunk: s.chunk,
+                },
+            )
+        };
+        match first {
+            None => first = Some((other, shape)),
+            Some((r, s)) if s != shape => {
+                let ((a, call_a), (b, call_b)) = (call(r, s), call(other, shape));
+                return Err(SyncError::CollectiveMismatch {
+                    rank: a,
+                    call: call_a,
+                    peer: b,
+                    peer_call: call_b,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// A call known only by its kind (a broadcast still waiting for its first piece).

@@ -563,6 +563,14 @@ pub enum SyncError {
     /// The job's transport gives workers no way to each other, so collectives cannot run.
     #[error("collectives need workers that reach each other: {0}")]
     NoPeers(String),
+    /// A collective named a rank the job does not have (`broadcast`'s `from`).
+    #[error("there is no rank {rank}: the job has {workers} worker(s)")]
+    NoSuchRank {
+        /// The rank named.
+        rank: Rank,
+        /// The number of workers.
+        workers: usize,
+    },
     /// `broadcast` was called without a value on the rank it broadcasts from.
     #[error("rank {0} broadcasts, but was given no value to broadcast")]
     NothingToBroadcast(Rank),

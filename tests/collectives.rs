@@ -263,6 +263,60 @@ fn a_rank_that_passes_another_length_fails_the_job_naming_both_ranks_and_lengths
 }
 
 #[test]
+fn a_rank_whose_part_is_done_at_once_still_fails_with_the_others_on_another_length() {
+    // Rank 2's empty value needs nothing from anyone: without every rank's length
+    // compared, it would return an empty "sum" while the others waited for it.
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&calls);
+    let started = std::time::Instant::now();
+    let err = job(3, 1, move |rank| {
+        let seen = Arc::clone(&seen);
+        worker(move |ctx| {
+            let len = if rank == 2 { 0 } else { 4 };
+            let result = ctx.all_reduce(&mut Floats::from(vec![1.0; len]), Op::Sum);
+            seen.lock().unwrap().push((rank, result.clone()));
+            result?;
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    assert!(
+        started.elapsed() < PATIENT,
+        "ranks waited out the sync timeout"
+    );
+    assert!(
+        err.to_string()
+            .contains("rank 0 called all_reduce(sum) with 4 element(s), rank 2 with 0"),
+        "{err}"
+    );
+    let calls = calls.lock().unwrap();
+    assert!(
+        calls
+            .iter()
+            .all(|(_, result)| matches!(result, Err(SyncError::CollectiveMismatch { .. }))),
+        "every rank's call fails alike: {calls:?}"
+    );
+}
+
+#[test]
+fn a_broadcast_from_a_rank_the_job_does_not_have_fails_at_once() {
+    let err = job(2, 1, |_| {
+        worker(|ctx| {
+            let value: u64 = ctx.broadcast(5, Some(&7u64))?;
+            Ok(value)
+        })
+    })
+    .run()
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("there is no rank 5: the job has 2 worker(s)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_rank_that_returns_without_the_call_fails_the_others_at_once_naming_it() {
     let started = std::time::Instant::now();
     let err = job(4, 1, |rank| {

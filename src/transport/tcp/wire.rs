@@ -49,10 +49,12 @@ pub(crate) enum Wire<M, W> {
     },
     /// Master → worker: where every rank's peers reach it, as far as the master knows.
     PeerTable { addrs: Vec<Option<String>> },
-    /// Worker → worker, first: who it is, the job as its process runs it, and its attempt.
+    /// Worker → worker, first: who it is, whom it means to reach, the job as its process
+    /// runs it, and its attempt.
     PeerHello {
         job_id: String,
         rank: Rank,
+        to: Rank,
         fingerprint: Fingerprint,
         attempt: Attempt,
     },

@@ -70,8 +70,9 @@ pub(super) struct Mesh {
     /// Every rank's peer address, as the master's node told it.
     table: watch::Sender<Vec<Option<String>>>,
     out: Mutex<Vec<Out>>,
-    /// Which ranks' connections to this worker stand.
-    incoming: Mutex<Vec<bool>>,
+    /// The connections to this worker that stand, by the peer's rank: this end's lane,
+    /// which carries heartbeats and the goodbye.
+    incoming: Mutex<Vec<Option<Weak<Lane>>>>,
     inbox: RwLock<Option<Arc<PeerInbox>>>,
     unproven: Arc<Mutex<Unproven>>,
     refusals: Mutex<Refusals>,
@@ -112,7 +113,7 @@ impl Mesh {
             listener: Mutex::new(Some(listener)),
             table,
             out: Mutex::new((0..world).map(|_| Out::Idle).collect()),
-            incoming: Mutex::new(vec![false; world]),
+            incoming: Mutex::new(vec![None; world]),
             inbox: RwLock::new(None),
             unproven: Arc::default(),
             refusals: Mutex::new(Refusals::new(world, Instant::now())),
@@ -137,9 +138,16 @@ impl Mesh {
         SocketAddr::new(local.ip(), port).to_string()
     }
 
-    /// The master's node welcomed this worker in `attempt`.
+    /// The master's node welcomed this worker in `attempt`. In a new attempt, peers lost
+    /// in an earlier one are tried again.
     pub(super) fn joined(&self, attempt: Attempt) {
-        self.attempt.store(attempt, Ordering::Release);
+        if self.attempt.swap(attempt, Ordering::AcqRel) != attempt {
+            for out in lock(&self.out).iter_mut() {
+                if matches!(out, Out::Gone(_)) {
+                    *out = Out::Idle;
+                }
+            }
+        }
     }
 
     fn attempt(&self) -> Attempt {
@@ -182,6 +190,11 @@ impl Mesh {
         };
         for out in lock(&self.out).iter() {
             if let Out::Open(lane) = out {
+                let _ = lane.send(bye.clone());
+            }
+        }
+        for lane in lock(&self.incoming).iter().flatten() {
+            if let Some(lane) = lane.upgrade() {
                 let _ = lane.send(bye.clone());
             }
         }
@@ -239,8 +252,8 @@ impl Mesh {
             _ = stopped(&mut stop) => return,
         };
         lock(&self.unproven).leave(id);
-        let rank = match shaken {
-            Ok(rank) => rank,
+        let claim = match shaken {
+            Ok(claim) => claim,
             Err((rank, refusal)) => {
                 {
                     let mut refusals = lock(&self.refusals);
@@ -267,9 +280,11 @@ impl Mesh {
                 return;
             }
         };
+        let rank = claim.rank;
         frames.allow(s.max_frame);
-        // This end sends only heartbeats.
+        // This end sends only heartbeats, and its goodbye.
         let (lane, mut queue) = Lane::new();
+        lock(&self.incoming)[rank] = Some(Arc::downgrade(&lane));
         let (stop, heartbeat) = (self.io.stop.clone(), heartbeat_frame(s.max_frame));
         let interval = s.heartbeat_interval;
         let weak = Arc::downgrade(&lane);
@@ -281,7 +296,7 @@ impl Mesh {
         );
         let lost = self.carry_in(rank, &mut frames).await;
         drop(lane);
-        lock(&self.incoming)[rank] = false;
+        drop(claim);
         if let Some(reason) = lost {
             let reason = format!("its connection to this worker from {from} {reason}");
             tracing::warn!(peer = rank, %reason, "peer lost");
@@ -296,7 +311,7 @@ impl Mesh {
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<Rank, (Option<Rank>, Refusal)> {
+    ) -> Result<Claim, (Option<Rank>, Refusal)> {
         let s = &self.settings;
         let refused = |rank: Option<Rank>, e: Unreadable| match e {
             Unreadable::Closed(how) => (rank, Refusal::Closed(how)),
@@ -306,6 +321,7 @@ impl Mesh {
         let Wire::PeerHello {
             job_id,
             rank,
+            to,
             fingerprint,
             attempt,
         } = frames.handshake().await.map_err(|e| refused(None, e))?
@@ -350,6 +366,12 @@ impl Mesh {
                 format!("rank {rank} is no peer of rank {}", s.rank),
             ));
         }
+        if to != s.rank {
+            // An address that reached another worker than the one meant (a stale table,
+            // or a loopback address given to a peer on another host).
+            let reached = format!("it meant to reach rank {to}, and reached rank {}", s.rank);
+            return Err(broken(claimed, reached));
+        }
         if attempt != self.attempt() {
             let ours = self.attempt();
             return Err((
@@ -360,31 +382,28 @@ impl Mesh {
                 },
             ));
         }
-        {
+        // Claimed until the connection ends, however it ends (a handshake cancelled while
+        // its welcome is written included).
+        let claim = {
             let mut incoming = lock(&self.incoming);
-            if incoming[rank] {
+            if incoming[rank].is_some() {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
-            incoming[rank] = true;
-        }
-        let welcome = wire::encode(
-            &Wire::<(), ()>::Welcome {
-                attempt: self.attempt(),
-            },
-            s.max_frame,
-        )
-        .map_err(|e| broken(claimed, e.to_string()));
-        let written = match welcome {
-            Ok(frame) => write_frame(writer, &frame)
-                .await
-                .map_err(|e| broken(claimed, e.to_string())),
-            Err(e) => Err(e),
+            incoming[rank] = Some(Weak::new());
+            Claim {
+                mesh: self.me(),
+                rank,
+            }
         };
-        if let Err(e) = written {
-            lock(&self.incoming)[rank] = false;
-            return Err(e);
-        }
-        Ok(rank)
+        let welcome = Wire::<(), ()>::Welcome {
+            attempt: self.attempt(),
+        };
+        let welcome =
+            wire::encode(&welcome, s.max_frame).map_err(|e| broken(claimed, e.to_string()))?;
+        write_frame(writer, &welcome)
+            .await
+            .map_err(|e| broken(claimed, e.to_string()))?;
+        Ok(claim)
     }
 
     /// Hands a peer's pieces to this worker's inbox until its goodbye (`None`), or says
@@ -452,9 +471,17 @@ impl Mesh {
     ) -> Result<(), Ended> {
         let s = &self.settings;
         let deadline = Instant::now() + s.connect_timeout;
-        let addr = self.address_of(to, deadline).await?;
-        *at = Some(addr.clone());
-        let (mut frames, writer) = self.reach(to, &addr, deadline).await?;
+        // Reaching a peer ends with the transport: nothing is lost then.
+        let mut stop = self.io.stop.clone();
+        let reached = tokio::select! {
+            reached = async {
+                let addr = self.address_of(to, deadline).await?;
+                *at = Some(addr.clone());
+                self.reach(to, &addr, deadline).await
+            } => reached?,
+            _ = stopped(&mut stop) => return Ok(()),
+        };
+        let (mut frames, writer) = reached;
         frames.allow(s.max_frame);
         let write = write_loop(
             lane,
@@ -541,7 +568,11 @@ impl Mesh {
             .await;
             let last = match tried {
                 Ok(Ok(reached)) => return Ok(reached),
-                Ok(Err(e)) if e.starts_with("refused: ") => return Err(Ended::Lost(e)),
+                // A peer not welcomed in this attempt yet, or whose connection from this
+                // worker's process before is not found dead yet, may take it later.
+                Ok(Err(e)) if e.starts_with("refused: ") && !passing(&e) => {
+                    return Err(Ended::Lost(e))
+                }
                 Ok(Err(e)) => e,
                 Err(_) => "connecting timed out".to_string(),
             };
@@ -567,6 +598,7 @@ impl Mesh {
         let hello = Wire::<(), ()>::PeerHello {
             job_id: s.job_id.clone(),
             rank: s.rank,
+            to,
             fingerprint: (*self.fingerprint).clone(),
             attempt: self.attempt(),
         };
@@ -596,6 +628,25 @@ impl Mesh {
             Wire::Welcome { .. } => Ok(()),
             _ => Err("it did not answer the proof".into()),
         }
+    }
+}
+
+/// Whether a refusal may pass: the peer runs another attempt (it may not have heard of
+/// the new one yet), or holds a connection of this rank (an earlier one, not found dead
+/// yet).
+fn passing(refusal: &str) -> bool {
+    refusal.contains("is already connected") || refusal.contains("of the job, this worker attempt")
+}
+
+/// A peer rank's connection to this worker, claimed: released when dropped.
+struct Claim {
+    mesh: Arc<Mesh>,
+    rank: Rank,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        lock(&self.mesh.incoming)[self.rank] = None;
     }
 }
 

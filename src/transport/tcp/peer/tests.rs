@@ -44,10 +44,21 @@ fn read(stream: &mut std::net::TcpStream) -> Handshake {
     wire::decode(&frame).unwrap()
 }
 
-/// Says hello as rank 0 of `job` in `attempt` and proves `secret`: what the peer
-/// answers last.
+/// Says hello as rank 0 of `job` in `attempt`, meaning to reach rank 1, and proves
+/// `secret`: what the peer answers last.
 fn greet(
     mesh: &Mesh,
+    job: &str,
+    attempt: Attempt,
+    secret: &[u8],
+) -> (std::net::TcpStream, Handshake) {
+    greet_rank(mesh, 1, job, attempt, secret)
+}
+
+/// As [`greet`], meaning to reach rank `to`.
+fn greet_rank(
+    mesh: &Mesh,
+    to: Rank,
     job: &str,
     attempt: Attempt,
     secret: &[u8],
@@ -62,6 +73,7 @@ fn greet(
         &Wire::PeerHello {
             job_id: job.into(),
             rank: 0,
+            to,
             fingerprint: fingerprint.clone(),
             attempt,
         },
@@ -106,6 +118,12 @@ fn a_peer_of_another_job_attempt_or_secret_is_refused_saying_why() {
     assert_eq!(
         refusal(greet(&mesh, "j", 3, SECRET).1).to_string(),
         "it runs attempt 3 of the job, this worker attempt 0"
+    );
+    // An address that reached another worker than the one meant.
+    let (_, answer) = greet_rank(&mesh, 5, "j", 0, SECRET);
+    assert_eq!(
+        refusal(answer).to_string(),
+        "it meant to reach rank 5, and reached rank 1"
     );
 }
 
@@ -158,4 +176,21 @@ fn a_peer_that_says_goodbye_is_no_loss() {
         events.recv_timeout(Duration::from_millis(500)),
         Err(std_mpsc::RecvTimeoutError::Timeout)
     ));
+}
+
+#[test]
+fn a_worker_whose_job_ends_says_goodbye_on_the_connections_it_accepted_too() {
+    let (_t, mesh, _events) = rank_1();
+    let (mut stream, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { .. }), "{answer:?}");
+    // The accepting end's lane is in place once its first heartbeat comes.
+    assert!(matches!(read(&mut stream), Wire::Heartbeat));
+    mesh.close();
+    loop {
+        match read(&mut stream) {
+            Wire::Heartbeat => continue,
+            Wire::PeerBye => break,
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -27,8 +27,9 @@ const SOON: Duration = Duration::from_secs(3);
 struct Seen {
     /// When rank 1 failed.
     failed_at: OnceLock<Instant>,
-    /// When each long compute started.
-    long_started: Mutex<Vec<(usize, Instant)>>,
+    /// When each long compute started, and whether the job had failed by then (as the
+    /// compute saw it, on its first line).
+    long_started: Mutex<Vec<(usize, Instant, bool)>>,
     /// Computes that stopped early, having checked for cancellation.
     stopped_early: AtomicUsize,
 }
@@ -38,13 +39,15 @@ impl Seen {
         *self.failed_at.get().expect("rank 1 failed")
     }
 
-    /// Every long compute started before the failure: none started once it was known.
+    /// No long compute started once the failure was known: each started before rank 1
+    /// failed, or — started by the runtime while rank 1's code was still returning its
+    /// error, before the job could know it — saw the job not failed yet on its first line.
     fn assert_no_compute_started_after_the_failure(&self) {
         let failed = self.failed_at();
-        for (rank, started) in self.long_started.lock().unwrap().iter() {
+        for (rank, started, known) in self.long_started.lock().unwrap().iter() {
             assert!(
-                *started <= failed,
-                "worker {rank}'s compute started {:?} after the failure",
+                *started <= failed || !known,
+                "worker {rank}'s compute started {:?} after the failure was known",
                 started.duration_since(failed)
             );
         }
@@ -65,10 +68,11 @@ fn workers(seen: Arc<Seen>, cooperative: bool) -> impl Fn(usize) -> FnWorker<Wor
                     let _ = seen.failed_at.set(Instant::now());
                     return Err("shard 1 is corrupt".into());
                 }
+                let (started, known) = (Instant::now(), ctx.is_cancelled());
                 seen.long_started
                     .lock()
                     .unwrap()
-                    .push((rank, Instant::now()));
+                    .push((rank, started, known));
                 let until = Instant::now() + LONG;
                 while Instant::now() < until {
                     if cooperative {

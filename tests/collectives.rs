@@ -227,12 +227,13 @@ fn a_rank_that_makes_another_call_fails_the_job_naming_the_calls_that_differ() {
     })
     .run()
     .unwrap_err();
-    // The first two calls that differ, as the master's node met them.
+    // The calls the master's node had met when two differed: two, or all three when they
+    // came together.
     let all_reduce = SyncKind::Collective(CollectiveKind::AllReduce(ReduceOp::Sum));
     let JobError::Sync(SyncError::Mismatch { epoch: 0, calls }) = &err else {
         panic!("{err}");
     };
-    assert_eq!(calls.len(), 2, "{err}");
+    assert!(calls.len() >= 2, "{err}");
     assert!(calls.contains(&(1, SyncKind::Barrier)), "{err}");
     assert!(
         calls.contains(&(0, all_reduce)) || calls.contains(&(2, all_reduce)),

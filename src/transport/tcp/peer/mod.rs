@@ -547,7 +547,7 @@ impl Mesh {
             let tried = tokio::time::timeout(left.max(Duration::from_millis(1)), async {
                 let stream = TcpStream::connect(addr)
                     .await
-                    .map_err(|e| format!("could not connect: {e}"))?;
+                    .map_err(|e| Unmet::Failed(format!("could not connect: {e}")))?;
                 let _ = stream.set_nodelay(true);
                 let (reader, mut writer) = stream.into_split();
                 let mut frames = Frames::new(reader);
@@ -559,10 +559,10 @@ impl Mesh {
                 {
                     Ok(Ok(())) => Ok((frames, writer)),
                     Ok(Err(e)) => Err(e),
-                    Err(_) => Err(format!(
+                    Err(_) => Err(Unmet::Failed(format!(
                         "no answer to the handshake within {:?}",
                         s.handshake_timeout
-                    )),
+                    ))),
                 }
             })
             .await;
@@ -570,10 +570,11 @@ impl Mesh {
                 Ok(Ok(reached)) => return Ok(reached),
                 // A peer not welcomed in this attempt yet, or whose connection from this
                 // worker's process before is not found dead yet, may take it later.
-                Ok(Err(e)) if e.starts_with("refused: ") && !passing(&e) => {
-                    return Err(Ended::Lost(e))
+                Ok(Err(Unmet::Refused(refusal))) if !passing(&refusal) => {
+                    return Err(Ended::Lost(format!("refused: {refusal}")))
                 }
-                Ok(Err(e)) => e,
+                Ok(Err(Unmet::Refused(refusal))) => format!("refused: {refusal}"),
+                Ok(Err(Unmet::Failed(e))) => e,
                 Err(_) => "connecting timed out".to_string(),
             };
             if Instant::now() + backoff >= deadline {
@@ -593,7 +594,7 @@ impl Mesh {
         to: Rank,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unmet> {
         let s = &self.settings;
         let hello = Wire::<(), ()>::PeerHello {
             job_id: s.job_id.clone(),
@@ -602,19 +603,20 @@ impl Mesh {
             fingerprint: (*self.fingerprint).clone(),
             attempt: self.attempt(),
         };
+        let failed = |e: String| Unmet::Failed(e);
         let send = |msg: &Wire<(), ()>| {
-            wire::encode(msg, wire::HANDSHAKE_MAX_FRAME).map_err(|e| e.to_string())
+            wire::encode(msg, wire::HANDSHAKE_MAX_FRAME).map_err(|e| failed(e.to_string()))
         };
         write_frame(writer, &send(&hello)?)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| failed(e.to_string()))?;
         let answer = |read: Result<Handshake, Unreadable>| match read {
-            Ok(Wire::Refused { refusal }) => Err(format!("refused: {refusal}")),
+            Ok(Wire::Refused { refusal }) => Err(Unmet::Refused(refusal)),
             Ok(answer) => Ok(answer),
-            Err(e) => Err(format!("rank {to} {e}")),
+            Err(e) => Err(failed(format!("rank {to} {e}"))),
         };
         let Wire::Challenge { nonce } = answer(frames.handshake().await)? else {
-            return Err("it sent no challenge".into());
+            return Err(failed("it sent no challenge".into()));
         };
         let secret = s.secret.as_deref().unwrap_or_default();
         let mac = proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
@@ -623,10 +625,10 @@ impl Mesh {
             .to_vec();
         write_frame(writer, &send(&Wire::Proof { mac })?)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| failed(e.to_string()))?;
         match answer(frames.handshake().await)? {
             Wire::Welcome { .. } => Ok(()),
-            _ => Err("it did not answer the proof".into()),
+            _ => Err(failed("it did not answer the proof".into())),
         }
     }
 }
@@ -634,8 +636,17 @@ impl Mesh {
 /// Whether a refusal may pass: the peer runs another attempt (it may not have heard of
 /// the new one yet), or holds a connection of this rank (an earlier one, not found dead
 /// yet).
-fn passing(refusal: &str) -> bool {
-    refusal.contains("is already connected") || refusal.contains("of the job, this worker attempt")
+fn passing(refusal: &Refusal) -> bool {
+    matches!(
+        refusal,
+        Refusal::RankTaken { .. } | Refusal::OtherAttempt { .. }
+    )
+}
+
+/// Why a try to reach a peer did not: refused by it (some refusals may pass), or failed.
+enum Unmet {
+    Refused(Refusal),
+    Failed(String),
 }
 
 /// A peer rank's connection to this worker, claimed: released when dropped.

@@ -1,6 +1,9 @@
 //! Aggregation throughput with 8 MB worker results (a `Vec<f64>` of 1,000,000), in memory
 //! and over TCP, and beside it the floor: 8 MB as raw bytes over a loopback connection,
-//! and as rmp-serde `Vec<f64>` (what serde's per-element encoding costs).
+//! and as rmp-serde `Vec<f64>` (what serde's per-element encoding costs). Then the
+//! master's fold of 8 ranks' 1 MB results over loopback TCP, three ways: the star (every
+//! result to the master), the tree and the ring (folded among the workers,
+//! `Aggregation::Tree` and `Ring`).
 //!
 //! ```text
 //! cargo bench --bench aggregation
@@ -160,5 +163,52 @@ fn aggregation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, aggregation);
+/// Sums the fold of the workers' results.
+struct FoldSum;
+impl MasterComputable for FoldSum {
+    type MasterResult = f64;
+    type WorkerResult = Floats;
+    fn compute(&mut self, ctx: &mut MasterContext<f64, Floats>) -> Result<Step<f64>, BoxError> {
+        let fold = ctx.combined_result().ok_or("a fold")?;
+        Ok(Step::Continue(fold.iter().sum()))
+    }
+}
+
+/// 1 MB of `f64` per rank.
+const FOLD_LEN: usize = 125_000;
+
+fn superstep_fold(ranks: usize, aggregation: Aggregation, iters: u64) -> Duration {
+    let job = move || {
+        Job::builder(FoldSum, |rank| {
+            Big(Floats::from(vec![rank as f64 + 0.5; FOLD_LEN]))
+        })
+        .workers(ranks)
+        .iterations(iters + WARMUP)
+        .report_iterations((iters + WARMUP) as usize)
+        .barrier_mode(true)
+        .aggregation(aggregation)
+        .combine_by(superstep::collective::Op::Sum)
+    };
+    measured(&run_over_tcp(ranks, job))
+}
+
+fn fold(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fold_1mb_tcp");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_millis(500));
+    let ranks = 8;
+    group.throughput(Throughput::Bytes((FOLD_LEN * 8 * ranks) as u64));
+    for aggregation in [Aggregation::Star, Aggregation::Tree, Aggregation::Ring] {
+        group.bench_with_input(
+            BenchmarkId::new(aggregation.to_string().to_lowercase(), ranks),
+            &aggregation,
+            |b, &a| b.iter_custom(|iters| superstep_fold(ranks, a, iters)),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, aggregation, fold);
 criterion_main!(benches);

@@ -8,6 +8,11 @@
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
 //!   sum to every worker with the next iteration — everything through rank 0; the time
 //!   is the master's round, from one sum to the next.
+//! - `--mode fold`: each worker returns its values and the job combines them
+//!   (`combine_by(Op::Sum)`) with the default aggregation: across processes the workers
+//!   fold them along the ring of ranks, chunk by chunk, and the last rank hands the sum to
+//!   the master, which checks it and sends a small result back; in one process, the
+//!   master folds. The time is the master's round, from one fold to the next.
 //!
 //! ```text
 //! cargo run --release --example allreduce -- --workers 4 --mb 8         # in one process
@@ -46,6 +51,7 @@ struct Args {
 enum Mode {
     AllReduce,
     Star,
+    Fold,
 }
 
 /// Rank `rank`'s values: small integers, so that every order of summing is exact and
@@ -98,6 +104,7 @@ impl WorkerComputable for Rank {
                 }
                 Ok(values)
             }
+            Mode::Fold => Ok(values),
         }
     }
 }
@@ -140,17 +147,24 @@ impl MasterComputable for Timing {
                         *s += x;
                     }
                 }
-                let now = Instant::now();
-                if let Some(last) = self.last.replace(now) {
-                    self.times.push((now - last).as_secs_f64() * 1e3);
-                }
+                self.lap();
                 sum
+            }
+            Mode::Fold => {
+                let sum = ctx
+                    .take_combined_result()
+                    .ok_or("the job combines: a fold was expected")?;
+                check(&sum, ctx.workers())?;
+                self.lap();
+                // The master's result is small: the round measures the fold.
+                Floats::from(vec![sum.first().copied().unwrap_or_default()])
             }
         };
         if ctx.iteration() == ctx.iterations() {
             let mode = match self.mode {
                 Mode::AllReduce => "all-reduce",
                 Mode::Star => "star",
+                Mode::Fold => "fold",
             };
             println!(
                 "allreduce mode={mode} n={} mb={} median_ms={:.1}",
@@ -160,6 +174,16 @@ impl MasterComputable for Timing {
             );
         }
         Ok(Step::Continue(next))
+    }
+}
+
+impl Timing {
+    /// Counts the round since the last lap, if any.
+    fn lap(&mut self) {
+        let now = Instant::now();
+        if let Some(last) = self.last.replace(now) {
+            self.times.push((now - last).as_secs_f64() * 1e3);
+        }
     }
 }
 
@@ -184,10 +208,13 @@ fn main() -> ExitCode {
         times: Vec::new(),
     };
     let mode = args.mode;
-    let job = Job::builder(master, move |_| Rank { mode, len })
+    let mut job = Job::builder(master, move |_| Rank { mode, len })
         .job_id("allreduce")
-        .workers(args.workers)
-        .cluster_from_env();
+        .workers(args.workers);
+    if mode == Mode::Fold {
+        job = job.combine_by(Op::Sum);
+    }
+    let job = job.cluster_from_env();
     let job = match job {
         Ok(job) => job,
         Err(error) => {
@@ -198,7 +225,7 @@ fn main() -> ExitCode {
     // One more iteration than asked: the first opens the connections and is not timed.
     let outcome = job
         .iterations(args.iterations + 1)
-        .barrier_mode(mode == Mode::AllReduce)
+        .barrier_mode(mode != Mode::Star)
         .run();
     match outcome {
         Ok(_) => ExitCode::SUCCESS,

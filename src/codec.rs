@@ -29,6 +29,26 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(
     rmp_serde::to_vec_named(value)
 }
 
+/// How many bytes `value` encodes to (0 if it cannot be encoded), without keeping them:
+/// a block of bytes ([`Floats`](crate::Floats)) is counted, not copied.
+pub(crate) fn encoded_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match rmp_serde::encode::write_named(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => 0,
+    }
+}
+
 /// Decodes a `T`; never panics on a peer's bytes (rmp-serde also bounds nesting depth).
 pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_serde::decode::Error> {
     rmp_serde::from_slice(bytes)

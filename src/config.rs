@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
-use crate::ids::Iteration;
+use crate::ids::{Aggregation, Iteration};
 use crate::protocol::{FailurePolicy, NodeConfig};
 
 /// Where user compute runs.
@@ -87,6 +87,7 @@ pub enum Placement {
 /// | `SUPERSTEP_SHUTDOWN_TIMEOUT` | [`shutdown_timeout`](JobConfig::shutdown_timeout) |
 /// | `SUPERSTEP_SYNC_TIMEOUT` | [`sync_timeout`](JobConfig::sync_timeout) |
 /// | `SUPERSTEP_FAILURE_GRACE` | [`failure_grace`](JobConfig::failure_grace) |
+/// | `SUPERSTEP_AGGREGATION` | [`aggregation`](JobConfig::aggregation): `auto`, `star`, `tree` or `ring` |
 /// | `SUPERSTEP_FAILURE_POLICY` | [`failure_policy`](JobConfig::failure_policy): `fail`, `continue_without`, `restart_worker:N`, `restart_all:N` |
 /// | `SUPERSTEP_PROGRESS_INTERVAL` | [`progress_interval`](JobConfig::progress_interval) |
 ///
@@ -142,6 +143,10 @@ pub struct JobConfig {
     /// computes on a dedicated thread of its own (the gang: one thread per worker, on which
     /// nothing else ever runs), never inline. Default off.
     pub barrier_mode: bool,
+    /// How the workers' results of a job that combines them reach the master: each on its
+    /// own (a star), or folded among the workers over the peer mesh first. Default
+    /// [`Aggregation::Auto`]; `Tree` and `Ring` need barrier mode and a combining job.
+    pub aggregation: Aggregation,
     /// How long one `barrier()` / `all_gather()` epoch may wait, from its first arrival
     /// (Spark's `spark.barrier.sync.timeout`, whose 365-day default is not copied). Default
     /// 10 min; `Duration::MAX` means no limit. The iteration timeout still bounds the whole
@@ -267,6 +272,7 @@ settings! {
     inline_threshold: Duration => "duration::some",
     compute_threads: Option<usize>,
     barrier_mode: bool,
+    aggregation: Aggregation,
     sync_timeout: Duration => "duration::some",
     min_workers_ratio: f64,
     min_workers_timeout: Duration => "duration::some",
@@ -295,6 +301,7 @@ impl Default for JobConfig {
             inline_threshold: Duration::from_micros(50),
             compute_threads: None,
             barrier_mode: false,
+            aggregation: Aggregation::Auto,
             sync_timeout: Duration::from_secs(600),
             min_workers_ratio: 1.0,
             min_workers_timeout: Duration::from_secs(5),
@@ -348,6 +355,13 @@ impl JobConfig {
                 "placement",
                 self.placement,
                 "cannot be Inline in barrier mode: ranks waiting for each other need threads of their own",
+            ));
+        }
+        if matches!(self.aggregation, Aggregation::Tree | Aggregation::Ring) && !self.barrier_mode {
+            return Err(ConfigError::new(
+                "aggregation",
+                self.aggregation,
+                "needs barrier mode: folding among the workers makes every rank wait for the others at the end of its compute; set barrier_mode, or Auto or Star",
             ));
         }
         let ratio = self.min_workers_ratio;
@@ -427,6 +441,7 @@ impl JobConfig {
             iterations: self.iterations,
             worker_halt: self.worker_halt,
             barrier_mode: self.barrier_mode,
+            aggregation: self.aggregation,
             policy: self.failure_policy,
             quorum: self.quorum(),
             min_workers_timeout: self.min_workers_timeout,
@@ -490,6 +505,12 @@ impl JobConfig {
                     ))
                 }
             };
+        }
+        if let Some(v) = get("SUPERSTEP_AGGREGATION") {
+            self.aggregation = v
+                .trim()
+                .parse()
+                .map_err(|why: String| ConfigError::new("SUPERSTEP_AGGREGATION", &v, &why))?;
         }
         if let Some(v) = get("SUPERSTEP_FAILURE_POLICY") {
             self.failure_policy = v

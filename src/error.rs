@@ -83,8 +83,9 @@ pub enum Phase {
     PostIteration,
     /// An interceptor's `post_application`.
     PostApplication,
-    /// The master's combiner, folding a worker's result as it arrives (see
-    /// `JobBuilder::combine`).
+    /// The job's combiner (see `JobBuilder::combine`): the master's, folding a worker's
+    /// result as it arrives, or a worker's, folding results among the workers
+    /// (`Aggregation::Tree` and `Ring`).
     Combine,
     /// The master computable's `save_state` or `restore_state`, writing or resuming from
     /// a checkpoint.

@@ -152,3 +152,78 @@ impl fmt::Display for CollectiveCall {
         )
     }
 }
+
+/// How the workers' results of a job that combines them (`JobBuilder::combine`) reach the
+/// master: each to the master (a star), or folded among the workers first, over the peer
+/// mesh, so that the master receives one folded result an iteration.
+///
+/// Whatever the way, results are folded in rank order — `combine(combine(r0, r1), r2)` —
+/// and [`Ring`](Aggregation::Ring) keeps that grouping too, so its result is the star's to
+/// the bit, floats included. [`Tree`](Aggregation::Tree) groups as a binomial tree does
+/// (`(r0 ⊕ r1) ⊕ (r2 ⊕ r3)`): the same result for a fold that is associative to the bit
+/// (integers, min, max, concatenation), the last bits of a float sum may differ.
+///
+/// Folding among the workers makes them wait for each other at the end of compute, as a
+/// collective does: [`Tree`](Aggregation::Tree) and [`Ring`](Aggregation::Ring) need
+/// barrier mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Aggregation {
+    /// The star in one process (results are handed over, not copied) and for small
+    /// results; across processes in barrier mode, the ring for an element-wise fold
+    /// (`JobBuilder::combine_by`) once an iteration's folded result reached 64 KiB — the
+    /// master decides each iteration by the one before and tells every worker.
+    #[default]
+    #[serde(alias = "auto")]
+    Auto,
+    /// Every worker sends its result to the master, which folds them as they arrive.
+    #[serde(alias = "star")]
+    Star,
+    /// A binomial tree towards rank 0: about log₂(workers) steps, each moving the whole
+    /// value; rank 0 sends the fold to the master.
+    #[serde(alias = "tree")]
+    Tree,
+    /// Along the ranks in order, 0 to the last, which sends the fold to the master. An
+    /// element-wise fold (`JobBuilder::combine_by`) travels in chunks, so each link carries
+    /// the value about once whatever the number of workers; any other fold travels whole.
+    #[serde(alias = "ring")]
+    Ring,
+}
+
+impl fmt::Display for Aggregation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Aggregation::Auto => "Auto",
+            Aggregation::Star => "Star",
+            Aggregation::Tree => "Tree",
+            Aggregation::Ring => "Ring",
+        })
+    }
+}
+
+impl std::str::FromStr for Aggregation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Aggregation::Auto),
+            "star" => Ok(Aggregation::Star),
+            "tree" => Ok(Aggregation::Tree),
+            "ring" => Ok(Aggregation::Ring),
+            _ => Err(format!(
+                "unknown aggregation {s:?}: expected auto, star, tree or ring"
+            )),
+        }
+    }
+}
+
+/// How the workers fold their results in one iteration, as the master tells them with the
+/// iteration (an [`Aggregation`] decided).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FoldRoute {
+    /// Each worker sends its own result to the master.
+    Star,
+    /// By a binomial tree towards rank 0.
+    Tree,
+    /// Along the ranks in order, towards the last.
+    Ring,
+}

@@ -235,7 +235,7 @@ pub use error::{
     BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, Phase, SyncError, Waiting,
 };
 pub use events::JobEvent;
-pub use ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
+pub use ids::{Aggregation, Attempt, Epoch, Iteration, Rank, SyncKind};
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
@@ -265,7 +265,7 @@ struct ReadmeDoctests;
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use superstep::dev::{Envelope, Gate, GateConfig, GateOutput, Report, ToMaster};
+/// use superstep::dev::{Envelope, Gate, GateConfig, GateOutput, Report, Share, ToMaster};
 ///
 /// let now = Instant::now();
 /// let timeouts = [Duration::from_secs(60); 3];
@@ -276,6 +276,7 @@ struct ReadmeDoctests;
 /// }
 /// assert!(gate.open(now, 1));
 /// for (rank, result) in [(1, 20), (0, 10)] {
+///     let result = Share::Own(result);
 ///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, elapsed: Duration::ZERO };
 ///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
 ///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
@@ -287,8 +288,8 @@ struct ReadmeDoctests;
 pub mod dev {
     pub use crate::protocol::{
         Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered, Next, Offer,
-        PeerBody, PeerMessage, Piece, Recovery, Report, Round, Schedule, SyncResult, SyncState,
-        SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand, WorkerState,
+        PeerBody, PeerMessage, Piece, Recovery, Report, Round, Schedule, Share, SyncResult,
+        SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand, WorkerState,
     };
     /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for
     /// captures and tests): `Ok` with the message's kind, or why it could not be read.
@@ -299,8 +300,8 @@ pub mod dev {
 /// The names most jobs use.
 pub mod prelude {
     pub use crate::{
-        BoxError, Ending, FailurePolicy, Floats, Job, JobBuilder, JobError, JobEvent, JobOutcome,
-        MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step, SyncError,
-        WorkerComputable, WorkerContext, WorkerInterceptor,
+        Aggregation, BoxError, Ending, FailurePolicy, Floats, Job, JobBuilder, JobError, JobEvent,
+        JobOutcome, MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step,
+        SyncError, WorkerComputable, WorkerContext, WorkerInterceptor,
     };
 }

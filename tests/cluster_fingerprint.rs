@@ -249,7 +249,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
                 .send(ToMaster::Result(Report {
                     attempt: 0,
                     iteration,
-                    result: 2,
+                    result: superstep::dev::Share::Own(2),
                     halt_vote: false,
                     elapsed: Duration::ZERO,
                 }))

@@ -411,7 +411,7 @@ fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_re
         ToMaster::Result(Report {
             attempt: 0,
             iteration,
-            result: 7,
+            result: superstep::dev::Share::Own(7),
             halt_vote: false,
             elapsed: Duration::ZERO,
         })

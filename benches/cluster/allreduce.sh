@@ -6,14 +6,14 @@
 #   benches/cluster/allreduce.sh [ITERATIONS] [NS...] [-- MB...]
 #
 # Runs rank r of n on host h<r> (rank 0, the master, on h0), for n in 2 4 8, S in 1 8 MB,
-# both modes; prints each run's line from rank 0:
+# every mode (MODES: all-reduce star fold); prints each run's line from rank 0:
 #   allreduce mode=<mode> n=<n> mb=<S> median_ms=<ms>
 # Build first: cargo build --release --example allreduce
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ITERATIONS=${1:-10}
 BIN=${BIN:-target/release/examples/allreduce}
-MODES=${MODES:-"all-reduce star"}
+MODES=${MODES:-"all-reduce star fold"}
 NS=${NS:-"2 4 8"}
 MBS=${MBS:-"1 8"}
 [ -x "$BIN" ] || { echo "no $BIN: cargo build --release --example allreduce" >&2; exit 1; }

@@ -5,17 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointStore;
+use crate::collective::Op;
 use crate::compute::{MasterComputable, WorkerComputable};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::{Coordinator, Input, MalformedRows};
 use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
-use crate::ids::{Iteration, Rank};
+use crate::ids::{Aggregation, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
-use crate::payload::Payload;
-use crate::protocol::JobOutcome;
+use crate::payload::{Element, Floats, Payload};
+use crate::protocol::{Combining, JobOutcome};
 use crate::runtime::{
-    self, Cancel, Checkpointing, CombineFn, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
+    self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
     WorkerHookFactory,
 };
 use crate::transport::{Fingerprint, MemoryTransport, Transport};
@@ -73,7 +74,11 @@ impl<M: Payload, W: Payload> Job<M, W> {
     /// [`LinkSpec::fingerprint`]: crate::transport::LinkSpec::fingerprint
     pub fn fingerprint(&self) -> Fingerprint {
         let plan = &self.plan;
-        runtime::fingerprint::<M, W>(&plan.config, plan.input.as_ref(), plan.combine.is_some())
+        runtime::fingerprint::<M, W>(
+            &plan.config,
+            plan.input.as_ref(),
+            runtime::combining(plan.combine.as_ref()),
+        )
     }
 
     /// Runs the job to its end and returns its outcome, or its first failure.
@@ -124,7 +129,7 @@ pub struct JobBuilder<M, W> {
     pub(crate) worker_hooks: Vec<WorkerHookFactory<M, W>>,
     events: Events,
     transport: Option<Box<dyn Transport<M, W>>>,
-    pub(crate) combine: Option<CombineFn<W>>,
+    pub(crate) combine: Option<Combine<M, W>>,
     pub(crate) checkpoint: Option<Checkpointing>,
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
@@ -347,6 +352,11 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// overlapping the slower workers' compute; a panic in it fails the job as the master's
     /// failure in [`Phase::Combine`](crate::Phase::Combine).
     ///
+    /// Across processes the results can also be folded among the workers before they reach
+    /// the master, so the master's link carries one result an iteration rather than one
+    /// per worker: see [`aggregation`](Self::aggregation), and
+    /// [`combine_by`](JobBuilder::combine_by) for a fold the workers carry in chunks.
+    ///
     /// ```
     /// # use superstep::prelude::*;
     /// # struct Sum;
@@ -377,7 +387,23 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// # Ok::<(), superstep::JobError>(())
     /// ```
     pub fn combine(mut self, combine: impl Fn(&mut W, W) + Send + Sync + 'static) -> Self {
-        self.combine = Some(Arc::new(combine));
+        let fold: runtime::CombineFn<W> = Arc::new(combine);
+        let among = Arc::clone(&fold);
+        self.combine = Some(Combine {
+            fold,
+            among: Arc::new(move |ctx, result, route| {
+                ctx.fold_whole(result, route, |a, b| among(a, b))
+            }),
+            combining: Combining::Whole,
+        });
+        self
+    }
+
+    /// How the workers' results reach the master when the job combines them: each on its
+    /// own, or folded among the workers first — see [`Aggregation`]. Default
+    /// [`Aggregation::Auto`].
+    pub fn aggregation(mut self, aggregation: Aggregation) -> Self {
+        self.config.aggregation = aggregation;
         self
     }
 
@@ -583,6 +609,67 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Builds and runs the job: [`build`](Self::build) then [`Job::run`].
     pub fn run(self) -> Result<JobOutcome<M>, JobError> {
         self.build()?.run()
+    }
+}
+
+impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
+    /// Combines the workers' results element by element with `op`, as
+    /// [`combine`](Self::combine) with a fold of `a[i] = op(a[i], b[i])` does — the same
+    /// rank order, the same bits — but a fold the workers can carry among themselves in
+    /// chunks: with [`Aggregation::Ring`] (or [`Aggregation::Auto`] across processes, once
+    /// results are large) the results travel along the ranks as a pipeline, each link
+    /// carrying about one result whatever the number of workers, and the master receives
+    /// one folded result an iteration.
+    ///
+    /// Every worker's result must have as many elements: results of different lengths fail
+    /// the iteration naming the lengths.
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// use superstep::collective::Op;
+    /// # struct Total;
+    /// # impl MasterComputable for Total {
+    /// #     type MasterResult = f64;
+    /// #     type WorkerResult = Floats;
+    /// #     fn compute(&mut self, ctx: &mut MasterContext<f64, Floats>) -> Result<Step<f64>, BoxError> {
+    /// #         Ok(Step::Continue(ctx.combined_result().unwrap().iter().sum()))
+    /// #     }
+    /// # }
+    /// # struct Part(usize);
+    /// # impl WorkerComputable for Part {
+    /// #     type MasterResult = f64;
+    /// #     type WorkerResult = Floats;
+    /// #     fn compute(&mut self, _: &mut WorkerContext<f64, Floats>) -> Result<Floats, BoxError> {
+    /// #         Ok(Floats::from(vec![self.0 as f64; 4]))
+    /// #     }
+    /// # }
+    /// let outcome = Job::builder(Total, Part)
+    ///     .workers(3)
+    ///     .iterations(2)
+    ///     .barrier_mode(true)
+    ///     .aggregation(Aggregation::Ring)
+    ///     .combine_by(Op::Sum)
+    ///     .run()?;
+    /// assert_eq!(*outcome.result, 12.0); // (0 + 1 + 2) × 4
+    /// # Ok::<(), superstep::JobError>(())
+    /// ```
+    pub fn combine_by(mut self, op: Op) -> Self {
+        self.combine = Some(Combine {
+            fold: Arc::new(move |fold: &mut Floats<T>, next: Floats<T>| {
+                assert!(
+                    fold.len() == next.len(),
+                    "results of different lengths cannot be combined element by element: {} and {} element(s)",
+                    fold.len(),
+                    next.len()
+                );
+                for (a, b) in fold.iter_mut().zip(next.0) {
+                    *a = op.apply(*a, b);
+                }
+            }),
+            among: Arc::new(move |ctx, result, route| ctx.fold_elements(result, route, op)),
+            combining: Combining::Elementwise,
+        });
+        self
     }
 }
 

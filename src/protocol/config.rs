@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use super::{Envelope, FailurePolicy, GateConfig, ToMaster};
-use crate::error::{JobError, Waiting};
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::error::{ConfigError, JobError, Waiting};
+use crate::ids::{Aggregation, Attempt, FoldRoute, Iteration, Rank};
 
 /// How long a worker that failed on its own waits, once stopped, for the master to say
 /// what the job's first failure was (normally its abort arrives within milliseconds).
@@ -21,6 +21,22 @@ pub(crate) const VERDICT_GRACE: Duration = Duration::from_secs(2);
 /// How much longer than the sync timeout a worker's sync call waits for its answer: the
 /// master's node answers first (with the epoch's timeout) unless it is gone or held up.
 const SYNC_PATIENCE_MARGIN: Duration = Duration::from_secs(5);
+
+/// From how many bytes an iteration's fold makes [`Aggregation::Auto`] fold the next
+/// iteration's results along the ring of workers rather than at the master: below it a
+/// result's bytes cost less than the steps along the ring.
+pub(crate) const AUTO_RING_BYTES: usize = 64 * 1024;
+
+/// What a job's way of combining its results allows its workers to fold among themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Combining {
+    /// The job does not combine its results.
+    No,
+    /// By the user's fold of whole values.
+    Whole,
+    /// Element by element (`JobBuilder::combine_by`): the ring carries it in chunks.
+    Elementwise,
+}
 
 /// The master's node's settings, as the job's settings give them.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +48,9 @@ pub(crate) struct NodeConfig {
     /// Whether the workers' unanimous vote halts the job.
     pub(crate) worker_halt: bool,
     pub(crate) barrier_mode: bool,
+    /// How the workers' results reach the master; `Auto` only where the size decides
+    /// (see [`NodeConfig::settle_aggregation`]).
+    pub(crate) aggregation: Aggregation,
     pub(crate) policy: FailurePolicy,
     /// The fewest results a round completes with once `min_workers_timeout` passed:
     /// `ceil(min_workers_ratio × workers)`.
@@ -68,6 +87,53 @@ impl NodeConfig {
     /// The failure grace as the nodes apply it: `grace`, at most `shutdown`.
     pub(crate) fn grace(grace: Duration, shutdown: Duration) -> Duration {
         grace.min(shutdown)
+    }
+
+    /// Settles the aggregation for a job that combines as `combining` says, whose workers
+    /// are in other processes than one another or not (`across`): `Tree` and `Ring` need a
+    /// combining job; `Auto` folds among the workers only across processes, in barrier
+    /// mode, for an element-wise fold — otherwise it is the star.
+    pub(crate) fn settle_aggregation(
+        &mut self,
+        combining: Combining,
+        across: bool,
+    ) -> Result<(), ConfigError> {
+        match self.aggregation {
+            Aggregation::Tree | Aggregation::Ring if combining == Combining::No => {
+                Err(ConfigError::new(
+                    "aggregation",
+                    self.aggregation,
+                    "needs a job that combines its results (JobBuilder::combine or combine_by): without one the master receives every worker's result",
+                ))
+            }
+            Aggregation::Auto
+                if !(across && self.barrier_mode && combining == Combining::Elementwise) =>
+            {
+                self.aggregation = Aggregation::Star;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How the workers fold their results of an iteration, given the encoded size of the
+    /// fold of the iteration before, where it was measured.
+    pub(crate) fn fold_route(&self, last_fold: Option<usize>) -> FoldRoute {
+        if self.workers <= 1 {
+            return FoldRoute::Star;
+        }
+        match self.aggregation {
+            Aggregation::Star => FoldRoute::Star,
+            Aggregation::Tree => FoldRoute::Tree,
+            Aggregation::Ring => FoldRoute::Ring,
+            Aggregation::Auto if last_fold.is_some_and(|b| b >= AUTO_RING_BYTES) => FoldRoute::Ring,
+            Aggregation::Auto => FoldRoute::Star,
+        }
+    }
+
+    /// Whether the master measures each fold's encoded size (for `Auto`'s choice).
+    pub(crate) fn measures_folds(&self) -> bool {
+        self.aggregation == Aggregation::Auto && self.workers > 1
     }
 
     /// Whether a worker's failure ends the job (`FailurePolicy::Fail`), rather than being
@@ -205,6 +271,7 @@ impl NodeConfig {
             iterations: 50,
             worker_halt: false,
             barrier_mode: false,
+            aggregation: Aggregation::Star,
             policy: FailurePolicy::Fail,
             quorum: 1,
             min_workers_timeout: Duration::from_secs(5),
@@ -364,7 +431,51 @@ mod tests {
             attempt: 0,
             iteration: 1,
             last: None,
+            fold: crate::ids::FoldRoute::Star,
         };
         assert_eq!(abort_ends_job(3, &iterate), None);
+    }
+
+    #[test]
+    fn auto_folds_among_workers_only_across_processes_in_barrier_mode_for_an_elementwise_fold() {
+        let settled = |aggregation, barrier_mode, combining, across| {
+            let mut c = NodeConfig {
+                aggregation,
+                barrier_mode,
+                ..config()
+            };
+            c.settle_aggregation(combining, across)
+                .map(|()| c.aggregation)
+        };
+        use Aggregation::*;
+        assert_eq!(settled(Auto, true, Combining::Elementwise, true), Ok(Auto));
+        for (barrier, combining, across) in [
+            (false, Combining::Elementwise, true),
+            (true, Combining::Whole, true),
+            (true, Combining::No, true),
+            (true, Combining::Elementwise, false),
+        ] {
+            assert_eq!(settled(Auto, barrier, combining, across), Ok(Star));
+        }
+        assert_eq!(settled(Ring, true, Combining::Whole, false), Ok(Ring));
+        let error = settled(Tree, true, Combining::No, true).unwrap_err();
+        assert!(
+            error.to_string().contains("combines its results"),
+            "{error}"
+        );
+        // The ring from the iteration after a fold of 64 KiB on; never with one worker.
+        let auto = NodeConfig {
+            aggregation: Auto,
+            ..config()
+        };
+        assert_eq!(auto.fold_route(None), FoldRoute::Star);
+        assert_eq!(auto.fold_route(Some(AUTO_RING_BYTES - 1)), FoldRoute::Star);
+        assert_eq!(auto.fold_route(Some(AUTO_RING_BYTES)), FoldRoute::Ring);
+        let one = NodeConfig {
+            workers: 1,
+            aggregation: Tree,
+            ..config()
+        };
+        assert_eq!(one.fold_route(None), FoldRoute::Star);
     }
 }

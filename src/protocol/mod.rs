@@ -39,11 +39,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ErrorSource, JobError};
-use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::segment;
 pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
-pub(crate) use config::{abort_ends_job, NodeConfig, Save, WorkerConfig};
+pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig};
 pub use event::JobEvent;
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
@@ -93,12 +93,36 @@ pub struct Report<W> {
     pub attempt: Attempt,
     /// The iteration it belongs to.
     pub iteration: Iteration,
-    /// The user's result.
-    pub result: W,
+    /// The user's result, or its part in a fold among the workers.
+    pub result: Share<W>,
     /// Whether the worker voted to halt (see `JobConfig::worker_halt`).
     pub halt_vote: bool,
     /// How long the worker's iteration (hooks and compute) took.
     pub elapsed: Duration,
+}
+
+/// A worker's part in a round's results: its own result, or — when the workers folded
+/// their results among themselves ([`FoldRoute`](crate::ids::FoldRoute)) — the fold of
+/// every rank's (at the rank the fold ended at) or nothing (its result went into that
+/// fold).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Share<W> {
+    /// The worker's own result.
+    Own(W),
+    /// Every rank's result, folded in rank order among the workers.
+    Fold(W),
+    /// The worker's result went into another rank's fold.
+    Passed,
+}
+
+impl<W> Share<W> {
+    /// The value it carries, if any.
+    pub fn into_value(self) -> Option<W> {
+        match self {
+            Share::Own(w) | Share::Fold(w) => Some(w),
+            Share::Passed => None,
+        }
+    }
 }
 
 /// Messages from a worker to the master's node.
@@ -152,6 +176,8 @@ pub enum ToWorker<M> {
         /// The master result of `iteration - 1`; `None` in iteration 1. Shared, not copied
         /// per worker, in-process.
         last: Option<Arc<M>>,
+        /// How the workers fold their results of this iteration.
+        fold: FoldRoute,
     },
     /// The job completed: run `post_application` and stop.
     Finish {
@@ -217,10 +243,12 @@ impl<M> Clone for ToWorker<M> {
                 attempt,
                 iteration,
                 last,
+                fold,
             } => ToWorker::Iterate {
                 attempt: *attempt,
                 iteration: *iteration,
                 last: last.clone(),
+                fold: *fold,
             },
             ToWorker::Finish {
                 attempt,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Drops, HaltedBy, Recover, RowCounts, WorkerReport};
 use crate::error::JobError;
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 
 /// How one iteration went.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +28,10 @@ pub struct IterationReport {
     /// ([`JobConfig::min_workers_ratio`](crate::JobConfig::min_workers_ratio)). Empty when
     /// every rank reported.
     pub left_out: Vec<Rank>,
+    /// How the workers' results reached the master: each on its own
+    /// ([`FoldRoute::Star`]), or folded among the workers (see
+    /// [`JobConfig::aggregation`](crate::JobConfig::aggregation)).
+    pub aggregation: FoldRoute,
 }
 
 /// A duration's running total over many iterations, and the largest.

@@ -212,6 +212,14 @@ impl<T> Round<T> {
         self.held
     }
 
+    /// How many of the arrivals the round holds now are `such`.
+    pub fn held_such(&self, such: impl Fn(&T) -> bool) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Held(t) if such(t)))
+            .count()
+    }
+
     /// Takes the next rank's result in rank order, if it arrived and every lower rank's was
     /// taken before; `None` while that rank is missing or after the last rank.
     pub fn take_next(&mut self) -> Option<(Rank, T)> {

@@ -131,6 +131,7 @@ mod tests {
             attempt,
             iteration,
             last: None,
+            fold: crate::ids::FoldRoute::Star,
         }
     }
 

@@ -74,7 +74,11 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let topology = transport.prepare(&LinkSpec {
         job_id: config.job_id.clone(),
         workers: config.workers,
-        fingerprint: fingerprint::<M, W>(&config, input.as_ref(), combine.is_some()),
+        fingerprint: fingerprint::<M, W>(
+            &config,
+            input.as_ref(),
+            super::combining(combine.as_ref()),
+        ),
         peers: config.barrier_mode,
     })?;
     // A transport that runs the whole job here leaves the connecting to the runtime: the
@@ -176,6 +180,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         shards,
         end: job.end.clone(),
         host: in_process.map(|_| Arc::clone(&arrivals)),
+        fold_among: combine.as_ref().map(|c| Arc::clone(&c.among)),
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
@@ -204,7 +209,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             MasterParts {
                 master,
                 hooks: master_hooks,
-                combine,
+                combine: combine.as_ref().map(|c| Arc::clone(&c.fold)),
                 store,
                 resumed,
                 attempt,
@@ -333,6 +338,7 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
         attempt,
     )
     .keeping_initial_state(matches!(config.policy, FailurePolicy::RestartAll { .. }));
-    let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now);
+    let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now)
+        .measuring_folds(crate::codec::encoded_len::<W>);
     (task, node)
 }

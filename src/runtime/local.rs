@@ -107,6 +107,8 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     /// Where the master's node actor takes workers' messages from other threads, when it
     /// hosts this process's workers.
     pub(crate) host: Option<Arc<Arrivals<W>>>,
+    /// The workers' part in folding results among themselves, when the job combines them.
+    pub(crate) fold_among: Option<crate::collective::FoldAmong<M, W>>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -433,7 +435,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         };
         let worker_config = Arc::clone(&parts.worker_config);
         let driver = WorkerDriver::new(
-            WorkerTask::new(computable, hooks, ctx, attempt, Arc::clone(&worker_config)),
+            WorkerTask::new(computable, hooks, ctx, attempt, Arc::clone(&worker_config))
+                .folding(parts.fold_among.clone()),
             worker_config,
             sync_answers,
             executor,

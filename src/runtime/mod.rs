@@ -35,6 +35,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::checkpoint::CheckpointStore;
+use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
@@ -45,7 +46,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{HaltedBy, NodeConfig};
+use crate::protocol::{Combining, HaltedBy, NodeConfig};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 
@@ -81,18 +82,23 @@ pub(crate) struct Plan<M, W> {
     pub(crate) worker_hooks: Vec<WorkerHookFactory<M, W>>,
     pub(crate) events: Events,
     pub(crate) transport: Box<dyn Transport<M, W>>,
-    pub(crate) combine: Option<CombineFn<W>>,
+    pub(crate) combine: Option<Combine<M, W>>,
     pub(crate) checkpoint: Option<Checkpointing>,
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
     pub(crate) cancel: Option<Cancel>,
 }
 
-impl<M, W> Plan<M, W> {
-    /// The settings the job's master's node runs by.
-    pub(crate) fn node_config(&self) -> NodeConfig {
-        self.config
-            .node_config(self.checkpoint.as_ref().map(|c| c.every))
+impl<M: Payload, W: Payload> Plan<M, W> {
+    /// The settings the job's master's node runs by, its aggregation settled for its
+    /// transport and its way of combining.
+    pub(crate) fn node_config(&self) -> Result<NodeConfig, crate::error::ConfigError> {
+        let mut config = self
+            .config
+            .node_config(self.checkpoint.as_ref().map(|c| c.every));
+        let across = self.transport.in_process().is_none();
+        config.settle_aggregation(combining(self.combine.as_ref()), across)?;
+        Ok(config)
     }
 }
 
@@ -175,7 +181,7 @@ pub(crate) fn resume<M: Payload>(
 pub(crate) fn fingerprint<M, W>(
     config: &JobConfig,
     input: Option<&Input>,
-    combining: bool,
+    combining: Combining,
 ) -> Fingerprint {
     let on = |b: bool| if b { "on" } else { "off" };
     Fingerprint::new()
@@ -184,7 +190,14 @@ pub(crate) fn fingerprint<M, W>(
         .with("iterations", config.iterations)
         .with("barrier_mode", on(config.barrier_mode))
         .with("worker_halt", on(config.worker_halt))
-        .with("combine", on(combining))
+        .with(
+            "combine",
+            match combining {
+                Combining::No => "off",
+                Combining::Whole => "on",
+                Combining::Elementwise => "element by element",
+            },
+        )
         .with("failure_policy", format!("{:?}", config.failure_policy))
         .with("malformed_rows", format!("{:?}", config.malformed_rows))
         .with(
@@ -198,6 +211,29 @@ pub(crate) fn fingerprint<M, W>(
 /// The user's combiner of worker results (see `JobBuilder::combine`).
 pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 
+/// How a job combines its workers' results: the fold, the workers' part when they fold
+/// among themselves, and what kind of fold it is.
+pub(crate) struct Combine<M, W> {
+    pub(crate) fold: CombineFn<W>,
+    pub(crate) among: FoldAmong<M, W>,
+    pub(crate) combining: Combining,
+}
+
+/// What kind of fold a job's `combine` is.
+pub(crate) fn combining<M, W>(combine: Option<&Combine<M, W>>) -> Combining {
+    combine.map_or(Combining::No, |c| c.combining)
+}
+
+impl<M, W> Clone for Combine<M, W> {
+    fn clone(&self) -> Self {
+        Combine {
+            fold: Arc::clone(&self.fold),
+            among: Arc::clone(&self.among),
+            combining: self.combining,
+        }
+    }
+}
+
 /// Runs a job to its end on a thread of its own, and returns its outcome. Blocks the
 /// calling thread (which may be inside an async runtime: the job has its own).
 ///
@@ -207,7 +243,7 @@ pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
 /// thread to end whenever that code returns.
 pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOutcome<M>, JobError> {
     plan.config.validate()?;
-    let config = Arc::new(plan.node_config());
+    let config = Arc::new(plan.node_config()?);
     let job_config = Arc::clone(&config);
     let shared = Shared {
         watch: Arc::new(Watch::new()),

@@ -7,14 +7,15 @@ use std::time::Instant;
 
 use super::pool::guarded;
 use super::{DynWorker, OwnedEnding, WorkerHooks};
+use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, WorkerContext};
 use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
-use crate::protocol::{Report, ToMaster, Work, Worked, WorkerConfig};
+use crate::protocol::{Report, Share, ToMaster, Work, Worked, WorkerConfig};
 
 /// A worker's user code and context: moved to the pool and back as one value, so it is
 /// only ever touched by one thread at a time.
@@ -38,6 +39,8 @@ pub(crate) struct WorkerTask<M, W> {
     /// The parent of the span of the unit of work under way (set by its driver): the
     /// iteration's span in the master's process, the job's elsewhere.
     pub(crate) parent: tracing::Span,
+    /// The worker's part in folding results among the workers, when the job combines.
+    fold_among: Option<FoldAmong<M, W>>,
 }
 
 /// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
@@ -74,7 +77,14 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             stale: Arc::default(),
             clock: Instant::now(),
             parent: tracing::Span::none(),
+            fold_among: None,
         }
+    }
+
+    /// Folds results among the workers by `among` when an iteration says so.
+    pub(crate) fn folding(mut self, among: Option<FoldAmong<M, W>>) -> Self {
+        self.fold_among = among;
+        self
     }
 
     /// The worker's last message, once it stopped: what it read, wrote, rejected and
@@ -154,7 +164,9 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             Work::Start => Worked::Started(self.start()),
             // Once the job failed, no compute starts: its result would not be used.
             Work::Iterate(..) if self.ctx.end.is_ended() => Worked::Skipped,
-            Work::Iterate(iteration, last) => Worked::Iterated(self.iterate(iteration, last)),
+            Work::Iterate(iteration, last, fold) => {
+                Worked::Iterated(self.iterate(iteration, last, fold))
+            }
             Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
         }
     }
@@ -180,6 +192,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         &mut self,
         iteration: Iteration,
         last: Option<Arc<M>>,
+        fold: FoldRoute,
     ) -> Result<Report<W>, JobError> {
         let (rank, attempt) = (self.ctx.rank, self.attempt);
         let _span = tracing::debug_span!(parent: &self.parent, "compute", rank, iteration, attempt)
@@ -219,6 +232,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let result = self.ctx.result.take().expect("the result was set above");
+        let result = self.share(result, fold)?;
         self.clock = Instant::now();
         Ok(Report {
             attempt: self.attempt,
@@ -227,6 +241,26 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             halt_vote: self.ctx.halt_vote,
             elapsed: self.clock.saturating_duration_since(started),
         })
+    }
+
+    /// What the worker sends the master of its `result`: the result itself, or — when
+    /// the iteration's results are folded among the workers — its part of the fold.
+    fn share(&mut self, result: W, fold: FoldRoute) -> Result<Share<W>, JobError> {
+        if fold == FoldRoute::Star {
+            return Ok(Share::Own(result));
+        }
+        let Some(among) = self.fold_among.clone() else {
+            return Err(JobError::Runtime {
+                message: format!(
+                    "the master asked worker {} to fold its results by {fold:?} among the workers, but this process's job does not combine them (build it with the same combine as the master's)",
+                    self.ctx.rank
+                ),
+            });
+        };
+        let _span = tracing::debug_span!("fold", rank = self.ctx.rank, route = ?fold).entered();
+        let ctx = &mut self.ctx;
+        guarded(|| among(ctx, result, fold).map_err(Into::into))
+            .map_err(|c| self.fail(Phase::Combine, c))
     }
 
     fn stop(&mut self, ending: &OwnedEnding<M>) -> Result<(), JobError> {

@@ -137,7 +137,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         seeds: Range<u64>,
         property: impl Fn(&SimRun<M>) -> Result<(), String>,
     ) -> Result<(), Box<SimFailure>> {
-        if let Err(error) = self.settings().validate() {
+        if let Err(error) = self.node_config() {
             return Err(Box::new(SimFailure::Settings(error)));
         }
         let replayed;

@@ -108,9 +108,10 @@ use std::sync::Arc;
 
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
+use crate::error::ConfigError;
 use crate::ids::Iteration;
 use crate::payload::Payload;
-use crate::runtime::{CombineFn, DynMaster, MasterHooks, WorkerFactory, WorkerHookFactory};
+use crate::runtime::{Combine, DynMaster, MasterHooks, WorkerFactory, WorkerHookFactory};
 use crate::JobBuilder;
 
 pub use check::{
@@ -136,7 +137,7 @@ pub struct Simulation<M, W> {
     /// Each master's process: the job built again, as a process started again builds it.
     master: MasterFactory<M, W>,
     workers: WorkerFactory<M, W>,
-    combine: Option<CombineFn<W>>,
+    combine: Option<Combine<M, W>>,
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
     /// The job's input, sharded by each master's process as `run` shards it.
     input: Option<Input>,
@@ -263,6 +264,17 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// The job's settings, as the simulated runs use them (from its builder).
     pub fn settings(&self) -> &JobConfig {
         &self.job
+    }
+
+    /// The settings the master's node runs by, checked and settled as a run settles them:
+    /// every worker of a simulated job is in one process, so `Aggregation::Auto` is the
+    /// star.
+    pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
+        self.job.validate()?;
+        let mut config = self.job.node_config(self.checkpoint_every);
+        let combining = crate::runtime::combining(self.combine.as_ref());
+        config.settle_aggregation(combining, false)?;
+        Ok(config)
     }
 
     /// Runs the job once with `seed`.

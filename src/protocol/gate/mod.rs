@@ -3,10 +3,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{Drops, Envelope, Report, Round, ToMaster};
+use super::{Drops, Envelope, Report, Round, Share, ToMaster};
 
 use crate::error::{Cause, JobError, Phase, Waiting};
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 
 /// Folds the result of the next rank into the fold of every lower rank's
 /// (`combine(&mut fold, next)`); see [`Gate::combining`]. An `Err` fails the round as the
@@ -51,6 +51,43 @@ impl Tally {
             self.slowest = Some((rank, report.elapsed));
         }
     }
+}
+
+/// The value rank `rank`'s share adds to the round's fold (`None`: its result went into
+/// another rank's), or the error if the share does not fit `route` among `workers` ranks.
+fn share_fits<W>(
+    route: FoldRoute,
+    workers: usize,
+    (rank, iteration): (Rank, Iteration),
+    share: Share<W>,
+) -> Result<Option<W>, JobError> {
+    let root = match route {
+        FoldRoute::Star => None,
+        FoldRoute::Tree => Some(0),
+        FoldRoute::Ring => Some(workers.saturating_sub(1)),
+    };
+    let expected = match root {
+        None => "its own result",
+        Some(r) if r == rank => "the fold of every rank's result",
+        Some(_) => "nothing (its result going into another rank's fold)",
+    };
+    let (fits, value, sent) = match share {
+        Share::Own(w) => (root.is_none(), Some(w), "its own result"),
+        Share::Fold(w) => (root == Some(rank), Some(w), "a fold of every rank's result"),
+        Share::Passed => (
+            root.is_some_and(|r| r != rank),
+            None,
+            "nothing (its result gone into another rank's fold)",
+        ),
+    };
+    if fits {
+        return Ok(value);
+    }
+    Err(JobError::Runtime {
+        message: format!(
+            "worker {rank} sent {sent} in iteration {iteration}, where the iteration's results travel by {route:?} and it was to send {expected}"
+        ),
+    })
 }
 
 /// The fold of a round's prefix, kept while results are combined.
@@ -198,6 +235,8 @@ pub struct Gate<W> {
     other_drops: Drops,
     /// How long the drain under way waits, when not the shutdown timeout.
     drain_timeout: Option<Duration>,
+    /// How the workers fold the round's results ([`Gate::open_folding`]).
+    route: FoldRoute,
 }
 
 impl<W> Gate<W> {
@@ -218,6 +257,7 @@ impl<W> Gate<W> {
             lost: vec![false; n],
             other_drops: Drops::default(),
             drain_timeout: None,
+            route: FoldRoute::Star,
             config,
         }
     }
@@ -441,17 +481,35 @@ impl<W> Gate<W> {
     }
 
     fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
-        let held = self.round.held() + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
+        // Results are what a worker sent: its own, or a fold (not the ranks that sent
+        // nothing, their results gone into another rank's fold).
+        let results = if self.route == FoldRoute::Star {
+            self.round.held()
+        } else {
+            self.round.held_such(|r| !matches!(r.result, Share::Passed))
+        };
+        let held = results + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
         self.tally.results_held = self.tally.results_held.max(held);
         let Some(fold) = &mut self.fold else {
             return Ok(());
         };
         while let Some((rank, report)) = self.round.take_next() {
             self.tally.count(rank, &report);
+            let at = (rank, report.iteration);
+            let value = match share_fits(self.route, self.config.workers, at, report.result) {
+                Ok(Some(value)) => value,
+                Ok(None) => continue,
+                Err(error) => {
+                    fold.acc = None;
+                    self.stage = Stage::Idle;
+                    self.round.close();
+                    return Err(GateOutput::Failed(error));
+                }
+            };
             match &mut fold.acc {
-                None => fold.acc = Some(report.result),
+                None => fold.acc = Some(value),
                 Some(acc) => {
-                    if let Err(cause) = (fold.combine)(acc, report.result) {
+                    if let Err(cause) = (fold.combine)(acc, value) {
                         fold.acc = None;
                         self.stage = Stage::Idle;
                         self.round.close();
@@ -476,7 +534,14 @@ impl<W> Gate<W> {
         let mut results = Vec::with_capacity(closed.len());
         for (rank, report) in closed {
             self.tally.count(rank, &report);
-            results.push(report.result);
+            let at = (rank, iteration);
+            match share_fits(FoldRoute::Star, self.config.workers, at, report.result) {
+                Ok(value) => results.extend(value),
+                Err(error) => {
+                    self.stage = Stage::Idle;
+                    return GateOutput::Failed(error);
+                }
+            }
         }
         let gathered = Gathered {
             results,
@@ -521,9 +586,22 @@ impl<W> Gate<W> {
     /// Returns `false` and does nothing unless the gate is between rounds (after
     /// [`GateOutput::AllRegistered`] or [`GateOutput::RoundComplete`]).
     pub fn open(&mut self, now: Instant, iteration: Iteration) -> bool {
+        self.open_folding(now, iteration, FoldRoute::Star)
+    }
+
+    /// As [`open`](Gate::open), with the workers folding their results as `route` says
+    /// (a combining gate only): the rank the fold ends at — rank 0 by a tree, the last by
+    /// the ring — reports [`Share::Fold`], every other [`Share::Passed`]. A share that
+    /// does not fit the route fails the round naming the rank.
+    pub fn open_folding(&mut self, now: Instant, iteration: Iteration, route: FoldRoute) -> bool {
         if self.stage != Stage::Idle {
             return false;
         }
+        self.route = if self.fold.is_some() {
+            route
+        } else {
+            FoldRoute::Star
+        };
         self.round.open(self.config.attempt, iteration);
         for rank in 0..self.config.workers {
             if self.lost[rank] {

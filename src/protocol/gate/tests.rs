@@ -31,7 +31,7 @@ fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
     ToMaster::Result(Report {
         attempt: 0,
         iteration,
-        result,
+        result: Share::Own(result),
         halt_vote: false,
         elapsed: Duration::ZERO,
     })
@@ -111,7 +111,7 @@ fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
     ToMaster::Result(Report {
         attempt: 0,
         iteration,
-        result: s.to_string(),
+        result: Share::Own(s.to_string()),
         halt_vote: s.ends_with('!'),
         elapsed: Duration::from_millis(s.len() as u64),
     })
@@ -534,4 +534,80 @@ fn a_restart_is_a_new_attempt_from_registration_and_fences_off_the_old_one() {
         "attempt 0's result"
     );
     assert_eq!(gate.drops().stale, 2);
+}
+
+fn share(iteration: Iteration, share: Share<String>, vote: bool) -> ToMaster<String> {
+    ToMaster::Result(Report {
+        attempt: 0,
+        iteration,
+        result: share,
+        halt_vote: vote,
+        elapsed: Duration::ZERO,
+    })
+}
+
+#[test]
+fn a_round_folded_among_the_workers_takes_the_fold_from_the_rank_it_ends_at() {
+    let t0 = Instant::now();
+    // Along the ring the fold ends at the last rank; by a tree at rank 0.
+    for (route, root) in [(FoldRoute::Ring, 3), (FoldRoute::Tree, 0)] {
+        let mut gate = registered(4, t0);
+        assert!(gate.open_folding(t0, 1, route));
+        let mut out = None;
+        for r in [2, 0, 3, 1] {
+            let msg = if r == root {
+                share(1, Share::Fold("abcd".into()), true)
+            } else {
+                share(1, Share::Passed, r == 1)
+            };
+            out = gate.on_message(t0, env(r, msg));
+        }
+        match out {
+            Some(GateOutput::RoundComplete { gathered, .. }) => {
+                assert_eq!(gathered.combined.as_deref(), Some("abcd"), "{route:?}");
+                assert_eq!(gathered.reported, [0, 1, 2, 3]);
+                assert_eq!(gathered.tally.halt_votes, 2, "every rank's vote counts");
+                assert_eq!(gathered.tally.results_held, 1, "one folded result");
+            }
+            other => panic!("{route:?}: unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() {
+    let t0 = Instant::now();
+    // A rank's own result where the ring folds: the fold would count it twice.
+    let mut gate = registered(3, t0);
+    gate.open_folding(t0, 1, FoldRoute::Ring);
+    match gate.on_message(t0, env(0, share(1, Share::Own("a".into()), false))) {
+        Some(GateOutput::Failed(JobError::Runtime { message })) => {
+            assert!(
+                message.starts_with("worker 0 sent its own result in iteration 1"),
+                "{message}"
+            );
+            assert!(message.contains("Ring"), "{message}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Nothing from a rank where the star expects every rank's own result.
+    let mut gate = Gate::<u32>::new(config(2), t0);
+    for r in 0..2 {
+        gate.on_message(t0, env(r, ToMaster::Registered { attempt: 0 }));
+    }
+    gate.open(t0, 1);
+    let passed = ToMaster::Result(Report {
+        attempt: 0,
+        iteration: 1,
+        result: Share::Passed,
+        halt_vote: false,
+        elapsed: Duration::ZERO,
+    });
+    gate.on_message(t0, env(1, passed));
+    match gate.on_message(t0, env(0, report(1, 5))) {
+        Some(GateOutput::Failed(JobError::Runtime { message })) => {
+            assert!(message.starts_with("worker 1 sent nothing"), "{message}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
 }

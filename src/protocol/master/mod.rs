@@ -20,7 +20,7 @@ use super::{
 };
 
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 
 /// How long the end of a job waits for a rank that may still connect (a worker reconnecting
 /// to a master's node started again: its backoff is at most about a second).
@@ -169,6 +169,12 @@ pub(crate) struct MasterNode<M, W> {
     votes_ignored: bool,
     /// When the current wait for workers was last said to be going on.
     wait_said: Option<Instant>,
+    /// How many bytes a fold encodes to, where `Aggregation::Auto` chooses by it.
+    measure_fold: Option<fn(&W) -> usize>,
+    /// The encoded size of the last iteration's fold, where measured.
+    last_fold: Option<usize>,
+    /// How the workers fold the results of the iteration under way.
+    route: FoldRoute,
     actions: VecDeque<Action<M, W>>,
 }
 
@@ -221,6 +227,9 @@ impl<M, W> MasterNode<M, W> {
             cancelled: false,
             votes_ignored: false,
             wait_said: None,
+            measure_fold: None,
+            last_fold: None,
+            route: FoldRoute::Star,
             actions: VecDeque::new(),
             settings,
             config,
@@ -233,6 +242,15 @@ impl<M, W> MasterNode<M, W> {
         });
         node.run_master(now, MasterWork::Start);
         node
+    }
+
+    /// Measures each iteration's fold with `measure` (its encoded size), where the job's
+    /// aggregation chooses by it.
+    pub(crate) fn measuring_folds(mut self, measure: fn(&W) -> usize) -> Self {
+        if self.config.measures_folds() {
+            self.measure_fold = Some(measure);
+        }
+        self
     }
 
     /// The next thing to do, in order.

@@ -64,6 +64,7 @@ mod tests {
             slowest: Some((1, Duration::from_millis(ms))),
             results_held: 2,
             left_out: Vec::new(),
+            aggregation: crate::ids::FoldRoute::Star,
         }
     }
 

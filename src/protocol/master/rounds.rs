@@ -58,7 +58,9 @@ impl<M, W> MasterNode<M, W> {
         self.stage = Stage::Gathering(iteration);
         // Open before broadcasting, so no result can arrive before its round.
         self.sync.new_iteration(iteration);
-        if !self.gate.open(now, iteration) {
+        let fold = self.config.fold_route(self.last_fold);
+        self.route = fold;
+        if !self.gate.open_folding(now, iteration, fold) {
             let error = JobError::Runtime {
                 message: format!("iteration {iteration} opened while a wait was under way"),
             };
@@ -68,6 +70,7 @@ impl<M, W> MasterNode<M, W> {
             attempt: self.attempt(),
             iteration,
             last: self.last.clone(),
+            fold,
         }));
     }
 
@@ -86,6 +89,9 @@ impl<M, W> MasterNode<M, W> {
             .span
             .as_ref()
             .map_or_else(tracing::Span::none, |held| held.span().clone());
+        if let Some(measure) = self.measure_fold {
+            self.last_fold = gathered.combined.as_ref().map(measure);
+        }
         let votes = gathered.tally.halt_votes;
         if votes > 0 && !self.schedule.counts_votes() && !self.votes_ignored {
             self.votes_ignored = true;
@@ -144,6 +150,7 @@ impl<M, W> MasterNode<M, W> {
             slowest: tally.slowest,
             results_held: tally.results_held,
             left_out,
+            aggregation: self.route,
         };
         if let Some(held) = self.span.take() {
             tracing::debug!(parent: held.span(), elapsed = ?report.elapsed, "iteration completed");

@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::{Report, RowCounts};
+use crate::protocol::{Report, RowCounts, Share};
 
 /// Every rank connected.
 struct Connected;
@@ -118,7 +118,7 @@ impl Harness {
         let report = Report {
             attempt: 0,
             iteration,
-            result,
+            result: Share::Own(result),
             halt_vote: false,
             elapsed: Duration::ZERO,
         };

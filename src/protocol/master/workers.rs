@@ -162,6 +162,7 @@ impl<M, W> MasterNode<M, W> {
                         attempt: self.attempt(),
                         iteration,
                         last: self.last.clone(),
+                        fold: self.route,
                     };
                     self.send(rank, msg);
                 }

@@ -24,12 +24,13 @@ use super::{
 };
 
 use crate::error::{JobError, Waiting};
-use crate::ids::{Attempt, Epoch, Iteration, Rank};
+use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank};
 
 /// One unit of a worker's code.
 pub(crate) enum Work<M> {
     Start,
-    Iterate(Iteration, Option<Arc<M>>),
+    /// An iteration, with the master result before it and how the workers fold results.
+    Iterate(Iteration, Option<Arc<M>>, FoldRoute),
     Stop(OwnedEnding<M>),
 }
 
@@ -181,7 +182,7 @@ enum Code {
 enum Queued<M> {
     /// The newest iteration that arrived meanwhile: a straggler the job went on without
     /// skips to it, past any iteration it missed.
-    Iterate(Iteration, Option<Arc<M>>),
+    Iterate(Iteration, Option<Arc<M>>, FoldRoute),
     /// The worker's stop.
     Stop(OwnedEnding<M>),
 }
@@ -289,13 +290,13 @@ impl<M, W> WorkerNode<M, W> {
         }
         match self.state.on_message(&msg) {
             WorkerCommand::Compute(iteration) => {
-                let ToWorker::Iterate { last, .. } = msg else {
+                let ToWorker::Iterate { last, fold, .. } = msg else {
                     return;
                 };
                 if matches!(self.code, Code::Home) {
-                    self.dispatch(Work::Iterate(iteration, last));
-                } else if let Some(Queued::Iterate(skipped, _)) =
-                    self.queued.replace(Queued::Iterate(iteration, last))
+                    self.dispatch(Work::Iterate(iteration, last, fold));
+                } else if let Some(Queued::Iterate(skipped, ..)) =
+                    self.queued.replace(Queued::Iterate(iteration, last, fold))
                 {
                     // Still computing an iteration the job went on without: it skips to
                     // the newest when it returns (its late result is dropped as stale).
@@ -552,7 +553,9 @@ impl<M, W> WorkerNode<M, W> {
                 self.stage = Stage::Stopping(ending.clone());
                 self.dispatch(Work::Stop(ending));
             }
-            Some(Queued::Iterate(iteration, last)) => self.dispatch(Work::Iterate(iteration, last)),
+            Some(Queued::Iterate(iteration, last, fold)) => {
+                self.dispatch(Work::Iterate(iteration, last, fold))
+            }
             None => {}
         }
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::{FailurePolicy, NodeConfig};
+use crate::protocol::{FailurePolicy, NodeConfig, Share};
 
 type Node = WorkerNode<u64, u64>;
 
@@ -15,7 +15,7 @@ fn actions(node: &mut Node) -> Vec<String> {
     std::iter::from_fn(|| node.poll_action())
         .map(|a| match a {
             WorkerAction::Run(Work::Start) => "run start".to_string(),
-            WorkerAction::Run(Work::Iterate(i, _)) => format!("run {i}"),
+            WorkerAction::Run(Work::Iterate(i, ..)) => format!("run {i}"),
             WorkerAction::Run(Work::Stop(OwnedEnding::Completed { .. })) => {
                 "run stop (completed)".into()
             }
@@ -53,7 +53,7 @@ fn report(iteration: Iteration) -> Worked<u64> {
     Worked::Iterated(Ok(Report {
         attempt: 0,
         iteration,
-        result: 1,
+        result: Share::Own(1),
         halt_vote: false,
         elapsed: Duration::ZERO,
     }))
@@ -72,6 +72,7 @@ fn iterate(iteration: Iteration) -> ToWorker<u64> {
         attempt: 0,
         iteration,
         last: None,
+        fold: crate::ids::FoldRoute::Star,
     }
 }
 

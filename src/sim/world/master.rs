@@ -89,7 +89,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             MasterParts {
                 master: made.master,
                 hooks: made.hooks,
-                combine: self.sim.combine.clone(),
+                combine: self.sim.combine.as_ref().map(|c| Arc::clone(&c.fold)),
                 store,
                 resumed,
                 attempt,

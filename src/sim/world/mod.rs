@@ -157,7 +157,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     pub(super) fn new(sim: &'s Simulation<M, W>, seed: u64) -> Self {
         let job = Arc::clone(&sim.job);
         let job_id: Arc<str> = Arc::from(job.job_id.as_str());
-        let node_config = Arc::new(job.node_config(sim.checkpoint_every));
+        // Checked before any run (`check`); a run of settings that do not settle runs by
+        // them as they are, and fails as the runtime would.
+        let node_config = Arc::new(
+            sim.node_config()
+                .unwrap_or_else(|_| job.node_config(sim.checkpoint_every)),
+        );
         let workers = job.workers;
         let worker_config = Arc::new(WorkerConfig {
             // A call waits as long as it takes: the simulator answers it, or ends it, in

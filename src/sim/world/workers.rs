@@ -169,7 +169,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             ctx,
             attempt,
             Arc::clone(&config),
-        );
+        )
+        .folding(self.sim.combine.as_ref().map(|c| Arc::clone(&c.among)));
         Node {
             generation,
             master: self.master_generation,
@@ -221,9 +222,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             let attempt = node.worker.attempt();
             match action {
                 WorkerAction::Run(Work::Start) => self.start_up(rank),
-                WorkerAction::Run(Work::Iterate(iteration, last)) => {
-                    self.compute(rank, iteration, last)
-                }
+                WorkerAction::Run(work @ Work::Iterate(..)) => self.compute(rank, work),
                 WorkerAction::Run(work @ Work::Stop(_)) => {
                     // `post_application` takes no time worth simulating.
                     let worked = {
@@ -410,7 +409,10 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         }
     }
 
-    pub(super) fn compute(&mut self, rank: Rank, iteration: Iteration, last: Option<Arc<M>>) {
+    pub(super) fn compute(&mut self, rank: Rank, work: Work<M>) {
+        let Work::Iterate(iteration, ..) = work else {
+            return;
+        };
         let faults = self.sim.faults;
         let slow = self
             .scheduled(|f| *f == Fault::Slow { rank, iteration })
@@ -449,7 +451,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         match &node.sync {
             // Interceptors and compute, as the runtime runs them.
             None => {
-                let worked = lock(&node.task).run(Work::Iterate(iteration, last));
+                let worked = lock(&node.task).run(work);
                 self.computed(rank, computing, worked);
             }
             // On a thread of its own, as in the runtime; the simulator waits for it to
@@ -459,7 +461,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 let spawned = std::thread::Builder::new()
                     .name(format!("superstep-sim-worker-{rank}"))
                     .spawn(move || {
-                        let worked = lock(&task).run(Work::Iterate(iteration, last));
+                        let worked = lock(&task).run(work);
                         let _ = to_sim.send(FromCompute::Returned(worked));
                     });
                 match spawned {

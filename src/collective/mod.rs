@@ -25,11 +25,14 @@ use serde::Serialize;
 
 use crate::compute::{Incoming, WorkerContext};
 use crate::error::SyncError;
-pub use crate::ids::{Algorithm, CollectiveCall, CollectiveKind, ReduceOp};
+mod fold;
+
+pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{segment, Buffer, Exchange, PeerBody, PeerMessage, Piece};
 use crate::transport::PeerEvent;
+pub(crate) use fold::FoldAmong;
 
 /// How [`all_reduce`](WorkerContext::all_reduce) and
 /// [`reduce_scatter`](WorkerContext::reduce_scatter) combine the ranks' values, element by
@@ -53,7 +56,7 @@ impl Op {
         }
     }
 
-    fn apply<T: Element>(self, a: T, b: T) -> T {
+    pub(crate) fn apply<T: Element>(self, a: T, b: T) -> T {
         match self {
             Op::Sum => a.sum(b),
             Op::Min => a.least(b),

@@ -295,3 +295,50 @@ fn across_processes_auto_folds_along_the_ring_once_results_are_large() {
         }
     }
 }
+
+#[cfg(feature = "sim")]
+#[test]
+fn the_simulator_refuses_a_fold_among_workers_it_cannot_carry_and_runs_auto_as_the_star() {
+    use superstep::sim::{SimFailure, Simulation};
+    let sim = Simulation::from_job(|| job(3, 10, Aggregation::Ring).combine_by(Op::Sum));
+    match sim.try_check(0..1, |_| Ok(())).map_err(|e| *e) {
+        Err(SimFailure::Settings(error)) => {
+            assert!(error.to_string().contains("reach each other"), "{error}")
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    let sim = Simulation::from_job(|| job(3, 10, Aggregation::Auto).combine_by(Op::Sum));
+    sim.try_check(0..4, |run| match &run.outcome {
+        Ok(_) => Ok(()),
+        Err(error) => Err(error.to_string()),
+    })
+    .unwrap();
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn a_process_whose_element_wise_fold_has_another_op_is_refused_naming_both() {
+    let outcomes = common::over_tcp(3, "aggregation-op", move |rank, transport| {
+        let op = if rank == 2 { Op::Max } else { Op::Sum };
+        job(3, 10, Aggregation::Auto)
+            .combine_by(op)
+            .transport(transport)
+            .run()
+    });
+    match &outcomes[2] {
+        Err(JobError::Mismatch {
+            field,
+            master,
+            worker,
+            ..
+        }) => {
+            assert_eq!(field, "combine");
+            assert!(
+                master.contains("sum") && worker.contains("max"),
+                "{master} / {worker}"
+            );
+        }
+        other => panic!("rank 2 was not refused: {other:?}"),
+    }
+    assert!(outcomes[0].is_err(), "the job fails");
+}

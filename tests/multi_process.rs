@@ -8,6 +8,9 @@
 //! started again, resumes from its newest usable checkpoint as a new attempt, the workers
 //! reach it again, and the job ends with the fault-free result.
 //!
+//! A worker process killed inside a collective (in the user's fold, after every rank made
+//! the call) fails the job on every rank, naming it.
+//!
 //! The processes are this test binary itself, running its ignored `child_process` test.
 
 #[path = "../examples/support/lr.rs"]
@@ -47,6 +50,9 @@ const MASTER_KILLED: [&str; 4] = [
 /// The master of a job in barrier mode is killed in its compute: its workers cannot carry
 /// their sync calls over to the master started again, and fail instead of waiting.
 const KILL_MASTER_BARRIER: &str = "kill-master-barrier";
+/// A job in barrier mode whose rank 2 is killed inside a collective, in the user's fold —
+/// a point certain to be after every rank made the call and before any could end it.
+const KILL_IN_COLLECTIVE: &str = "kill-in-collective";
 /// Where the master's checkpoints go, and the master's pid for a worker to kill it by.
 const CHECKPOINTS: &str = "SUPERSTEP_TEST_CHECKPOINTS";
 /// The iteration at which the master is killed, and every how many a checkpoint is saved.
@@ -263,6 +269,18 @@ impl WorkerComputable for Faulty {
                     });
                 }
                 (Some("fail"), 1) => return Err("worker 1 fails in iteration 3".into()),
+                (Some(KILL_IN_COLLECTIVE), rank) => {
+                    // Recursive doubling (4 ranks): rank 2 folds its partner's value at
+                    // the first step, and dies there.
+                    let sum = ctx.all_reduce_with(rank as u64, move |a: &mut u64, b: u64| {
+                        if rank == 2 {
+                            kill_self();
+                            std::process::abort();
+                        }
+                        *a += b;
+                    })?;
+                    return Err(format!("rank {rank} ended the collective with {sum}").into());
+                }
                 // The master dies with this result on its way to it.
                 (Some("kill-master-in-flight"), 2) => {
                     let result = self.inner.compute(ctx);
@@ -310,6 +328,7 @@ fn child_process() {
         "kill-last" => Some("kill-last"),
         "fail" => Some("fail"),
         KILL_MASTER_BARRIER => Some(KILL_MASTER_BARRIER),
+        KILL_IN_COLLECTIVE => Some(KILL_IN_COLLECTIVE),
         _ => MASTER_KILLED.iter().copied().find(|&b| b == behaviour),
     };
     let policy = if RECOVERED.contains(&behaviour.as_str()) {
@@ -322,7 +341,7 @@ fn child_process() {
         .cluster_from_env()
         .unwrap()
         .failure_policy(policy)
-        .barrier_mode(behaviour == KILL_MASTER_BARRIER);
+        .barrier_mode(behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE);
     assert_eq!(job.process_rank(), Some(env.rank));
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
@@ -550,6 +569,26 @@ fn a_worker_process_that_dies_is_named_as_lost() {
     );
     let failed = line_of(&stdout, "[0] FAILED ").unwrap_or_else(|| panic!("{stdout}"));
     assert!(failed.starts_with("worker 2 was lost"), "{failed}");
+}
+
+#[test]
+fn a_worker_process_killed_inside_a_collective_fails_it_on_every_rank_naming_the_rank() {
+    let out = launch(4, KILL_IN_COLLECTIVE);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Ended by the job, not by the test's deadline: the master's exit code.
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    // Every rank still alive ends with a failure that names rank 2: lost to the master, or
+    // lost to a peer in the collective — never a result, never a wait for it.
+    for rank in [0, 1, 3] {
+        let failed = line_of(&stdout, &format!("[{rank}] FAILED "))
+            .unwrap_or_else(|| panic!("rank {rank} did not fail: {stdout}\n{stderr}"));
+        assert!(
+            failed.contains("worker 2 was lost") || failed.contains("connection to rank 2"),
+            "rank {rank}: {failed}"
+        );
+    }
+    assert!(!stdout.contains("ended the collective"), "{stdout}");
 }
 
 #[test]

@@ -48,7 +48,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn id(self) -> ReduceOp {
+    pub(crate) fn id(self) -> ReduceOp {
         match self {
             Op::Sum => ReduceOp::Sum,
             Op::Min => ReduceOp::Min,

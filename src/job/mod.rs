@@ -355,7 +355,10 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Across processes the results can also be folded among the workers before they reach
     /// the master, so the master's link carries one result an iteration rather than one
     /// per worker: see [`aggregation`](Self::aggregation), and
-    /// [`combine_by`](JobBuilder::combine_by) for a fold the workers carry in chunks.
+    /// [`combine_by`](JobBuilder::combine_by) for a fold the workers carry in chunks. The
+    /// workers then fold with their own process's `combine`: every process must build the
+    /// job with the same one (a closure cannot be compared between processes; an
+    /// element-wise fold's op is, and a process with another is refused).
     ///
     /// ```
     /// # use superstep::prelude::*;
@@ -616,8 +619,8 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
     /// Combines the workers' results element by element with `op`, as
     /// [`combine`](Self::combine) with a fold of `a[i] = op(a[i], b[i])` does — the same
     /// rank order, the same bits — but a fold the workers can carry among themselves in
-    /// chunks: with [`Aggregation::Ring`] (or [`Aggregation::Auto`] across processes, once
-    /// results are large) the results travel along the ranks as a pipeline, each link
+    /// chunks: with [`Aggregation::Ring`] (or [`Aggregation::Auto`] in barrier mode across
+    /// processes, once results are large) the results travel along the ranks as a pipeline, each link
     /// carrying about one result whatever the number of workers, and the master receives
     /// one folded result an iteration.
     ///
@@ -667,7 +670,7 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
                 }
             }),
             among: Arc::new(move |ctx, result, route| ctx.fold_elements(result, route, op)),
-            combining: Combining::Elementwise,
+            combining: Combining::Elementwise(op.id()),
         });
         self
     }

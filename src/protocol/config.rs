@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{Envelope, FailurePolicy, GateConfig, ToMaster};
 use crate::error::{ConfigError, JobError, Waiting};
-use crate::ids::{Aggregation, Attempt, FoldRoute, Iteration, Rank};
+use crate::ids::{Aggregation, Attempt, FoldRoute, Iteration, Rank, ReduceOp};
 
 /// How long a worker that failed on its own waits, once stopped, for the master to say
 /// what the job's first failure was (normally its abort arrives within milliseconds).
@@ -34,8 +34,21 @@ pub(crate) enum Combining {
     No,
     /// By the user's fold of whole values.
     Whole,
-    /// Element by element (`JobBuilder::combine_by`): the ring carries it in chunks.
-    Elementwise,
+    /// Element by element with this op (`JobBuilder::combine_by`): the ring carries it in
+    /// chunks.
+    Elementwise(ReduceOp),
+}
+
+/// Where a job's workers are, as far as folding among them goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workers {
+    /// In one process, each other's peers.
+    Together,
+    /// In several processes, connected to each other by the transport.
+    Connected,
+    /// Where they cannot reach each other: another process's with no peer links from the
+    /// transport, or the simulator's.
+    Apart,
 }
 
 /// The master's node's settings, as the job's settings give them.
@@ -89,31 +102,38 @@ impl NodeConfig {
         grace.min(shutdown)
     }
 
-    /// Settles the aggregation for a job that combines as `combining` says, whose workers
-    /// are in other processes than one another or not (`across`): `Tree` and `Ring` need a
-    /// combining job; `Auto` folds among the workers only across processes, in barrier
-    /// mode, for an element-wise fold — otherwise it is the star.
+    /// Settles the aggregation for a job that combines as `combining` says, whose
+    /// `workers` are where it says: `Tree` and `Ring` need a combining job and workers
+    /// that reach each other; `Auto` folds among the workers only when they are in
+    /// several processes connected to each other, in barrier mode, for an element-wise
+    /// fold — otherwise it is the star.
     pub(crate) fn settle_aggregation(
         &mut self,
         combining: Combining,
-        across: bool,
+        workers: Workers,
     ) -> Result<(), ConfigError> {
-        match self.aggregation {
-            Aggregation::Tree | Aggregation::Ring if combining == Combining::No => {
-                Err(ConfigError::new(
-                    "aggregation",
-                    self.aggregation,
-                    "needs a job that combines its results (JobBuilder::combine or combine_by): without one the master receives every worker's result",
-                ))
-            }
-            Aggregation::Auto
-                if !(across && self.barrier_mode && combining == Combining::Elementwise) =>
-            {
-                self.aggregation = Aggregation::Star;
-                Ok(())
-            }
-            _ => Ok(()),
+        let among = matches!(self.aggregation, Aggregation::Tree | Aggregation::Ring);
+        if among && combining == Combining::No {
+            return Err(ConfigError::new(
+                "aggregation",
+                self.aggregation,
+                "needs a job that combines its results (JobBuilder::combine or combine_by): without one the master receives every worker's result",
+            ));
         }
+        if among && workers == Workers::Apart && self.workers > 1 {
+            return Err(ConfigError::new(
+                "aggregation",
+                self.aggregation,
+                "needs workers that reach each other: this job's transport (or the simulator) connects no workers to each other; use Star or Auto",
+            ));
+        }
+        let elementwise = matches!(combining, Combining::Elementwise(_));
+        if self.aggregation == Aggregation::Auto
+            && !(workers == Workers::Connected && self.barrier_mode && elementwise)
+        {
+            self.aggregation = Aggregation::Star;
+        }
+        Ok(())
     }
 
     /// How the workers fold their results of an iteration, given the encoded size of the
@@ -438,31 +458,38 @@ mod tests {
 
     #[test]
     fn auto_folds_among_workers_only_across_processes_in_barrier_mode_for_an_elementwise_fold() {
-        let settled = |aggregation, barrier_mode, combining, across| {
+        let settled = |aggregation, barrier_mode, combining, workers| {
             let mut c = NodeConfig {
                 aggregation,
                 barrier_mode,
                 ..config()
             };
-            c.settle_aggregation(combining, across)
+            c.settle_aggregation(combining, workers)
                 .map(|()| c.aggregation)
         };
         use Aggregation::*;
-        assert_eq!(settled(Auto, true, Combining::Elementwise, true), Ok(Auto));
-        for (barrier, combining, across) in [
-            (false, Combining::Elementwise, true),
-            (true, Combining::Whole, true),
-            (true, Combining::No, true),
-            (true, Combining::Elementwise, false),
+        let sum = Combining::Elementwise(ReduceOp::Sum);
+        assert_eq!(settled(Auto, true, sum, Workers::Connected), Ok(Auto));
+        for (barrier, combining, workers) in [
+            (false, sum, Workers::Connected),
+            (true, Combining::Whole, Workers::Connected),
+            (true, Combining::No, Workers::Connected),
+            (true, sum, Workers::Together),
+            (true, sum, Workers::Apart),
         ] {
-            assert_eq!(settled(Auto, barrier, combining, across), Ok(Star));
+            assert_eq!(settled(Auto, barrier, combining, workers), Ok(Star));
         }
-        assert_eq!(settled(Ring, true, Combining::Whole, false), Ok(Ring));
-        let error = settled(Tree, true, Combining::No, true).unwrap_err();
+        assert_eq!(
+            settled(Ring, true, Combining::Whole, Workers::Together),
+            Ok(Ring)
+        );
+        let error = settled(Tree, true, Combining::No, Workers::Connected).unwrap_err();
         assert!(
             error.to_string().contains("combines its results"),
             "{error}"
         );
+        let error = settled(Ring, true, sum, Workers::Apart).unwrap_err();
+        assert!(error.to_string().contains("reach each other"), "{error}");
         // The ring from the iteration after a fold of 64 KiB on; never with one worker.
         let auto = NodeConfig {
             aggregation: Auto,

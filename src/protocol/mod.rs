@@ -43,7 +43,7 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::segment;
 pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
-pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig};
+pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
 pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{

@@ -46,7 +46,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{Combining, HaltedBy, NodeConfig};
+use crate::protocol::{Combining, HaltedBy, NodeConfig, Workers};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 
@@ -96,8 +96,14 @@ impl<M: Payload, W: Payload> Plan<M, W> {
         let mut config = self
             .config
             .node_config(self.checkpoint.as_ref().map(|c| c.every));
-        let across = self.transport.in_process().is_none();
-        config.settle_aggregation(combining(self.combine.as_ref()), across)?;
+        let workers = if self.transport.in_process().is_some() {
+            Workers::Together
+        } else if self.transport.connects_peers() {
+            Workers::Connected
+        } else {
+            Workers::Apart
+        };
+        config.settle_aggregation(combining(self.combine.as_ref()), workers)?;
         Ok(config)
     }
 }
@@ -193,9 +199,9 @@ pub(crate) fn fingerprint<M, W>(
         .with(
             "combine",
             match combining {
-                Combining::No => "off",
-                Combining::Whole => "on",
-                Combining::Elementwise => "element by element",
+                Combining::No => "off".to_string(),
+                Combining::Whole => "on".to_string(),
+                Combining::Elementwise(op) => format!("element by element: {op}"),
             },
         )
         .with("failure_policy", format!("{:?}", config.failure_policy))

@@ -232,8 +232,10 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let result = self.ctx.result.take().expect("the result was set above");
-        let result = self.share(result, fold)?;
+        // The iteration's time is its hooks' and compute's; the fold among the workers
+        // that follows waits for the others.
         self.clock = Instant::now();
+        let result = self.share(result, fold)?;
         Ok(Report {
             attempt: self.attempt,
             iteration,

@@ -267,13 +267,13 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     }
 
     /// The settings the master's node runs by, checked and settled as a run settles them:
-    /// every worker of a simulated job is in one process, so `Aggregation::Auto` is the
-    /// star.
+    /// the simulator carries no values among the workers, so `Aggregation::Auto` is the
+    /// star and `Tree` or `Ring` is refused.
     pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
         self.job.validate()?;
         let mut config = self.job.node_config(self.checkpoint_every);
         let combining = crate::runtime::combining(self.combine.as_ref());
-        config.settle_aggregation(combining, false)?;
+        config.settle_aggregation(combining, crate::protocol::Workers::Apart)?;
         Ok(config)
     }
 

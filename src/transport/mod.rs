@@ -464,4 +464,11 @@ pub trait Transport<M, W>: Send + 'static {
         let _ = rank;
         Ok(None)
     }
+
+    /// Whether [`peers`](Self::peers) gives workers a way to each other (in a job that
+    /// asks for one): what lets a job fold its results among the workers
+    /// (`Aggregation::Tree`, `Ring`). The default: `false`.
+    fn connects_peers(&self) -> bool {
+        false
+    }
 }

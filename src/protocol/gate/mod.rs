@@ -535,7 +535,7 @@ impl<W> Gate<W> {
         for (rank, report) in closed {
             self.tally.count(rank, &report);
             let at = (rank, iteration);
-            match share_fits(FoldRoute::Star, self.config.workers, at, report.result) {
+            match share_fits(self.route, self.config.workers, at, report.result) {
                 Ok(value) => results.extend(value),
                 Err(error) => {
                     self.stage = Stage::Idle;

@@ -157,8 +157,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
     pub(super) fn new(sim: &'s Simulation<M, W>, seed: u64) -> Self {
         let job = Arc::clone(&sim.job);
         let job_id: Arc<str> = Arc::from(job.job_id.as_str());
-        // Checked before any run (`check`); a run of settings that do not settle runs by
-        // them as they are, and fails as the runtime would.
+        // Checked before any run (`check`, which fails with the settings' error); a run
+        // made directly (`run`) of settings that do not settle runs by them as they are.
         let node_config = Arc::new(
             sim.node_config()
                 .unwrap_or_else(|_| job.node_config(sim.checkpoint_every)),

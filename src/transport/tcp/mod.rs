@@ -514,6 +514,10 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         })
     }
 
+    fn connects_peers(&self) -> bool {
+        true
+    }
+
     fn peers(&mut self, rank: Rank) -> Result<Option<Arc<dyn PeerLink>>, TransportError> {
         if rank != self.settings.rank {
             return Err(TransportError::UnknownRank {

@@ -165,13 +165,15 @@ impl fmt::Display for CollectiveCall {
 ///
 /// Folding among the workers makes them wait for each other at the end of compute, as a
 /// collective does: [`Tree`](Aggregation::Tree) and [`Ring`](Aggregation::Ring) need
-/// barrier mode.
+/// barrier mode, a combining job and workers that reach each other (not in the
+/// simulator); otherwise the job fails at its start naming the setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Aggregation {
     /// The star in one process (results are handed over, not copied) and for small
-    /// results; across processes in barrier mode, the ring for an element-wise fold
-    /// (`JobBuilder::combine_by`) once an iteration's folded result reached 64 KiB — the
-    /// master decides each iteration by the one before and tells every worker.
+    /// results; across processes whose transport connects the workers (TCP does), in
+    /// barrier mode, the ring for an element-wise fold (`JobBuilder::combine_by`) once an
+    /// iteration's folded result reached 64 KiB — the master decides each iteration by the
+    /// one before and tells every worker.
     #[default]
     #[serde(alias = "auto")]
     Auto,

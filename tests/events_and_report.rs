@@ -121,12 +121,28 @@ fn the_master_gets_results_in_rank_order_whatever_order_they_arrive_in() {
             Ok(Step::Continue(0))
         },
     };
-    let outcome = Job::builder(master, move |rank| FnWorker {
-        // Higher ranks finish first.
-        f: move |_: &mut WorkerContext<u64, u64>| {
-            sleep(Duration::from_millis(5 * (workers - rank) as u64));
-            Ok(rank as u64)
-        },
+    // Higher ranks finish first; rank 0 returns only once every other rank of the
+    // iteration has, and 30 ms later — so it is the slowest however a busy machine
+    // delays the others' threads.
+    let returned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let outcome = Job::builder(master, move |rank| {
+        let returned = std::sync::Arc::clone(&returned);
+        FnWorker {
+            f: move |ctx: &mut WorkerContext<u64, u64>| {
+                use std::sync::atomic::Ordering;
+                sleep(Duration::from_millis(5 * (workers - rank) as u64));
+                if rank == 0 {
+                    let others = (workers as u64 - 1) * ctx.iteration();
+                    while returned.load(Ordering::SeqCst) < others {
+                        sleep(Duration::from_millis(1));
+                    }
+                    sleep(Duration::from_millis(30));
+                } else {
+                    returned.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(rank as u64)
+            },
+        }
     })
     .workers(workers)
     .iterations(3)

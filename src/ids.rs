@@ -229,3 +229,15 @@ pub enum FoldRoute {
     /// Along the ranks in order, towards the last.
     Ring,
 }
+
+impl FoldRoute {
+    /// The rank a fold by this route ends at among `workers` — rank 0 by a tree, the last
+    /// rank along the ring — or `None` for the star, where no fold is made among workers.
+    pub(crate) fn root(self, workers: usize) -> Option<Rank> {
+        match self {
+            FoldRoute::Star => None,
+            FoldRoute::Tree => Some(0),
+            FoldRoute::Ring => Some(workers.saturating_sub(1)),
+        }
+    }
+}

@@ -133,7 +133,12 @@ fn the_master_gets_results_in_rank_order_whatever_order_they_arrive_in() {
                 sleep(Duration::from_millis(5 * (workers - rank) as u64));
                 if rank == 0 {
                     let others = (workers as u64 - 1) * ctx.iteration();
+                    // Bounded: a rank that failed fails the job, which must not hang here.
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
                     while returned.load(Ordering::SeqCst) < others {
+                        if std::time::Instant::now() > deadline {
+                            return Err("the other ranks did not return within 10 s".into());
+                        }
                         sleep(Duration::from_millis(1));
                     }
                     sleep(Duration::from_millis(30));

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::{chunk_of, Elements, Op};
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
-use crate::ids::{Algorithm, CollectiveKind, FoldRoute, Rank, ReduceOp};
+use crate::ids::{Algorithm, CollectiveKind, FoldRoute, ReduceOp};
 use crate::payload::{Element, Floats};
 use crate::protocol::{Buffer, Share};
 
@@ -28,15 +28,6 @@ use crate::protocol::{Buffer, Share};
 pub(crate) type FoldAmong<M, W> = Arc<
     dyn Fn(&mut WorkerContext<M, W>, W, FoldRoute) -> Result<Share<W>, SyncError> + Send + Sync,
 >;
-
-/// The rank a fold by `route` ends at, among `workers`: rank 0 by a tree, the last rank
-/// along the ring.
-fn root(route: FoldRoute, workers: usize) -> Rank {
-    match route {
-        FoldRoute::Ring => workers.saturating_sub(1),
-        FoldRoute::Star | FoldRoute::Tree => 0,
-    }
-}
 
 fn algorithm(route: FoldRoute) -> Algorithm {
     match route {
@@ -100,10 +91,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
     where
         W: Serialize + DeserializeOwned + Send,
     {
-        if route == FoldRoute::Star {
+        let Some(root) = route.root(self.workers) else {
             return Ok(Share::Own(result));
-        }
-        let root = root(route, self.workers);
+        };
         let kind = CollectiveKind::Reduce {
             root,
             op: ReduceOp::Fold,
@@ -128,10 +118,9 @@ impl<M, T: Element> WorkerContext<M, Floats<T>> {
         route: FoldRoute,
         op: Op,
     ) -> Result<Share<Floats<T>>, SyncError> {
-        if route == FoldRoute::Star {
+        let Some(root) = route.root(self.workers) else {
             return Ok(Share::Own(result));
-        }
-        let root = root(route, self.workers);
+        };
         let kind = CollectiveKind::Reduce { root, op: op.id() };
         let buffer = Elements::new(&mut result.0[..], op);
         self.collective(kind, algorithm(route), chunk_of::<T>(), buffer)?;

@@ -394,9 +394,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         let among = Arc::clone(&fold);
         self.combine = Some(Combine {
             fold,
-            among: Arc::new(move |ctx, result, route| {
-                ctx.fold_whole(result, route, |a, b| among(a, b))
-            }),
+            among: Arc::new(move |ctx, result, route| ctx.fold_whole(result, route, &*among)),
             combining: Combining::Whole,
         });
         self

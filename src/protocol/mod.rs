@@ -115,16 +115,6 @@ pub enum Share<W> {
     Passed,
 }
 
-impl<W> Share<W> {
-    /// The value it carries, if any.
-    pub fn into_value(self) -> Option<W> {
-        match self {
-            Share::Own(w) | Share::Fold(w) => Some(w),
-            Share::Passed => None,
-        }
-    }
-}
-
 /// Messages from a worker to the master's node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToMaster<W> {

@@ -212,12 +212,9 @@ impl<T> Round<T> {
         self.held
     }
 
-    /// How many of the arrivals the round holds now are `such`.
-    pub fn held_such(&self, such: impl Fn(&T) -> bool) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| matches!(s, Slot::Held(t) if such(t)))
-            .count()
+    /// Whether the round holds `rank`'s arrival now: delivered and not yet taken.
+    pub fn holds(&self, rank: Rank) -> bool {
+        matches!(self.slots.get(rank), Some(Slot::Held(_)))
     }
 
     /// Takes the next rank's result in rank order, if it arrived and every lower rank's was

@@ -61,11 +61,7 @@ fn share_fits<W>(
     (rank, iteration): (Rank, Iteration),
     share: Share<W>,
 ) -> Result<Option<W>, JobError> {
-    let root = match route {
-        FoldRoute::Star => None,
-        FoldRoute::Tree => Some(0),
-        FoldRoute::Ring => Some(workers.saturating_sub(1)),
-    };
+    let root = route.root(workers);
     let expected = match root {
         None => "its own result",
         Some(r) if r == rank => "the fold of every rank's result",
@@ -481,12 +477,11 @@ impl<W> Gate<W> {
     }
 
     fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
-        // Results are what a worker sent: its own, or a fold (not the ranks that sent
-        // nothing, their results gone into another rank's fold).
-        let results = if self.route == FoldRoute::Star {
-            self.round.held()
-        } else {
-            self.round.held_such(|r| !matches!(r.result, Share::Passed))
+        // Results are what a worker sent: its own, or — folded among the workers — the one
+        // fold, from the rank the route ends at (the others sent nothing).
+        let results = match self.route.root(self.config.workers) {
+            None => self.round.held(),
+            Some(root) => usize::from(self.round.holds(root)),
         };
         let held = results + self.fold.as_ref().map_or(0, |f| f.acc.is_some() as usize);
         self.tally.results_held = self.tally.results_held.max(held);

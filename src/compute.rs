@@ -474,7 +474,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T::Owned: DeserializeOwned,
     {
         let bytes = crate::codec::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
-        self.sync_call(SyncKind::AllGather, bytes)?
+        self.gather(bytes)?
             .iter()
             .map(|m| crate::codec::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
             .collect()
@@ -485,7 +485,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         self.epoch
     }
 
-    fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
+    pub(crate) fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
         let rank = self.rank;
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
@@ -562,18 +562,20 @@ impl<W> SyncLink<W> {
         }
     }
 
-    /// Keeps what a peer sent for a later call than `epoch` (or for `epoch` itself, when
-    /// this rank made another call then: a piece of it is no use, but harmless), and word
-    /// of a lost peer; drops pieces of earlier calls and of other attempts.
+    /// Keeps what a peer sent for call `epoch` or a later one (the pieces of an
+    /// `all_gather` that goes around the ring may come before the master's node's answer
+    /// that starts it), and word of a lost peer; drops pieces of earlier calls and of
+    /// other attempts.
     pub(crate) fn keep_early(&mut self, event: PeerEvent, epoch: Epoch) {
         match &event {
-            PeerEvent::Message(m) if m.attempt != self.attempt || m.call.seq <= epoch => {}
+            PeerEvent::Message(m) if m.attempt != self.attempt || m.call.seq < epoch => {}
             _ => self.early.push(event),
         }
     }
 
     /// The pieces of call `epoch` that came early, taken out, in the order they came; and
-    /// the first peer lost, if any was.
+    /// the first peer lost, if any was. Pieces of earlier calls (kept while this rank made
+    /// another call of their epoch, which the master's node failed) are dropped.
     pub(crate) fn take_early(
         &mut self,
         epoch: Epoch,
@@ -584,6 +586,7 @@ impl<W> SyncLink<W> {
         for event in self.early.drain(..) {
             match event {
                 PeerEvent::Message(m) if m.call.seq == epoch => pieces.push(m),
+                PeerEvent::Message(m) if m.call.seq < epoch => {}
                 PeerEvent::Lost { rank, reason } => {
                     if lost.is_none() {
                         lost = Some((rank, reason.clone()));

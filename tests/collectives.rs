@@ -411,3 +411,47 @@ fn collectives_across_processes_over_tcp_give_what_they_give_in_memory() {
         assert_eq!(outcome.result, in_memory.result, "rank {rank}");
     }
 }
+
+/// Rank `rank`'s `all_gather` message in iteration `i`: large (about 120 KB encoded) but
+/// on rank 1, whose message is small.
+#[cfg(feature = "tcp")]
+fn gathered(rank: usize, i: u64) -> Vec<u32> {
+    let len = if rank == 1 { 10 } else { 40_000 };
+    vec![rank as u32 * 1000 + i as u32; len]
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn a_large_all_gather_across_processes_goes_around_the_ring_in_frames_of_one_message() {
+    // Through the master, every rank's answer would be one frame holding every message
+    // (about 360 KB); around the ring each frame holds one.
+    let workers = 4;
+    let outcomes = common::over_tcp_with(
+        workers,
+        "gather-ring",
+        |s| s.max_frame = 256 << 10,
+        move |_, transport| {
+            job(workers, 2, move |rank| {
+                worker(move |ctx| {
+                    let i = ctx.iteration();
+                    let all: Vec<Vec<u32>> = ctx.all_gather(&gathered(rank, i))?;
+                    let want: Vec<Vec<u32>> = (0..workers).map(|r| gathered(r, i)).collect();
+                    if all != want {
+                        return Err(format!("rank {rank}: a wrong all_gather").into());
+                    }
+                    let small: Vec<u64> = ctx.all_gather(&(rank as u64 + i))?;
+                    if small != (0..workers as u64).map(|r| r + i).collect::<Vec<_>>() {
+                        return Err(format!("rank {rank}: a wrong small all_gather").into());
+                    }
+                    Ok(1)
+                })
+            })
+            .transport(transport)
+            .run()
+        },
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.iterations, 2, "rank {rank}");
+    }
+}

@@ -1,6 +1,8 @@
 //! Collectives among the workers, inside `compute` in barrier mode: `all_reduce`,
 //! `reduce_scatter`, `broadcast` and a fold of any serde type, carried worker to worker
-//! over the transport's peer mesh — never through the master.
+//! over the transport's peer mesh — never through the master. A large `all_gather`
+//! across processes goes around the ring of ranks too; a small one rides on the call the
+//! master's node checks anyway.
 //!
 //! Large values go around the ring of ranks in segments, chunked so that sending one
 //! chunk overlaps receiving and folding the next: each rank sends and receives about
@@ -174,6 +176,17 @@ struct Shape {
     chunk: u64,
 }
 
+/// How a rank's `all_gather` message reaches the master's node: small ones (and every
+/// one where the ranks share a process, or cannot reach each other) as the bytes
+/// themselves, which ride on the call the node checks and come back in its answer; a
+/// large one across processes as its length alone, its bytes going around the ring of
+/// ranks once the answer says every rank made the call.
+#[derive(Debug, Serialize, serde::Deserialize)]
+enum Gathered {
+    Here(Vec<u8>),
+    Ring(u64),
+}
+
 /// Where a collective's call comes from: this rank's own, or — for a `broadcast` seen from
 /// a rank that does not know the value's length — the first piece of it.
 enum Start<B: Buffer> {
@@ -323,6 +336,84 @@ impl<M, W: 'static> WorkerContext<M, W> {
             .expect("a whole value keeps its one element"))
     }
 
+    /// Every rank's encoded `all_gather` message of this epoch, in rank order (see
+    /// [`Gathered`]). Around the ring, each rank sends and receives every other rank's
+    /// message once: (ranks − 1) messages, the least an all-gather can move, and no rank
+    /// carries more than that.
+    pub(crate) fn gather(&mut self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, SyncError> {
+        let (rank, workers) = (self.rank, self.workers);
+        let far = self.sync.as_ref().is_some_and(|sync| {
+            sync.peers
+                .as_ref()
+                .is_ok_and(|peers| !peers.carries_values())
+        });
+        let (sent, own) = if far && bytes.len() >= SMALL {
+            (Gathered::Ring(bytes.len() as u64), bytes)
+        } else {
+            (Gathered::Here(bytes), Vec::new())
+        };
+        let sent = crate::codec::to_vec(&sent).map_err(|e| SyncError::Codec(e.to_string()))?;
+        let answer = self.sync_call(SyncKind::AllGather, sent)?;
+        let epoch = self.epoch - 1;
+        let mut rows = Vec::with_capacity(answer.len());
+        let mut around = Vec::new();
+        for (from, entry) in answer.iter().enumerate() {
+            match crate::codec::from_slice::<Gathered>(entry) {
+                Ok(Gathered::Here(bytes)) => rows.push(bytes),
+                Ok(Gathered::Ring(len)) => {
+                    around.push((from, len));
+                    rows.push(Vec::new());
+                }
+                Err(e) => {
+                    return Err(SyncError::Codec(format!(
+                        "rank {from}'s all_gather message: {e}"
+                    )))
+                }
+            }
+        }
+        if around.is_empty() {
+            return Ok(rows);
+        }
+        // Some rank's message goes around the ring: every rank's part in it is its own
+        // message when it went that way, nothing when the answer carried it already.
+        let mut ring = vec![Vec::new(); workers];
+        if let Some(mine) = ring.get_mut(rank) {
+            *mine = own;
+        }
+        let call = CollectiveCall {
+            seq: epoch,
+            kind: CollectiveKind::AllGather,
+            len: workers as u64,
+            algorithm: Algorithm::Ring,
+            chunk: 1,
+        };
+        let buffer = Whole {
+            value: ring,
+            // An all-gather only puts.
+            fold: |_: &mut Vec<u8>, _: Vec<u8>| {},
+        };
+        let exchange = Exchange::new(call, workers, rank, buffer);
+        let mut ring = self
+            .drive(epoch, Start::Known(Box::new(exchange)), true)?
+            .value;
+        for (from, len) in around {
+            let bytes = std::mem::take(&mut ring[from]);
+            if bytes.len() as u64 != len {
+                return Err(SyncError::BadPiece {
+                    rank,
+                    call,
+                    peer: from,
+                    reason: format!(
+                        "its all_gather message came as {} byte(s), not the {len} it announced",
+                        bytes.len()
+                    ),
+                });
+            }
+            rows[from] = bytes;
+        }
+        Ok(rows)
+    }
+
     /// A broadcast's bytes, on a rank that does not know their length until the first
     /// piece says it.
     fn broadcast_received(&mut self, kind: CollectiveKind) -> Result<Vec<u8>, SyncError> {
@@ -349,7 +440,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.start_collective(kind, None)?;
         let start = Start::Awaited { kind, make: zeros };
-        Ok(self.drive(epoch, start)?.values)
+        Ok(self.drive(epoch, start, false)?.values)
     }
 
     /// Runs `kind` on `buffer` with this rank's peers.
@@ -378,7 +469,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             chunk,
         };
         let exchange = Exchange::new(call, self.workers, self.rank, buffer);
-        self.drive(epoch, Start::Known(Box::new(exchange)))
+        self.drive(epoch, Start::Known(Box::new(exchange)), false)
     }
 
     /// Checks that a collective can start, and counts it: its epoch.
@@ -417,8 +508,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         Ok(epoch)
     }
 
-    /// Sends and receives the pieces of call `epoch` until this rank's part is done.
-    fn drive<B>(&mut self, epoch: Epoch, start: Start<B>) -> Result<B, SyncError>
+    /// Sends and receives the pieces of call `epoch` until this rank's part is done, and
+    /// the master's node said every rank made the call (`released`: it said so already).
+    fn drive<B>(&mut self, epoch: Epoch, start: Start<B>, released: bool) -> Result<B, SyncError>
     where
         B: Buffer,
         B::Part: Serialize + DeserializeOwned + Send + 'static,
@@ -435,7 +527,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             return Err(SyncError::PeerLost { rank, peer, reason });
         }
         let mut start = start;
-        let mut released = false;
+        let mut released = released;
         let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
         // The master's node answers first when a rank did not make the call; this rank's
         // own limit is for peers that made it but send nothing.

@@ -192,11 +192,31 @@ where
         + Sync
         + 'static,
 {
+    over_tcp_with(world, job, |_| {}, run)
+}
+
+/// [`over_tcp`], every rank's settings adjusted by `adjust`.
+#[cfg(feature = "tcp")]
+pub fn over_tcp_with<M, W, F>(
+    world: usize,
+    job: &str,
+    adjust: impl Fn(&mut superstep::transport::TcpSettings),
+    run: F,
+) -> Vec<Result<JobOutcome<M>, JobError>>
+where
+    M: superstep::Payload,
+    W: superstep::Payload,
+    F: Fn(usize, superstep::transport::TcpTransport<M, W>) -> Result<JobOutcome<M>, JobError>
+        + Send
+        + Sync
+        + 'static,
+{
     let run = Arc::new(run);
-    let (master, addr) = tcp_master::<M, W>(world, job, |_| {});
+    let (master, addr) = tcp_master::<M, W>(world, job, &adjust);
     let mut transports = vec![master];
     for rank in 1..world {
-        let s = tcp_settings(rank, world, &addr, job);
+        let mut s = tcp_settings(rank, world, &addr, job);
+        adjust(&mut s);
         transports.push(superstep::transport::TcpTransport::new(s).unwrap());
     }
     let ranks: Vec<_> = transports

@@ -251,6 +251,11 @@ crate::error::debug_as_sentence!(Cancelled);
 pub(crate) trait SyncSender<W>: Send + Sync {
     /// Sends the call; an error says why it could not go, as the job would fail with it.
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError>;
+
+    /// The compute is about to wait for what comes next, nothing having come: said once
+    /// per wait, however often the wait wakes to say it still waits. The simulator, which
+    /// runs one thread at a time, goes on from here; the runtime has nothing to do.
+    fn waiting(&self) {}
 }
 
 /// A worker's way to make sync calls from its compute thread: send on the shared link,
@@ -274,6 +279,8 @@ pub(crate) struct SyncLink<W> {
     /// call waiting, and every call after it, fails with it at once — the master may be
     /// gone, or past answering.
     pub(crate) ended: Arc<OnceLock<JobError>>,
+    /// Whether the compute said it waits ([`SyncSender::waiting`]) and nothing came since.
+    pub(crate) said_waiting: std::sync::atomic::AtomicBool,
 }
 
 /// What reaches a worker's compute while it waits in a sync call or a collective.
@@ -551,7 +558,21 @@ impl<W> SyncLink<W> {
         &self,
         deadline: Option<Instant>,
     ) -> Result<Incoming, mpsc::RecvTimeoutError> {
-        match deadline {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.answers.try_recv() {
+            Ok(incoming) => {
+                self.said_waiting.store(false, Relaxed);
+                return Ok(incoming);
+            }
+            Err(mpsc::TryRecvError::Disconnected) => {
+                return Err(mpsc::RecvTimeoutError::Disconnected)
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        if !self.said_waiting.swap(true, Relaxed) {
+            self.link.waiting();
+        }
+        let incoming = match deadline {
             Some(deadline) => self
                 .answers
                 .recv_timeout(deadline.saturating_duration_since(Instant::now())),
@@ -559,7 +580,11 @@ impl<W> SyncLink<W> {
                 .answers
                 .recv()
                 .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        if incoming.is_ok() {
+            self.said_waiting.store(false, Relaxed);
         }
+        incoming
     }
 
     /// Keeps what a peer sent for call `epoch` or a later one (the pieces of an

@@ -165,8 +165,8 @@ impl fmt::Display for CollectiveCall {
 ///
 /// Folding among the workers makes them wait for each other at the end of compute, as a
 /// collective does: [`Tree`](Aggregation::Tree) and [`Ring`](Aggregation::Ring) need
-/// barrier mode, a combining job and workers that reach each other (not in the
-/// simulator); otherwise the job fails at its start naming the setting.
+/// barrier mode, a combining job and workers that reach each other (as TCP's and the
+/// simulator's do); otherwise the job fails at its start naming the setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Aggregation {
     /// The star in one process (results are handed over, not copied) and for small

@@ -1119,3 +1119,111 @@ fn a_worker_started_again_during_a_long_partition_connects_once_it_heals() {
         assert!(run.violations.is_empty(), "{:?}", run.violations);
     }
 }
+
+/// A worker of barrier mode whose compute combines its values with its peers': a sum of
+/// a small value (recursive doubling) and of a large one (the ring), a broadcast from a
+/// rank that moves each iteration, and a gather. Its result depends on every one of them.
+struct Collecting;
+
+/// Rank `rank`'s values after the master result `last`: small integers, so that a float
+/// sum grouped any way is exact.
+fn collected(rank: usize, last: u64, len: usize) -> Floats {
+    Floats::from(
+        (0..len)
+            .map(|e| ((rank * 31 + e * 7 + last as usize) % 97) as f64)
+            .collect::<Vec<_>>(),
+    )
+}
+
+impl WorkerComputable for Collecting {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        use superstep::collective::Op;
+        let (rank, workers) = (ctx.rank(), ctx.workers());
+        let last = ctx.last_master_result().copied().unwrap_or(1) % 1_000;
+        let mut small = collected(rank, last, 10);
+        ctx.all_reduce(&mut small, Op::Sum)?;
+        let mut large = collected(rank, last, 20_000);
+        ctx.all_reduce(&mut large, Op::Sum)?;
+        let root = last as usize % workers;
+        let told: u64 = ctx.broadcast(root, (rank == root).then_some(&mix(last, 7)))?;
+        let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;
+        let sums = mix(small[3] as u64, large[12_345] as u64);
+        Ok(mix(sums, all.iter().fold(told, |a, &v| mix(a, v))))
+    }
+}
+
+fn collecting(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
+    Job::builder(Fold::default(), |_| Collecting)
+        .job_id("collecting")
+        .workers(4)
+        .iterations(5)
+        .barrier_mode(true)
+        .sync_timeout(Duration::from_secs(1))
+        .failure_policy(policy)
+}
+
+#[test]
+fn collectives_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults() {
+    let real = collecting(FailurePolicy::Fail).run().unwrap();
+    let sim = Simulation::from_job(|| collecting(FailurePolicy::Fail));
+    let run = sim.run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(run.outcome.unwrap().result, real.result);
+    // Workers crash — also while their peers wait for them inside a collective — and so
+    // does the master; pieces are delayed and retransmitted: restarting every worker, the
+    // job ends as without faults.
+    let faulty =
+        Simulation::from_job(|| collecting(FailurePolicy::RestartAll { max_attempts: 100 }))
+            .faults(Faults::all(0.05));
+    faulty.check(0..150, ends_with(*real.result));
+    let (one, two) = (faulty.run(5), faulty.run(5));
+    assert_eq!(one.trace, two.trace);
+    assert_eq!(one.stats, two.stats);
+}
+
+#[test]
+fn a_worker_lost_inside_a_collective_releases_every_rank_within_the_sync_timeout() {
+    // Under `Fail`, each seed a worker may crash during its compute — inside one of its
+    // collectives, its peers waiting for its pieces — and pieces are delayed: every run
+    // ends, with the fault-free result or failing with a crashed rank named, and no
+    // compute ever waits in a call longer than the job's sync timeout.
+    let expected = *collecting(FailurePolicy::Fail).run().unwrap().result;
+    let faults = Faults {
+        worker_crash: 0.1,
+        delay: 0.2,
+        drop: 0.05,
+        ..Faults::none()
+    };
+    let sim = Simulation::from_job(|| collecting(FailurePolicy::Fail)).faults(faults);
+    let mut failed = 0;
+    for seed in 0..120 {
+        let run = sim.run(seed);
+        assert!(
+            run.violations.is_empty(),
+            "seed {seed}: {:?}",
+            run.violations
+        );
+        assert!(
+            run.stats.longest_wait <= Duration::from_secs(1),
+            "seed {seed}: a compute waited {:?}",
+            run.stats.longest_wait
+        );
+        match &run.outcome {
+            // (A worker that crashed once its last result left does not fail the job.)
+            Ok(o) => assert_eq!(*o.result, expected, "seed {seed}"),
+            Err(error) => {
+                failed += 1;
+                assert!(run.stats.worker_crashes > 0, "seed {seed}: {error}");
+                let text = error.to_string();
+                assert!(
+                    (0..4).any(|r| text.contains(&format!("worker {r}"))),
+                    "seed {seed}: {text}"
+                );
+            }
+        }
+    }
+    assert!(failed > 10, "only {failed} runs had a crash");
+}

@@ -46,8 +46,8 @@ pub(crate) enum Workers {
     Together,
     /// In several processes, connected to each other by the transport.
     Connected,
-    /// Where they cannot reach each other: another process's with no peer links from the
-    /// transport, or the simulator's.
+    /// Where they cannot reach each other: in other processes, with no peer links from
+    /// the transport.
     Apart,
 }
 
@@ -124,7 +124,7 @@ impl NodeConfig {
             return Err(ConfigError::new(
                 "aggregation",
                 self.aggregation,
-                "needs workers that reach each other: this job's transport (or the simulator) connects no workers to each other; use Star or Auto",
+                "needs workers that reach each other: this job's transport connects no workers to each other; use Star or Auto",
             ));
         }
         let elementwise = matches!(combining, Combining::Elementwise(_));

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{JobError, Phase};
+use crate::error::{CauseKind, JobError, Phase};
 use crate::ids::{Attempt, Rank};
 
 /// What a job does when one of its workers fails — its code returns an error or panics
@@ -142,12 +142,18 @@ impl Recovery {
     /// The rank a failure is a worker's recoverable failure of, if it is one.
     pub fn recoverable(error: &JobError) -> Option<Rank> {
         match error {
-            JobError::Worker { rank, phase, .. } => match phase {
+            JobError::Worker {
+                rank, phase, cause, ..
+            } => match phase {
                 Phase::PreApplication
                 | Phase::Init
                 | Phase::PreIteration
                 | Phase::Compute
                 | Phase::PostIteration => Some(*rank),
+                // The fold among the workers: its error is the collective's — a peer
+                // lost, or silent — which another attempt may not meet; a panic is the
+                // user's fold's, which would panic again.
+                Phase::Combine if cause.kind() == CauseKind::Error => Some(*rank),
                 // A factory or a `Drop` that panics is the code's, not the worker's
                 // process's or its data's: a replacement would fail the same way.
                 Phase::Create

@@ -398,7 +398,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 None => parts.transport.peers(rank)?,
             };
             let (sync, answers) = super::sync_calls::sync_link(
-                Arc::clone(&link),
+                Arc::new(super::sync_calls::LinkCalls(Arc::clone(&link))),
                 attempt,
                 Arc::clone(&parts.worker_config),
                 peers

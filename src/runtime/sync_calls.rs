@@ -36,6 +36,12 @@ impl SyncAnswers {
         }
     }
 
+    /// A peer's piece, or word of a peer lost, for the compute.
+    #[cfg(feature = "sim")]
+    pub(crate) fn peer(&self, event: crate::transport::PeerEvent) {
+        let _ = self.to.send(Incoming::Peer(event));
+    }
+
     /// Where the worker's peers' pieces go: to the compute, which takes them in its
     /// collectives.
     pub(crate) fn peer_inbox(&self) -> PeerInbox {
@@ -48,7 +54,7 @@ impl SyncAnswers {
 
 /// A worker's link, as the way its sync calls go: a call that cannot go fails as the
 /// transport's error.
-struct LinkCalls<W>(Arc<dyn WorkerLink<W>>);
+pub(crate) struct LinkCalls<W>(pub(crate) Arc<dyn WorkerLink<W>>);
 
 impl<W: Payload> SyncSender<W> for LinkCalls<W> {
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
@@ -62,7 +68,7 @@ impl<W: Payload> SyncSender<W> for LinkCalls<W> {
 /// collectives go to its peers on `peers` (or fail saying why there are none); what the
 /// peers send it is to go to [`SyncAnswers::peer_inbox`].
 pub(crate) fn sync_link<W: Payload>(
-    link: Arc<dyn WorkerLink<W>>,
+    link: Arc<dyn SyncSender<W>>,
     attempt: Attempt,
     config: Arc<WorkerConfig>,
     peers: Result<Arc<dyn PeerLink>, &'static str>,
@@ -70,7 +76,8 @@ pub(crate) fn sync_link<W: Payload>(
     let (to, answers) = mpsc::channel();
     let ended = Arc::new(std::sync::OnceLock::new());
     let sync = SyncLink {
-        link: Arc::new(LinkCalls(link)),
+        link,
+        said_waiting: Default::default(),
         answers,
         peers,
         early: Vec::new(),

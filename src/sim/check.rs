@@ -59,8 +59,12 @@ pub struct SimStats {
     pub rounds: u32,
     /// Arrivals the master's gates dropped (stale, duplicate).
     pub drops: Drops,
-    /// Messages delivered.
+    /// Messages delivered (to the master, to workers, and between workers).
     pub messages: u64,
+    /// The longest a worker's compute waited in one sync call or collective, in virtual
+    /// time: a lost peer or a failed job releases every wait, so it stays within the
+    /// job's bounds.
+    pub longest_wait: std::time::Duration,
 }
 
 /// One simulated run: its seed, how it ended, what happened, and any invariant it broke.

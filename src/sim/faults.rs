@@ -124,7 +124,8 @@ pub struct Faults {
     pub delay: f64,
     /// That a worker's result is delivered twice.
     pub duplicate: f64,
-    /// That a worker's result is lost on the way and retransmitted later.
+    /// That a worker's result, or a piece of a collective between workers, is lost on
+    /// the way and retransmitted later.
     pub drop: f64,
     /// That a worker's compute takes twenty times as long (a straggler).
     pub slow: f64,

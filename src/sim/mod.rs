@@ -18,12 +18,16 @@
 //! it stops — its start-up, computes and timers taking virtual time. Every result crosses the wire encoding on its way, as between
 //! processes. In barrier mode each worker's compute runs on a thread of its own, as in
 //! the runtime, and its `barrier()` and `all_gather()` calls travel the simulated network
-//! to the master's node and back; the simulator waits for a compute to call or return
-//! before it goes on, so one thread runs at a time and a seed still replays one run.
+//! to the master's node and back, and its collectives (`all_reduce`, `broadcast`, …, and
+//! the fold among the workers of `Aggregation::Tree` and `Ring`) send their pieces to its
+//! peers over connections between workers, with the network's latency, delays and
+//! retransmissions; a worker that crashes breaks its peers' connections to it. The
+//! simulator follows a compute until it waits or returns before it goes on, so one thread
+//! runs at a time and a seed still replays one run.
 //! Settings the runtime refuses (`JobConfig::validate`) fail the simulated job alike.
 //!
-//! The faults ([`Faults`]): a worker crashes during its compute or right after its result
-//! left; the master's process crashes while it gathers, before its compute, or before,
+//! The faults ([`Faults`]): a worker crashes during its compute (inside a collective,
+//! when it makes one, while its peers wait for it) or right after its result left; the master's process crashes while it gathers, before its compute, or before,
 //! during or after a checkpoint write; a message is delayed; a result is delivered twice,
 //! or lost and retransmitted. Given as a schedule besides: a worker or the master crashes
 //! during start-up, the master during the drain, or mid-write on storage that leaves the
@@ -267,13 +271,21 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     }
 
     /// The settings the master's node runs by, checked and settled as a run settles them:
-    /// the simulator carries no values among the workers, so `Aggregation::Auto` is the
-    /// star and `Tree` or `Ring` is refused.
+    /// the workers are processes of their own connected to each other, as over TCP — but
+    /// under `RestartAll`, where they run in the master's process.
     pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
         self.job.validate()?;
         let mut config = self.job.node_config(self.checkpoint_every);
         let combining = crate::runtime::combining(self.combine.as_ref());
-        config.settle_aggregation(combining, crate::protocol::Workers::Apart)?;
+        let workers = if matches!(
+            self.job.failure_policy,
+            crate::FailurePolicy::RestartAll { .. }
+        ) {
+            crate::protocol::Workers::Together
+        } else {
+            crate::protocol::Workers::Connected
+        };
+        config.settle_aggregation(combining, workers)?;
         Ok(config)
     }
 

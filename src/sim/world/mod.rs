@@ -111,6 +111,13 @@ enum Event<M, W> {
         rank: Rank,
         generation: Generation,
     },
+    /// A piece of a collective, or word of a peer lost, reaches the worker of `to` (of
+    /// process `generation`).
+    Peer {
+        to: Rank,
+        generation: Generation,
+        event: crate::transport::PeerEvent,
+    },
 }
 
 /// A lock that a panic while it was held does not poison for the rest of the run.
@@ -146,6 +153,9 @@ pub(super) struct World<'s, M: Payload, W: Payload> {
     /// Per rank: when the last message on its connection arrives, to the master and to
     /// the worker (connections deliver in order).
     arrivals: Vec<(Duration, Duration)>,
+    /// Per pair of ranks (from, to): when the last piece on their connection arrives
+    /// (connections deliver in order).
+    peer_arrivals: Vec<Vec<Duration>>,
     /// Per rank: the cut of the network between it and the master, if any: from when
     /// until when, and the generation of the rank's process whose connection it cut.
     cuts: Vec<Option<(Duration, Duration, Generation)>>,
@@ -191,6 +201,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             pending: sim.schedule.clone(),
             arrivals: vec![(Duration::ZERO, Duration::ZERO); workers],
             cuts: vec![None; workers],
+            peer_arrivals: vec![vec![Duration::ZERO; workers]; workers],
             shards: None,
         };
         let checkpoints = sim
@@ -313,6 +324,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let now = self.clock.instant();
                 self.nodes[rank].worker.handle_timeout(now);
                 self.drive_worker(rank);
+            }
+            Event::Peer {
+                to,
+                generation,
+                event,
+            } => {
+                if self.is_current(to, generation) {
+                    self.deliver_to_peer(to, event);
+                }
             }
             Event::ToMaster {
                 generation,

@@ -9,7 +9,8 @@ use std::time::Duration;
 use rand::RngExt;
 
 use super::*;
-use crate::protocol::{Envelope, Reach};
+use crate::protocol::{Envelope, PeerMessage, Reach};
+use crate::transport::PeerEvent;
 
 pub(super) const LATENCY_US: Range<u64> = 50..500;
 pub(super) const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(30);
@@ -81,6 +82,60 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     pub(super) fn until_delivered(&self, rank: Rank) -> Duration {
         let (to_master, _) = self.arrivals[rank];
         to_master.saturating_sub(self.clock.now) + Duration::from_micros(1)
+    }
+
+    /// A piece of a collective from the worker of `from` to the worker of `to`, on their
+    /// connection: in order, after the latency and the delays drawn; a piece lost is
+    /// retransmitted, as TCP does. A peer whose process is gone refuses the connection.
+    pub(super) fn send_to_peer(&mut self, from: Rank, to: Rank, msg: PeerMessage) {
+        let Some(peer) = self.nodes.get(to) else {
+            return;
+        };
+        if !peer.alive {
+            let reason = format!("worker {to}'s process is gone: the connection was refused");
+            return self.peer_lost(from, to, reason);
+        }
+        let generation = peer.generation;
+        let mut after = self.latency();
+        if self.chance(self.sim.faults.drop) {
+            after += RETRANSMIT;
+        }
+        let arrives = (self.clock.now + after).max(self.peer_arrivals[from][to]);
+        self.peer_arrivals[from][to] = arrives;
+        let event = PeerEvent::Message(msg);
+        self.clock.at(
+            arrives - self.clock.now,
+            Event::Peer {
+                to,
+                generation,
+                event,
+            },
+        );
+    }
+
+    /// The worker of `to` hears, after a latency, that its connection to the worker of
+    /// `peer` broke.
+    pub(super) fn peer_lost(&mut self, to: Rank, peer: Rank, reason: String) {
+        let generation = self.nodes[to].generation;
+        let after = self.latency();
+        let event = PeerEvent::Lost { rank: peer, reason };
+        self.clock.at(
+            after,
+            Event::Peer {
+                to,
+                generation,
+                event,
+            },
+        );
+    }
+
+    /// What a peer sent the worker of `to` arrives: its compute, if it waits, goes on.
+    pub(super) fn deliver_to_peer(&mut self, to: Rank, event: PeerEvent) {
+        self.stats.messages += 1;
+        if let Some(sync) = &self.nodes[to].sync {
+            sync.answers.peer(event);
+        }
+        self.unpark(to);
     }
 
     pub(super) fn send_to_master(&mut self, from: Rank, msg: ToMaster<W>) {

@@ -11,11 +11,13 @@ use rand::RngExt;
 
 use super::*;
 use crate::compute::JobEnd;
+use crate::compute::SyncSender;
+use crate::protocol::PeerMessage;
 use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerNode};
 use crate::runtime::sync_calls::SyncAnswers;
 use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::OwnedEnding;
-use crate::transport::{TransportError, WorkerLink};
+use crate::transport::{PeerLink, TransportError};
 
 /// A worker's process.
 pub(super) struct Node<M, W> {
@@ -33,8 +35,9 @@ pub(super) struct Node<M, W> {
     pub(super) end: JobEnd,
     /// In barrier mode: the ends of its sync calls.
     pub(super) sync: Option<SimSync<W>>,
-    /// In barrier mode: the compute under way on its own thread, parked in a sync call.
-    pub(super) parked: Option<Computing>,
+    /// In barrier mode: the compute under way on its own thread, parked in a sync call or
+    /// a collective, and since when (virtual time).
+    pub(super) parked: Option<(Computing, Duration)>,
     /// Whether it reported a failed ending: its process then ends (and may be started
     /// again by its launcher).
     pub(super) failed: bool,
@@ -47,21 +50,40 @@ pub(super) struct Node<M, W> {
 }
 
 /// A compute of barrier mode, on a thread of its own, says what it did: it made a sync
-/// call (and waits for its answer), or it returned.
+/// call, sent a peer a piece of a collective, waits for what comes next (nothing having
+/// come), or returned.
 pub(super) enum FromCompute<W> {
     Call(ToMaster<W>),
+    Peer(Rank, PeerMessage),
+    Waiting,
     Returned(Worked<W>),
 }
 
-/// A worker's sync calls, as its transport would carry them: to the simulator.
+/// A worker's sync calls and collectives, as its transport would carry them: to the
+/// simulator.
 pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>);
 
-impl<W: Payload> WorkerLink<W> for CallLink<W> {
-    fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+impl<W: Payload> SyncSender<W> for CallLink<W> {
+    fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
         self.0
-            .send(FromCompute::Call(msg))
+            .send(FromCompute::Call(call))
+            .map_err(|_| TransportError::Closed.into())
+    }
+
+    fn waiting(&self) {
+        let _ = self.0.send(FromCompute::Waiting);
+    }
+}
+
+impl<W: Payload> PeerLink for CallLink<W> {
+    fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError> {
+        self.0
+            .send(FromCompute::Peer(to, msg))
             .map_err(|_| TransportError::Closed)
     }
+
+    /// The simulator hands each worker what its peers send.
+    fn join(&self, _: Rank, _: crate::transport::PeerInbox) {}
 }
 
 /// A worker's end of barrier mode in the simulator.
@@ -70,7 +92,7 @@ pub(super) struct SimSync<W> {
     from: mpsc::Receiver<FromCompute<W>>,
     to_sim: mpsc::Sender<FromCompute<W>>,
     /// Where the answers to its calls go (as the runtime's worker hands them over).
-    answers: SyncAnswers,
+    pub(super) answers: SyncAnswers,
     /// The thread of the compute under way, joined once it returned.
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -99,6 +121,9 @@ pub(super) struct Computing {
     took: Duration,
     crash: bool,
     during: bool,
+    /// It sent a peer a piece of a collective: a crash during the compute may come while
+    /// it waits in one.
+    in_collective: bool,
 }
 
 impl<M: Payload, W: Payload> World<'_, M, W> {
@@ -140,13 +165,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         );
         let sync = self.job.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
-            let link: Arc<dyn WorkerLink<W>> = Arc::new(CallLink(to_sim.clone()));
+            let link = Arc::new(CallLink(to_sim.clone()));
             let config = Arc::clone(&self.worker_config);
             let (link, answers) = crate::runtime::sync_calls::sync_link(
-                link,
+                Arc::clone(&link) as Arc<dyn SyncSender<W>>,
                 attempt,
                 config,
-                Err("the simulator does not carry collectives among workers yet"),
+                Ok(link as Arc<dyn PeerLink>),
             );
             ctx.sync = Some(link);
             SimSync {
@@ -266,18 +291,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     if let Some(sync) = &node.sync {
                         sync.answers.answer(epoch, result);
                     }
-                    if let Some(computing) = node.parked.take() {
-                        self.follow(rank, computing);
-                    }
+                    self.unpark(rank);
                 }
                 WorkerAction::Verdict(error) | WorkerAction::EndSync(error) => {
                     // A call waiting fails, and the compute goes on to return.
                     if let Some(sync) = &node.sync {
                         sync.answers.end(&error);
                     }
-                    if let Some(computing) = node.parked.take() {
-                        self.follow(rank, computing);
-                    }
+                    self.unpark(rank);
                 }
                 WorkerAction::EndJob(error) => node.end.end(&error),
                 WorkerAction::MarkStale => {
@@ -374,7 +395,9 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         loop {
             match sync.next() {
                 Some(FromCompute::Returned(_)) => break,
-                Some(FromCompute::Call(_)) => continue,
+                Some(FromCompute::Call(_) | FromCompute::Peer(..) | FromCompute::Waiting) => {
+                    continue
+                }
                 None => {
                     self.violations.push(format!(
                         "worker {rank}'s compute did not return within {COMPUTE_PATIENCE:?} once its sync call failed"
@@ -385,26 +408,55 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         }
     }
 
+    /// What the compute of `rank`, parked, waited for came: it goes on.
+    pub(super) fn unpark(&mut self, rank: Rank) {
+        if let Some((computing, since)) = self.nodes[rank].parked.take() {
+            let waited = self.clock.now.saturating_sub(since);
+            self.stats.longest_wait = self.stats.longest_wait.max(waited);
+            self.follow(rank, computing);
+        }
+    }
+
     /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
-    /// a sync call goes to the master and the compute parks; a return ends the compute.
-    pub(super) fn follow(&mut self, rank: Rank, computing: Computing) {
-        let Some(sync) = &mut self.nodes[rank].sync else {
-            return;
-        };
-        match sync.next() {
-            Some(FromCompute::Call(msg)) => {
-                self.nodes[rank].parked = Some(computing);
-                self.send_to_master(rank, msg);
-            }
-            Some(FromCompute::Returned(worked)) => self.computed(rank, computing, worked),
-            None => {
-                self.violations.push(format!(
-                    "worker {rank}'s compute neither called nor returned within {COMPUTE_PATIENCE:?}"
+    /// a sync call goes to the master and a piece of a collective to its peer, and it goes
+    /// on; once it waits, it parks; a return ends the compute.
+    pub(super) fn follow(&mut self, rank: Rank, mut computing: Computing) {
+        loop {
+            let Some(sync) = &mut self.nodes[rank].sync else {
+                return;
+            };
+            match sync.next() {
+                Some(FromCompute::Call(msg)) => self.send_to_master(rank, msg),
+                Some(FromCompute::Peer(to, msg)) => {
+                    computing.in_collective = true;
+                    self.send_to_peer(rank, to, msg);
+                }
+                Some(FromCompute::Waiting) => {
+                    if computing.during && computing.in_collective {
+                        // The crash drawn for this compute comes while it waits in a
+                        // collective, its peers waiting for what it has not sent yet.
+                        computing.during = false;
+                        computing.crash = false;
+                        self.worker_crashes += 1;
+                        let generation = self.nodes[rank].generation;
+                        let at = Duration::from_micros(self.rng.random_range(0..2_000));
+                        self.clock.at(at, Event::WorkerCrash { rank, generation });
+                    }
+                    self.nodes[rank].parked = Some((computing, self.clock.now));
+                    return;
+                }
+                Some(FromCompute::Returned(worked)) => {
+                    return self.computed(rank, computing, worked)
+                }
+                None => {
+                    self.violations.push(format!(
+                    "worker {rank}'s compute neither called, waited nor returned within {COMPUTE_PATIENCE:?}"
                 ));
-                let worked = Worked::Iterated(Err(JobError::Runtime {
-                    message: format!("worker {rank}'s compute hung"),
-                }));
-                self.computed(rank, computing, worked);
+                    let worked = Worked::Iterated(Err(JobError::Runtime {
+                        message: format!("worker {rank}'s compute hung"),
+                    }));
+                    return self.computed(rank, computing, worked);
+                }
             }
         }
     }
@@ -446,6 +498,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             took,
             crash,
             during,
+            in_collective: false,
         };
         let node = &self.nodes[rank];
         match &node.sync {
@@ -489,6 +542,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             took,
             crash,
             during,
+            ..
         } = computing;
         let generation = self.nodes[rank].generation;
         let worked = match worked {
@@ -538,6 +592,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 master,
             },
         );
+        // Its peers' connections to it break: each hears at once (as a process's sockets
+        // close with it), and a collective waiting for it fails naming it.
+        for peer in 0..self.nodes.len() {
+            if peer != rank && self.nodes[peer].alive {
+                let reason = format!("worker {rank}'s process ended ({when})");
+                self.peer_lost(peer, rank, reason);
+            }
+        }
         // A new process of the rank can connect once the old connection is gone.
         self.process_ended(rank, noticed);
     }

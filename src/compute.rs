@@ -281,6 +281,38 @@ pub(crate) struct SyncLink<W> {
     pub(crate) ended: Arc<OnceLock<JobError>>,
     /// Whether the compute said it waits ([`SyncSender::waiting`]) and nothing came since.
     pub(crate) said_waiting: std::sync::atomic::AtomicBool,
+    /// Woken after each send on the channel of `answers`: what an `_async` call awaits.
+    pub(crate) arrived: Arc<tokio::sync::Notify>,
+}
+
+/// How a sync call or a collective waits for what comes next: blocking the compute's
+/// thread, or as a future that leaves the thread to the async runtime's other tasks
+/// meanwhile (the `_async` forms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    Block,
+    Await,
+}
+
+/// Runs a future whose waits block (`Wait::Block`): it is ready when first polled.
+pub(crate) fn block<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        // Not reached: a wait that blocks is never pending.
+        std::thread::yield_now();
+    }
+}
+
+/// Checks that an `_async` call is awaited where Tokio's timers are, which bound its
+/// waits.
+pub(crate) fn awaitable() -> Result<(), SyncError> {
+    tokio::runtime::Handle::try_current()
+        .map(drop)
+        .map_err(|_| SyncError::NoTimer)
 }
 
 /// What reaches a worker's compute while it waits in a sync call or a collective.
@@ -457,7 +489,18 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// it this fails at once with [`SyncError::NotEnabled`]. Only `compute` may call it
     /// (in `init` it fails with [`SyncError::OutsideCompute`]).
     pub fn barrier(&mut self) -> Result<(), SyncError> {
-        self.sync_call(SyncKind::Barrier, Vec::new()).map(|_| ())
+        block(self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Block)).map(drop)
+    }
+
+    /// [`barrier`](Self::barrier) as a future, for a compute that runs an async runtime:
+    /// while it waits, the runtime's other tasks run on the thread. Await it on a Tokio
+    /// runtime with its timers (`enable_time` or `enable_all`), which bound the wait; on
+    /// another it fails with [`SyncError::NoTimer`].
+    pub async fn barrier_async(&mut self) -> Result<(), SyncError> {
+        awaitable()?;
+        self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Await)
+            .await
+            .map(drop)
     }
 
     /// Sends `message` to every rank and returns every rank's message of the same epoch, in
@@ -480,8 +523,32 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + ToOwned + ?Sized,
         T::Owned: DeserializeOwned,
     {
+        block(self.all_gather_in(message, Wait::Block))
+    }
+
+    /// [`all_gather`](Self::all_gather) as a future; see
+    /// [`barrier_async`](Self::barrier_async).
+    pub async fn all_gather_async<T>(&mut self, message: &T) -> Result<Vec<T::Owned>, SyncError>
+    where
+        T: Serialize + ToOwned + ?Sized,
+        T::Owned: DeserializeOwned,
+    {
+        awaitable()?;
+        self.all_gather_in(message, Wait::Await).await
+    }
+
+    async fn all_gather_in<T>(
+        &mut self,
+        message: &T,
+        wait: Wait,
+    ) -> Result<Vec<T::Owned>, SyncError>
+    where
+        T: Serialize + ToOwned + ?Sized,
+        T::Owned: DeserializeOwned,
+    {
         let bytes = crate::codec::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
-        self.gather(bytes)?
+        self.gather(bytes, wait)
+            .await?
             .iter()
             .map(|m| crate::codec::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
             .collect()
@@ -492,7 +559,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
         self.epoch
     }
 
-    pub(crate) fn sync_call(&mut self, kind: SyncKind, message: Vec<u8>) -> SyncResult {
+    /// Makes sync call `kind` with `message` and waits for the master's node's answer.
+    pub(crate) async fn sync_call_in(
+        &mut self,
+        kind: SyncKind,
+        message: Vec<u8>,
+        wait: Wait,
+    ) -> SyncResult {
+        use tracing::Instrument;
         let rank = self.rank;
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
@@ -504,11 +578,20 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let epoch = self.epoch;
         self.epoch += 1;
         sync.call(epoch, kind, message)?;
-        let _span = tracing::debug_span!("sync", rank, epoch, %kind).entered();
+        let span = tracing::debug_span!("sync", rank, epoch, %kind);
+        sync.answer(epoch, wait).instrument(span).await
+    }
+}
+
+impl<W> SyncLink<W> {
+    /// The master's node's answer to this rank's call `epoch`, waited for at most the
+    /// worker's `sync_patience`.
+    async fn answer(&mut self, epoch: Epoch, wait: Wait) -> SyncResult {
+        let sync = self;
         let patience = sync.config.sync_patience;
         let deadline = Instant::now().checked_add(patience);
         loop {
-            match sync.receive(deadline) {
+            match sync.next(wait, deadline).await {
                 Ok(Incoming::Answer(answered, result)) if answered == epoch => return result,
                 // A peer's collective of a later epoch, or of this one (then the calls
                 // differ, which the master's node says to every rank).
@@ -553,24 +636,50 @@ impl<W> SyncLink<W> {
         })
     }
 
+    /// What comes next, waiting until `deadline` (`None`: as long as it takes) as `wait`
+    /// says.
+    pub(crate) async fn next(
+        &self,
+        wait: Wait,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        match wait {
+            Wait::Block => self.receive(deadline),
+            Wait::Await => self.receive_async(deadline).await,
+        }
+    }
+
+    /// [`receive`](Self::receive), awaiting what comes on Tokio's timers rather than
+    /// blocking the thread.
+    async fn receive_async(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        loop {
+            if let Some(came) = self.look() {
+                return came;
+            }
+            // A send after the look above leaves its wake-up stored: none is lost.
+            let arrived = self.arrived.notified();
+            match deadline {
+                None => arrived.await,
+                Some(deadline) => {
+                    let at = tokio::time::Instant::from_std(deadline);
+                    if tokio::time::timeout_at(at, arrived).await.is_err() {
+                        return Err(mpsc::RecvTimeoutError::Timeout);
+                    }
+                }
+            }
+        }
+    }
+
     /// What comes next, waiting until `deadline` (`None`: as long as it takes).
     pub(crate) fn receive(
         &self,
         deadline: Option<Instant>,
     ) -> Result<Incoming, mpsc::RecvTimeoutError> {
-        use std::sync::atomic::Ordering::Relaxed;
-        match self.answers.try_recv() {
-            Ok(incoming) => {
-                self.said_waiting.store(false, Relaxed);
-                return Ok(incoming);
-            }
-            Err(mpsc::TryRecvError::Disconnected) => {
-                return Err(mpsc::RecvTimeoutError::Disconnected)
-            }
-            Err(mpsc::TryRecvError::Empty) => {}
-        }
-        if !self.said_waiting.swap(true, Relaxed) {
-            self.link.waiting();
+        if let Some(came) = self.look() {
+            return came;
         }
         let incoming = match deadline {
             Some(deadline) => self
@@ -582,9 +691,31 @@ impl<W> SyncLink<W> {
                 .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
         };
         if incoming.is_ok() {
-            self.said_waiting.store(false, Relaxed);
+            self.said_waiting
+                .store(false, std::sync::atomic::Ordering::Relaxed);
         }
         incoming
+    }
+
+    /// What came already, if anything did (or the channel's end); otherwise `None`, the
+    /// compute having said it waits ([`SyncSender::waiting`]) unless it said so since the
+    /// last thing came.
+    fn look(&self) -> Option<Result<Incoming, mpsc::RecvTimeoutError>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.answers.try_recv() {
+            Ok(incoming) => {
+                self.said_waiting.store(false, Relaxed);
+                return Some(Ok(incoming));
+            }
+            Err(mpsc::TryRecvError::Disconnected) => {
+                return Some(Err(mpsc::RecvTimeoutError::Disconnected))
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        if !self.said_waiting.swap(true, Relaxed) {
+            self.link.waiting();
+        }
+        None
     }
 
     /// Keeps what a peer sent for call `epoch` or a later one (the pieces of an

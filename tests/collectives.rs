@@ -455,3 +455,108 @@ fn a_large_all_gather_across_processes_goes_around_the_ring_in_frames_of_one_mes
         assert_eq!(outcome.iterations, 2, "rank {rank}");
     }
 }
+
+/// Rank 0's first call is awaited beside a task that lets rank 1 make its calls: were the
+/// call to block rank 0's thread, that task would never run and rank 1 would give up.
+/// Then every `_async` form, checked against what each rank computes alone.
+fn awaiting(
+    rank: usize,
+    workers: usize,
+    go: Option<std::sync::mpsc::Sender<()>>,
+    gone: Option<std::sync::mpsc::Receiver<()>>,
+) -> FnWorker<common::WorkerFn> {
+    worker(move |ctx| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()?;
+        runtime.block_on(async {
+            let i = ctx.iteration();
+            let name = format!("r{rank}");
+            let names: Vec<String> = match (&go, &gone) {
+                (Some(go), _) => {
+                    let signal = async {
+                        let _ = go.send(());
+                    };
+                    let (names, ()) = tokio::join!(ctx.all_gather_async(name.as_str()), signal);
+                    names?
+                }
+                (_, Some(gone)) => {
+                    gone.recv_timeout(std::time::Duration::from_secs(30))
+                        .map_err(|_| "rank 0's other task never ran while its call waited")?;
+                    ctx.all_gather_async(name.as_str()).await?
+                }
+                _ => ctx.all_gather_async(name.as_str()).await?,
+            };
+            let want: Vec<String> = (0..workers).map(|r| format!("r{r}")).collect();
+            if names != want {
+                return Err(format!("rank {rank}: gathered {names:?}").into());
+            }
+            ctx.barrier_async().await?;
+            let all = |len| -> Vec<f64> {
+                let each: Vec<Vec<f64>> = (0..workers).map(|r| values(r, i, len)).collect();
+                (0..len).map(|e| each.iter().map(|v| v[e]).sum()).collect()
+            };
+            for len in [100, 50_000] {
+                let mut v = Floats::from(values(rank, i, len));
+                ctx.all_reduce_async(&mut v, Op::Sum).await?;
+                let mut chained = Floats::from(values(rank, i, len));
+                ctx.all_reduce_by_async(&mut chained, Op::Sum, Algorithm::Chain)
+                    .await?;
+                if *v != all(len) || *chained != all(len) {
+                    return Err(format!("rank {rank}: a wrong sum of {len} elements").into());
+                }
+            }
+            let mine = ctx
+                .reduce_scatter_async(Floats::from(values(rank, i, 1_000)), Op::Sum)
+                .await?;
+            if *mine != all(1_000)[ctx.segment(1_000)] {
+                return Err(format!("rank {rank}: a wrong segment").into());
+            }
+            let told: String = ctx
+                .broadcast_async(1, (rank == 1).then(|| "from 1".to_owned()).as_ref())
+                .await?;
+            let folded = ctx
+                .all_reduce_with_async(format!("{rank};"), |a, b| a.push_str(&b))
+                .await?;
+            let want: String = (0..workers).map(|r| format!("{r};")).collect();
+            if told != "from 1" || folded != want {
+                return Err(format!("rank {rank}: {told:?}, {folded:?}").into());
+            }
+            Ok(1)
+        })
+    })
+}
+
+#[test]
+fn async_forms_leave_the_thread_to_other_tasks_while_they_wait_and_give_what_blocking_ones_give() {
+    let workers = 3;
+    let (go, gone) = std::sync::mpsc::channel();
+    let ends = Arc::new(Mutex::new((Some(go), Some(gone))));
+    let outcome = job(workers, 2, move |rank| {
+        let mut ends = ends.lock().unwrap();
+        let go = if rank == 0 { ends.0.take() } else { None };
+        let gone = if rank == 1 { ends.1.take() } else { None };
+        awaiting(rank, workers, go, gone)
+    })
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 2 * workers as u64);
+}
+
+#[test]
+fn an_async_call_awaited_outside_a_tokio_runtime_fails_saying_so() {
+    let outcome = job(2, 1, |_| {
+        worker(|ctx| {
+            use std::future::Future;
+            let mut call = std::pin::pin!(ctx.barrier_async());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match call.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(Err(superstep::SyncError::NoTimer)) => Ok(1),
+                other => Err(format!("{other:?}").into()),
+            }
+        })
+    })
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 2);
+}

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::compute::{Incoming, WorkerContext};
+use crate::compute::{awaitable, block, Incoming, Wait, WorkerContext};
 use crate::error::SyncError;
 mod fold;
 
@@ -220,13 +220,36 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: &mut Floats<T>,
         op: Op,
     ) -> Result<(), SyncError> {
-        let bytes = values.len().saturating_mul(std::mem::size_of::<T>());
-        let algorithm = if bytes < SMALL {
-            Algorithm::Doubling
-        } else {
-            Algorithm::Ring
-        };
-        self.all_reduce_by(values, op, algorithm)
+        let algorithm = by_size(values);
+        block(self.all_reduce_in(values, op, algorithm, Wait::Block))
+    }
+
+    /// [`all_reduce`](Self::all_reduce) as a future, for a compute that runs an async
+    /// runtime: while it waits for its peers, the runtime's other tasks run on the thread.
+    /// Await it on a Tokio runtime with its timers (`enable_time` or `enable_all`), which
+    /// bound its waits; on another it fails with [`SyncError::NoTimer`]. The same holds for
+    /// every `_async` collective.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # use superstep::collective::Op;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    /// let mut gradient = Floats::from(vec![0.5; 1 << 20]);
+    /// runtime.block_on(async {
+    ///     // Sums with the peers while this thread also serves other tasks.
+    ///     ctx.all_reduce_async(&mut gradient, Op::Sum).await
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn all_reduce_async<T: Element>(
+        &mut self,
+        values: &mut Floats<T>,
+        op: Op,
+    ) -> Result<(), SyncError> {
+        awaitable()?;
+        let algorithm = by_size(values);
+        self.all_reduce_in(values, op, algorithm, Wait::Await).await
     }
 
     /// [`all_reduce`](Self::all_reduce) by `algorithm`. [`Algorithm::Chain`] folds the
@@ -240,10 +263,34 @@ impl<M, W: 'static> WorkerContext<M, W> {
         op: Op,
         algorithm: Algorithm,
     ) -> Result<(), SyncError> {
+        block(self.all_reduce_in(values, op, algorithm, Wait::Block))
+    }
+
+    /// [`all_reduce_by`](Self::all_reduce_by) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn all_reduce_by_async<T: Element>(
+        &mut self,
+        values: &mut Floats<T>,
+        op: Op,
+        algorithm: Algorithm,
+    ) -> Result<(), SyncError> {
+        awaitable()?;
+        self.all_reduce_in(values, op, algorithm, Wait::Await).await
+    }
+
+    async fn all_reduce_in<T: Element>(
+        &mut self,
+        values: &mut Floats<T>,
+        op: Op,
+        algorithm: Algorithm,
+        wait: Wait,
+    ) -> Result<(), SyncError> {
         let kind = CollectiveKind::AllReduce(op.id());
         let chunk = chunk_of::<T>();
         let buffer = Elements::new(&mut values.0[..], op);
-        self.collective(kind, algorithm, chunk, buffer).map(drop)
+        self.collective_in(kind, algorithm, chunk, buffer, wait)
+            .await
+            .map(drop)
     }
 
     /// Combines every rank's `values` element by element with `op`, and returns this
@@ -252,13 +299,34 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// size. Every rank must pass as many elements.
     pub fn reduce_scatter<T: Element>(
         &mut self,
+        values: Floats<T>,
+        op: Op,
+    ) -> Result<Floats<T>, SyncError> {
+        block(self.reduce_scatter_in(values, op, Wait::Block))
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn reduce_scatter_async<T: Element>(
+        &mut self,
+        values: Floats<T>,
+        op: Op,
+    ) -> Result<Floats<T>, SyncError> {
+        awaitable()?;
+        self.reduce_scatter_in(values, op, Wait::Await).await
+    }
+
+    async fn reduce_scatter_in<T: Element>(
+        &mut self,
         mut values: Floats<T>,
         op: Op,
+        wait: Wait,
     ) -> Result<Floats<T>, SyncError> {
         let kind = CollectiveKind::ReduceScatter(op.id());
         let range = self.segment(values.len());
         let buffer = Elements::new(&mut values.0[..], op);
-        self.collective(kind, Algorithm::Ring, chunk_of::<T>(), buffer)?;
+        self.collective_in(kind, Algorithm::Ring, chunk_of::<T>(), buffer, wait)
+            .await?;
         values.truncate(range.end);
         values.drain(..range.start);
         Ok(values)
@@ -286,6 +354,32 @@ impl<M, W: 'static> WorkerContext<M, W> {
     where
         T: Serialize + DeserializeOwned,
     {
+        block(self.broadcast_in(from, value, Wait::Block))
+    }
+
+    /// [`broadcast`](Self::broadcast) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn broadcast_async<T>(
+        &mut self,
+        from: Rank,
+        value: Option<&T>,
+    ) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        awaitable()?;
+        self.broadcast_in(from, value, Wait::Await).await
+    }
+
+    async fn broadcast_in<T>(
+        &mut self,
+        from: Rank,
+        value: Option<&T>,
+        wait: Wait,
+    ) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned,
+    {
         let kind = CollectiveKind::Broadcast { root: from };
         let bytes = if self.rank == from {
             let Some(value) = value else {
@@ -299,10 +393,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 Algorithm::Ring
             };
             let buffer = Elements::new(&mut bytes[..], Op::Sum);
-            self.collective(kind, algorithm, CHUNK as u64, buffer)?;
+            self.collective_in(kind, algorithm, CHUNK as u64, buffer, wait)
+                .await?;
             bytes
         } else {
-            self.broadcast_received(kind)?
+            self.broadcast_received(kind, wait).await?
         };
         crate::codec::from_slice(&bytes).map_err(|e| SyncError::Codec(e.to_string()))
     }
@@ -323,12 +418,38 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + DeserializeOwned + Clone + Send + 'static,
         F: Fn(&mut T, T),
     {
+        block(self.all_reduce_with_in(value, fold, Wait::Block))
+    }
+
+    /// [`all_reduce_with`](Self::all_reduce_with) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn all_reduce_with_async<T, F>(&mut self, value: T, fold: F) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + 'static,
+        F: Fn(&mut T, T),
+    {
+        awaitable()?;
+        self.all_reduce_with_in(value, fold, Wait::Await).await
+    }
+
+    async fn all_reduce_with_in<T, F>(
+        &mut self,
+        value: T,
+        fold: F,
+        wait: Wait,
+    ) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + 'static,
+        F: Fn(&mut T, T),
+    {
         let kind = CollectiveKind::AllReduce(ReduceOp::Fold);
         let buffer = Whole {
             value: vec![value],
             fold,
         };
-        let done = self.collective(kind, Algorithm::Doubling, 1, buffer)?;
+        let done = self
+            .collective_in(kind, Algorithm::Doubling, 1, buffer, wait)
+            .await?;
         Ok(done
             .value
             .into_iter()
@@ -340,7 +461,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// [`Gathered`]). Around the ring, each rank sends and receives every other rank's
     /// message once: (ranks − 1) messages, the least an all-gather can move, and no rank
     /// carries more than that.
-    pub(crate) fn gather(&mut self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, SyncError> {
+    pub(crate) async fn gather(
+        &mut self,
+        bytes: Vec<u8>,
+        wait: Wait,
+    ) -> Result<Vec<Vec<u8>>, SyncError> {
         let (rank, workers) = (self.rank, self.workers);
         let far = self.sync.as_ref().is_some_and(|sync| {
             sync.peers
@@ -353,7 +478,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             (Gathered::Here(bytes), Vec::new())
         };
         let sent = crate::codec::to_vec(&sent).map_err(|e| SyncError::Codec(e.to_string()))?;
-        let answer = self.sync_call(SyncKind::AllGather, sent)?;
+        let answer = self.sync_call_in(SyncKind::AllGather, sent, wait).await?;
         let epoch = self.epoch - 1;
         let mut rows = Vec::with_capacity(answer.len());
         let mut around = Vec::new();
@@ -394,7 +519,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         };
         let exchange = Exchange::new(call, workers, rank, buffer);
         let mut ring = self
-            .drive(epoch, Start::Known(Box::new(exchange)), true)?
+            .drive(epoch, Start::Known(Box::new(exchange)), true, wait)
+            .await?
             .value;
         for (from, len) in around {
             let bytes = std::mem::take(&mut ring[from]);
@@ -416,7 +542,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// A broadcast's bytes, on a rank that does not know their length until the first
     /// piece says it.
-    fn broadcast_received(&mut self, kind: CollectiveKind) -> Result<Vec<u8>, SyncError> {
+    async fn broadcast_received(
+        &mut self,
+        kind: CollectiveKind,
+        wait: Wait,
+    ) -> Result<Vec<u8>, SyncError> {
         /// The bytes a broadcast's first piece announces, as the root makes them (its
         /// pieces, and a way of its); allocated without aborting on a length too large.
         /// A broadcast only puts: the op is never used.
@@ -440,16 +570,32 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.start_collective(kind, None)?;
         let start = Start::Awaited { kind, make: zeros };
-        Ok(self.drive(epoch, start, false)?.values)
+        Ok(self.drive(epoch, start, false, wait).await?.values)
     }
 
-    /// Runs `kind` on `buffer` with this rank's peers.
+    /// Runs `kind` on `buffer` with this rank's peers, blocking the thread.
     fn collective<B>(
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
         chunk: u64,
         buffer: B,
+    ) -> Result<B, SyncError>
+    where
+        B: Buffer,
+        B::Part: Serialize + DeserializeOwned + Send + 'static,
+    {
+        block(self.collective_in(kind, algorithm, chunk, buffer, Wait::Block))
+    }
+
+    /// Runs `kind` on `buffer` with this rank's peers, waiting as `wait` says.
+    async fn collective_in<B>(
+        &mut self,
+        kind: CollectiveKind,
+        algorithm: Algorithm,
+        chunk: u64,
+        buffer: B,
+        wait: Wait,
     ) -> Result<B, SyncError>
     where
         B: Buffer,
@@ -469,7 +615,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
             chunk,
         };
         let exchange = Exchange::new(call, self.workers, self.rank, buffer);
-        self.drive(epoch, Start::Known(Box::new(exchange)), false)
+        self.drive(epoch, Start::Known(Box::new(exchange)), false, wait)
+            .await
     }
 
     /// Checks that a collective can start, and counts it: its epoch.
@@ -510,7 +657,31 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Sends and receives the pieces of call `epoch` until this rank's part is done, and
     /// the master's node said every rank made the call (`released`: it said so already).
-    fn drive<B>(&mut self, epoch: Epoch, start: Start<B>, released: bool) -> Result<B, SyncError>
+    async fn drive<B>(
+        &mut self,
+        epoch: Epoch,
+        start: Start<B>,
+        released: bool,
+        wait: Wait,
+    ) -> Result<B, SyncError>
+    where
+        B: Buffer,
+        B::Part: Serialize + DeserializeOwned + Send + 'static,
+    {
+        use tracing::Instrument;
+        let span = tracing::debug_span!("collective", rank = self.rank, epoch);
+        self.drive_in(epoch, start, released, wait)
+            .instrument(span)
+            .await
+    }
+
+    async fn drive_in<B>(
+        &mut self,
+        epoch: Epoch,
+        start: Start<B>,
+        released: bool,
+        wait: Wait,
+    ) -> Result<B, SyncError>
     where
         B: Buffer,
         B::Part: Serialize + DeserializeOwned + Send + 'static,
@@ -537,7 +708,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let mut deadline = started.checked_add(timeout);
         let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         let mut word = started + every;
-        let _span = tracing::debug_span!("collective", rank, epoch).entered();
         loop {
             // What came early, or now, for this call.
             while let Some(m) = queue.pop_front() {
@@ -592,7 +762,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 start = Start::Known(exchange);
             }
             let until = deadline.map_or(word, |d| d.min(word));
-            match sync.receive(Some(until)) {
+            match sync.next(wait, Some(until)).await {
                 Ok(Incoming::Peer(PeerEvent::Message(m)))
                     if m.attempt == sync.attempt && m.call.seq == epoch =>
                 {
@@ -720,6 +890,16 @@ fn awaited(seq: Epoch, kind: CollectiveKind) -> CollectiveCall {
         len: 0,
         algorithm: Algorithm::Tree,
         chunk: 0,
+    }
+}
+
+/// The way an `all_reduce` of `values` takes: recursive doubling below [`SMALL`] bytes,
+/// the ring above.
+fn by_size<T: Element>(values: &Floats<T>) -> Algorithm {
+    if values.len().saturating_mul(std::mem::size_of::<T>()) < SMALL {
+        Algorithm::Doubling
+    } else {
+        Algorithm::Ring
     }
 }
 

@@ -15,15 +15,31 @@ use crate::transport::{PeerInbox, PeerLink, WorkerLink};
 /// waiting for them, and where the job's first failure goes once the worker heard of it
 /// (every sync call then fails with it at once).
 pub(crate) struct SyncAnswers {
-    to: mpsc::Sender<Incoming>,
+    to: Handing,
     ended: Arc<std::sync::OnceLock<JobError>>,
+}
+
+/// The way to the compute: a send, then a wake-up for an `_async` call awaiting it.
+#[derive(Clone)]
+struct Handing {
+    to: mpsc::Sender<Incoming>,
+    arrived: Arc<tokio::sync::Notify>,
+}
+
+impl Handing {
+    fn send(&self, incoming: Incoming) {
+        // The compute may have given up waiting already; then nobody listens.
+        if self.to.send(incoming).is_ok() {
+            self.arrived.notify_one();
+        }
+    }
 }
 
 impl SyncAnswers {
     /// The answer to call `epoch`, for the compute waiting in it (it may have given up
     /// waiting already; then nobody listens).
     pub(crate) fn answer(&self, epoch: Epoch, result: SyncResult) {
-        let _ = self.to.send(Incoming::Answer(epoch, result));
+        self.to.send(Incoming::Answer(epoch, result));
     }
 
     /// The job failed with `error`: the call waiting, and every later one, fails with it
@@ -32,23 +48,21 @@ impl SyncAnswers {
         if self.ended.set(error.clone()).is_ok() {
             // Wakes a compute waiting in a sync call: not its epoch, so it looks.
             let failed = SyncError::JobFailed(Box::new(error.clone()));
-            let _ = self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
+            self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
         }
     }
 
     /// A peer's piece, or word of a peer lost, for the compute.
     #[cfg(feature = "sim")]
     pub(crate) fn peer(&self, event: crate::transport::PeerEvent) {
-        let _ = self.to.send(Incoming::Peer(event));
+        self.to.send(Incoming::Peer(event));
     }
 
     /// Where the worker's peers' pieces go: to the compute, which takes them in its
     /// collectives.
     pub(crate) fn peer_inbox(&self) -> PeerInbox {
         let to = self.to.clone();
-        Box::new(move |event| {
-            let _ = to.send(Incoming::Peer(event));
-        })
+        Box::new(move |event| to.send(Incoming::Peer(event)))
     }
 }
 
@@ -74,10 +88,16 @@ pub(crate) fn sync_link<W: Payload>(
     peers: Result<Arc<dyn PeerLink>, &'static str>,
 ) -> (SyncLink<W>, SyncAnswers) {
     let (to, answers) = mpsc::channel();
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let to = Handing {
+        to,
+        arrived: Arc::clone(&arrived),
+    };
     let ended = Arc::new(std::sync::OnceLock::new());
     let sync = SyncLink {
         link,
         said_waiting: Default::default(),
+        arrived,
         answers,
         peers,
         early: Vec::new(),

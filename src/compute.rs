@@ -494,8 +494,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// [`barrier`](Self::barrier) as a future, for a compute that runs an async runtime:
     /// while it waits, the runtime's other tasks run on the thread. Await it on a Tokio
-    /// runtime with its timers (`enable_time` or `enable_all`), which bound the wait; on
-    /// another it fails with [`SyncError::NoTimer`].
+    /// runtime with its timers (`enable_time` or `enable_all`), which bound the wait:
+    /// outside a Tokio runtime it fails with [`SyncError::NoTimer`] (on one built without
+    /// timers, Tokio panics). Await it to its end: the call is made when it is first
+    /// polled, so a future dropped before it finishes leaves the other ranks to fail the
+    /// call (as a rank that returned without it), and this rank's next calls out of step.
     pub async fn barrier_async(&mut self) -> Result<(), SyncError> {
         awaitable()?;
         self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Await)
@@ -517,7 +520,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// # Ok(()) }
     /// ```
     ///
-    /// Fails as [`barrier`](Self::barrier) does.
+    /// Fails as [`barrier`](Self::barrier) does. Across processes a message of 64 KiB or
+    /// more goes around the ring of workers rather than through the master (see
+    /// [`collective`](crate::collective)); that call can also fail as a collective does:
+    /// a peer lost ([`SyncError::PeerLost`]) or silent ([`SyncError::CollectiveTimedOut`]).
     pub fn all_gather<T>(&mut self, message: &T) -> Result<Vec<T::Owned>, SyncError>
     where
         T: Serialize + ToOwned + ?Sized,
@@ -655,8 +661,20 @@ impl<W> SyncLink<W> {
         &self,
         deadline: Option<Instant>,
     ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        /// A wait given up by dropping its future has not waited on: the next one says
+        /// it waits again.
+        struct Unsaid<'a>(&'a std::sync::atomic::AtomicBool, bool);
+        impl Drop for Unsaid<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        let mut unsaid = Unsaid(&self.said_waiting, false);
         loop {
             if let Some(came) = self.look() {
+                unsaid.1 = true;
                 return came;
             }
             // A send after the look above leaves its wake-up stored: none is lost.
@@ -666,6 +684,7 @@ impl<W> SyncLink<W> {
                 Some(deadline) => {
                     let at = tokio::time::Instant::from_std(deadline);
                     if tokio::time::timeout_at(at, arrived).await.is_err() {
+                        unsaid.1 = true;
                         return Err(mpsc::RecvTimeoutError::Timeout);
                     }
                 }

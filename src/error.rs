@@ -523,13 +523,6 @@ pub enum SyncError {
     /// No answer came from the barrier (it is gone, or much slower than its timeout).
     #[error("no answer from the barrier within {0:?}")]
     NoAnswer(Duration),
-    /// An `_async` sync call or collective was awaited outside a Tokio runtime: its waits
-    /// are bounded by Tokio's timers.
-    ///
-    /// Remedy: await it on a Tokio runtime built with its timers (`enable_time` or
-    /// `enable_all`), or make the blocking call.
-    #[error("the _async sync calls and collectives wait on Tokio's timers: await them on a Tokio runtime with its timers enabled, or make the blocking call")]
-    NoTimer,
     /// Two ranks made different collective calls at the same point of their sequence of
     /// collectives — another collective, another root, or another length. Every rank must
     /// make the same collective calls, with values of the same length, in the same order.
@@ -596,6 +589,13 @@ pub enum SyncError {
         /// What does not fit.
         reason: String,
     },
+    /// An `_async` sync call or collective was awaited outside a Tokio runtime: its waits
+    /// are bounded by Tokio's timers.
+    ///
+    /// Remedy: await it on a Tokio runtime built with its timers (`enable_time` or
+    /// `enable_all`), or make the blocking call.
+    #[error("the _async sync calls and collectives wait on Tokio's timers: await them on a Tokio runtime with its timers enabled, or make the blocking call")]
+    NoTimer,
 }
 
 /// Two ranks' collective calls, said by what differs: only the length, or the calls.

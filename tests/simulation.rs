@@ -1227,3 +1227,37 @@ fn a_worker_lost_inside_a_collective_releases_every_rank_within_the_sync_timeout
     }
     assert!(failed > 10, "only {failed} runs had a crash");
 }
+
+#[test]
+fn a_partition_holds_a_collectives_pieces_until_it_heals_or_loses_the_peer_past_the_heartbeat() {
+    use superstep::sim::Fault;
+    let expected = *collecting(FailurePolicy::Fail).run().unwrap().result;
+    let cut = |millis| {
+        Simulation::from_job(|| collecting(FailurePolicy::Fail))
+            .schedule(vec![Fault::Partition {
+                rank: 1,
+                iteration: 3,
+                millis,
+            }])
+            .run(0)
+    };
+    // Shorter than the heartbeat timeout: every piece arrives once it heals.
+    let short = cut(10);
+    assert!(short.violations.is_empty(), "{:?}", short.violations);
+    assert_eq!(*short.outcome.unwrap().result, expected);
+    assert!(
+        short.stats.longest_wait >= Duration::from_millis(5),
+        "{:?}",
+        short.stats
+    );
+    // Longer: the ranks waiting for rank 1's pieces, and rank 1, hear the other lost once
+    // the heartbeats stop, and the job fails — no compute waits on.
+    let long = cut(200);
+    assert!(long.violations.is_empty(), "{:?}", long.violations);
+    assert!(long.outcome.is_err());
+    assert!(
+        long.stats.longest_wait < Duration::from_millis(100),
+        "{:?}",
+        long.stats
+    );
+}

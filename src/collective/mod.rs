@@ -227,8 +227,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// [`all_reduce`](Self::all_reduce) as a future, for a compute that runs an async
     /// runtime: while it waits for its peers, the runtime's other tasks run on the thread.
     /// Await it on a Tokio runtime with its timers (`enable_time` or `enable_all`), which
-    /// bound its waits; on another it fails with [`SyncError::NoTimer`]. The same holds for
-    /// every `_async` collective.
+    /// bound its waits; outside one it fails with [`SyncError::NoTimer`]. Await it to its
+    /// end: a future dropped before it finishes leaves the other ranks to fail the call.
+    /// The same holds for every `_async` collective.
     ///
     /// ```no_run
     /// # use superstep::prelude::*;
@@ -470,7 +471,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let far = self.sync.as_ref().is_some_and(|sync| {
             sync.peers
                 .as_ref()
-                .is_ok_and(|peers| !peers.carries_values())
+                .is_ok_and(|peers| peers.spans_processes())
         });
         let (sent, own) = if far && bytes.len() >= SMALL {
             (Gathered::Ring(bytes.len() as u64), bytes)

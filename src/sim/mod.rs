@@ -18,7 +18,8 @@
 //! it stops — its start-up, computes and timers taking virtual time. Every result crosses the wire encoding on its way, as between
 //! processes. In barrier mode each worker's compute runs on a thread of its own, as in
 //! the runtime, and its `barrier()` and `all_gather()` calls travel the simulated network
-//! to the master's node and back, and its collectives (`all_reduce`, `broadcast`, …, and
+//! to the master's node and back (a large `all_gather`'s messages then around the ring of
+//! workers, as across processes), and its collectives (`all_reduce`, `broadcast`, …, and
 //! the fold among the workers of `Aggregation::Tree` and `Ring`) send their pieces to its
 //! peers over connections between workers, with the network's latency, delays and
 //! retransmissions; a worker that crashes breaks its peers' connections to it. The

@@ -143,6 +143,10 @@ impl PeerLink for MemoryMesh {
     fn carries_values(&self) -> bool {
         !self.wire_check
     }
+
+    fn spans_processes(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -369,6 +369,12 @@ pub trait PeerLink: Send + Sync + 'static {
     fn carries_values(&self) -> bool {
         false
     }
+
+    /// Whether the peers are in other processes (with the wire check on, pieces between
+    /// workers of one process are encoded, yet they are in one process).
+    fn spans_processes(&self) -> bool {
+        true
+    }
 }
 
 /// What reaches a worker from its peers.

@@ -100,6 +100,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         if self.chance(self.sim.faults.drop) {
             after += RETRANSMIT;
         }
+        // A cut of the network at either end holds the piece until it heals; across a
+        // long one the connection is lost (both ends hear so: `cut`).
+        let Some(after) = self
+            .across_cut(from, after)
+            .and_then(|after| self.across_cut(to, after))
+        else {
+            return;
+        };
         let arrives = (self.clock.now + after).max(self.peer_arrivals[from][to]);
         self.peer_arrivals[from][to] = arrives;
         let event = PeerEvent::Message(msg);
@@ -116,8 +124,20 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// The worker of `to` hears, after a latency, that its connection to the worker of
     /// `peer` broke.
     pub(super) fn peer_lost(&mut self, to: Rank, peer: Rank, reason: String) {
+        self.peer_lost_after(to, peer, reason, Duration::ZERO);
+    }
+
+    /// [`peer_lost`](Self::peer_lost), `wait` from now.
+    fn peer_lost_after(&mut self, to: Rank, peer: Rank, reason: String, wait: Duration) {
+        if !self.job.barrier_mode {
+            // Workers connect to each other only for collectives, in barrier mode.
+            return;
+        }
         let generation = self.nodes[to].generation;
-        let after = self.latency();
+        // After every piece the connection carried: its end is read last.
+        let arrives = (self.clock.now + wait + self.latency())
+            .max(self.peer_arrivals[peer][to] + Duration::from_micros(1));
+        let after = arrives - self.clock.now;
         let event = PeerEvent::Lost { rank: peer, reason };
         self.clock.at(
             after,
@@ -246,6 +266,17 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         *slot = Some((self.clock.now, self.clock.now + lasts, generation));
         self.log(|| format!("the network to worker {rank} is cut for {lasts:?}"));
         if lasts >= HEARTBEAT_TIMEOUT {
+            // Its connections to its peers go silent too: each end hears the other lost
+            // once the heartbeats stop.
+            for peer in 0..self.nodes.len() {
+                if peer != rank && self.nodes[peer].alive {
+                    let reason = |r: Rank| {
+                        format!("no heartbeat from worker {r} for {HEARTBEAT_TIMEOUT:?} (a network partition)")
+                    };
+                    self.peer_lost_after(peer, rank, reason(rank), HEARTBEAT_TIMEOUT);
+                    self.peer_lost_after(rank, peer, reason(peer), HEARTBEAT_TIMEOUT);
+                }
+            }
             let (generation, master) = (self.nodes[rank].generation, self.master_generation);
             let silence = Event::Silence {
                 rank,

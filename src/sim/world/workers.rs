@@ -387,9 +387,11 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let Some(node) = self.nodes.get_mut(rank) else {
             return;
         };
-        let (Some(sync), Some(_)) = (&mut node.sync, node.parked.take()) else {
+        let (Some(sync), Some((_, since))) = (&mut node.sync, node.parked.take()) else {
             return;
         };
+        let waited = self.clock.now.saturating_sub(since);
+        self.stats.longest_wait = self.stats.longest_wait.max(waited);
         sync.answers.end(error);
         // Every call after the end fails at once, without a word: the next is its return.
         loop {

@@ -307,6 +307,18 @@ pub(crate) fn block<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
+/// Runs `future` in `span`: entered while it is polled, so an awaited call is in its
+/// span only while it runs — and, unlike `tracing::Instrument`, not entered again while
+/// the future is dropped, so a call is one slice in a trace.
+pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        let _entered = span.enter();
+        future.as_mut().poll(cx)
+    })
+    .await
+}
+
 /// Checks that an `_async` call is awaited where Tokio's timers are, which bound its
 /// waits.
 pub(crate) fn awaitable() -> Result<(), SyncError> {
@@ -572,7 +584,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         message: Vec<u8>,
         wait: Wait,
     ) -> SyncResult {
-        use tracing::Instrument;
         let rank = self.rank;
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
@@ -585,7 +596,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         self.epoch += 1;
         sync.call(epoch, kind, message)?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
-        sync.answer(epoch, wait).instrument(span).await
+        in_span(span, sync.answer(epoch, wait)).await
     }
 }
 

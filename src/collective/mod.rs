@@ -669,11 +669,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Buffer,
         B::Part: Serialize + DeserializeOwned + Send + 'static,
     {
-        use tracing::Instrument;
         let span = tracing::debug_span!("collective", rank = self.rank, epoch);
-        self.drive_in(epoch, start, released, wait)
-            .instrument(span)
-            .await
+        crate::compute::in_span(span, self.drive_in(epoch, start, released, wait)).await
     }
 
     async fn drive_in<B>(

@@ -512,7 +512,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// polled, so a future dropped before it finishes leaves the other ranks to fail the
     /// call (as a rank that returned without it), and this rank's next calls out of step.
     pub async fn barrier_async(&mut self) -> Result<(), SyncError> {
-        awaitable()?;
         self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Await)
             .await
             .map(drop)
@@ -551,7 +550,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + ToOwned + ?Sized,
         T::Owned: DeserializeOwned,
     {
-        awaitable()?;
         self.all_gather_in(message, Wait::Await).await
     }
 
@@ -584,6 +582,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         message: Vec<u8>,
         wait: Wait,
     ) -> SyncResult {
+        if wait == Wait::Await {
+            awaitable()?;
+        }
         let rank = self.rank;
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
         if self.iteration == 0 {
@@ -604,22 +605,22 @@ impl<W> SyncLink<W> {
     /// The master's node's answer to this rank's call `epoch`, waited for at most the
     /// worker's `sync_patience`.
     async fn answer(&mut self, epoch: Epoch, wait: Wait) -> SyncResult {
-        let sync = self;
-        let patience = sync.config.sync_patience;
+        let patience = self.config.sync_patience;
         let deadline = Instant::now().checked_add(patience);
         loop {
-            match sync.next(wait, deadline).await {
+            match self.next(wait, deadline).await {
                 Ok(Incoming::Answer(answered, result)) if answered == epoch => return result,
-                // A peer's collective of a later epoch, or of this one (then the calls
-                // differ, which the master's node says to every rank).
-                Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
+                // A peer's piece of a later call, or of this one (an all_gather's ring,
+                // which may start before this answer comes here; or another call, which
+                // the master's node fails on every rank): kept.
+                Ok(Incoming::Peer(event)) => self.keep_early(event, epoch),
                 // Not this call's answer: the job failed (the actor woke this call to say
                 // so), or it answers an earlier call that failed.
-                Ok(Incoming::Answer(..)) => match sync.failure() {
+                Ok(Incoming::Answer(..)) => match self.failure() {
                     Some(e) => return Err(e),
                     None => continue,
                 },
-                Err(_) => return Err(sync.failure().unwrap_or(SyncError::NoAnswer(patience))),
+                Err(_) => return Err(self.failure().unwrap_or(SyncError::NoAnswer(patience))),
             }
         }
     }

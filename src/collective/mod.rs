@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::compute::{awaitable, block, Incoming, Wait, WorkerContext};
+use crate::compute::{awaitable, block, in_span, Incoming, Wait, WorkerContext};
 use crate::error::SyncError;
 mod fold;
 
@@ -248,7 +248,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: &mut Floats<T>,
         op: Op,
     ) -> Result<(), SyncError> {
-        awaitable()?;
         let algorithm = by_size(values);
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
     }
@@ -275,7 +274,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         op: Op,
         algorithm: Algorithm,
     ) -> Result<(), SyncError> {
-        awaitable()?;
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
     }
 
@@ -313,7 +311,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: Floats<T>,
         op: Op,
     ) -> Result<Floats<T>, SyncError> {
-        awaitable()?;
         self.reduce_scatter_in(values, op, Wait::Await).await
     }
 
@@ -368,7 +365,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
     where
         T: Serialize + DeserializeOwned,
     {
-        awaitable()?;
         self.broadcast_in(from, value, Wait::Await).await
     }
 
@@ -429,7 +425,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + DeserializeOwned + Clone + Send + 'static,
         F: Fn(&mut T, T),
     {
-        awaitable()?;
         self.all_reduce_with_in(value, fold, Wait::Await).await
     }
 
@@ -479,8 +474,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
             (Gathered::Here(bytes), Vec::new())
         };
         let sent = crate::codec::to_vec(&sent).map_err(|e| SyncError::Codec(e.to_string()))?;
+        let epoch = self.epoch;
         let answer = self.sync_call_in(SyncKind::AllGather, sent, wait).await?;
-        let epoch = self.epoch - 1;
+        if answer.len() != workers {
+            return Err(SyncError::Codec(format!(
+                "the all_gather answer holds {} message(s), not one for each of the {workers} ranks",
+                answer.len()
+            )));
+        }
         let mut rows = Vec::with_capacity(answer.len());
         let mut around = Vec::new();
         for (from, entry) in answer.iter().enumerate() {
@@ -503,9 +504,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // Some rank's message goes around the ring: every rank's part in it is its own
         // message when it went that way, nothing when the answer carried it already.
         let mut ring = vec![Vec::new(); workers];
-        if let Some(mine) = ring.get_mut(rank) {
-            *mine = own;
-        }
+        ring[rank] = own;
         let call = CollectiveCall {
             seq: epoch,
             kind: CollectiveKind::AllGather,
@@ -569,7 +568,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             bytes.resize(len, 0);
             Ok(Elements::new(bytes, Op::Sum))
         }
-        let epoch = self.start_collective(kind, None)?;
+        let epoch = self.start_collective(kind, None, wait)?;
         let start = Start::Awaited { kind, make: zeros };
         Ok(self.drive(epoch, start, false, wait).await?.values)
     }
@@ -607,7 +606,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             algorithm,
             chunk,
         };
-        let epoch = self.start_collective(kind, Some(shape))?;
+        let epoch = self.start_collective(kind, Some(shape), wait)?;
         let call = CollectiveCall {
             seq: epoch,
             kind,
@@ -625,7 +624,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         kind: CollectiveKind,
         shape: Option<Shape>,
+        wait: Wait,
     ) -> Result<Epoch, SyncError> {
+        if wait == Wait::Await {
+            awaitable()?;
+        }
         if let CollectiveKind::Broadcast { root } | CollectiveKind::Reduce { root, .. } = kind {
             if root >= self.workers {
                 let workers = self.workers;
@@ -670,167 +673,157 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B::Part: Serialize + DeserializeOwned + Send + 'static,
     {
         let span = tracing::debug_span!("collective", rank = self.rank, epoch);
-        crate::compute::in_span(span, self.drive_in(epoch, start, released, wait)).await
-    }
-
-    async fn drive_in<B>(
-        &mut self,
-        epoch: Epoch,
-        start: Start<B>,
-        released: bool,
-        wait: Wait,
-    ) -> Result<B, SyncError>
-    where
-        B: Buffer,
-        B::Part: Serialize + DeserializeOwned + Send + 'static,
-    {
-        let (rank, workers) = (self.rank, self.workers);
-        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
-        let peers = match &sync.peers {
-            Ok(peers) => std::sync::Arc::clone(peers),
-            Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
-        };
-        let values = peers.carries_values();
-        let (early, lost) = sync.take_early(epoch);
-        if let Some((peer, reason)) = lost {
-            return Err(SyncError::PeerLost { rank, peer, reason });
-        }
-        let mut start = start;
-        let mut released = released;
-        let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
-        // The master's node answers first when a rank did not make the call; this rank's
-        // own limit is for peers that made it but send nothing.
-        let timeout = sync.config.sync_patience;
-        let started = Instant::now();
-        // A silence limit: pushed back by every piece that comes.
-        let mut deadline = started.checked_add(timeout);
-        let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
-        let mut word = started + every;
-        loop {
-            // What came early, or now, for this call.
-            while let Some(m) = queue.pop_front() {
-                if let Start::Awaited { kind, make } = &start {
-                    if *kind != m.call.kind {
-                        // Another call of this epoch: the master's node says so to every
-                        // rank.
-                        continue;
+        in_span(span, async move {
+            let (rank, workers) = (self.rank, self.workers);
+            let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+            let peers = match &sync.peers {
+                Ok(peers) => std::sync::Arc::clone(peers),
+                Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
+            };
+            let values = peers.carries_values();
+            let (early, lost) = sync.take_early(epoch);
+            if let Some((peer, reason)) = lost {
+                return Err(SyncError::PeerLost { rank, peer, reason });
+            }
+            let mut start = start;
+            let mut released = released;
+            let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
+            // The master's node answers first when a rank did not make the call; this rank's
+            // own limit is for peers that made it but send nothing.
+            let timeout = sync.config.sync_patience;
+            let started = Instant::now();
+            // A silence limit: pushed back by every piece that comes.
+            let mut deadline = started.checked_add(timeout);
+            let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+            let mut word = started + every;
+            loop {
+                // What came early, or now, for this call.
+                while let Some(m) = queue.pop_front() {
+                    if let Start::Awaited { kind, make } = &start {
+                        if *kind != m.call.kind {
+                            // Another call of this epoch: the master's node says so to every
+                            // rank.
+                            continue;
+                        }
+                        let buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
+                            rank,
+                            call: m.call,
+                            peer: m.from,
+                            reason,
+                        })?;
+                        start =
+                            Start::Known(Box::new(Exchange::new(m.call, workers, rank, buffer)));
                     }
-                    let buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
-                        rank,
-                        call: m.call,
-                        peer: m.from,
-                        reason,
-                    })?;
-                    start = Start::Known(Box::new(Exchange::new(m.call, workers, rank, buffer)));
+                    if let Start::Known(exchange) = &mut start {
+                        feed(exchange, rank, m)?;
+                    }
                 }
                 if let Start::Known(exchange) = &mut start {
-                    feed(exchange, rank, m)?;
-                }
-            }
-            if let Start::Known(exchange) = &mut start {
-                while let Some((to, piece)) = exchange.poll_send() {
-                    let msg = PeerMessage {
-                        attempt: sync.attempt,
-                        from: rank,
-                        call: piece.call,
-                        step: piece.step,
-                        chunk: piece.chunk,
-                        body: if values {
-                            PeerBody::Value(Box::new(piece.part))
-                        } else {
-                            let bytes = crate::codec::to_vec(&piece.part)
-                                .map_err(|e| SyncError::Codec(e.to_string()))?;
-                            PeerBody::Encoded(bytes)
-                        },
-                    };
-                    peers.send(to, msg).map_err(|e| SyncError::PeerLost {
-                        rank,
-                        peer: to,
-                        reason: e.to_string(),
-                    })?;
-                }
-            }
-            // Done, once the master's node said every rank made the call too: a rank whose
-            // part needs no one else's (a broadcast's root) does not run ahead into calls
-            // the others have not reached, so the node meets one epoch at a time.
-            if let Start::Known(exchange) = start {
-                if exchange.is_done() && released {
-                    return Ok(exchange.into_buffer());
-                }
-                start = Start::Known(exchange);
-            }
-            let until = deadline.map_or(word, |d| d.min(word));
-            match sync.next(wait, Some(until)).await {
-                Ok(Incoming::Peer(PeerEvent::Message(m)))
-                    if m.attempt == sync.attempt && m.call.seq == epoch =>
-                {
-                    deadline = Instant::now().checked_add(timeout);
-                    queue.push_back(m)
-                }
-                Ok(Incoming::Peer(PeerEvent::Lost { rank: peer, reason })) => {
-                    // Kept: a later call that needs the peer fails at once too.
-                    let lost = SyncError::PeerLost {
-                        rank,
-                        peer,
-                        reason: reason.clone(),
-                    };
-                    sync.early.push(PeerEvent::Lost { rank: peer, reason });
-                    return Err(lost);
-                }
-                Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
-                // The master's node found the call broken: another call on some rank, a
-                // rank that returned without it, or one that did not make it in time.
-                Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
-                // Every rank made the call (its values may still be on their way): the
-                // same one, to the length?
-                Ok(Incoming::Answer(answered, Ok(shapes))) if answered == epoch => {
-                    same_shapes(epoch, &start, &shapes)?;
-                    released = true;
-                }
-                // The answer to an earlier call; or the job failed.
-                Ok(Incoming::Answer(..)) => {
-                    if let Some(e) = sync.failure() {
-                        return Err(e);
-                    }
-                }
-                Err(_) => {
-                    if let Some(e) = sync.failure() {
-                        return Err(e);
-                    }
-                    let (call, waiting_on) = match &start {
-                        Start::Known(exchange) => (*exchange.call(), exchange.waiting_on()),
-                        Start::Awaited { kind, .. } => {
-                            let root = match kind {
-                                CollectiveKind::Broadcast { root } => vec![*root],
-                                _ => Vec::new(),
-                            };
-                            (awaited(epoch, *kind), root)
-                        }
-                    };
-                    let waited = started.elapsed();
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        // Waiting for no peer: for the master's node's word.
-                        if waiting_on.is_empty() {
-                            return Err(SyncError::NoAnswer(timeout));
-                        }
-                        return Err(SyncError::CollectiveTimedOut {
+                    while let Some((to, piece)) = exchange.poll_send() {
+                        let msg = PeerMessage {
+                            attempt: sync.attempt,
+                            from: rank,
+                            call: piece.call,
+                            step: piece.step,
+                            chunk: piece.chunk,
+                            body: if values {
+                                PeerBody::Value(Box::new(piece.part))
+                            } else {
+                                let bytes = crate::codec::to_vec(&piece.part)
+                                    .map_err(|e| SyncError::Codec(e.to_string()))?;
+                                PeerBody::Encoded(bytes)
+                            },
+                        };
+                        peers.send(to, msg).map_err(|e| SyncError::PeerLost {
                             rank,
-                            call,
-                            waiting_on,
-                            waited,
-                        });
+                            peer: to,
+                            reason: e.to_string(),
+                        })?;
                     }
-                    tracing::warn!(
-                        rank,
-                        %call,
-                        ?waiting_on,
-                        ?waited,
-                        "a collective still waits for its peers (it fails after {timeout:?})"
-                    );
-                    word += every;
+                }
+                // Done, once the master's node said every rank made the call too: a rank whose
+                // part needs no one else's (a broadcast's root) does not run ahead into calls
+                // the others have not reached, so the node meets one epoch at a time.
+                if let Start::Known(exchange) = start {
+                    if exchange.is_done() && released {
+                        return Ok(exchange.into_buffer());
+                    }
+                    start = Start::Known(exchange);
+                }
+                let until = deadline.map_or(word, |d| d.min(word));
+                match sync.next(wait, Some(until)).await {
+                    Ok(Incoming::Peer(PeerEvent::Message(m)))
+                        if m.attempt == sync.attempt && m.call.seq == epoch =>
+                    {
+                        deadline = Instant::now().checked_add(timeout);
+                        queue.push_back(m)
+                    }
+                    Ok(Incoming::Peer(PeerEvent::Lost { rank: peer, reason })) => {
+                        // Kept: a later call that needs the peer fails at once too.
+                        let lost = SyncError::PeerLost {
+                            rank,
+                            peer,
+                            reason: reason.clone(),
+                        };
+                        sync.early.push(PeerEvent::Lost { rank: peer, reason });
+                        return Err(lost);
+                    }
+                    Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
+                    // The master's node found the call broken: another call on some rank, a
+                    // rank that returned without it, or one that did not make it in time.
+                    Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
+                    // Every rank made the call (its values may still be on their way): the
+                    // same one, to the length?
+                    Ok(Incoming::Answer(answered, Ok(shapes))) if answered == epoch => {
+                        same_shapes(epoch, &start, &shapes)?;
+                        released = true;
+                    }
+                    // The answer to an earlier call; or the job failed.
+                    Ok(Incoming::Answer(..)) => {
+                        if let Some(e) = sync.failure() {
+                            return Err(e);
+                        }
+                    }
+                    Err(_) => {
+                        if let Some(e) = sync.failure() {
+                            return Err(e);
+                        }
+                        let (call, waiting_on) = match &start {
+                            Start::Known(exchange) => (*exchange.call(), exchange.waiting_on()),
+                            Start::Awaited { kind, .. } => {
+                                let root = match kind {
+                                    CollectiveKind::Broadcast { root } => vec![*root],
+                                    _ => Vec::new(),
+                                };
+                                (awaited(epoch, *kind), root)
+                            }
+                        };
+                        let waited = started.elapsed();
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            // Waiting for no peer: for the master's node's word.
+                            if waiting_on.is_empty() {
+                                return Err(SyncError::NoAnswer(timeout));
+                            }
+                            return Err(SyncError::CollectiveTimedOut {
+                                rank,
+                                call,
+                                waiting_on,
+                                waited,
+                            });
+                        }
+                        tracing::warn!(
+                            rank,
+                            %call,
+                            ?waiting_on,
+                            ?waited,
+                            "a collective still waits for its peers (it fails after {timeout:?})"
+                        );
+                        word += every;
+                    }
                 }
             }
-        }
+        })
+        .await
     }
 }
 

@@ -268,14 +268,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         if lasts >= HEARTBEAT_TIMEOUT {
             // Its connections to its peers go silent too: each end hears the other lost
             // once the heartbeats stop.
-            for peer in 0..self.nodes.len() {
-                if peer != rank && self.nodes[peer].alive {
-                    let reason = |r: Rank| {
-                        format!("no heartbeat from worker {r} for {HEARTBEAT_TIMEOUT:?} (a network partition)")
-                    };
-                    self.peer_lost_after(peer, rank, reason(rank), HEARTBEAT_TIMEOUT);
-                    self.peer_lost_after(rank, peer, reason(peer), HEARTBEAT_TIMEOUT);
-                }
+            let reason = |r: Rank| {
+                format!(
+                    "no heartbeat from worker {r} for {HEARTBEAT_TIMEOUT:?} (a network partition)"
+                )
+            };
+            for peer in self.live_peers(rank) {
+                self.peer_lost_after(peer, rank, reason(rank), HEARTBEAT_TIMEOUT);
+                self.peer_lost_after(rank, peer, reason(peer), HEARTBEAT_TIMEOUT);
             }
             let (generation, master) = (self.nodes[rank].generation, self.master_generation);
             let silence = Event::Silence {

@@ -384,14 +384,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// does when the job fails: the call fails with `error`; the simulator waits for the
     /// compute to return (what it returns is of no use).
     pub(super) fn settle(&mut self, rank: Rank, error: &JobError) {
-        let Some(node) = self.nodes.get_mut(rank) else {
+        // (Only barrier mode parks a compute: then the node has its sync.)
+        if self.unparked(rank).is_none() {
+            return;
+        }
+        let Some(sync) = &mut self.nodes[rank].sync else {
             return;
         };
-        let (Some(sync), Some((_, since))) = (&mut node.sync, node.parked.take()) else {
-            return;
-        };
-        let waited = self.clock.now.saturating_sub(since);
-        self.stats.longest_wait = self.stats.longest_wait.max(waited);
         sync.answers.end(error);
         // Every call after the end fails at once, without a word: the next is its return.
         loop {
@@ -412,11 +411,25 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
 
     /// What the compute of `rank`, parked, waited for came: it goes on.
     pub(super) fn unpark(&mut self, rank: Rank) {
-        if let Some((computing, since)) = self.nodes[rank].parked.take() {
-            let waited = self.clock.now.saturating_sub(since);
-            self.stats.longest_wait = self.stats.longest_wait.max(waited);
+        if let Some(computing) = self.unparked(rank) {
             self.follow(rank, computing);
         }
+    }
+
+    /// The compute of `rank` parked, if it is, taken out of its wait, which counts in
+    /// [`SimStats::longest_wait`](crate::sim::SimStats::longest_wait).
+    fn unparked(&mut self, rank: Rank) -> Option<Computing> {
+        let (computing, since) = self.nodes.get_mut(rank)?.parked.take()?;
+        let waited = self.clock.now.saturating_sub(since);
+        self.stats.longest_wait = self.stats.longest_wait.max(waited);
+        Some(computing)
+    }
+
+    /// The ranks other than `rank` whose processes are alive: its peers.
+    pub(super) fn live_peers(&self, rank: Rank) -> Vec<Rank> {
+        (0..self.nodes.len())
+            .filter(|&peer| peer != rank && self.nodes[peer].alive)
+            .collect()
     }
 
     /// Waits for what the compute of `rank` (on its own thread, in barrier mode) does next:
@@ -596,11 +609,9 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         );
         // Its peers' connections to it break: each hears at once (as a process's sockets
         // close with it), and a collective waiting for it fails naming it.
-        for peer in 0..self.nodes.len() {
-            if peer != rank && self.nodes[peer].alive {
-                let reason = format!("worker {rank}'s process ended ({when})");
-                self.peer_lost(peer, rank, reason);
-            }
+        for peer in self.live_peers(rank) {
+            let reason = format!("worker {rank}'s process ended ({when})");
+            self.peer_lost(peer, rank, reason);
         }
         // A new process of the rank can connect once the old connection is gone.
         self.process_ended(rank, noticed);

@@ -184,9 +184,11 @@ pub enum Aggregation {
     /// value; rank 0 sends the fold to the master.
     #[serde(alias = "tree")]
     Tree,
-    /// Along the ranks in order, 0 to the last, which sends the fold to the master. An
-    /// element-wise fold (`JobBuilder::combine_by`) travels in chunks, so each link carries
-    /// the value about once whatever the number of workers; any other fold travels whole.
+    /// Along the ranks in order, 0 to the last, and from the last back to rank 0, which
+    /// hands the fold to the master (in a cluster job they share a process, so the fold
+    /// crosses no link to the master). An element-wise fold (`JobBuilder::combine_by`)
+    /// travels in chunks, pipelined: each link carries the value once, each way at most,
+    /// whatever the number of workers; any other fold travels whole.
     #[serde(alias = "ring")]
     Ring,
 }
@@ -226,18 +228,17 @@ pub enum FoldRoute {
     Star,
     /// By a binomial tree towards rank 0.
     Tree,
-    /// Along the ranks in order, towards the last.
+    /// Along the ranks in order, and from the last back to rank 0.
     Ring,
 }
 
 impl FoldRoute {
-    /// The rank a fold by this route ends at among `workers` — rank 0 by a tree, the last
-    /// rank along the ring — or `None` for the star, where no fold is made among workers.
-    pub(crate) fn root(self, workers: usize) -> Option<Rank> {
+    /// The rank a fold by this route ends at — rank 0, which in a cluster job runs beside
+    /// the master — or `None` for the star, where no fold is made among workers.
+    pub(crate) fn root(self) -> Option<Rank> {
         match self {
             FoldRoute::Star => None,
-            FoldRoute::Tree => Some(0),
-            FoldRoute::Ring => Some(workers.saturating_sub(1)),
+            FoldRoute::Tree | FoldRoute::Ring => Some(0),
         }
     }
 }

@@ -5,9 +5,10 @@
 //!
 //! Along the ring (the chain of ranks 0, 1, …, the last) each rank folds what the rank
 //! before sent — the fold of every lower rank — before its own result, as the master
-//! folds: the same bits. An element-wise fold (`JobBuilder::combine_by`) travels in
-//! chunks, so the chain is a pipeline and each link carries the value about once. The
-//! tree groups ranks as a binomial tree does, towards rank 0.
+//! folds: the same bits; the last rank sends the fold on to rank 0, which in a cluster job
+//! runs beside the master. An element-wise fold (`JobBuilder::combine_by`) travels in
+//! chunks, so the ring is a pipeline and each link carries the value once. The tree
+//! groups ranks as a binomial tree does, towards rank 0.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -91,7 +92,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     where
         W: Serialize + DeserializeOwned + Send,
     {
-        let Some(root) = route.root(self.workers) else {
+        let Some(root) = route.root() else {
             return Ok(Share::Own(result));
         };
         let kind = CollectiveKind::Reduce {
@@ -118,7 +119,7 @@ impl<M, T: Element> WorkerContext<M, Floats<T>> {
         route: FoldRoute,
         op: Op,
     ) -> Result<Share<Floats<T>>, SyncError> {
-        let Some(root) = route.root(self.workers) else {
+        let Some(root) = route.root() else {
             return Ok(Share::Own(result));
         };
         let kind = CollectiveKind::Reduce { root, op: op.id() };

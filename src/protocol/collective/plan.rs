@@ -124,9 +124,18 @@ pub(crate) fn plan(
             tree_broadcast(&mut plan, n, rank, 0, all, 64);
         }
         (CollectiveKind::Reduce { root, .. }, Algorithm::Ring | Algorithm::Chain) => {
-            // Along the ring, ending at the root: rank order when the root is the last rank.
-            let v = (rank + n - root + n - 1) % n;
-            chain_reduce_virtual(&mut plan, n, v, |v| (v + root + 1) % n, all, 0);
+            // Along the ranks in order (the master's bits), then from the last to the root
+            // when the root is another rank. Rank 0 sends nothing else and receives nothing
+            // along the chain, so to it each link carries the value once, pipelined as the
+            // chain is.
+            chain_reduce(&mut plan, n, rank, all.clone(), 0);
+            if root != n - 1 {
+                if rank == n - 1 {
+                    plan.push(send(root, 1, all));
+                } else if rank == root {
+                    plan.push(recv(n - 1, 1, all, Apply::Put));
+                }
+            }
         }
         (CollectiveKind::Reduce { root, .. }, _) => tree_reduce(&mut plan, n, rank, root, all, 0),
         (CollectiveKind::Broadcast { root }, Algorithm::Ring | Algorithm::Chain) => {
@@ -189,24 +198,11 @@ fn ring_gather(plan: &mut Vec<Transfer>, n: usize, rank: Rank, len: usize, first
 /// lower rank) before its own value and passes it on, so the last rank ends with the rank
 /// order's fold, one after another as the master folds.
 fn chain_reduce(plan: &mut Vec<Transfer>, n: usize, rank: Rank, all: Range<usize>, step: u32) {
-    chain_reduce_virtual(plan, n, rank, |v| v, all, step);
-}
-
-/// [`chain_reduce`] along virtual ranks: `v` is this rank's place in the chain, `real`
-/// maps a place to its rank.
-fn chain_reduce_virtual(
-    plan: &mut Vec<Transfer>,
-    n: usize,
-    v: usize,
-    real: impl Fn(usize) -> Rank,
-    all: Range<usize>,
-    step: u32,
-) {
-    if v > 0 {
-        plan.push(recv(real(v - 1), step, all.clone(), Apply::FoldFirst));
+    if rank > 0 {
+        plan.push(recv(rank - 1, step, all.clone(), Apply::FoldFirst));
     }
-    if v + 1 < n {
-        plan.push(send(real(v + 1), step, all));
+    if rank + 1 < n {
+        plan.push(send(rank + 1, step, all));
     }
 }
 

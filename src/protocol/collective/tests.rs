@@ -180,15 +180,13 @@ fn kinds(ranks: usize, root: usize) -> Vec<CollectiveKind> {
 }
 
 /// Whether the algorithm keeps the rank order for `kind`: every one but the ring's
-/// segments (which start anywhere on the ring) and a reduce to another root than the
-/// order's end.
+/// segments (which start anywhere on the ring) and a tree's reduce to another root than
+/// rank 0. A reduce along the chain keeps it to every root.
 fn keeps_order(kind: CollectiveKind, algorithm: Algorithm, ranks: usize) -> bool {
     match (kind, effective(kind, algorithm, ranks)) {
         (CollectiveKind::AllReduce(_), Algorithm::Ring) => false,
         (CollectiveKind::ReduceScatter(_), _) => false,
-        (CollectiveKind::Reduce { root, .. }, Algorithm::Ring | Algorithm::Chain) => {
-            root == ranks - 1
-        }
+        (CollectiveKind::Reduce { .. }, Algorithm::Ring | Algorithm::Chain) => true,
         (CollectiveKind::Reduce { root, .. }, _) => root == 0,
         _ => true,
     }

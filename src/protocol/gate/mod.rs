@@ -54,14 +54,13 @@ impl Tally {
 }
 
 /// The value rank `rank`'s share adds to the round's fold (`None`: its result went into
-/// another rank's), or the error if the share does not fit `route` among `workers` ranks.
+/// another rank's), or the error if the share does not fit `route`.
 fn share_fits<W>(
     route: FoldRoute,
-    workers: usize,
     (rank, iteration): (Rank, Iteration),
     share: Share<W>,
 ) -> Result<Option<W>, JobError> {
-    let root = route.root(workers);
+    let root = route.root();
     let expected = match root {
         None => "its own result",
         Some(r) if r == rank => "the fold of every rank's result",
@@ -479,7 +478,7 @@ impl<W> Gate<W> {
     fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
         // Results are what a worker sent: its own, or — folded among the workers — the one
         // fold, from the rank the route ends at (the others sent nothing).
-        let results = match self.route.root(self.config.workers) {
+        let results = match self.route.root() {
             None => self.round.held(),
             Some(root) => usize::from(self.round.holds(root)),
         };
@@ -491,7 +490,7 @@ impl<W> Gate<W> {
         while let Some((rank, report)) = self.round.take_next() {
             self.tally.count(rank, &report);
             let at = (rank, report.iteration);
-            let value = match share_fits(self.route, self.config.workers, at, report.result) {
+            let value = match share_fits(self.route, at, report.result) {
                 Ok(Some(value)) => value,
                 Ok(None) => continue,
                 Err(error) => {
@@ -530,7 +529,7 @@ impl<W> Gate<W> {
         for (rank, report) in closed {
             self.tally.count(rank, &report);
             let at = (rank, iteration);
-            match share_fits(self.route, self.config.workers, at, report.result) {
+            match share_fits(self.route, at, report.result) {
                 Ok(value) => results.extend(value),
                 Err(error) => {
                     self.stage = Stage::Idle;
@@ -585,8 +584,8 @@ impl<W> Gate<W> {
     }
 
     /// As [`open`](Gate::open), with the workers folding their results as `route` says
-    /// (a combining gate only): the rank the fold ends at — rank 0 by a tree, the last by
-    /// the ring — reports [`Share::Fold`], every other [`Share::Passed`]. A share that
+    /// (a combining gate only): the rank the fold ends at — rank 0, by the tree and by the
+    /// ring — reports [`Share::Fold`], every other [`Share::Passed`]. A share that
     /// does not fit the route fails the round naming the rank.
     pub fn open_folding(&mut self, now: Instant, iteration: Iteration, route: FoldRoute) -> bool {
         if self.stage != Stage::Idle {

@@ -28,7 +28,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 const HEADER: usize = 4 + 2;
 
@@ -291,17 +291,21 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_naming_both() {
-        let err = decode::<Wire<u8, u8>>(&[0, 9, 0x80]).unwrap_err();
+        let theirs = PROTOCOL_VERSION + 1;
+        let [hi, lo] = theirs.to_be_bytes();
+        let err = decode::<Wire<u8, u8>>(&[hi, lo, 0x80]).unwrap_err();
         assert_eq!(
             err,
             WireError::Version {
                 ours: PROTOCOL_VERSION,
-                theirs: 9
+                theirs
             }
         );
         assert_eq!(
             err.to_string(),
-            format!("the peer speaks protocol version 9, this side version {PROTOCOL_VERSION}")
+            format!(
+                "the peer speaks protocol version {theirs}, this side version {PROTOCOL_VERSION}"
+            )
         );
     }
 

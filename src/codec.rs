@@ -49,6 +49,44 @@ pub(crate) fn encoded_len<T: Serialize + ?Sized>(value: &T) -> usize {
     }
 }
 
+/// The header MessagePack writes before a block of `len` bytes (`bin 8`, `16` or `32`, as
+/// short as the length allows, as the encoder writes it): its bytes, and how many of them
+/// are used. `None` for a block over 4 GiB, which has none.
+pub(crate) fn bin_header(len: usize) -> Option<([u8; 5], usize)> {
+    let mut head = [0u8; 5];
+    let used = if len <= 0xff {
+        head[..2].copy_from_slice(&[0xc4, len as u8]);
+        2
+    } else if len <= 0xffff {
+        head[0] = 0xc5;
+        head[1..3].copy_from_slice(&(len as u16).to_be_bytes());
+        3
+    } else {
+        head[0] = 0xc6;
+        head[1..5].copy_from_slice(&u32::try_from(len).ok()?.to_be_bytes());
+        5
+    };
+    Some((head, used))
+}
+
+/// Where the bytes start in `encoded`, if it is exactly one block of bytes (a
+/// [`Floats`](crate::Floats) encoded alone) and its header says its length.
+pub(crate) fn bin_start(encoded: &[u8]) -> Option<usize> {
+    let (len, at) = match *encoded.first()? {
+        0xc4 => (usize::from(*encoded.get(1)?), 2),
+        0xc5 => (
+            usize::from(u16::from_be_bytes([*encoded.get(1)?, *encoded.get(2)?])),
+            3,
+        ),
+        0xc6 => {
+            let b: [u8; 4] = encoded.get(1..5)?.try_into().ok()?;
+            (usize::try_from(u32::from_be_bytes(b)).ok()?, 5)
+        }
+        _ => return None,
+    };
+    (encoded.len().checked_sub(at)? == len).then_some(at)
+}
+
 /// Decodes a `T`; never panics on a peer's bytes (rmp-serde also bounds nesting depth).
 pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_serde::decode::Error> {
     rmp_serde::from_slice(bytes)
@@ -171,5 +209,25 @@ mod tests {
         };
         let positional = rmp_serde::to_vec(&value).unwrap();
         assert_eq!(from_slice::<Plain>(&positional).unwrap(), value);
+    }
+
+    #[test]
+    fn a_block_header_is_the_encoders_and_reads_back_where_its_bytes_start() {
+        for n in [0usize, 1, 255, 256, 65_535, 65_536, 200_000] {
+            let block = crate::Floats(vec![7u8; n]);
+            let encoded = to_vec(&block).unwrap();
+            let (head, used) = bin_header(n).unwrap();
+            assert_eq!(&encoded[..used], &head[..used], "{n} bytes");
+            assert_eq!(bin_start(&encoded), Some(used), "{n} bytes");
+            // One byte more or less than the header says is not one block.
+            assert_eq!(bin_start(&encoded[..encoded.len() - 1]), None, "{n} bytes");
+            let mut longer = encoded.clone();
+            longer.push(0);
+            assert_eq!(bin_start(&longer), None, "{n} bytes");
+        }
+        // Not a block at all: a list of numbers, nothing.
+        assert_eq!(bin_start(&to_vec(&vec![1.0f64, 2.0]).unwrap()), None);
+        assert_eq!(bin_start(&[]), None);
+        assert_eq!(bin_start(&[0xc5, 0x01]), None);
     }
 }

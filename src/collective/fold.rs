@@ -14,10 +14,11 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{chunk_of, Elements, Op};
+use super::{chunk_of, decode_as_is, encode_as_is, Carried, Elements, Op};
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
 use crate::ids::{Algorithm, CollectiveKind, FoldRoute, ReduceOp};
@@ -77,6 +78,16 @@ impl<T, F: Fn(&mut T, T)> Buffer for Once<T, F> {
         } else {
             (self.fold)(own, got);
         }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned, F: Fn(&mut T, T)> Carried for Once<T, F> {
+    fn encode(part: Vec<T>) -> Result<Bytes, String> {
+        encode_as_is(&part)
+    }
+
+    fn decode(bytes: Bytes) -> Result<Vec<T>, String> {
+        decode_as_is(&bytes)
     }
 }
 

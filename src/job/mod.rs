@@ -663,9 +663,7 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
                     fold.len(),
                     next.len()
                 );
-                for (a, b) in fold.iter_mut().zip(next.0) {
-                    *a = op.apply(*a, b);
-                }
+                crate::collective::fold_into(fold, next.0.into_iter(), op, false);
             }),
             among: Arc::new(move |ctx, result, route| ctx.fold_elements(result, route, op)),
             combining: Combining::Elementwise(op.id()),

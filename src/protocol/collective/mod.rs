@@ -101,8 +101,9 @@ pub struct PeerMessage {
 
 /// A piece's elements.
 pub enum PeerBody {
-    /// Encoded with the crate's encoding (`codec`).
-    Encoded(Vec<u8>),
+    /// Encoded with the crate's encoding (`codec`): over TCP, a slice of the frame it came
+    /// in, not a copy.
+    Encoded(bytes::Bytes),
     /// The part itself.
     Value(Box<dyn Any + Send>),
 }

@@ -50,23 +50,30 @@ impl Lane {
     /// Sends `frame`: written at once if nothing is queued and the socket takes it, else
     /// (what is left of it) queued for the writer.
     pub(super) fn send(&self, frame: Bytes) -> Result<(), Closed> {
+        self.send_parts([frame])
+    }
+
+    /// Sends one frame made of `parts`, in order and with nothing between them: a piece's
+    /// head and its body, which is not copied into one buffer with it.
+    pub(super) fn send_parts<const N: usize>(&self, parts: [Bytes; N]) -> Result<(), Closed> {
         #[cfg(feature = "metrics")]
-        crate::metrics::sent(frame.len());
+        crate::metrics::sent(parts.iter().map(Bytes::len).sum());
         let mut inner = self.lock();
-        let mut rest = frame;
-        if inner.queued == 0 {
-            if let Some(writer) = &inner.writer {
-                match writer.try_write(&rest) {
-                    Ok(n) if n == rest.len() => return Ok(()),
-                    Ok(n) if n > 0 => rest = rest.slice(n..),
-                    // Would block, or failed: the writer waits for the socket, or finds
-                    // the failure.
-                    _ => {}
+        for mut rest in parts {
+            if inner.queued == 0 {
+                if let Some(writer) = &inner.writer {
+                    match writer.try_write(&rest) {
+                        Ok(n) if n == rest.len() => continue,
+                        Ok(n) if n > 0 => rest = rest.slice(n..),
+                        // Would block, or failed: the writer waits for the socket, or finds
+                        // the failure.
+                        _ => {}
+                    }
                 }
             }
+            self.queue.send(rest).map_err(|_| Closed)?;
+            inner.queued += 1;
         }
-        self.queue.send(rest).map_err(|_| Closed)?;
-        inner.queued += 1;
         Ok(())
     }
 

@@ -23,7 +23,6 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use crate::protocol::{ToMaster, ToWorker};
 
 use crate::ids::{Attempt, CollectiveCall, Rank};
-use crate::payload::Floats;
 use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
@@ -59,12 +58,15 @@ pub(crate) enum Wire<M, W> {
         attempt: Attempt,
     },
     /// Worker → worker: a piece of a collective.
+    /// Written by [`encode_peer`], its body not copied into the frame; read with its body
+    /// left where it lies in the frame ([`PeerBytes::in_frame`]). The body is the last
+    /// field.
     Peer {
         attempt: Attempt,
         call: CollectiveCall,
         step: u32,
         chunk: u32,
-        body: Floats<u8>,
+        body: PeerBytes,
     },
     /// Worker → worker: this connection closes, as the sender's job ended; no loss.
     PeerBye,
@@ -217,6 +219,107 @@ pub(crate) fn encode_sized<T: Serialize>(
     Ok(buf.freeze())
 }
 
+/// A piece's bytes in a [`Wire::Peer`] frame: held (as written, or as a decoder that
+/// could not lend them handed them over), or — as read from a frame — where they lie in
+/// it, so that they are taken from the frame without a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PeerBytes {
+    Held(Bytes),
+    At { addr: usize, len: usize },
+}
+
+impl PeerBytes {
+    /// The bytes, out of the `frame` they were decoded from (a slice of it, not a copy);
+    /// `None` if they do not lie in it.
+    pub(crate) fn in_frame(self, frame: &Bytes) -> Option<Bytes> {
+        match self {
+            PeerBytes::Held(bytes) => Some(bytes),
+            PeerBytes::At { addr, len } => {
+                let start = addr.checked_sub(frame.as_ptr() as usize)?;
+                let end = start.checked_add(len)?;
+                (end <= frame.len()).then(|| frame.slice(start..end))
+            }
+        }
+    }
+}
+
+impl Serialize for PeerBytes {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PeerBytes::Held(bytes) => serializer.serialize_bytes(bytes),
+            PeerBytes::At { .. } => Err(serde::ser::Error::custom(
+                "a piece's bytes read from a frame are not written again",
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PeerBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = PeerBytes;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a piece's bytes")
+            }
+
+            fn visit_borrowed_bytes<E>(self, bytes: &'de [u8]) -> Result<PeerBytes, E> {
+                Ok(PeerBytes::At {
+                    addr: bytes.as_ptr() as usize,
+                    len: bytes.len(),
+                })
+            }
+
+            fn visit_bytes<E>(self, bytes: &[u8]) -> Result<PeerBytes, E> {
+                Ok(PeerBytes::Held(Bytes::copy_from_slice(bytes)))
+            }
+
+            fn visit_byte_buf<E>(self, bytes: Vec<u8>) -> Result<PeerBytes, E> {
+                Ok(PeerBytes::Held(Bytes::from(bytes)))
+            }
+        }
+        deserializer.deserialize_bytes(Visit)
+    }
+}
+
+/// A [`Wire::Peer`] frame for `body`, as two parts written one after the other: the frame
+/// up to the body, and the body itself — which is not copied. The same bytes as
+/// [`encode`] of the message.
+pub(crate) fn encode_peer(
+    (attempt, call, step, chunk): (Attempt, CollectiveCall, u32, u32),
+    body: Bytes,
+    max: usize,
+) -> Result<[Bytes; 2], WireError> {
+    let head = Wire::<(), ()>::Peer {
+        attempt,
+        call,
+        step,
+        chunk,
+        body: PeerBytes::Held(Bytes::new()),
+    };
+    let head = encode_sized(&head, usize::MAX, 128)?;
+    // The empty body, last: a `bin 8` of length 0. It becomes the body's own marker.
+    let Some(fields) = head.strip_suffix(&[0xc4, 0x00]) else {
+        return Err(WireError::Encode(
+            "a piece's frame does not end with its body".into(),
+        ));
+    };
+    let (marker, used) = crate::codec::bin_header(body.len()).ok_or(WireError::TooLarge {
+        len: body.len(),
+        max,
+    })?;
+    let mut out = BytesMut::with_capacity(fields.len() + used);
+    out.put_slice(fields);
+    out.put_slice(&marker[..used]);
+    let len = out.len() - 4 + body.len();
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    out[0..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok([out.freeze(), body])
+}
+
 /// Decodes one frame's content (what follows the length prefix).
 pub(crate) fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
     if frame.len() < 2 {
@@ -287,6 +390,50 @@ mod tests {
             Wire::Hello { job_id, rank, .. } => assert_eq!((job_id.as_str(), rank), ("j", 3)),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_piece_written_in_two_parts_is_the_frame_of_its_message_and_reads_back_without_a_copy() {
+        let call = CollectiveCall {
+            seq: 3,
+            kind: crate::ids::CollectiveKind::AllGather,
+            len: 9,
+            algorithm: crate::ids::Algorithm::Ring,
+            chunk: 4,
+        };
+        // Each size of MessagePack's bin header: 8, 16 and 32 bits of length.
+        for n in [0usize, 1, 255, 256, 65_535, 65_536, 300_000] {
+            let body = Bytes::from((0..n).map(|i| i as u8).collect::<Vec<u8>>());
+            let [head, tail] = encode_peer((2, call, 5, 7), body.clone(), 1 << 20).unwrap();
+            let whole = Wire::<(), ()>::Peer {
+                attempt: 2,
+                call,
+                step: 5,
+                chunk: 7,
+                body: PeerBytes::Held(body.clone()),
+            };
+            let expected = encode(&whole, 1 << 20).unwrap();
+            let written = [&head[..], &tail[..]].concat();
+            assert_eq!(written, expected[..], "{n} bytes");
+            let frame = Bytes::from(written).slice(4..);
+            let Ok(Wire::Peer { body: read, .. }) = decode::<Wire<(), ()>>(&frame) else {
+                panic!("{n} bytes: not read back");
+            };
+            let read = read.in_frame(&frame).expect("the body lies in the frame");
+            assert_eq!(read, body, "{n} bytes");
+            if n > 0 {
+                assert!(
+                    frame.as_ptr_range().contains(&read.as_ptr()),
+                    "{n} bytes: the body was copied out of the frame"
+                );
+            }
+        }
+        // Over the limit: refused, not sent.
+        let body = Bytes::from(vec![0; 2048]);
+        assert!(matches!(
+            encode_peer((0, call, 0, 0), body, 1024),
+            Err(WireError::TooLarge { max: 1024, .. })
+        ));
     }
 
     #[test]

@@ -33,7 +33,6 @@ use super::lane::Lane;
 use super::wire::{self, Refusal, Wire};
 use super::{lock, TcpSettings};
 use crate::ids::{Attempt, Rank};
-use crate::payload::Floats;
 use crate::protocol::{PeerBody, PeerMessage};
 use crate::transport::{Fingerprint, PeerEvent, PeerInbox, PeerLink, TransportError};
 
@@ -420,6 +419,7 @@ impl Mesh {
                 Ok(None) => return Some("closed before its goodbye".into()),
                 Err(reason) => return Some(reason),
             };
+            let frame = frame.freeze();
             match wire::decode::<Handshake>(&frame) {
                 Ok(Wire::Heartbeat) => {}
                 Ok(Wire::PeerBye) => return None,
@@ -429,14 +429,20 @@ impl Mesh {
                     step,
                     chunk,
                     body,
-                }) => self.deliver(PeerEvent::Message(PeerMessage {
-                    attempt,
-                    from: rank,
-                    call,
-                    step,
-                    chunk,
-                    body: PeerBody::Encoded(body.into_inner()),
-                })),
+                }) => {
+                    // The piece's bytes stay in the frame they came in.
+                    let Some(body) = body.in_frame(&frame) else {
+                        return Some("sent a piece whose bytes are not in its frame".into());
+                    };
+                    self.deliver(PeerEvent::Message(PeerMessage {
+                        attempt,
+                        from: rank,
+                        call,
+                        step,
+                        chunk,
+                        body: PeerBody::Encoded(body),
+                    }))
+                }
                 Ok(_) => return Some("sent a message that is no peer's".into()),
                 Err(e) => return Some(format!("sent an unreadable frame: {e}")),
             }
@@ -689,17 +695,13 @@ impl PeerLink for Mesh {
                 "a piece for a peer over TCP must be encoded".into(),
             ));
         };
-        // The body and a header's worth.
-        let capacity = body.len() + 128;
-        let frame = Wire::<(), ()>::Peer {
-            attempt: msg.attempt,
-            call: msg.call,
-            step: msg.step,
-            chunk: msg.chunk,
-            body: Floats(body),
-        };
-        let frame = wire::encode_sized(&frame, s.max_frame, capacity)
-            .map_err(|e| TransportError::io(format!("a piece for rank {to}: {e}"), None))?;
+        // The body is written as it is, after the frame's head: not copied into a frame.
+        let frame = wire::encode_peer(
+            (msg.attempt, msg.call, msg.step, msg.chunk),
+            body,
+            s.max_frame,
+        )
+        .map_err(|e| TransportError::io(format!("a piece for rank {to}: {e}"), None))?;
         let lane = {
             let mut out = lock(&self.out);
             match &out[to] {
@@ -724,7 +726,7 @@ impl PeerLink for Mesh {
                 }
             }
         };
-        lane.send(frame)
+        lane.send_parts(frame)
             .map_err(|_| TransportError::io(format!("the connection to rank {to} is closed"), None))
     }
 

@@ -3,6 +3,7 @@ use std::sync::mpsc as std_mpsc;
 
 use super::*;
 use crate::ids::{Algorithm, CollectiveCall, CollectiveKind, ReduceOp};
+use crate::transport::tcp::wire::PeerBytes;
 use crate::transport::{LinkSpec, Transport};
 
 const SECRET: &[u8] = b"s3cret";
@@ -144,14 +145,14 @@ fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_name
         call,
         step: 1,
         chunk: 0,
-        body: Floats(vec![1, 2, 3]),
+        body: PeerBytes::Held(bytes::Bytes::from_static(&[1, 2, 3])),
     };
     write(&mut stream, &piece);
     let Ok(PeerEvent::Message(m)) = events.recv_timeout(Duration::from_secs(10)) else {
         panic!("no piece");
     };
     assert_eq!((m.from, m.call, m.step, m.chunk), (0, call, 1, 0));
-    assert!(matches!(m.body, PeerBody::Encoded(ref b) if b == &[1, 2, 3]));
+    assert!(matches!(m.body, PeerBody::Encoded(ref b) if b[..] == [1, 2, 3]));
     // A second connection of the same rank is refused while the first stands.
     assert_eq!(
         refusal(greet(&mesh, "j", 0, SECRET).1),

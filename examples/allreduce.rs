@@ -10,9 +10,9 @@
 //!   is the master's round, from one sum to the next.
 //! - `--mode fold`: each worker returns its values and the job combines them
 //!   (`combine_by(Op::Sum)`) with the default aggregation: across processes the workers
-//!   fold them along the ring of ranks, chunk by chunk, and the last rank hands the sum to
-//!   the master, which checks it and sends a small result back; in one process, the
-//!   master folds. The time is the master's round, from one fold to the next.
+//!   fold them along the ring of ranks, chunk by chunk, and the last rank sends the sum on
+//!   to rank 0, whose process runs the master; the master checks it and sends a small
+//!   result back. In one process, the master folds. The time is the master's round, from one fold to the next.
 //!
 //! ```text
 //! cargo run --release --example allreduce -- --workers 4 --mb 8         # in one process

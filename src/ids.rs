@@ -186,7 +186,7 @@ pub enum Aggregation {
     Tree,
     /// Along the ranks in order, 0 to the last, and from the last back to rank 0, which
     /// hands the fold to the master (in a cluster job they share a process, so the fold
-    /// crosses no link to the master). An element-wise fold (`JobBuilder::combine_by`)
+    /// crosses no network link to the master). An element-wise fold (`JobBuilder::combine_by`)
     /// travels in chunks, pipelined: each link carries the value once, each way at most,
     /// whatever the number of workers; any other fold travels whole.
     #[serde(alias = "ring")]

@@ -88,7 +88,7 @@ fn add(fold: &mut Floats, next: Floats) {
 
 #[test]
 fn the_ring_fold_among_workers_gives_the_stars_result_to_the_bit() {
-    // 40,000 elements: three chunks, so the ring is a pipeline.
+    // 40,000 elements: five chunks, so the ring is a pipeline.
     let (workers, len) = (5, 40_000);
     let star = job(workers, len, Aggregation::Star)
         .combine_by(Op::Sum)

@@ -125,9 +125,9 @@ pub(crate) fn plan(
         }
         (CollectiveKind::Reduce { root, .. }, Algorithm::Ring | Algorithm::Chain) => {
             // Along the ranks in order (the master's bits), then from the last to the root
-            // when the root is another rank. Rank 0 sends nothing else and receives nothing
-            // along the chain, so to it each link carries the value once, pipelined as the
-            // chain is.
+            // when the root is another rank. To rank 0 (the fold among the workers), which
+            // receives nothing along the chain, each link direction carries the value once,
+            // pipelined as the chain is; another root's way in carries it twice.
             chain_reduce(&mut plan, n, rank, all.clone(), 0);
             if root != n - 1 {
                 if rank == n - 1 {

@@ -3,6 +3,8 @@
 //! hand-off to the transport's I/O thread and no wake-up of it; the rest of the frame (all
 //! of it, when something is queued) is queued for the I/O thread's writer, which writes in
 //! order. The writer's own heartbeats go the same way, so no two writes ever interleave.
+//! A frame may be sent as parts (a piece's head and its body); what is queued is then a
+//! part, written in order with the rest.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -24,8 +26,8 @@ struct Inner {
     /// The connection's write half, while its writer runs: frames may be written
     /// directly.
     writer: Option<Arc<OwnedWriteHalf>>,
-    /// Frames queued for the writer and not written yet: while there are any, a new frame
-    /// queues behind them.
+    /// Frames, or parts of one, queued for the writer and not written yet: while there
+    /// are any, a new frame queues behind them.
     queued: usize,
 }
 
@@ -119,7 +121,7 @@ impl Writing {
         Writing { lane, writer }
     }
 
-    /// Writes a queued frame whole, waiting for the socket as it must.
+    /// Writes a queued frame (or part of one) whole, waiting for the socket as it must.
     pub(super) async fn write_queued(&self, frame: &[u8]) -> std::io::Result<()> {
         write_all(&self.writer, frame).await?;
         if let Some(lane) = self.lane.upgrade() {

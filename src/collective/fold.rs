@@ -18,7 +18,8 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{chunk_of, decode_as_is, encode_as_is, Carried, Elements, Op};
+use super::buffers::{decode_as_is, encode_as_is, Carried, Elements};
+use super::{chunk_of, Op};
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
 use crate::ids::{Algorithm, CollectiveKind, FoldRoute, ReduceOp};

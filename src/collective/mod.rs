@@ -426,7 +426,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             // An all-gather only puts.
             fold: |_: &mut Vec<u8>, _: Vec<u8>| {},
         };
-        let exchange = Exchange::new(call, workers, rank, buffer);
+        let exchange = exchange(call, workers, rank, buffer, self.peers_take_values());
         let mut ring = self
             .drive(epoch, Start::Known(Box::new(exchange)), true, wait)
             .await?
@@ -523,11 +523,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
             algorithm,
             chunk,
         };
-        let mut buffer = buffer;
-        if !self.peers_take_values() {
-            buffer.travel_encoded();
-        }
-        let exchange = Exchange::new(call, self.workers, self.rank, buffer);
+        let values = self.peers_take_values();
+        let exchange = exchange(call, self.workers, self.rank, buffer, values);
         self.drive(epoch, Start::Known(Box::new(exchange)), false, wait)
             .await
     }
@@ -625,17 +622,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
                             // rank.
                             continue;
                         }
-                        let mut buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
+                        let buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
                             rank,
                             call: m.call,
                             peer: m.from,
                             reason,
                         })?;
-                        if !values {
-                            buffer.travel_encoded();
-                        }
                         start =
-                            Start::Known(Box::new(Exchange::new(m.call, workers, rank, buffer)));
+                            Start::Known(Box::new(exchange(m.call, workers, rank, buffer, values)));
                     }
                     if let Start::Known(exchange) = &mut start {
                         feed(exchange, rank, m)?;
@@ -818,6 +812,21 @@ fn by_size<T: Element>(values: &Floats<T>) -> Algorithm {
 /// How many elements of `T` travel in one piece.
 fn chunk_of<T>() -> u64 {
     (CHUNK / std::mem::size_of::<T>().max(1)) as u64
+}
+
+/// Rank `rank`'s part in `call` on `buffer`, its parts made to travel encoded unless the
+/// peers take them as values (`values`: in one process).
+fn exchange<B: Carried>(
+    call: CollectiveCall,
+    workers: usize,
+    rank: Rank,
+    mut buffer: B,
+    values: bool,
+) -> Exchange<B> {
+    if !values {
+        buffer.travel_encoded();
+    }
+    Exchange::new(call, workers, rank, buffer)
 }
 
 /// Hands `m`'s piece to `exchange`, decoded where it came encoded.

@@ -10,6 +10,8 @@
 //! cargo run --release --example recovery -- 2000000 8000000 4   # vertices, edges, workers
 //! ```
 
+#[path = "support/graph.rs"]
+mod graph;
 #[path = "support/labels.rs"]
 mod labels;
 

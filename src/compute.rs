@@ -173,6 +173,21 @@ pub trait MasterComputable: Send + 'static {
     }
 }
 
+/// A job's messages as a worker's context holds them: its mailbox, of the job's message
+/// type (`collective::messages::Mailbox`), behind the context's untyped methods.
+pub(crate) trait Post<M, W>: Send {
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+    /// The job's message type, for errors.
+    fn type_name(&self) -> &'static str;
+    /// Sends the superstep's messages to their ranks and takes in what every rank sent
+    /// this one.
+    fn exchange(
+        &mut self,
+        ctx: &mut WorkerContext<M, W>,
+    ) -> Result<crate::protocol::MailCount, SyncError>;
+}
+
 /// What a worker's code sees: who it is, which iteration, and the last master result.
 pub struct WorkerContext<M, W> {
     pub(crate) rank: Rank,
@@ -195,6 +210,8 @@ pub struct WorkerContext<M, W> {
     pub(crate) malformed_rows: MalformedRows,
     /// The job's end, as this process hears of it.
     pub(crate) end: JobEnd,
+    /// The worker's messages, when the job has them (`JobBuilder::messages`).
+    pub(crate) mail: Option<Box<dyn Post<M, W>>>,
 }
 
 /// The job's failure as the code of one process hears of it: set once, when the job
@@ -354,6 +371,7 @@ impl<M, W> WorkerContext<M, W> {
             attachments: Vec::new(),
             malformed_rows: MalformedRows::Fail,
             end: JobEnd::default(),
+            mail: None,
         }
     }
 

@@ -645,6 +645,43 @@ impl fmt::Display for CallsDiffer<'_> {
     }
 }
 
+/// Why a worker's message could not be sent or read ([`WorkerContext::send`],
+/// [`WorkerContext::messages`](crate::WorkerContext::messages)). Returned with `?` it fails
+/// the worker's compute, naming the worker's rank and the iteration.
+///
+/// [`WorkerContext::send`]: crate::WorkerContext::send
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// A message to a rank the job does not have.
+    #[error("a message to rank {rank}, but the job has {workers} worker(s): ranks 0 to {}", workers.saturating_sub(1))]
+    NoSuchRank {
+        /// The rank named.
+        rank: Rank,
+        /// The number of workers.
+        workers: usize,
+    },
+    /// The job declares no message type: build it with `JobBuilder::messages::<T>()` (or
+    /// `combine_messages`).
+    #[error("this job has no messages; build it with JobBuilder::messages::<{type_name}>() to send and read them")]
+    NotDeclared {
+        /// The type the compute used.
+        type_name: &'static str,
+    },
+    /// The compute used another type than the job's message type.
+    #[error(
+        "a message of type {used}, but the job's messages are of type {job} (JobBuilder::messages)"
+    )]
+    OtherType {
+        /// The type the compute used.
+        used: &'static str,
+        /// The job's message type.
+        job: &'static str,
+    },
+    /// A message sent outside `compute` (in `init`): messages belong to a superstep.
+    #[error("messages are sent in compute, not in init: they belong to a superstep")]
+    OutsideCompute,
+}
+
 struct Calls<'a>(&'a [(Rank, SyncKind)]);
 impl fmt::Display for Calls<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

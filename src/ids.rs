@@ -85,6 +85,9 @@ pub enum CollectiveKind {
     },
     /// Every rank ends with every rank's value, in rank order.
     AllGather,
+    /// Every rank sends each rank its own part and ends with the part every rank sent it:
+    /// the messages of a superstep (`WorkerContext::send`).
+    Messages,
 }
 
 impl fmt::Display for CollectiveKind {
@@ -95,6 +98,7 @@ impl fmt::Display for CollectiveKind {
             CollectiveKind::Reduce { root, op } => write!(f, "reduce({op}) to rank {root}"),
             CollectiveKind::Broadcast { root } => write!(f, "broadcast from rank {root}"),
             CollectiveKind::AllGather => f.write_str("all_gather"),
+            CollectiveKind::Messages => f.write_str("messages"),
         }
     }
 }
@@ -145,6 +149,11 @@ pub struct CollectiveCall {
 
 impl fmt::Display for CollectiveCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == CollectiveKind::Messages {
+            // One piece from each rank to each other: no algorithm to name, and its
+            // length is the ranks' pairs.
+            return write!(f, "the superstep's messages (collective {})", self.seq);
+        }
         write!(
             f,
             "{} of {} element(s) by {} (collective {})",

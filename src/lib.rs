@@ -232,7 +232,8 @@ pub use compute::{
 };
 pub use config::{JobConfig, Placement};
 pub use error::{
-    BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, Phase, SyncError, Waiting,
+    BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, MessageError, Phase,
+    SyncError, Waiting,
 };
 pub use events::JobEvent;
 pub use ids::{Aggregation, Attempt, Epoch, Iteration, Rank, SyncKind};
@@ -243,7 +244,7 @@ pub use job::{Job, JobBuilder};
 pub use payload::{Element, Floats, Payload};
 pub use protocol::{
     Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobOutcome,
-    JobReport, Recover, Recovered,
+    JobReport, MailCount, Recover, Recovered,
 };
 pub use runtime::Cancel;
 
@@ -277,7 +278,7 @@ struct ReadmeDoctests;
 /// assert!(gate.open(now, 1));
 /// for (rank, result) in [(1, 20), (0, 10)] {
 ///     let result = Share::Own(result);
-///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, elapsed: Duration::ZERO };
+///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO };
 ///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
 ///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
 ///     {
@@ -301,7 +302,7 @@ pub mod dev {
 pub mod prelude {
     pub use crate::{
         Aggregation, BoxError, Ending, FailurePolicy, Floats, Job, JobBuilder, JobError, JobEvent,
-        JobOutcome, MasterComputable, MasterContext, MasterInterceptor, Phase, Placement, Step,
-        SyncError, WorkerComputable, WorkerContext, WorkerInterceptor,
+        JobOutcome, MasterComputable, MasterContext, MasterInterceptor, MessageError, Phase,
+        Placement, Step, SyncError, WorkerComputable, WorkerContext, WorkerInterceptor,
     };
 }

@@ -14,6 +14,8 @@
 //! | `superstep_messages_dropped_total` | counter | `job`, `reason` (`stale`, `duplicate`, `unknown_rank`) | results the master's barrier dropped |
 //! | `superstep_recoveries_total` | counter | `job`, `action` (`restart_worker`, `leave_out`, `restart_all`) | worker failures the job recovered from |
 //! | `superstep_bytes_sent_total`, `superstep_bytes_received_total` | counter | — | bytes of frames this process wrote and read over TCP |
+//! | `superstep_worker_messages_total` | counter | `job`, `stage` (`sent`, `delivered`) | the workers' messages between supersteps: sent by their computes, and left the senders after combining |
+//! | `superstep_worker_message_bytes_total` | counter | `job` | the bytes of those messages that crossed between processes, encoded |
 //!
 //! The master's process reports the job's metrics; every process its bytes.
 
@@ -33,6 +35,9 @@ pub(crate) struct JobMetrics {
     stale: Counter,
     duplicate: Counter,
     unknown_rank: Counter,
+    messages_sent: Counter,
+    messages_delivered: Counter,
+    message_bytes: Counter,
     /// The drops counted so far: each iteration adds what is new.
     counted: Drops,
 }
@@ -60,6 +65,9 @@ impl JobMetrics {
             stale: dropped("stale"),
             duplicate: dropped("duplicate"),
             unknown_rank: dropped("unknown_rank"),
+            messages_sent: metrics::counter!("superstep_worker_messages_total", "job" => job.to_string(), "stage" => "sent"),
+            messages_delivered: metrics::counter!("superstep_worker_messages_total", "job" => job.to_string(), "stage" => "delivered"),
+            message_bytes: metrics::counter!("superstep_worker_message_bytes_total", "job" => job.to_string()),
             counted: Drops::default(),
         }
     }
@@ -84,6 +92,9 @@ impl JobMetrics {
             self.slowest_rank.set(rank as f64);
         }
         self.held.set(report.results_held as f64);
+        self.messages_sent.increment(report.messages.sent);
+        self.messages_delivered.increment(report.messages.delivered);
+        self.message_bytes.increment(report.messages.bytes);
         let new = |now: u64, before: u64| now.saturating_sub(before);
         self.stale.increment(new(drops.stale, self.counted.stale));
         self.duplicate
@@ -152,6 +163,15 @@ fn describe() {
     metrics::describe_counter!(
         "superstep_recoveries_total",
         "worker failures the job recovered from, by what it did"
+    );
+    metrics::describe_counter!(
+        "superstep_worker_messages_total",
+        "the workers' messages between supersteps: sent by their computes, and left the senders after combining"
+    );
+    metrics::describe_counter!(
+        "superstep_worker_message_bytes_total",
+        Unit::Bytes,
+        "the bytes of the workers' messages that crossed between processes, encoded"
     );
     metrics::describe_counter!(
         "superstep_bytes_sent_total",

@@ -251,6 +251,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
                     iteration,
                     result: superstep::dev::Share::Own(2),
                     halt_vote: false,
+                    mail: Default::default(),
                     elapsed: Duration::ZERO,
                 }))
                 .unwrap(),

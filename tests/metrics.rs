@@ -7,6 +7,8 @@ mod common;
 
 use std::net::{SocketAddr, TcpListener};
 
+use superstep::prelude::*;
+
 #[test]
 fn a_prometheus_scrape_shows_the_job_s_metrics() {
     // A free port on loopback, for the exporter to listen on.
@@ -65,6 +67,31 @@ fn a_prometheus_scrape_shows_the_job_s_metrics() {
         sent > before.0 + 100 && received > before.1 + 100,
         "{sent} {received}"
     );
+
+    // Messages between supersteps: each rank sends the other one and itself one a
+    // superstep; with the wire check, those to the other rank cross encoded.
+    common::barrier_job(2, 3, |rank| common::FnWorker {
+        f: Box::new(move |ctx: &mut WorkerContext<u64, u64>| {
+            ctx.send(1 - rank, rank as u64)?;
+            ctx.send(rank, 9u64)?;
+            Ok(0u64)
+        }) as common::WorkerFn,
+    })
+    .job_id("scraped-messages")
+    .messages::<u64>()
+    .transport(superstep::transport::MemoryTransport::new().wire_check(true))
+    .run()
+    .unwrap();
+    let page = served::scrape(addr).unwrap();
+    let sent = r#"superstep_worker_messages_total{job="scraped-messages",stage="sent"} 12"#;
+    assert!(page.contains(sent), "{page}");
+    let encoded = page
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"superstep_worker_message_bytes_total{job="scraped-messages"} "#)
+        })
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(encoded.is_some_and(|n| n > 0), "{page}");
 }
 
 /// The bytes a scrape says this process sent and received over TCP.

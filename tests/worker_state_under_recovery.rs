@@ -4,6 +4,8 @@
 //! to the next, it is lost with the worker, and the simulator finds the seed that shows it.
 #![cfg(feature = "sim")]
 
+#[path = "../examples/support/graph.rs"]
+mod graph;
 #[path = "../examples/support/labels.rs"]
 mod labels;
 

@@ -16,60 +16,7 @@ use std::sync::Arc;
 
 use superstep::prelude::*;
 
-/// Every vertex's label: the smallest vertex id known to be in its component.
-pub type Labels = Vec<u32>;
-
-/// An undirected graph of `vertices` vertices.
-pub struct Graph {
-    pub vertices: u32,
-    pub edges: Vec<(u32, u32)>,
-}
-
-/// A graph of `vertices` vertices and `edges` edges drawn uniformly from `seed` (a 64-bit
-/// LCG): a large component of short diameter, and small ones beside it.
-pub fn graph(vertices: u32, edges: usize, seed: u64) -> Arc<Graph> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as u32
-    };
-    let edges = (0..edges)
-        .map(|_| (next() % vertices, next() % vertices))
-        .collect();
-    Arc::new(Graph { vertices, edges })
-}
-
-/// The components of `graph` computed in one thread (union-find): what the job must give.
-pub fn components(graph: &Graph) -> Labels {
-    let mut parent: Vec<u32> = (0..graph.vertices).collect();
-    fn root(parent: &mut [u32], mut v: u32) -> u32 {
-        while parent[v as usize] != v {
-            parent[v as usize] = parent[parent[v as usize] as usize];
-            v = parent[v as usize];
-        }
-        v
-    }
-    for &(u, v) in &graph.edges {
-        let (a, b) = (root(&mut parent, u), root(&mut parent, v));
-        // The smaller id is the root, so a component's root is its smallest vertex.
-        if a < b {
-            parent[b as usize] = a;
-        } else if b < a {
-            parent[a as usize] = b;
-        }
-    }
-    (0..graph.vertices).map(|v| root(&mut parent, v)).collect()
-}
-
-/// The vertices of rank `rank` of `workers`: an even range of ids.
-pub fn range(vertices: u32, rank: usize, workers: usize) -> Range<u32> {
-    let share = |r: usize| (vertices as u64 * r as u64 / workers as u64) as u32;
-    share(rank)..share(rank + 1)
-}
+pub use crate::graph::{components, graph, range, Graph, Labels};
 
 /// A worker: the neighbours of its vertices (its shard, loaded by `init`), and nothing
 /// else that lasts from one iteration to the next.

@@ -29,6 +29,7 @@ use crate::compute::{awaitable, block, in_span, Incoming, Wait, WorkerContext};
 use crate::error::SyncError;
 mod buffers;
 mod fold;
+pub(crate) mod messages;
 
 pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
@@ -483,7 +484,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 
     /// Runs `kind` on `buffer` with this rank's peers, blocking the thread.
-    fn collective<B>(
+    pub(crate) fn collective<B>(
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointStore;
+use crate::collective::messages::{ByKey, Combiner, Mailbox, MakePost};
 use crate::collective::Op;
 use crate::compute::{MasterComputable, WorkerComputable};
 use crate::config::{JobConfig, Placement};
@@ -20,6 +21,8 @@ use crate::runtime::{
     WorkerHookFactory,
 };
 use crate::transport::{Fingerprint, MemoryTransport, Transport};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// A job ready to run: a master, a factory of workers, settings, interceptors, event
 /// subscribers and a transport. Made by [`Job::builder`].
@@ -58,6 +61,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             cancel: None,
             workers_set: false,
             rank: None,
+            messages: None,
         }
     }
 
@@ -78,6 +82,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             &plan.config,
             plan.input.as_ref(),
             runtime::combining(plan.combine.as_ref()),
+            plan.messages,
         )
     }
 
@@ -139,6 +144,8 @@ pub struct JobBuilder<M, W> {
     workers_set: bool,
     /// This process's rank in a cluster job (found by `cluster_from_env`).
     rank: Option<Rank>,
+    /// The job's message type, when it has messages (`messages`).
+    pub(crate) messages: Option<&'static str>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -584,6 +591,11 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
             }
         }
         self.config.validate()?;
+        check_messages(
+            self.messages,
+            &self.config,
+            self.checkpoint.as_ref().map(|c| c.every),
+        )?;
         if let Some(c) = &self.checkpoint {
             check_checkpoint_every(c.every)?;
         }
@@ -600,6 +612,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 coordinator: self.coordinator,
                 input: self.input,
                 cancel: self.cancel,
+                messages: self.messages,
                 transport: self
                     .transport
                     .unwrap_or_else(|| Box::new(MemoryTransport::new())),
@@ -672,6 +685,134 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
     }
 }
 
+impl<M: Payload, W: Payload> JobBuilder<M, W> {
+    /// Gives the job messages of type `G` between supersteps, Pregel's way: in compute a
+    /// worker sends messages to ranks ([`WorkerContext::send`](crate::WorkerContext::send)),
+    /// and in the next superstep each rank reads those sent to it
+    /// ([`WorkerContext::messages`](crate::WorkerContext::messages)), in the order of the
+    /// senders' ranks, then of their sends. They go from worker to worker over the peer
+    /// mesh (in one process, handed over as values), never through the master; a job with
+    /// messages runs in barrier mode, which this turns on.
+    ///
+    /// With [`worker_halt`](Self::worker_halt), the job ends when every worker voted to
+    /// halt in one superstep and none of them sent a message: a message wakes the worker
+    /// it is sent to, which computes the next superstep and votes again.
+    /// [`IterationReport::messages`](crate::IterationReport::messages) counts each
+    /// superstep's messages and bytes. Declared again, the last type counts.
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// # struct Last;
+    /// # impl MasterComputable for Last {
+    /// #     type MasterResult = Vec<u64>;
+    /// #     type WorkerResult = Vec<u64>;
+    /// #     fn compute(&mut self, ctx: &mut MasterContext<Vec<u64>, Vec<u64>>) -> Result<Step<Vec<u64>>, BoxError> {
+    /// #         Ok(Step::Continue(ctx.worker_results().concat()))
+    /// #     }
+    /// # }
+    /// /// Each rank sends the next one its rank; each keeps what it was sent.
+    /// struct Pass;
+    /// impl WorkerComputable for Pass {
+    ///     type MasterResult = Vec<u64>;
+    ///     type WorkerResult = Vec<u64>;
+    ///     fn compute(&mut self, ctx: &mut WorkerContext<Vec<u64>, Vec<u64>>) -> Result<Vec<u64>, BoxError> {
+    ///         let got = ctx.messages::<u64>()?.to_vec();
+    ///         let next = (ctx.rank() + 1) % ctx.workers();
+    ///         ctx.send(next, ctx.rank() as u64)?;
+    ///         Ok(got)
+    ///     }
+    /// }
+    /// let outcome = Job::builder(Last, |_| Pass)
+    ///     .workers(3)
+    ///     .iterations(2)
+    ///     .messages::<u64>()
+    ///     .run()?;
+    /// assert_eq!(*outcome.result, vec![2, 0, 1]);
+    /// # Ok::<(), superstep::JobError>(())
+    /// ```
+    pub fn messages<G>(self) -> Self
+    where
+        G: Serialize + DeserializeOwned + Send + 'static,
+    {
+        self.mailing::<G>(None)
+    }
+
+    /// As [`messages`](Self::messages), with a combiner (Giraph's `MessageCombiner`):
+    /// messages to one rank whose `key` is the same — the vertex they are for, say — are
+    /// folded into one by `fold` before they leave the sender for another process, in the
+    /// order they were sent; and those from every sender again as they arrive, in the
+    /// senders' rank order. A key's message stands where the first with that key did.
+    ///
+    /// As in Pregel and Giraph, combining is a saving, not a promise: between workers of
+    /// one process, where messages are handed over without a copy, they are not combined
+    /// (it would cost more than it saves), and each is read as it was sent. So the fold
+    /// must be one the compute cannot tell from reading every message — commutative and
+    /// associative, as a minimum or a sum (of floats: up to its last bits).
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn job(b: JobBuilder<(), ()>) -> JobBuilder<(), ()> {
+    /// // (vertex, label): the least label per vertex.
+    /// b.combine_messages(|m: &(u32, u32)| m.0, |into, m| into.1 = into.1.min(m.1))
+    /// # }
+    /// ```
+    pub fn combine_messages<G, K>(
+        self,
+        key: impl Fn(&G) -> K + Send + Sync + 'static,
+        fold: impl Fn(&mut G, G) + Send + Sync + 'static,
+    ) -> Self
+    where
+        G: Serialize + DeserializeOwned + Send + 'static,
+        K: std::hash::Hash + Eq + Send + 'static,
+    {
+        let combiner: Arc<dyn Combiner<G>> = Arc::new(ByKey::new(key, fold));
+        self.mailing(Some(combiner))
+    }
+
+    /// Makes every worker with a mailbox of `G`, combined by `combiner`.
+    fn mailing<G>(mut self, combiner: Option<Arc<dyn Combiner<G>>>) -> Self
+    where
+        G: Serialize + DeserializeOwned + Send + 'static,
+    {
+        self.config.barrier_mode = true;
+        self.messages = Some(std::any::type_name::<G>());
+        let make: MakePost<M, W> =
+            Arc::new(move |workers| Box::new(Mailbox::<G>::new(workers, combiner.clone())));
+        let inner = Arc::clone(&self.workers);
+        self.workers = Arc::new(move |rank| -> DynWorker<M, W> {
+            Box::new(WithMail {
+                inner: inner(rank),
+                make: Arc::clone(&make),
+            })
+        });
+        self
+    }
+}
+
+/// A worker made with its mailbox: given to its context before `init`, so that every
+/// worker of the job — one started again included — has one of the job's type. The
+/// outermost wins: a type declared again replaces the one before.
+struct WithMail<M, W> {
+    inner: DynWorker<M, W>,
+    make: MakePost<M, W>,
+}
+
+impl<M: Payload, W: Payload> WorkerComputable for WithMail<M, W> {
+    type MasterResult = M;
+    type WorkerResult = W;
+
+    fn init(&mut self, ctx: &mut crate::WorkerContext<M, W>) -> Result<(), crate::BoxError> {
+        if ctx.mail.is_none() {
+            ctx.mail = Some((self.make)(ctx.workers));
+        }
+        self.inner.init(ctx)
+    }
+
+    fn compute(&mut self, ctx: &mut crate::WorkerContext<M, W>) -> Result<W, crate::BoxError> {
+        self.inner.compute(ctx)
+    }
+}
+
 impl<M, W> fmt::Debug for JobBuilder<M, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobBuilder")
@@ -684,6 +825,33 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
             .field("workers_set", &self.workers_set)
             .finish()
     }
+}
+
+/// The settings a job with messages of type `messages` needs: barrier mode, and — until
+/// a checkpoint holds the messages on their way and the workers' state — no checkpoint.
+pub(crate) fn check_messages(
+    messages: Option<&'static str>,
+    config: &JobConfig,
+    checkpoint: Option<Iteration>,
+) -> Result<(), ConfigError> {
+    let Some(messages) = messages else {
+        return Ok(());
+    };
+    if !config.barrier_mode {
+        return Err(ConfigError::new(
+            "barrier_mode",
+            false,
+            &format!("must be on for a job with messages (of type {messages}): `messages` turns it on, and a later setting turned it off"),
+        ));
+    }
+    if let Some(every) = checkpoint {
+        return Err(ConfigError::new(
+            "checkpoint",
+            every,
+            &format!("is not supported with messages (of type {messages}) yet: a job resumed from a checkpoint would lose the messages sent in its iteration, which it does not hold; without a checkpoint, FailurePolicy::RestartAll starts over from iteration 1"),
+        ));
+    }
+    Ok(())
 }
 
 /// A checkpoint every `every` iterations: at least 1.

@@ -53,7 +53,7 @@ pub(crate) use master::{
 pub(crate) use recovery::start_attempt;
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use report::{
-    DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, Recovered,
+    DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, MailCount, Recovered,
 };
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
@@ -97,6 +97,8 @@ pub struct Report<W> {
     pub result: Share<W>,
     /// Whether the worker voted to halt (see `JobConfig::worker_halt`).
     pub halt_vote: bool,
+    /// What its messages of the iteration came to (`JobBuilder::messages`; zero without).
+    pub mail: crate::protocol::MailCount,
     /// How long the worker's iteration (hooks and compute) took.
     pub elapsed: Duration,
 }

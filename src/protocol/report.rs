@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::{Drops, HaltedBy, Recover, RowCounts, WorkerReport};
 use crate::error::JobError;
 use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
@@ -32,6 +34,10 @@ pub struct IterationReport {
     /// ([`FoldRoute::Star`]), or folded among the workers (see
     /// [`JobConfig::aggregation`](crate::JobConfig::aggregation)).
     pub aggregation: FoldRoute,
+    /// The workers' messages of the iteration, added up (`JobBuilder::messages`): how
+    /// many the computes sent, how many left their senders after combining, and the bytes
+    /// of those that crossed to another process.
+    pub messages: MailCount,
 }
 
 /// A duration's running total over many iterations, and the largest.
@@ -76,6 +82,8 @@ pub struct IterationTotals {
     pub most_results_held: usize,
     /// Ranks left out of them, summed ([`IterationReport::left_out`]).
     pub left_out: u64,
+    /// Their messages, summed ([`IterationReport::messages`]).
+    pub messages: MailCount,
 }
 
 impl IterationTotals {
@@ -88,6 +96,7 @@ impl IterationTotals {
         }
         self.most_results_held = self.most_results_held.max(r.results_held);
         self.left_out += r.left_out.len() as u64;
+        self.messages.add(&r.messages);
     }
 }
 
@@ -158,4 +167,31 @@ pub struct JobOutcome<M> {
     pub halted: bool,
     /// Timings and counters.
     pub report: JobReport,
+}
+
+/// What a worker's messages of one superstep came to, as it reports them to the master's
+/// node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailCount {
+    /// Messages the compute sent.
+    pub sent: u64,
+    /// Messages that left the worker, after its combiner folded those with one key to one
+    /// rank (its own rank's included).
+    pub delivered: u64,
+    /// Bytes of the messages that crossed to another process, encoded (in one process
+    /// they are handed over as values: none).
+    pub bytes: u64,
+    /// Messages received from every rank (its own included), before they were combined
+    /// on arrival.
+    pub received: u64,
+}
+
+impl MailCount {
+    /// Adds `other`'s counts to these.
+    pub(crate) fn add(&mut self, other: &MailCount) {
+        self.sent += other.sent;
+        self.delivered += other.delivered;
+        self.bytes += other.bytes;
+        self.received += other.received;
+    }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::Iteration;
+use crate::protocol::Tally;
 
 /// Who halted the job before its iteration count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,12 +71,18 @@ impl Schedule {
         self.worker_halt
     }
 
-    /// Decides what follows `iteration`, given the master's own halt and the number of
-    /// workers that voted to halt in it.
-    pub fn decide(&self, iteration: Iteration, master_halt: bool, halt_votes: usize) -> Next {
+    /// Decides what follows `iteration`, given the master's own halt and the round's
+    /// tally: the workers that voted to halt in it, and the messages they sent. A
+    /// unanimous vote halts the job only when no message is on its way to the next
+    /// iteration (Pregel's end: a message wakes the worker it is sent to).
+    pub fn decide(&self, iteration: Iteration, master_halt: bool, tally: &Tally) -> Next {
         let halted = if master_halt {
             Some(HaltedBy::Master)
-        } else if self.worker_halt && self.workers > 0 && halt_votes == self.workers {
+        } else if self.worker_halt
+            && self.workers > 0
+            && tally.halt_votes == self.workers
+            && tally.mail.delivered == 0
+        {
             Some(HaltedBy::Workers)
         } else {
             None
@@ -95,13 +102,37 @@ impl Schedule {
 mod tests {
     use super::*;
 
+    fn votes(halt_votes: usize) -> Tally {
+        Tally {
+            halt_votes,
+            ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn a_unanimous_vote_halts_only_once_no_message_is_on_its_way() {
+        let s = Schedule::new(10, 2, true);
+        let mut tally = votes(2);
+        tally.mail.sent = 3;
+        tally.mail.delivered = 1;
+        assert_eq!(s.decide(4, false, &tally), Next::Iterate(5));
+        tally.mail = Default::default();
+        assert_eq!(
+            s.decide(5, false, &tally),
+            Next::Finish {
+                iterations: 5,
+                halted: Some(HaltedBy::Workers)
+            }
+        );
+    }
+
     #[test]
     fn a_unanimous_vote_is_that_of_the_workers_left() {
         let mut s = Schedule::new(10, 3, true);
-        assert_eq!(s.decide(2, false, 2), Next::Iterate(3));
+        assert_eq!(s.decide(2, false, &votes(2)), Next::Iterate(3));
         s.leave_out();
         assert_eq!(
-            s.decide(2, false, 2),
+            s.decide(2, false, &votes(2)),
             Next::Finish {
                 iterations: 2,
                 halted: Some(HaltedBy::Workers)
@@ -112,9 +143,9 @@ mod tests {
     #[test]
     fn the_iteration_count_ends_the_loop() {
         let s = Schedule::new(3, 2, false);
-        assert_eq!(s.decide(1, false, 0), Next::Iterate(2));
+        assert_eq!(s.decide(1, false, &votes(0)), Next::Iterate(2));
         assert_eq!(
-            s.decide(3, false, 0),
+            s.decide(3, false, &votes(0)),
             Next::Finish {
                 iterations: 3,
                 halted: None
@@ -126,17 +157,17 @@ mod tests {
     fn the_master_halts_and_workers_halt_only_when_enabled_and_unanimous() {
         let off = Schedule::new(10, 2, false);
         assert_eq!(
-            off.decide(2, true, 0),
+            off.decide(2, true, &votes(0)),
             Next::Finish {
                 iterations: 2,
                 halted: Some(HaltedBy::Master)
             }
         );
-        assert_eq!(off.decide(2, false, 2), Next::Iterate(3));
+        assert_eq!(off.decide(2, false, &votes(2)), Next::Iterate(3));
         let on = Schedule::new(10, 2, true);
-        assert_eq!(on.decide(2, false, 1), Next::Iterate(3));
+        assert_eq!(on.decide(2, false, &votes(1)), Next::Iterate(3));
         assert_eq!(
-            on.decide(2, false, 2),
+            on.decide(2, false, &votes(2)),
             Next::Finish {
                 iterations: 2,
                 halted: Some(HaltedBy::Workers)

@@ -65,6 +65,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         mut coordinator,
         input,
         cancel,
+        messages,
     } = plan;
     // The settings every worker's node of this process runs by: the master's node's, as a
     // worker needs them.
@@ -78,6 +79,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             &config,
             input.as_ref(),
             super::combining(combine.as_ref()),
+            messages,
         ),
         peers: config.barrier_mode,
     })?;

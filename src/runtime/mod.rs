@@ -87,6 +87,8 @@ pub(crate) struct Plan<M, W> {
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
     pub(crate) cancel: Option<Cancel>,
+    /// The job's message type, when it has messages (`JobBuilder::messages`).
+    pub(crate) messages: Option<&'static str>,
 }
 
 impl<M: Payload, W: Payload> Plan<M, W> {
@@ -188,6 +190,7 @@ pub(crate) fn fingerprint<M, W>(
     config: &JobConfig,
     input: Option<&Input>,
     combining: Combining,
+    messages: Option<&str>,
 ) -> Fingerprint {
     let on = |b: bool| if b { "on" } else { "off" };
     Fingerprint::new()
@@ -212,6 +215,7 @@ pub(crate) fn fingerprint<M, W>(
         )
         .with("master result type", std::any::type_name::<M>())
         .with("worker result type", std::any::type_name::<W>())
+        .with("message type", messages.unwrap_or("none"))
 }
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).

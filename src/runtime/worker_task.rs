@@ -15,7 +15,7 @@ use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
-use crate::protocol::{Report, Share, ToMaster, Work, Worked, WorkerConfig};
+use crate::protocol::{MailCount, Report, Share, ToMaster, Work, Worked, WorkerConfig};
 
 /// A worker's user code and context: moved to the pool and back as one value, so it is
 /// only ever touched by one thread at a time.
@@ -232,17 +232,32 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let result = self.ctx.result.take().expect("the result was set above");
-        // The iteration's time is its hooks' and compute's; the fold among the workers
-        // that follows waits for the others.
+        // The iteration's time is its hooks' and compute's; the messages' exchange and
+        // the fold among the workers that follow wait for the others.
         self.clock = Instant::now();
+        let mail = self.post()?;
         let result = self.share(result, fold)?;
         Ok(Report {
             attempt: self.attempt,
             iteration,
             result,
             halt_vote: self.ctx.halt_vote,
+            mail,
             elapsed: self.clock.saturating_duration_since(started),
         })
+    }
+
+    /// Sends the messages this compute sent to their ranks and takes in those sent to
+    /// this one, when the job has messages.
+    fn post(&mut self) -> Result<MailCount, JobError> {
+        let Some(mut post) = self.ctx.mail.take() else {
+            return Ok(MailCount::default());
+        };
+        let _span = tracing::debug_span!("messages", rank = self.ctx.rank).entered();
+        let ctx = &mut self.ctx;
+        let posted = guarded(|| post.exchange(ctx).map_err(Into::into));
+        self.ctx.mail = Some(post);
+        posted.map_err(|c| self.fail(Phase::Compute, c))
     }
 
     /// What the worker sends the master of its `result`: the result itself, or — when

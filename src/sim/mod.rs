@@ -151,6 +151,8 @@ pub struct Simulation<M, W> {
     /// Every how many iterations the master saves a checkpoint (`JobBuilder::checkpoint`);
     /// to the simulator's store, which survives the master's crashes.
     checkpoint_every: Option<Iteration>,
+    /// The job's message type, when it has messages (`JobBuilder::messages`).
+    messages: Option<&'static str>,
     faults: Faults,
     schedule: Vec<Fault>,
 }
@@ -165,6 +167,7 @@ impl<M, W> Clone for Simulation<M, W> {
             input: self.input.clone(),
             job: Arc::clone(&self.job),
             checkpoint_every: self.checkpoint_every,
+            messages: self.messages,
             faults: self.faults,
             schedule: self.schedule.clone(),
         }
@@ -233,6 +236,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             first.worker_hooks.clone(),
         );
         let input = first.input.clone();
+        let messages = first.messages;
         Simulation {
             master: Arc::new(move || {
                 let built = make();
@@ -248,6 +252,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             input,
             job,
             checkpoint_every,
+            messages,
             faults: Faults::none(),
             schedule: Vec::new(),
         }

@@ -89,6 +89,7 @@ pub(crate) fn plan(
     let all = 0..len;
     match (kind, effective(kind, algorithm, ranks)) {
         (CollectiveKind::AllGather, _) => ring_gather(&mut plan, n, rank, len, 0),
+        (CollectiveKind::Messages, _) => all_to_all(&mut plan, n, rank),
         (CollectiveKind::ReduceScatter(_), _) => ring_scatter(&mut plan, n, rank, len),
         (CollectiveKind::AllReduce(_), Algorithm::Ring) => {
             ring_scatter(&mut plan, n, rank, len);
@@ -150,6 +151,25 @@ pub(crate) fn plan(
         (CollectiveKind::Broadcast { root }, _) => tree_broadcast(&mut plan, n, rank, root, all, 0),
     }
     plan
+}
+
+/// Every rank to every other directly, on a value of `n × n` elements where element
+/// `s × n + d` is what rank `s` sends rank `d`: rank `r` sends element `r × n + d` to each
+/// other rank `d` (at step `k`, to the `k`-th rank after it), then receives element
+/// `s × n + r` from each other rank `s` (at step `k`, from the `k`-th rank before it).
+/// Sends come first, so no rank waits for another to send; each pair of ranks exchanges
+/// one piece each way.
+fn all_to_all(plan: &mut Vec<Transfer>, n: usize, rank: Rank) {
+    for k in 1..n {
+        let to = (rank + k) % n;
+        let at = rank * n + to;
+        plan.push(send(to, k as u32, at..at + 1));
+    }
+    for k in 1..n {
+        let from = (rank + n - k) % n;
+        let at = from * n + rank;
+        plan.push(recv(from, k as u32, at..at + 1, Apply::Put));
+    }
 }
 
 fn send(to: Rank, step: u32, range: Range<usize>) -> Transfer {

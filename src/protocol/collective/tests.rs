@@ -243,6 +243,43 @@ fn check(kind: CollectiveKind, algorithm: Algorithm, ranks: usize, len: usize, r
                 }
             }
         }
+        CollectiveKind::Messages => unreachable!("checked by its own test"),
+    }
+}
+
+#[test]
+fn the_messages_collective_gives_each_rank_what_every_other_rank_sent_it() {
+    // Element s × n + d is rank s's batch for rank d: rank r starts with its own row and
+    // must end with column r from every rank — each piece crossing once, in any order of
+    // delivery.
+    for ranks in 1..=9 {
+        for seed in [1, 7, 99] {
+            let len = ranks * ranks;
+            let inputs = (0..ranks)
+                .map(|r| {
+                    words(
+                        (0..len)
+                            .map(|e| match e / ranks == r {
+                                true => word(r, e),
+                                false => String::new(),
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            let call = call(CollectiveKind::Messages, Algorithm::Ring, len, 1);
+            let results = run(call, inputs, seed);
+            for (r, result) in results.iter().enumerate() {
+                for s in 0..ranks {
+                    let e = s * ranks + r;
+                    assert_eq!(
+                        result.values[e],
+                        word(s, e),
+                        "{ranks} ranks: rank {r} from {s}"
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -41,12 +41,15 @@ pub struct Tally {
     /// one): the workers' count without combining; with it, one more than the results that
     /// arrived ahead of a missing lower rank.
     pub results_held: usize,
+    /// The ranks' messages of the round, added up.
+    pub mail: crate::protocol::MailCount,
 }
 
 impl Tally {
     /// Counts rank `rank`'s report in.
     fn count<W>(&mut self, rank: Rank, report: &Report<W>) {
         self.halt_votes += report.halt_vote as usize;
+        self.mail.add(&report.mail);
         if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
             self.slowest = Some((rank, report.elapsed));
         }
@@ -333,7 +336,7 @@ impl<W> Gate<W> {
                     _ => return None,
                 };
                 if let Err(failed) = self.take_ready() {
-                    return Some(failed);
+                    return Some(GateOutput::Failed(failed));
                 }
                 if complete {
                     return Some(self.complete(iteration));
@@ -428,7 +431,7 @@ impl<W> Gate<W> {
             Stage::Gathering => {
                 self.round.leave_out(rank);
                 if let Err(failed) = self.take_ready() {
-                    return Some(failed);
+                    return Some(GateOutput::Failed(failed));
                 }
                 if self.round.is_complete() {
                     return Some(self.complete(self.round.iteration()));
@@ -475,7 +478,7 @@ impl<W> Gate<W> {
         self.config.attempt
     }
 
-    fn take_ready(&mut self) -> Result<(), GateOutput<W>> {
+    fn take_ready(&mut self) -> Result<(), JobError> {
         // Results are what a worker sent: its own, or — folded among the workers — the one
         // fold, from the rank the route ends at (the others sent nothing).
         let results = match self.route.root() {
@@ -497,7 +500,7 @@ impl<W> Gate<W> {
                     fold.acc = None;
                     self.stage = Stage::Idle;
                     self.round.close();
-                    return Err(GateOutput::Failed(error));
+                    return Err(error);
                 }
             };
             match &mut fold.acc {
@@ -507,11 +510,11 @@ impl<W> Gate<W> {
                         fold.acc = None;
                         self.stage = Stage::Idle;
                         self.round.close();
-                        return Err(GateOutput::Failed(JobError::Master {
+                        return Err(JobError::Master {
                             iteration: report.iteration,
                             phase: Phase::Combine,
                             cause,
-                        }));
+                        });
                     }
                 }
             }
@@ -569,7 +572,7 @@ impl<W> Gate<W> {
             self.round.leave_out(rank);
         }
         if let Err(failed) = self.take_ready() {
-            return Some(failed);
+            return Some(GateOutput::Failed(failed));
         }
         Some(self.complete(self.round.iteration()))
     }

@@ -33,6 +33,7 @@ fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
         iteration,
         result: Share::Own(result),
         halt_vote: false,
+        mail: Default::default(),
         elapsed: Duration::ZERO,
     })
 }
@@ -113,6 +114,7 @@ fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
         iteration,
         result: Share::Own(s.to_string()),
         halt_vote: s.ends_with('!'),
+        mail: Default::default(),
         elapsed: Duration::from_millis(s.len() as u64),
     })
 }
@@ -542,6 +544,7 @@ fn share(iteration: Iteration, share: Share<String>, vote: bool) -> ToMaster<Str
         iteration,
         result: share,
         halt_vote: vote,
+        mail: Default::default(),
         elapsed: Duration::ZERO,
     })
 }
@@ -606,6 +609,7 @@ fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() 
         iteration: 1,
         result: Share::Passed,
         halt_vote: false,
+        mail: Default::default(),
         elapsed: Duration::ZERO,
     });
     gate.on_message(t0, env(1, passed));

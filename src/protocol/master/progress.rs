@@ -65,6 +65,7 @@ mod tests {
             results_held: 2,
             left_out: Vec::new(),
             aggregation: crate::ids::FoldRoute::Star,
+            messages: Default::default(),
         }
     }
 

@@ -103,8 +103,7 @@ impl<M, W> MasterNode<M, W> {
             );
         }
         let workers_halt = matches!(
-            self.schedule
-                .decide(iteration, false, gathered.tally.halt_votes),
+            self.schedule.decide(iteration, false, &gathered.tally),
             Next::Finish {
                 halted: Some(HaltedBy::Workers),
                 ..
@@ -151,6 +150,7 @@ impl<M, W> MasterNode<M, W> {
             results_held: tally.results_held,
             left_out,
             aggregation: self.route,
+            messages: tally.mail,
         };
         if let Some(held) = self.span.take() {
             tracing::debug!(parent: held.span(), elapsed = ?report.elapsed, "iteration completed");
@@ -181,7 +181,7 @@ impl<M, W> MasterNode<M, W> {
                 reach,
             );
         }
-        match self.schedule.decide(iteration, halt, tally.halt_votes) {
+        match self.schedule.decide(iteration, halt, &tally) {
             Next::Iterate(next) => self.begin(now, next, reach),
             Next::Finish { iterations, halted } => {
                 self.finish(now, iterations, halted, result, reach)

@@ -120,6 +120,7 @@ impl Harness {
             iteration,
             result: Share::Own(result),
             halt_vote: false,
+            mail: Default::default(),
             elapsed: Duration::ZERO,
         };
         self.from(rank, ToMaster::Result(report));

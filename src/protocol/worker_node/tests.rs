@@ -55,6 +55,7 @@ fn report(iteration: Iteration) -> Worked<u64> {
         iteration,
         result: Share::Own(1),
         halt_vote: false,
+        mail: Default::default(),
         elapsed: Duration::ZERO,
     }))
 }

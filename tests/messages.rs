@@ -1,0 +1,318 @@
+//! Pregel's messages between supersteps: sent in compute, read by their rank in the next
+//! superstep in the senders' rank order, combined, counted in the report, and ending the
+//! job when every worker voted to halt and none was sent.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{barrier_job as job, FnWorker};
+use superstep::prelude::*;
+use superstep::transport::MemoryTransport;
+
+fn worker(
+    f: impl FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send + 'static,
+) -> FnWorker<common::WorkerFn> {
+    FnWorker { f: Box::new(f) }
+}
+
+/// A message: who sent it, in which superstep, its number among the sender's to that rank.
+type Note = (u64, u64, u64);
+
+/// Rank `rank`, in each superstep, checks that it got from every rank, in rank order,
+/// what they sent it in the superstep before — rank `s` sends each rank `s + 1` notes,
+/// ranks in descending order so that the order of sends to one rank is not the order of
+/// ranks — and returns how many it got.
+fn noting(workers: usize) -> impl Fn(usize) -> FnWorker<common::WorkerFn> + Send + Sync {
+    move |rank| {
+        worker(move |ctx| {
+            let i = ctx.iteration();
+            let got = ctx.messages::<Note>()?.to_vec();
+            let want: Vec<Note> = if i == 1 {
+                Vec::new()
+            } else {
+                (0..workers as u64)
+                    .flat_map(|s| (0..=s).map(move |k| (s, i - 1, k)))
+                    .collect()
+            };
+            if got != want {
+                return Err(format!("rank {rank} in {i}: got {got:?}, not {want:?}").into());
+            }
+            for k in 0..=rank as u64 {
+                for to in (0..workers).rev() {
+                    ctx.send(to, (rank as u64, i, k))?;
+                }
+            }
+            Ok(got.len() as u64)
+        })
+    }
+}
+
+#[test]
+fn messages_reach_their_rank_in_the_next_superstep_in_sender_then_send_order() {
+    let workers = 4;
+    // Each rank gets 1 + 2 + 3 + 4 notes a superstep from the second on.
+    let want = 3 * workers as u64 * 10;
+    for wire_check in [false, true] {
+        let outcome = job(workers, 4, noting(workers))
+            .messages::<Note>()
+            .transport(MemoryTransport::new().wire_check(wire_check))
+            .run()
+            .unwrap();
+        assert_eq!(*outcome.result, want, "wire check {wire_check}");
+        let counts: Vec<_> = outcome
+            .report
+            .iterations
+            .iter()
+            .map(|r| r.messages)
+            .collect();
+        for count in &counts {
+            assert_eq!(count.sent, 10 * workers as u64);
+            assert_eq!(count.delivered, 10 * workers as u64);
+            assert_eq!(count.received, 10 * workers as u64);
+            // Across processes, or with the wire check, those to other ranks are encoded.
+            assert_eq!(count.bytes > 0, wire_check, "{count:?}");
+        }
+        assert_eq!(outcome.report.totals.messages.sent, 40 * workers as u64);
+    }
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn messages_across_processes_over_tcp_are_those_in_memory() {
+    let workers = 3;
+    let in_memory = job(workers, 4, noting(workers))
+        .messages::<Note>()
+        .run()
+        .unwrap();
+    let outcomes = common::over_tcp(workers, "messages", move |_, transport| {
+        job(workers, 4, noting(workers))
+            .messages::<Note>()
+            .transport(transport)
+            .run()
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
+        if rank == 0 {
+            let bytes: Vec<u64> = outcome
+                .report
+                .iterations
+                .iter()
+                .map(|r| r.messages.bytes)
+                .collect();
+            assert!(bytes.iter().all(|&b| b > 0), "{bytes:?}");
+        }
+    }
+}
+
+/// A message for a vertex: its key and a value to sum.
+type Part = (u32, u64);
+
+#[test]
+fn a_combiner_folds_messages_with_one_key_before_they_leave_and_again_as_they_arrive() {
+    let workers = 3;
+    let seen: Arc<Mutex<Vec<Vec<Part>>>> = Arc::default();
+    let keep = Arc::clone(&seen);
+    let outcome = job(workers, 3, move |rank| {
+        let keep = Arc::clone(&keep);
+        worker(move |ctx| {
+            if rank == 0 {
+                keep.lock().unwrap().push(ctx.messages::<Part>()?.to_vec());
+            }
+            // Six sends to rank 0, three keys: 3, 1, 3, 2, 1, 3.
+            let sends = [3u32, 1, 3, 2, 1, 3].iter().enumerate();
+            ctx.send_all(sends.map(|(j, &key)| (0, (key, (rank * 10 + j) as u64))))?;
+            Ok(0)
+        })
+    })
+    .combine_messages(|m: &Part| m.0, |into, m| into.1 += m.1)
+    .transport(MemoryTransport::new().wire_check(true))
+    .run()
+    .unwrap();
+    // Key 3 first (each rank's first send), then 1, then 2; summed over every rank's sends.
+    let sum = |js: &[usize]| -> u64 {
+        (0..workers)
+            .flat_map(|r| js.iter().map(move |&j| (r * 10 + j) as u64))
+            .sum()
+    };
+    let want = vec![(3, sum(&[0, 2, 5])), (1, sum(&[1, 4])), (2, sum(&[3]))];
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![Vec::new(), want.clone(), want]);
+    for r in &outcome.report.iterations {
+        assert_eq!(r.messages.sent, 6 * workers as u64);
+        // Three left each sender; rank 0 received them all.
+        assert_eq!(r.messages.delivered, 3 * workers as u64);
+        assert_eq!(r.messages.received, 3 * workers as u64);
+    }
+}
+
+#[test]
+fn a_unanimous_halt_waits_for_the_messages_on_their_way_and_a_message_wakes_its_rank() {
+    let got: Arc<Mutex<Vec<(u64, usize)>>> = Arc::default();
+    let keep = Arc::clone(&got);
+    let outcome = job(3, 10, move |rank| {
+        let keep = Arc::clone(&keep);
+        worker(move |ctx| {
+            let i = ctx.iteration();
+            let messages = ctx.messages::<u64>()?.len();
+            if messages > 0 {
+                keep.lock().unwrap().push((i, rank));
+            }
+            // Rank 0 sends rank 2 one message in superstep 3, and rank 2 answers it.
+            if rank == 0 && i == 3 {
+                ctx.send(2, 7u64)?;
+            }
+            if rank == 2 && messages > 0 {
+                ctx.send(1, 8u64)?;
+            }
+            if i >= 3 {
+                ctx.vote_halt();
+            }
+            Ok(0)
+        })
+    })
+    .worker_halt(true)
+    .messages::<u64>()
+    .run()
+    .unwrap();
+    // Every rank votes to halt from superstep 3 on; the messages of 3 and 4 keep it going.
+    assert_eq!(outcome.iterations, 5);
+    assert!(outcome.halted);
+    assert_eq!(*got.lock().unwrap(), vec![(4, 2), (5, 1)]);
+}
+
+fn failure(builder: superstep::JobBuilder<u64, u64>) -> String {
+    match builder.run() {
+        Err(e @ JobError::Worker { .. }) => e.to_string(),
+        other => panic!("not a worker's failure: {other:?}"),
+    }
+}
+
+#[test]
+fn a_message_to_a_rank_outside_the_world_fails_the_sender_naming_the_rank() {
+    let message = failure(
+        job(3, 2, |rank| {
+            worker(move |ctx| {
+                if rank == 1 {
+                    ctx.send(7, 1u64)?;
+                }
+                Ok(0)
+            })
+        })
+        .messages::<u64>(),
+    );
+    assert!(message.contains("worker 1"), "{message}");
+    assert!(message.contains("rank 7"), "{message}");
+    assert!(message.contains("3 worker(s)"), "{message}");
+}
+
+#[test]
+fn messages_of_another_type_or_in_a_job_without_them_say_so() {
+    let message = failure(
+        job(2, 2, |_| {
+            worker(|ctx| ctx.send(0, 1u32).map(|_| 0).map_err(Into::into))
+        })
+        .messages::<u64>(),
+    );
+    assert!(
+        message.contains("u32") && message.contains("u64"),
+        "{message}"
+    );
+    let message = failure(job(2, 2, |_| {
+        worker(|ctx| Ok(ctx.messages::<u64>()?.len() as u64))
+    }));
+    assert!(
+        message.contains("JobBuilder::messages::<u64>()"),
+        "{message}"
+    );
+}
+
+/// A message that encodes but never decodes.
+#[derive(Debug, serde::Serialize)]
+struct OneWay(u64);
+
+impl<'de> serde::Deserialize<'de> for OneWay {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Err(serde::de::Error::custom("OneWay never decodes"))
+    }
+}
+
+#[test]
+fn a_message_type_that_does_not_survive_the_wire_fails_the_receiver_naming_the_sender() {
+    let job = || {
+        job(2, 2, |rank| {
+            worker(move |ctx| {
+                ctx.send(1 - rank, OneWay(rank as u64))?;
+                Ok(0)
+            })
+        })
+        .messages::<OneWay>()
+    };
+    let message = failure(job().transport(MemoryTransport::new().wire_check(true)));
+    assert!(message.contains("OneWay never decodes"), "{message}");
+    assert!(message.contains("from rank"), "{message}");
+}
+
+#[test]
+fn turning_barrier_mode_off_after_declaring_messages_is_refused() {
+    let err = job(2, 2, |_| worker(|_| Ok(0)))
+        .messages::<u64>()
+        .barrier_mode(false)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("barrier_mode"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_is_refused_with_messages_until_it_holds_them() {
+    let err = job(2, 2, |_| worker(|_| Ok(0)))
+        .messages::<u64>()
+        .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("checkpoint"), "{err}");
+}
+
+#[cfg(feature = "sim")]
+mod simulated {
+    use super::*;
+    use std::time::Duration;
+    use superstep::sim::{Faults, Simulation};
+
+    fn noted(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
+        job(4, 4, noting(4))
+            .messages::<Note>()
+            .sync_timeout(Duration::from_secs(1))
+            .failure_policy(policy)
+    }
+
+    #[test]
+    fn messages_run_in_the_simulator_as_in_the_runtime_and_start_over_under_restart_all() {
+        let real = noted(FailurePolicy::Fail).run().unwrap();
+        let run = Simulation::from_job(|| noted(FailurePolicy::Fail)).run(0);
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert_eq!(run.outcome.unwrap().result, real.result);
+        // Workers and the master crash, also while their peers wait for their messages;
+        // pieces are delayed and retransmitted; every worker restarts from iteration 1.
+        let faulty =
+            Simulation::from_job(|| noted(FailurePolicy::RestartAll { max_attempts: 100 }))
+                .faults(Faults::all(0.05));
+        let want = *real.result;
+        faulty.check(0..150, move |run| match &run.outcome {
+            Ok(o) if *o.result == want => Ok(()),
+            other => Err(format!("{other:?}")),
+        });
+    }
+
+    #[test]
+    fn the_simulator_refuses_a_checkpoint_with_messages_as_the_runtime_does() {
+        let run = Simulation::from_job(|| {
+            noted(FailurePolicy::Fail)
+                .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
+        })
+        .run(0);
+        let err = run.outcome.unwrap_err().to_string();
+        assert!(err.contains("checkpoint"), "{err}");
+    }
+}

@@ -316,3 +316,23 @@ mod simulated {
         assert!(err.contains("checkpoint"), "{err}");
     }
 }
+
+#[test]
+fn messages_a_rank_sends_itself_are_counted_but_never_encoded() {
+    let outcome = job(1, 3, |_| {
+        worker(|ctx| {
+            let got = ctx.messages::<u64>()?.len() as u64;
+            ctx.send(0, 5u64)?;
+            Ok(got)
+        })
+    })
+    .messages::<u64>()
+    .transport(MemoryTransport::new().wire_check(true))
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, 2);
+    for r in &outcome.report.iterations {
+        assert_eq!((r.messages.sent, r.messages.received), (1, 1));
+        assert_eq!(r.messages.bytes, 0, "nothing crossed to another process");
+    }
+}

@@ -13,9 +13,10 @@
 //!
 //! A job's messages have one type, declared with
 //! [`JobBuilder::messages`](crate::JobBuilder::messages) (or a combiner,
-//! [`JobBuilder::combine_messages`](crate::JobBuilder::combine_messages)): messages to one
-//! rank with the same key are folded into one before they leave the sender, and the
-//! batches from every sender again as they arrive.
+//! [`JobBuilder::combine_messages`](crate::JobBuilder::combine_messages)): messages to
+//! another process with the same key are folded into one before they leave the sender, and
+//! the batches from every sender again as they arrive; in one process they are handed over
+//! as they were sent.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -228,8 +229,10 @@ where
         let own = std::mem::take(&mut out[rank]);
         let bags = out
             .into_iter()
-            .map(|batch| {
-                if !encoded {
+            .enumerate()
+            .map(|(to, batch)| {
+                // The own slot is never sent.
+                if !encoded || to == rank {
                     return Ok(Bag::Values(batch));
                 }
                 let bytes = encode_as_is(&batch).map_err(|e| {
@@ -356,8 +359,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// The messages sent to this rank in the superstep before, in the order of their
     /// senders' ranks, then of each sender's sends (this rank's own included, in its
-    /// place). With a combiner, each key appears once, where it first came, folded in
-    /// that order. Empty in the first superstep.
+    /// place). With a combiner, what came from other processes was folded by key —
+    /// each key once, where it first came, folded in that order —, what came from this
+    /// process was not (see [`JobBuilder::combine_messages`](crate::JobBuilder::combine_messages)).
+    /// Empty in the first superstep.
     pub fn messages<G: 'static>(&self) -> Result<&[G], MessageError> {
         let post = self.mail.as_ref().ok_or(MessageError::NotDeclared {
             type_name: std::any::type_name::<G>(),
@@ -372,12 +377,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 
     fn outbox<G: 'static>(&mut self) -> Result<&mut Mailbox<G>, MessageError> {
-        if self.iteration == 0 {
-            return Err(MessageError::OutsideCompute);
-        }
         let post = self.mail.as_mut().ok_or(MessageError::NotDeclared {
             type_name: std::any::type_name::<G>(),
         })?;
+        if self.iteration == 0 {
+            return Err(MessageError::OutsideCompute);
+        }
         let job = post.type_name();
         post.as_any_mut()
             .downcast_mut::<Mailbox<G>>()

@@ -700,6 +700,12 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// [`IterationReport::messages`](crate::IterationReport::messages) counts each
     /// superstep's messages and bytes. Declared again, the last type counts.
     ///
+    /// Every superstep ends in an exchange among all the ranks, with a collective's
+    /// rules: a rank whose compute ends more than `sync_timeout` after the first one's
+    /// fails the superstep, naming it. Across processes one rank's messages to another in
+    /// one superstep travel in one frame, at most the transport's largest frame
+    /// (`TcpSettings::max_frame`).
+    ///
     /// ```
     /// # use superstep::prelude::*;
     /// # struct Last;

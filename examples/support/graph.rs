@@ -62,19 +62,11 @@ pub fn range(vertices: u32, rank: usize, workers: usize) -> Range<u32> {
     share(rank)..share(rank + 1)
 }
 
-/// The rank of `workers` whose range holds vertex `v`.
+/// The rank of `workers` whose range holds vertex `v`: the first whose range ends after
+/// it, `range(r).end > v` ⇔ `vertices × (r + 1) / workers ≥ v + 1`.
 pub fn owner(vertices: u32, workers: usize, v: u32) -> usize {
-    // The first rank whose range ends after `v`.
-    let (mut low, mut high) = (0, workers - 1);
-    while low < high {
-        let mid = (low + high) / 2;
-        if range(vertices, mid, workers).end > v {
-            high = mid;
-        } else {
-            low = mid + 1;
-        }
-    }
-    low
+    let (n, v) = (workers as u64, u64::from(v));
+    ((n * (v + 1)).div_ceil(u64::from(vertices)) - 1) as usize
 }
 
 /// The neighbours of the vertices of one range, packed: vertex `range.start + i`'s are

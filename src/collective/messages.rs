@@ -160,8 +160,9 @@ pub(crate) struct Mailbox<G> {
     /// By rank; made on the first send (see `batches`).
     out: Vec<Box<dyn Batch<G>>>,
     workers: usize,
-    /// Whether the batches combine.
-    combined: bool,
+    /// Whether the batches travel encoded (to other processes, or with the wire check):
+    /// then they combine, when the job has a combiner.
+    encoded: bool,
     inbox: Vec<G>,
     sent: u64,
     combiner: Option<Arc<dyn Combiner<G>>>,
@@ -172,20 +173,20 @@ impl<G: Send + 'static> Mailbox<G> {
         Mailbox {
             out: Vec::new(),
             workers,
-            combined: false,
+            encoded: false,
             inbox: Vec::new(),
             sent: 0,
             combiner,
         }
     }
 
-    /// The batches, made on the first send: combining where they will travel encoded
-    /// (`encoded`) and the job has a combiner; in one process a message is handed over
-    /// as it is, which combining would only slow down.
-    fn batches(&mut self, encoded: bool) -> &mut [Box<dyn Batch<G>>] {
+    /// The batches, made on the first send (asking `encoded` then, once, whether they
+    /// travel encoded): combining where they do and the job has a combiner; in one
+    /// process a message is handed over as it is, which combining would only slow down.
+    fn batches(&mut self, encoded: impl FnOnce() -> bool) -> &mut [Box<dyn Batch<G>>] {
         if self.out.is_empty() {
-            let combiner = self.combiner.as_ref().filter(|_| encoded);
-            self.combined = combiner.is_some();
+            self.encoded = encoded();
+            let combiner = self.combiner.as_ref().filter(|_| self.encoded);
             self.out = (0..self.workers)
                 .map(|_| match combiner {
                     Some(c) => c.batch(),
@@ -219,8 +220,9 @@ where
         // Encoded here, before the call, where the peers are in other processes (or the
         // wire check is on): a message that does not encode fails this rank's call, as a
         // result that does not encode fails its worker.
-        let encoded = !ctx.peers_take_values();
-        let mut out: Vec<Vec<G>> = self.batches(encoded).iter_mut().map(|b| b.take()).collect();
+        let batches = self.batches(|| !ctx.peers_take_values());
+        let mut out: Vec<Vec<G>> = batches.iter_mut().map(|b| b.take()).collect();
+        let encoded = self.encoded;
         let mut count = MailCount {
             sent: std::mem::take(&mut self.sent),
             delivered: out.iter().map(|b| b.len() as u64).sum(),
@@ -255,7 +257,7 @@ where
         inbox[rank] = own;
         count.received = inbox.iter().map(|b| b.len() as u64).sum();
         self.inbox = match &self.combiner {
-            Some(c) if self.combined => c.merge(inbox),
+            Some(c) if self.encoded => c.merge(inbox),
             _ => inbox.into_iter().flatten().collect(),
         };
         Ok(count)
@@ -341,10 +343,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
         messages: impl IntoIterator<Item = (Rank, G)>,
     ) -> Result<(), MessageError> {
         let workers = self.workers;
-        let encoded = !self.peers_take_values();
-        let mailbox = self.outbox::<G>()?;
+        let sync = &self.sync;
+        let mailbox = outbox::<M, W, G>(&mut self.mail, self.iteration)?;
         let mut sent = 0;
-        let batches = mailbox.batches(encoded);
+        let batches = mailbox.batches(|| !super::takes_values(sync));
         for (to, message) in messages {
             let Some(batch) = batches.get_mut(to) else {
                 mailbox.sent += sent;
@@ -375,20 +377,24 @@ impl<M, W: 'static> WorkerContext<M, W> {
             }),
         }
     }
+}
 
-    fn outbox<G: 'static>(&mut self) -> Result<&mut Mailbox<G>, MessageError> {
-        let post = self.mail.as_mut().ok_or(MessageError::NotDeclared {
-            type_name: std::any::type_name::<G>(),
-        })?;
-        if self.iteration == 0 {
-            return Err(MessageError::OutsideCompute);
-        }
-        let job = post.type_name();
-        post.as_any_mut()
-            .downcast_mut::<Mailbox<G>>()
-            .ok_or(MessageError::OtherType {
-                used: std::any::type_name::<G>(),
-                job,
-            })
+/// The mailbox of type `G` a context's `mail` holds, to send into in `iteration`.
+fn outbox<M, W, G: 'static>(
+    mail: &mut Option<Box<dyn Post<M, W>>>,
+    iteration: crate::ids::Iteration,
+) -> Result<&mut Mailbox<G>, MessageError> {
+    let post = mail.as_mut().ok_or(MessageError::NotDeclared {
+        type_name: std::any::type_name::<G>(),
+    })?;
+    if iteration == 0 {
+        return Err(MessageError::OutsideCompute);
     }
+    let job = post.type_name();
+    post.as_any_mut()
+        .downcast_mut::<Mailbox<G>>()
+        .ok_or(MessageError::OtherType {
+            used: std::any::type_name::<G>(),
+            job,
+        })
 }

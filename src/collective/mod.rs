@@ -533,8 +533,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// Whether this rank's peers take pieces as values (in one process), rather than
     /// encoded.
     fn peers_take_values(&self) -> bool {
-        let peers = self.sync.as_ref().and_then(|s| s.peers.as_ref().ok());
-        peers.is_some_and(|p| p.carries_values())
+        takes_values(&self.sync)
     }
 
     /// Checks that a collective can start, and counts it: its epoch.
@@ -787,6 +786,13 @@ fn same_shapes<B: Buffer>(
         }
     }
     Ok(())
+}
+
+/// Whether the peers a rank reaches through `sync` take pieces as values (in one
+/// process), rather than encoded.
+fn takes_values<W>(sync: &Option<crate::compute::SyncLink<W>>) -> bool {
+    let peers = sync.as_ref().and_then(|s| s.peers.as_ref().ok());
+    peers.is_some_and(|p| p.carries_values())
 }
 
 /// A call known only by its kind (a broadcast still waiting for its first piece).

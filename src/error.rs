@@ -561,6 +561,23 @@ pub enum SyncError {
         /// What happened, with the peer's address where it has one.
         reason: String,
     },
+    /// A piece of a collective — for the messages between supersteps, one rank's batch
+    /// for another — is larger than the transport carries in one frame. Remedy: raise the
+    /// limit (`TcpSettings::max_frame`, `SUPERSTEP_MAX_FRAME`) on every process, or send
+    /// less in one call (one superstep).
+    #[error("rank {rank}'s piece of {call} for rank {peer} is {bytes} bytes, over the transport's frame limit of {limit} bytes (max_frame, SUPERSTEP_MAX_FRAME)")]
+    TooLarge {
+        /// The rank that would have sent it.
+        rank: Rank,
+        /// Its call.
+        call: CollectiveCall,
+        /// The rank it was for.
+        peer: Rank,
+        /// The piece's frame, in bytes.
+        bytes: usize,
+        /// The largest frame the transport carries.
+        limit: usize,
+    },
     /// The job's transport gives workers no way to each other, so collectives cannot run.
     #[error("collectives need workers that reach each other: {0}")]
     NoPeers(String),

@@ -39,14 +39,28 @@ fn events_follow_the_job_from_start_to_completion() {
             "{:?}",
             events[i]
         );
-        match &events[i + 1] {
+        // Each rank's result as the master's node takes it, in the order they came.
+        let mut reported: Vec<usize> = events[i + 1..i + 1 + workers]
+            .iter()
+            .map(|e| match e {
+                JobEvent::WorkerReported {
+                    rank,
+                    iteration: it,
+                    ..
+                } if *it == iteration => *rank,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        reported.sort();
+        assert_eq!(reported, vec![0, 1, 2]);
+        match &events[i + 1 + workers] {
             JobEvent::IterationCompleted(report) => {
                 assert_eq!(report.iteration, iteration);
                 assert_eq!(report, &outcome.report.iterations[iteration as usize - 1]);
             }
             other => panic!("unexpected {other:?}"),
         }
-        i += 2;
+        i += 2 + workers;
     }
     let mut done: Vec<usize> = events[i..i + workers]
         .iter()

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use common::{barrier_job as job, FnWorker};
 use superstep::prelude::*;
 use superstep::transport::MemoryTransport;
+use superstep::MailCount;
 
 fn worker(
     f: impl FnMut(&mut WorkerContext<u64, u64>) -> Result<u64, BoxError> + Send + 'static,
@@ -77,6 +78,51 @@ fn messages_reach_their_rank_in_the_next_superstep_in_sender_then_send_order() {
     }
 }
 
+#[test]
+fn each_ranks_counts_reach_the_master_and_add_up_to_the_iterations() {
+    let workers = 3;
+    let (subscriber, events) = superstep::events::channel();
+    let outcome = job(workers, 3, noting(workers))
+        .messages::<Note>()
+        .transport(MemoryTransport::new().wire_check(true))
+        .on_event(subscriber)
+        .run()
+        .unwrap();
+    let mut by_rank = vec![vec![MailCount::default(); workers]; 3];
+    for event in events.try_iter() {
+        if let JobEvent::WorkerReported {
+            rank,
+            iteration,
+            messages,
+            ..
+        } = event
+        {
+            by_rank[iteration as usize - 1][rank] = messages;
+        }
+    }
+    for (i, ranks) in by_rank.iter().enumerate() {
+        for (rank, count) in ranks.iter().enumerate() {
+            // Rank `s` sends each rank `s + 1` notes; each rank gets 1 + 2 + 3, which the
+            // exchange after its compute brought for the next superstep.
+            assert_eq!(count.sent, (rank as u64 + 1) * workers as u64, "{i} {rank}");
+            assert_eq!(count.received, 6, "{i} {rank}");
+        }
+        let mut sum = MailCount::default();
+        for count in ranks {
+            sum.sent += count.sent;
+            sum.delivered += count.delivered;
+            sum.bytes += count.bytes;
+            sum.received += count.received;
+        }
+        assert_eq!(
+            sum,
+            outcome.report.iterations[i].messages,
+            "iteration {}",
+            i + 1
+        );
+    }
+}
+
 #[cfg(feature = "tcp")]
 #[test]
 fn messages_across_processes_over_tcp_are_those_in_memory() {
@@ -104,6 +150,42 @@ fn messages_across_processes_over_tcp_are_those_in_memory() {
             assert!(bytes.iter().all(|&b| b > 0), "{bytes:?}");
         }
     }
+}
+
+/// One rank's batch for another over TCP is one frame: one larger than the frame limit
+/// fails the sender's superstep naming both ranks, the size and the limit — not as a
+/// connection lost.
+#[cfg(feature = "tcp")]
+#[test]
+fn a_batch_over_the_frame_limit_fails_its_sender_naming_both_ranks_and_the_limit() {
+    let workers = 2;
+    let outcomes = common::over_tcp_with(
+        workers,
+        "messages-too-large",
+        |s| s.max_frame = 64 << 10,
+        move |_, transport| {
+            job(workers, 2, |rank| {
+                worker(move |ctx| {
+                    if rank == 1 {
+                        // 10,000 messages of 9 bytes: about 90 KB for rank 0.
+                        ctx.send_all((0..10_000u64).map(|k| (0, k << 32)))?;
+                    }
+                    Ok(0)
+                })
+            })
+            .messages::<u64>()
+            .transport(transport)
+            .run()
+        },
+    );
+    let message = match &outcomes[0] {
+        Err(e @ JobError::Worker { rank: 1, .. }) => e.to_string(),
+        other => panic!("not rank 1's failure: {other:?}"),
+    };
+    assert!(message.contains("rank 1's piece"), "{message}");
+    assert!(message.contains("for rank 0"), "{message}");
+    assert!(message.contains("frame limit of 65536 bytes"), "{message}");
+    assert!(!message.contains("lost"), "{message}");
 }
 
 /// A message for a vertex: its key and a value to sum.
@@ -277,6 +359,7 @@ fn a_checkpoint_is_refused_with_messages_until_it_holds_them() {
 #[cfg(feature = "sim")]
 mod simulated {
     use super::*;
+    use proptest::prelude::{Just, Strategy};
     use std::time::Duration;
     use superstep::sim::{Faults, Simulation};
 
@@ -303,6 +386,37 @@ mod simulated {
             Ok(o) if *o.result == want => Ok(()),
             other => Err(format!("{other:?}")),
         });
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// Any shape of the job (1–4 workers, 1–5 supersteps) and any schedule of up to 4
+        /// faults — crashes of workers and of the master at any point, stragglers, results
+        /// dropped, duplicated or delayed, partitions — ends under `RestartAll` with the
+        /// messages and the result of the fault-free run.
+        #[test]
+        fn a_job_with_messages_ends_with_the_fault_free_result_whatever_the_faults(
+            (workers, supersteps, schedule) in (1usize..=4, 1u64..=5).prop_flat_map(
+                |(w, i)| (Just(w), Just(i), superstep::sim::strategies::schedule(w, i, 4))
+            ),
+        ) {
+            let noted = move || {
+                job(workers, supersteps, noting(workers))
+                    .messages::<Note>()
+                    .sync_timeout(Duration::from_secs(1))
+            };
+            let want = *Simulation::from_job(noted).run(0).outcome.unwrap().result;
+            Simulation::from_job(move || {
+                noted().failure_policy(FailurePolicy::RestartAll { max_attempts: 30 })
+            })
+            .schedule(schedule)
+            .try_check(0..2, move |run| match &run.outcome {
+                Ok(o) if *o.result == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            })
+            .map_err(|failure| proptest::test_runner::TestCaseError::fail(failure.to_string()))?;
+        }
     }
 
     #[test]

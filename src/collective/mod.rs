@@ -35,7 +35,7 @@ pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, Fol
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{segment, Buffer, Exchange, PeerBody, PeerMessage, Piece};
-use crate::transport::PeerEvent;
+use crate::transport::{PeerEvent, TransportError};
 pub(crate) use buffers::fold_into;
 use buffers::{Carried, Elements, Whole};
 pub(crate) use fold::FoldAmong;
@@ -649,10 +649,20 @@ impl<M, W: 'static> WorkerContext<M, W> {
                                 PeerBody::Encoded(B::encode(piece.part).map_err(SyncError::Codec)?)
                             },
                         };
-                        peers.send(to, msg).map_err(|e| SyncError::PeerLost {
-                            rank,
-                            peer: to,
-                            reason: e.to_string(),
+                        let call = msg.call;
+                        peers.send(to, msg).map_err(|e| match e {
+                            TransportError::TooLarge { bytes, limit } => SyncError::TooLarge {
+                                rank,
+                                call,
+                                peer: to,
+                                bytes,
+                                limit,
+                            },
+                            e => SyncError::PeerLost {
+                                rank,
+                                peer: to,
+                                reason: e.to_string(),
+                            },
                         })?;
                     }
                 }

@@ -704,7 +704,9 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// rules: a rank whose compute ends more than `sync_timeout` after the first one's
     /// fails the superstep, naming it. Across processes one rank's messages to another in
     /// one superstep travel in one frame, at most the transport's largest frame
-    /// (`TcpSettings::max_frame`).
+    /// (`TcpSettings::max_frame`, 256 MiB by default): a larger batch fails its sender's
+    /// superstep with [`SyncError::TooLarge`](crate::SyncError::TooLarge), naming both
+    /// ranks, the size and the limit.
     ///
     /// ```
     /// # use superstep::prelude::*;

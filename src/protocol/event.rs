@@ -39,6 +39,20 @@ pub enum JobEvent {
         /// Who halted it.
         by: HaltedBy,
     },
+    /// The master's node took a worker's result of an iteration (one a round was waiting
+    /// for: not stale, not a duplicate). [`IterationCompleted`](JobEvent::IterationCompleted)
+    /// adds up every rank's; this is one rank's.
+    WorkerReported {
+        /// The worker's rank.
+        rank: Rank,
+        /// The iteration.
+        iteration: Iteration,
+        /// Its hooks and compute.
+        elapsed: Duration,
+        /// Its messages of the iteration (`JobBuilder::messages`; zero without): sent,
+        /// left after combining, bytes, and received.
+        messages: super::MailCount,
+    },
     /// A worker ran its `post_application` and stopped.
     WorkerDone {
         /// The worker's rank.

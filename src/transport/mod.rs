@@ -240,6 +240,16 @@ pub enum TransportError {
         /// The rank.
         rank: Rank,
     },
+    /// A message is larger than the transport carries in one frame
+    /// ([`TcpSettings::max_frame`](crate::transport::TcpSettings::max_frame),
+    /// `SUPERSTEP_MAX_FRAME`).
+    #[error("a frame of {bytes} bytes is over the limit of {limit} bytes (max_frame)")]
+    TooLarge {
+        /// The frame's size.
+        bytes: usize,
+        /// The largest frame the transport carries.
+        limit: usize,
+    },
     /// The transport cannot do what was asked of it.
     #[error("{0}")]
     Unsupported(String),

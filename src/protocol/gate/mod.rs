@@ -235,6 +235,23 @@ pub struct Gate<W> {
     drain_timeout: Option<Duration>,
     /// How the workers fold the round's results ([`Gate::open_folding`]).
     route: FoldRoute,
+    /// The result the last message brought, once taken into its round
+    /// ([`Gate::take_accepted`]).
+    accepted: Option<Accepted>,
+}
+
+/// A worker's result the gate took into its round: who sent it, for which iteration, how
+/// long its hooks and compute took, and what its messages came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The worker's rank.
+    pub rank: Rank,
+    /// The iteration.
+    pub iteration: Iteration,
+    /// Its hooks and compute.
+    pub elapsed: Duration,
+    /// Its messages (`JobBuilder::messages`).
+    pub mail: crate::protocol::MailCount,
 }
 
 impl<W> Gate<W> {
@@ -256,6 +273,7 @@ impl<W> Gate<W> {
             other_drops: Drops::default(),
             drain_timeout: None,
             route: FoldRoute::Star,
+            accepted: None,
             config,
         }
     }
@@ -268,6 +286,12 @@ impl<W> Gate<W> {
     pub fn combining(mut self, combine: Combiner<W>) -> Self {
         self.fold = Some(Fold { combine, acc: None });
         self
+    }
+
+    /// The worker's result the last message brought, if the gate took it into its round
+    /// (not stale, not a duplicate); once.
+    pub fn take_accepted(&mut self) -> Option<Accepted> {
+        self.accepted.take()
     }
 
     /// Feeds one message from a worker.
@@ -330,11 +354,18 @@ impl<W> Gate<W> {
             }
             ToMaster::Result(report) => {
                 let (attempt, iteration) = (report.attempt, report.iteration);
+                let accepted = Accepted {
+                    rank: from,
+                    iteration,
+                    elapsed: report.elapsed,
+                    mail: report.mail,
+                };
                 let complete = match self.round.offer(from, attempt, iteration, report) {
                     super::Offer::Completed => true,
                     super::Offer::Accepted => false,
                     _ => return None,
                 };
+                self.accepted = Some(accepted);
                 if let Err(failed) = self.take_ready() {
                     return Some(GateOutput::Failed(failed));
                 }

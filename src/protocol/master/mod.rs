@@ -410,6 +410,14 @@ impl<M, W> MasterNode<M, W> {
         let done_before = self.gate.is_done(from);
         let registered_before = self.gate.is_registered(from);
         let output = self.gate.on_message(now, env);
+        if let Some(taken) = self.gate.take_accepted() {
+            self.event(|| JobEvent::WorkerReported {
+                rank: taken.rank,
+                iteration: taken.iteration,
+                elapsed: taken.elapsed,
+                messages: taken.mail,
+            });
+        }
         if !done_before && self.gate.is_done(from) {
             self.event(|| JobEvent::WorkerDone { rank: from });
         }

@@ -701,7 +701,13 @@ impl PeerLink for Mesh {
             body,
             s.max_frame,
         )
-        .map_err(|e| TransportError::io(format!("a piece for rank {to}: {e}"), None))?;
+        .map_err(|e| match e {
+            wire::WireError::TooLarge { len, max } => TransportError::TooLarge {
+                bytes: len,
+                limit: max,
+            },
+            e => TransportError::io(format!("a piece for rank {to}: {e}"), None),
+        })?;
         let lane = {
             let mut out = lock(&self.out);
             match &out[to] {

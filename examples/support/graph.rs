@@ -19,6 +19,14 @@ pub struct Graph {
 /// A graph of `vertices` vertices and `edges` edges drawn uniformly from `seed` (a 64-bit
 /// LCG): a large component of short diameter, and small ones beside it.
 pub fn graph(vertices: u32, edges: usize, seed: u64) -> Arc<Graph> {
+    local_graph(vertices, edges, seed, 0.0)
+}
+
+/// [`graph`], but a share `local` of the edges join a vertex to one near it: its second
+/// end is drawn within `vertices / 256` ids of its first, as in a web graph ordered by
+/// address, where most links stay on their site. Split by id range, those edges mostly
+/// stay within one rank.
+pub fn local_graph(vertices: u32, edges: usize, seed: u64, local: f64) -> Arc<Graph> {
     let mut state = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -28,8 +36,23 @@ pub fn graph(vertices: u32, edges: usize, seed: u64) -> Arc<Graph> {
             .wrapping_add(1442695040888963407);
         (state >> 33) as u32
     };
+    // `local` as a share of 2^31, the range of `next`.
+    let near = (local.clamp(0.0, 1.0) * f64::from(1u32 << 31)) as u32;
+    let window = (vertices / 256).max(1);
     let edges = (0..edges)
-        .map(|_| (next() % vertices, next() % vertices))
+        .map(|_| {
+            let u = next() % vertices;
+            if near > 0 && next() < near {
+                let d = next() % (2 * window + 1);
+                (
+                    u,
+                    ((u64::from(u) + u64::from(vertices) + u64::from(d) - u64::from(window))
+                        % u64::from(vertices)) as u32,
+                )
+            } else {
+                (u, next() % vertices)
+            }
+        })
         .collect();
     Arc::new(Graph { vertices, edges })
 }
@@ -136,6 +159,11 @@ pub struct GraphArgs {
     /// Seed of the generated graph.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// The share of edges that join a vertex to one within vertices/256 ids of it (so to
+    /// a vertex of its own rank, mostly), as in a web graph ordered by address; the rest
+    /// are drawn uniformly.
+    #[arg(long, default_value_t = 0.0)]
+    pub local: f64,
 }
 
 /// What a graph job's run came to in this process.
@@ -168,7 +196,7 @@ where
         std::process::ExitCode::FAILURE
     };
     let made = std::time::Instant::now();
-    let graph = graph(args.vertices, args.edges, args.seed);
+    let graph = local_graph(args.vertices, args.edges, args.seed, args.local);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let builder = make(Arc::clone(&graph))
         .job_id(name)
@@ -181,10 +209,15 @@ where
         builder.worker_count(),
     );
     println!(
-        "generated {} vertices, {} edges (seed {}) in {:.2?}; {workers} workers",
+        "generated {} vertices, {} edges (seed {}{}) in {:.2?}; {workers} workers",
         args.vertices,
         args.edges,
         args.seed,
+        if args.local > 0.0 {
+            format!(", {}% local", args.local * 100.0)
+        } else {
+            String::new()
+        },
         made.elapsed(),
     );
     let started = std::time::Instant::now();

@@ -46,7 +46,7 @@ impl<M> Step<M> {
 ///
 /// # State under recovery
 ///
-/// A worker's state must be one of two kinds, so that a recovered job gives the
+/// A worker's state must be one of three kinds, so that a recovered job gives the
 /// fault-free answer:
 ///
 /// - **its shard**, loaded by [`init`](Self::init): a worker that replaces a failed one
@@ -55,13 +55,20 @@ impl<M> Step<M> {
 /// - **derived, every iteration, from the master result**
 ///   ([`last_master_result`](WorkerContext::last_master_result)): a replaced worker redoes
 ///   the iteration with the same master result the one it replaces had, and a job resumed
-///   from a checkpoint resumes with the master result saved in it.
+///   from a checkpoint resumes with the master result saved in it;
+/// - **saved in the job's checkpoints** ([`save_state`](Self::save_state) and
+///   [`restore_state`](Self::restore_state)): each checkpoint holds every worker's state
+///   and the messages on their way to it (`JobBuilder::messages`), and a job resumed from
+///   it — every worker restarted under `RestartAll`, the job or its master started again
+///   — gives each worker its own back before the next compute. Under `RestartWorker` a
+///   replacement redoes the iteration under way, which no checkpoint is of: it gets no
+///   saved state, so keep to the first two kinds with that policy.
 ///
-/// What a worker carries from one iteration to the next in itself alone — a running sum,
-/// an optimizer's momentum, labels it only sends changes of — is lost with the worker
-/// (a new one starts from what the factory makes) and is not rolled back to a checkpoint
-/// (a master started again meets workers that kept theirs): put it in the master result,
-/// which every worker receives and every checkpoint holds. The simulator finds a worker
+/// What a worker carries from one iteration to the next in itself alone and does not save
+/// — a running sum, an optimizer's momentum, labels it only sends changes of — is lost
+/// with the worker (a new one starts from what the factory makes) and is not rolled back
+/// to a checkpoint: save it, or put it in the master result, which every worker receives
+/// and every checkpoint holds. The simulator finds a worker
 /// that breaks this rule: `sim::Simulation` with worker crashes under `RestartWorker`
 /// ends with another result than the fault-free run. `examples/recovery.rs` runs a job
 /// written this way (connected components by label propagation) fault-free, with a
@@ -108,6 +115,33 @@ pub trait WorkerComputable: Send + 'static {
         &mut self,
         ctx: &mut WorkerContext<Self::MasterResult, Self::WorkerResult>,
     ) -> Result<Self::WorkerResult, BoxError>;
+
+    /// The worker's own state, beyond its shard and what it derives from the master
+    /// result, for a checkpoint (see `JobBuilder::checkpoint`): called after the compute
+    /// of each iteration a checkpoint is taken of (and before a fold among the workers).
+    /// It is saved with the master's state and the messages on their way to this worker,
+    /// and given back to [`restore_state`](Self::restore_state) when the job resumes from
+    /// that checkpoint. The default saves nothing, for a worker whose state is its shard
+    /// and the master result (see [State under recovery](Self#state-under-recovery)).
+    ///
+    /// An `Err` or a panic fails the worker in `Phase::Checkpoint`, which fails the job:
+    /// a checkpoint without one worker's state would resume another job.
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        Ok(Vec::new())
+    }
+
+    /// Restores what [`save_state`](Self::save_state) saved, when the job resumes from a
+    /// checkpoint — started again, or every worker restarted under
+    /// `FailurePolicy::RestartAll`: called after `init`, before the compute of the
+    /// iteration after the checkpoint's. Not called when the job starts from iteration 1,
+    /// nor for a worker that replaces a failed one under `FailurePolicy::RestartWorker`,
+    /// which redoes an iteration with its shard and the master result alone.
+    ///
+    /// An `Err` or a panic fails the worker in `Phase::Checkpoint`, which fails the job.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 /// The master's computation: one fold of the workers' results per iteration.
@@ -186,6 +220,12 @@ pub(crate) trait Post<M, W>: Send {
         &mut self,
         ctx: &mut WorkerContext<M, W>,
     ) -> Result<crate::protocol::MailCount, SyncError>;
+    /// The messages sent to this rank that it reads in the next superstep, encoded, for a
+    /// checkpoint.
+    fn save(&self) -> Result<Vec<u8>, String>;
+    /// Puts back the messages [`save`](Post::save) encoded, as those the next superstep
+    /// reads.
+    fn restore(&mut self, saved: &[u8]) -> Result<(), String>;
 }
 
 /// What a worker's code sees: who it is, which iteration, and the last master result.

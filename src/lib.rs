@@ -278,7 +278,7 @@ struct ReadmeDoctests;
 /// assert!(gate.open(now, 1));
 /// for (rank, result) in [(1, 20), (0, 10)] {
 ///     let result = Share::Own(result);
-///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO };
+///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None };
 ///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
 ///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
 ///     {
@@ -288,9 +288,10 @@ struct ReadmeDoctests;
 /// ```
 pub mod dev {
     pub use crate::protocol::{
-        Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered, Next, Offer,
-        PeerBody, PeerMessage, Piece, Recovery, Report, Round, Schedule, Share, SyncResult,
-        SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand, WorkerState,
+        Accepted, Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered,
+        Next, Offer, PeerBody, PeerMessage, Piece, Recovery, Report, Round, Schedule, Share,
+        SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand,
+        WorkerState,
     };
     /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for
     /// captures and tests): `Ok` with the message's kind, or why it could not be read.

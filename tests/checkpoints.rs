@@ -239,6 +239,7 @@ fn checkpoints_of_another_job_are_refused_naming_both_jobs() {
             master_result: rmp_serde::to_vec(&(1u64, 2u64)).unwrap(),
             master_state: Vec::new(),
             halted: None,
+            workers: Vec::new(),
         })
         .unwrap();
     let err = job(master(None), store, 2).run().unwrap_err();

@@ -252,6 +252,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
                     result: superstep::dev::Share::Own(2),
                     halt_vote: false,
                     mail: Default::default(),
+                    saved: None,
                     elapsed: Duration::ZERO,
                 }))
                 .unwrap(),

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use common::{barrier_job as job, FnWorker};
@@ -347,13 +348,34 @@ fn turning_barrier_mode_off_after_declaring_messages_is_refused() {
 }
 
 #[test]
-fn a_checkpoint_is_refused_with_messages_until_it_holds_them() {
-    let err = job(2, 2, |_| worker(|_| Ok(0)))
-        .messages::<u64>()
-        .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
-        .build()
-        .unwrap_err();
-    assert!(err.to_string().contains("checkpoint"), "{err}");
+fn a_job_with_messages_resumes_from_a_checkpoint_with_the_messages_on_their_way() {
+    let workers = 3;
+    let want = *job(workers, 6, noting(workers))
+        .messages::<Note>()
+        .run()
+        .unwrap()
+        .result;
+    // Rank 2 fails once in superstep 5: every worker starts again from the checkpoint of
+    // 4, and each reads in 5 the notes sent to it in 4, which only the checkpoint holds.
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let note = noting(workers);
+    let outcome = job(workers, 6, move |rank| {
+        let mut noted = note(rank);
+        let failed = Arc::clone(&failed);
+        worker(move |ctx| {
+            if rank == 2 && ctx.iteration() == 5 && !failed.swap(true, Ordering::SeqCst) {
+                return Err("rank 2 fails once".into());
+            }
+            (noted.f)(ctx)
+        })
+    })
+    .messages::<Note>()
+    .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 2)
+    .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
+    .run()
+    .unwrap();
+    assert_eq!(*outcome.result, want);
+    assert_eq!(outcome.report.recoveries.len(), 1);
 }
 
 #[cfg(feature = "sim")]
@@ -391,14 +413,20 @@ mod simulated {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
 
-        /// Any shape of the job (1–4 workers, 1–5 supersteps) and any schedule of up to 4
+        /// Any shape of the job (1–4 workers, 1–5 supersteps, a checkpoint every k
+        /// supersteps or none) and any schedule of up to 4
         /// faults — crashes of workers and of the master at any point, stragglers, results
         /// dropped, duplicated or delayed, partitions — ends under `RestartAll` with the
         /// messages and the result of the fault-free run.
         #[test]
         fn a_job_with_messages_ends_with_the_fault_free_result_whatever_the_faults(
-            (workers, supersteps, schedule) in (1usize..=4, 1u64..=5).prop_flat_map(
-                |(w, i)| (Just(w), Just(i), superstep::sim::strategies::schedule(w, i, 4))
+            (workers, supersteps, schedule, every) in (1usize..=4, 1u64..=5).prop_flat_map(
+                |(w, i)| (
+                    Just(w),
+                    Just(i),
+                    superstep::sim::strategies::schedule(w, i, 4),
+                    proptest::option::of(1..=i),
+                )
             ),
         ) {
             let noted = move || {
@@ -408,7 +436,13 @@ mod simulated {
             };
             let want = *Simulation::from_job(noted).run(0).outcome.unwrap().result;
             Simulation::from_job(move || {
-                noted().failure_policy(FailurePolicy::RestartAll { max_attempts: 30 })
+                let job = noted().failure_policy(FailurePolicy::RestartAll { max_attempts: 30 });
+                match every {
+                    Some(every) => {
+                        job.checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), every)
+                    }
+                    None => job,
+                }
             })
             .schedule(schedule)
             .try_check(0..2, move |run| match &run.outcome {
@@ -420,33 +454,18 @@ mod simulated {
     }
 
     #[test]
-    fn the_simulator_refuses_a_checkpoint_with_messages_as_the_runtime_does() {
-        let run = Simulation::from_job(|| {
-            noted(FailurePolicy::Fail)
+    fn messages_and_checkpoints_in_the_simulator_end_with_the_fault_free_result() {
+        let want = *noted(FailurePolicy::Fail).run().unwrap().result;
+        // Workers and the master crash at any point, checkpoints torn included; every
+        // worker starts again from the newest checkpoint with the notes on their way.
+        let faulty = Simulation::from_job(|| {
+            noted(FailurePolicy::RestartAll { max_attempts: 100 })
                 .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
         })
-        .run(0);
-        let err = run.outcome.unwrap_err().to_string();
-        assert!(err.contains("checkpoint"), "{err}");
-    }
-}
-
-#[test]
-fn messages_a_rank_sends_itself_are_counted_but_never_encoded() {
-    let outcome = job(1, 3, |_| {
-        worker(|ctx| {
-            let got = ctx.messages::<u64>()?.len() as u64;
-            ctx.send(0, 5u64)?;
-            Ok(got)
-        })
-    })
-    .messages::<u64>()
-    .transport(MemoryTransport::new().wire_check(true))
-    .run()
-    .unwrap();
-    assert_eq!(*outcome.result, 2);
-    for r in &outcome.report.iterations {
-        assert_eq!((r.messages.sent, r.messages.received), (1, 1));
-        assert_eq!(r.messages.bytes, 0, "nothing crossed to another process");
+        .faults(Faults::all(0.05));
+        faulty.check(0..150, move |run| match &run.outcome {
+            Ok(o) if *o.result == want => Ok(()),
+            other => Err(format!("{other:?}")),
+        });
     }
 }

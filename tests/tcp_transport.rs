@@ -414,6 +414,7 @@ fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_re
             result: superstep::dev::Share::Own(7),
             halt_vote: false,
             mail: Default::default(),
+            saved: None,
             elapsed: Duration::ZERO,
         })
     };

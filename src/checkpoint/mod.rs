@@ -19,6 +19,7 @@ use crate::protocol::HaltedBy;
 
 use crate::ids::{Attempt, Iteration};
 
+pub use crate::protocol::WorkerSave;
 pub use fs::FsCheckpointStore;
 #[cfg(feature = "sim")]
 pub(crate) use fs::{encode, newest_readable};
@@ -40,6 +41,12 @@ pub struct Checkpoint {
     /// its master result instead of going on past the halt.
     #[serde(default)]
     pub halted: Option<HaltedBy>,
+    /// What each worker saved, by rank (`WorkerComputable::save_state` and the messages
+    /// on their way to it), when the job goes on after `iteration`; empty in a checkpoint
+    /// of the job's last iteration, or of one that halted it. A rank left out of the
+    /// iteration has none: it resumes from its `init`.
+    #[serde(default)]
+    pub workers: Vec<Option<WorkerSave>>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -57,6 +64,7 @@ impl fmt::Debug for Checkpoint {
                 &format_args!("{} bytes", self.master_state.len()),
             )
             .field("halted", &self.halted)
+            .field("workers", &self.workers.len())
             .finish()
     }
 }
@@ -187,6 +195,7 @@ mod tests {
             master_result: vec![iteration as u8; 3],
             master_state: b"state".to_vec(),
             halted: None,
+            workers: Vec::new(),
         }
     }
 

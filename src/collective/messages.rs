@@ -215,6 +215,29 @@ where
         std::any::type_name::<G>()
     }
 
+    fn save(&self) -> Result<Vec<u8>, String> {
+        crate::codec::to_vec(&self.inbox).map_err(|e| {
+            format!(
+                "the messages of type {} on their way to this rank do not encode: {e}",
+                std::any::type_name::<G>()
+            )
+        })
+    }
+
+    fn restore(&mut self, saved: &[u8]) -> Result<(), String> {
+        if saved.is_empty() {
+            self.inbox.clear();
+            return Ok(());
+        }
+        self.inbox = decode_as_is(saved).map_err(|e| {
+            format!(
+                "the checkpoint's messages for this rank do not decode as {}: {e}",
+                std::any::type_name::<G>()
+            )
+        })?;
+        Ok(())
+    }
+
     fn exchange(&mut self, ctx: &mut WorkerContext<M, W>) -> Result<MailCount, SyncError> {
         let (rank, n) = (ctx.rank, ctx.workers);
         // Encoded here, before the call, where the peers are in other processes (or the

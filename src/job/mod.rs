@@ -591,11 +591,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
             }
         }
         self.config.validate()?;
-        check_messages(
-            self.messages,
-            &self.config,
-            self.checkpoint.as_ref().map(|c| c.every),
-        )?;
+        check_messages(self.messages, &self.config)?;
         if let Some(c) = &self.checkpoint {
             check_checkpoint_every(c.every)?;
         }
@@ -819,6 +815,14 @@ impl<M: Payload, W: Payload> WorkerComputable for WithMail<M, W> {
     fn compute(&mut self, ctx: &mut crate::WorkerContext<M, W>) -> Result<W, crate::BoxError> {
         self.inner.compute(ctx)
     }
+
+    fn save_state(&self) -> Result<Vec<u8>, crate::BoxError> {
+        self.inner.save_state()
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), crate::BoxError> {
+        self.inner.restore_state(state)
+    }
 }
 
 impl<M, W> fmt::Debug for JobBuilder<M, W> {
@@ -835,12 +839,10 @@ impl<M, W> fmt::Debug for JobBuilder<M, W> {
     }
 }
 
-/// The settings a job with messages of type `messages` needs: barrier mode, and — until
-/// a checkpoint holds the messages on their way and the workers' state — no checkpoint.
+/// The settings a job with messages of type `messages` needs: barrier mode.
 pub(crate) fn check_messages(
     messages: Option<&'static str>,
     config: &JobConfig,
-    checkpoint: Option<Iteration>,
 ) -> Result<(), ConfigError> {
     let Some(messages) = messages else {
         return Ok(());
@@ -850,13 +852,6 @@ pub(crate) fn check_messages(
             "barrier_mode",
             false,
             &format!("must be on for a job with messages (of type {messages}): `messages` turns it on, and a later setting turned it off"),
-        ));
-    }
-    if let Some(every) = checkpoint {
-        return Err(ConfigError::new(
-            "checkpoint",
-            every,
-            &format!("is not supported with messages (of type {messages}) yet: a job resumed from a checkpoint would lose the messages sent in its iteration, which it does not hold; without a checkpoint, FailurePolicy::RestartAll starts over from iteration 1"),
         ));
     }
     Ok(())

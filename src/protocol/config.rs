@@ -214,6 +214,15 @@ impl NodeConfig {
         }
     }
 
+    /// Whether the workers save what they need to resume ([`WorkerSave`](super::WorkerSave))
+    /// for the checkpoint of `iteration`: one is taken of it, and a job resumed from it
+    /// goes on computing — not the job's last iteration, whose checkpoint ends a resumed
+    /// job at once, as does one of an iteration that halted the job.
+    pub(crate) fn workers_save(&self, iteration: Iteration) -> bool {
+        self.checkpoint_every
+            .is_some_and(|every| iteration % every.max(1) == 0 && iteration < self.iterations)
+    }
+
     /// The settings each worker's node of the job runs by: the same job's, as a worker
     /// needs them.
     pub(crate) fn worker(&self) -> WorkerConfig {
@@ -452,6 +461,7 @@ mod tests {
             iteration: 1,
             last: None,
             fold: crate::ids::FoldRoute::Star,
+            save: false,
         };
         assert_eq!(abort_ends_job(3, &iterate), None);
     }

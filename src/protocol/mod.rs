@@ -45,7 +45,7 @@ pub(crate) use collective::segment;
 pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
 pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
-pub use gate::{Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
+pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
     Reach, Resumed,
@@ -59,7 +59,7 @@ pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
-pub(crate) use worker_node::{Work, Worked, WorkerAction, WorkerNode};
+pub(crate) use worker_node::{Step, Work, Worked, WorkerAction, WorkerNode};
 pub use worker_report::{
     Attachment, AttachmentError, Rejected, RowCounts, WorkerReport, MAX_RECORDED_REJECTS,
 };
@@ -101,6 +101,30 @@ pub struct Report<W> {
     pub mail: crate::protocol::MailCount,
     /// How long the worker's iteration (hooks and compute) took.
     pub elapsed: Duration,
+    /// What the worker saved for the checkpoint of this iteration, in the iterations a
+    /// checkpoint is taken of (`JobBuilder::checkpoint`); `None` in the others.
+    #[serde(default)]
+    pub saved: Option<WorkerSave>,
+}
+
+/// What a worker saves for a checkpoint of an iteration, and is given back when the job
+/// resumes from it: its own state (`WorkerComputable::save_state`) and the messages sent
+/// to it in that iteration, which it reads in the next (`JobBuilder::messages`), encoded.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSave {
+    /// What `WorkerComputable::save_state` returned.
+    pub state: Vec<u8>,
+    /// The messages on their way to the worker, encoded (empty in a job without them).
+    pub messages: Vec<u8>,
+}
+
+impl fmt::Debug for WorkerSave {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerSave")
+            .field("state", &format_args!("{} bytes", self.state.len()))
+            .field("messages", &format_args!("{} bytes", self.messages.len()))
+            .finish()
+    }
 }
 
 /// A worker's part in a round's results: its own result, or — when the workers folded
@@ -170,6 +194,10 @@ pub enum ToWorker<M> {
         last: Option<Arc<M>>,
         /// How the workers fold their results of this iteration.
         fold: FoldRoute,
+        /// Whether a checkpoint of this iteration is taken, for which each worker saves
+        /// what it needs to resume ([`WorkerSave`]) with its result.
+        #[serde(default)]
+        save: bool,
     },
     /// The job completed: run `post_application` and stop.
     Finish {
@@ -197,6 +225,14 @@ pub enum ToWorker<M> {
         epoch: Epoch,
         /// Every rank's message in rank order, or why the epoch failed.
         result: SyncResult,
+    },
+    /// Before the first iteration of an attempt that resumes from a checkpoint: what this
+    /// worker saved in it, to restore before that iteration's compute.
+    Restore {
+        /// The attempt of the job.
+        attempt: Attempt,
+        /// What the worker of this rank saved.
+        save: Arc<WorkerSave>,
     },
     /// The worker's link reached a master's node that runs `attempt` — at start, or again
     /// after it lost the master (a master process started again, say). Not sent by the
@@ -236,11 +272,13 @@ impl<M> Clone for ToWorker<M> {
                 iteration,
                 last,
                 fold,
+                save,
             } => ToWorker::Iterate {
                 attempt: *attempt,
                 iteration: *iteration,
                 last: last.clone(),
                 fold: *fold,
+                save: *save,
             },
             ToWorker::Finish {
                 attempt,
@@ -266,6 +304,10 @@ impl<M> Clone for ToWorker<M> {
                 epoch: *epoch,
                 result: result.clone(),
             },
+            ToWorker::Restore { attempt, save } => ToWorker::Restore {
+                attempt: *attempt,
+                save: Arc::clone(save),
+            },
             ToWorker::Connected { attempt } => ToWorker::Connected { attempt: *attempt },
         }
     }
@@ -278,6 +320,12 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Finish { iterations, .. } => write!(f, "finish after {iterations}"),
             ToWorker::Abort { error, .. } => write!(f, "abort: {error}"),
             ToWorker::SyncReply { epoch, .. } => write!(f, "answer to sync call {epoch}"),
+            ToWorker::Restore { save, .. } => write!(
+                f,
+                "restore {} bytes of state and {} of messages",
+                save.state.len(),
+                save.messages.len()
+            ),
             ToWorker::Connected { attempt } => write!(f, "connected in attempt {attempt}"),
         }
     }

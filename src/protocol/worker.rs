@@ -37,6 +37,9 @@ pub enum WorkerCommand {
     /// Register again, in this attempt, and drop any work under way: the link reached a
     /// master's node that has not seen this worker.
     Register(Attempt),
+    /// Keep what the checkpoint the attempt resumes from holds for this worker, to
+    /// restore before its next compute.
+    Restore,
     /// Nothing to do: the link reached the master the worker started with.
     Proceed,
     /// Drop the message: stale, duplicate, or after the worker began to stop.
@@ -77,6 +80,14 @@ impl WorkerState {
                 if attempt == self.attempt && iteration > self.iteration {
                     self.iteration = iteration;
                     WorkerCommand::Compute(iteration)
+                } else {
+                    WorkerCommand::Drop
+                }
+            }
+            // Before the attempt's first iteration, which it belongs to.
+            ToWorker::Restore { attempt, .. } => {
+                if attempt == self.attempt && self.iteration == 0 {
+                    WorkerCommand::Restore
                 } else {
                     WorkerCommand::Drop
                 }
@@ -132,6 +143,7 @@ mod tests {
             iteration,
             last: None,
             fold: crate::ids::FoldRoute::Star,
+            save: false,
         }
     }
 

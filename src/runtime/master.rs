@@ -14,6 +14,7 @@ use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
     Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Save, Tally,
+    WorkerSave,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -28,6 +29,8 @@ pub(crate) struct MasterTask<M, W> {
     restore: Option<Vec<u8>>,
     /// Whether the checkpoint resumed from halted the job.
     resumed_halt: Option<HaltedBy>,
+    /// What each worker saved in the checkpoint resumed from, by rank.
+    resumed_workers: Vec<Option<Arc<WorkerSave>>>,
     /// Whether to keep the computable's state as it starts (`initial`), to start over
     /// from when every worker restarts without a checkpoint.
     keep_initial: bool,
@@ -44,10 +47,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
-        let (restore, resumed_halt) = match resume.map(|r| r.into_context(&mut ctx)) {
-            Some((state, halted)) => (Some(state), halted),
-            None => (None, None),
-        };
+        let (restore, resumed_halt, resumed_workers) =
+            match resume.map(|r| r.into_context(&mut ctx)) {
+                Some(r) => (Some(r.state), r.halted, r.workers),
+                None => (None, None, Vec::new()),
+            };
         MasterTask {
             computable,
             interceptors,
@@ -56,6 +60,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             store,
             restore,
             resumed_halt,
+            resumed_workers,
             keep_initial: false,
             initial: None,
             attempt,
@@ -81,13 +86,17 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Some(store) => super::resume::<M>(store.as_mut(), &fresh.job_id)?,
             None => None,
         };
-        let (from, state) = match resumed {
+        let (from, state, workers) = match resumed {
             Some(resume) => {
                 let iteration = resume.iteration;
-                let (state, halted) = resume.into_context(&mut fresh);
-                (Some((iteration, halted)), state)
+                let restored = resume.into_context(&mut fresh);
+                (
+                    Some((iteration, restored.halted)),
+                    restored.state,
+                    restored.workers,
+                )
             }
-            None => (None, self.initial.clone().unwrap_or_default()),
+            None => (None, self.initial.clone().unwrap_or_default(), Vec::new()),
         };
         // The old context's results go under a guard: their `Drop` is user code.
         let old = std::mem::replace(&mut self.ctx, fresh);
@@ -100,6 +109,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         Ok(Resumed {
             from,
             last: self.ctx.last.clone(),
+            workers,
         })
     }
 
@@ -177,6 +187,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 .is_some()
                 .then_some((self.ctx.iteration, self.resumed_halt)),
             last: self.ctx.last.clone(),
+            workers: self.resumed_workers.clone(),
         }
     }
 
@@ -229,7 +240,9 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         )
         .entered();
         let (workers_halt, save) = (round.workers_halt, round.save);
-        self.ctx.enter(iteration, round.gathered);
+        let mut gathered = round.gathered;
+        let saved = std::mem::take(&mut gathered.saved);
+        self.ctx.enter(iteration, gathered);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
             guarded(|| hook.pre_iteration(ctx))
@@ -278,7 +291,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Save::IfMasterHalts => halt,
             Save::No => false,
         };
-        let checkpointed = due && self.save_checkpoint(iteration, &result, halted);
+        let checkpointed = due && self.save_checkpoint(iteration, &result, halted, saved);
         Ok(Computed {
             result,
             halt,
@@ -294,6 +307,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         iteration: Iteration,
         result: &M,
         halted: Option<HaltedBy>,
+        workers: Vec<Option<WorkerSave>>,
     ) -> bool {
         let Some(store) = &mut self.store else {
             return false;
@@ -311,6 +325,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     master_result,
                     master_state,
                     halted,
+                    workers,
                 })
             });
         let saved = made.and_then(|c| store.save(&c).map_err(|e| e.to_string()));

@@ -46,7 +46,7 @@ use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::payload::Payload;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{Combining, HaltedBy, NodeConfig, Workers};
+use crate::protocol::{Combining, HaltedBy, NodeConfig, WorkerSave, Workers};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 
@@ -125,18 +125,28 @@ pub(crate) struct Resume<M> {
     pub(crate) state: Vec<u8>,
     /// Whether the checkpoint's iteration halted the job.
     pub(crate) halted: Option<HaltedBy>,
+    /// What each worker saved, by rank.
+    pub(crate) workers: Vec<Option<WorkerSave>>,
+}
+
+/// What a checkpoint gives the master's code beyond its context: the master computable's
+/// state, whether the checkpoint's iteration halted, and what each worker saved.
+pub(crate) struct Restored {
+    pub(crate) state: Vec<u8>,
+    pub(crate) halted: Option<HaltedBy>,
+    pub(crate) workers: Vec<Option<Arc<WorkerSave>>>,
 }
 
 impl<M> Resume<M> {
-    /// Puts the checkpoint's iteration and master result into `ctx`; returns the master
-    /// computable's state to restore, and whether the checkpoint's iteration halted.
-    pub(crate) fn into_context<W>(
-        self,
-        ctx: &mut MasterContext<M, W>,
-    ) -> (Vec<u8>, Option<HaltedBy>) {
+    /// Puts the checkpoint's iteration and master result into `ctx`; returns the rest.
+    pub(crate) fn into_context<W>(self, ctx: &mut MasterContext<M, W>) -> Restored {
         ctx.iteration = self.iteration;
         ctx.last = Some(self.last);
-        (self.state, self.halted)
+        Restored {
+            state: self.state,
+            halted: self.halted,
+            workers: self.workers.into_iter().map(|w| w.map(Arc::new)).collect(),
+        }
     }
 }
 
@@ -179,6 +189,7 @@ pub(crate) fn resume<M: Payload>(
         last: Arc::new(last),
         state: c.master_state,
         halted: c.halted,
+        workers: c.workers,
     }))
 }
 

@@ -301,7 +301,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         work: Work<M>,
     ) {
         let during = match work {
-            Work::Iterate(i, ..) => Waiting::Iteration(i),
+            Work::Iterate(ref step) => Waiting::Iteration(step.iteration),
             Work::Start => Waiting::Registration,
             Work::Stop(_) => Waiting::Shutdown,
         };

@@ -12,10 +12,12 @@ use crate::compute::{JobEnd, WorkerContext};
 use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
-use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
-use crate::protocol::{MailCount, Report, Share, ToMaster, Work, Worked, WorkerConfig};
+use crate::protocol::{
+    MailCount, Report, Share, Step, ToMaster, Work, Worked, WorkerConfig, WorkerSave,
+};
 
 /// A worker's user code and context: moved to the pool and back as one value, so it is
 /// only ever touched by one thread at a time.
@@ -164,9 +166,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             Work::Start => Worked::Started(self.start()),
             // Once the job failed, no compute starts: its result would not be used.
             Work::Iterate(..) if self.ctx.end.is_ended() => Worked::Skipped,
-            Work::Iterate(iteration, last, fold) => {
-                Worked::Iterated(self.iterate(iteration, last, fold))
-            }
+            Work::Iterate(step) => Worked::Iterated(self.iterate(step)),
             Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
         }
     }
@@ -188,17 +188,22 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         guarded(|| computable.init(ctx)).map_err(|c| self.fail(Phase::Init, c))
     }
 
-    fn iterate(
-        &mut self,
-        iteration: Iteration,
-        last: Option<Arc<M>>,
-        fold: FoldRoute,
-    ) -> Result<Report<W>, JobError> {
+    fn iterate(&mut self, step: Step<M>) -> Result<Report<W>, JobError> {
+        let Step {
+            iteration,
+            last,
+            fold,
+            save,
+            restore,
+        } = step;
         let (rank, attempt) = (self.ctx.rank, self.attempt);
         let _span = tracing::debug_span!(parent: &self.parent, "compute", rank, iteration, attempt)
             .entered();
         let started = self.clock;
         self.ctx.iteration = iteration;
+        if let Some(saved) = restore {
+            self.restore(&saved)?;
+        }
         // `None` in iteration 1 — also when a restarted job starts over. The result it
         // replaces may be the last reference to it: its `Drop` is the master's code.
         let previous = std::mem::replace(&mut self.ctx.last, last);
@@ -236,6 +241,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         // the fold among the workers that follow wait for the others.
         self.clock = Instant::now();
         let mail = self.post()?;
+        let saved = if save { Some(self.save()?) } else { None };
         let result = self.share(result, fold)?;
         Ok(Report {
             attempt: self.attempt,
@@ -244,7 +250,38 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             halt_vote: self.ctx.halt_vote,
             mail,
             elapsed: self.clock.saturating_duration_since(started),
+            saved,
         })
+    }
+
+    /// What the worker saves for the checkpoint of the iteration it computed: its own
+    /// state, and the messages sent to it, which it reads in the next. A failure to save
+    /// fails the worker in `Phase::Checkpoint`: a checkpoint without its state would
+    /// resume another job.
+    fn save(&mut self) -> Result<WorkerSave, JobError> {
+        let computable = &self.computable;
+        let state =
+            guarded(|| computable.save_state()).map_err(|c| self.fail(Phase::Checkpoint, c))?;
+        let messages = match &self.ctx.mail {
+            Some(post) => post
+                .save()
+                .map_err(|e| self.fail(Phase::Checkpoint, Cause::from_error(e.into())))?,
+            None => Vec::new(),
+        };
+        Ok(WorkerSave { state, messages })
+    }
+
+    /// Restores what the worker saved for the checkpoint the attempt resumes from, before
+    /// its first compute. A failure fails the worker in `Phase::Checkpoint`.
+    fn restore(&mut self, saved: &WorkerSave) -> Result<(), JobError> {
+        let computable = &mut self.computable;
+        guarded(|| computable.restore_state(&saved.state))
+            .map_err(|c| self.fail(Phase::Checkpoint, c))?;
+        if let Some(post) = &mut self.ctx.mail {
+            post.restore(&saved.messages)
+                .map_err(|e| self.fail(Phase::Checkpoint, Cause::from_error(e.into())))?;
+        }
+        Ok(())
     }
 
     /// Sends the messages this compute sent to their ranks and takes in those sent to

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{Drops, Envelope, Report, Round, Share, ToMaster};
+use super::{Drops, Envelope, Report, Round, Share, ToMaster, WorkerSave};
 
 use crate::error::{Cause, JobError, Phase, Waiting};
 use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
@@ -28,6 +28,10 @@ pub struct Gathered<W> {
     /// The ranks left out of the round, in rank order: stragglers when it completed with
     /// its quorum after the min-workers timeout. Their late results are dropped as stale.
     pub left_out: Vec<Rank>,
+    /// What each rank saved for the iteration's checkpoint, by rank, when the workers were
+    /// asked to save ([`ToWorker::Iterate`](super::ToWorker::Iterate)'s `save`); empty
+    /// when none was.
+    pub saved: Vec<Option<WorkerSave>>,
 }
 
 /// What a round's reports add up to, besides their results.
@@ -238,6 +242,8 @@ pub struct Gate<W> {
     /// The result the last message brought, once taken into its round
     /// ([`Gate::take_accepted`]).
     accepted: Option<Accepted>,
+    /// What the round's ranks saved for its checkpoint, by rank: empty until one did.
+    saved: Vec<Option<WorkerSave>>,
 }
 
 /// A worker's result the gate took into its round: who sent it, for which iteration, how
@@ -274,6 +280,7 @@ impl<W> Gate<W> {
             drain_timeout: None,
             route: FoldRoute::Star,
             accepted: None,
+            saved: Vec::new(),
             config,
         }
     }
@@ -352,8 +359,9 @@ impl<W> Gate<W> {
                 }
                 self.all_registered()
             }
-            ToMaster::Result(report) => {
+            ToMaster::Result(mut report) => {
                 let (attempt, iteration) = (report.attempt, report.iteration);
+                let saved = report.saved.take();
                 let accepted = Accepted {
                     rank: from,
                     iteration,
@@ -366,6 +374,12 @@ impl<W> Gate<W> {
                     _ => return None,
                 };
                 self.accepted = Some(accepted);
+                if let Some(saved) = saved {
+                    if self.saved.is_empty() {
+                        self.saved = vec![None; self.config.workers];
+                    }
+                    self.saved[from] = Some(saved);
+                }
                 if let Err(failed) = self.take_ready() {
                     return Some(GateOutput::Failed(failed));
                 }
@@ -577,6 +591,7 @@ impl<W> Gate<W> {
             tally: std::mem::take(&mut self.tally),
             reported,
             left_out,
+            saved: std::mem::take(&mut self.saved),
         };
         GateOutput::RoundComplete {
             iteration,
@@ -646,6 +661,7 @@ impl<W> Gate<W> {
     /// Forgets what an unfinished round tallied and folded.
     fn reset_tally(&mut self) {
         self.tally = Tally::default();
+        self.saved = Vec::new();
         if let Some(fold) = &mut self.fold {
             fold.acc = None;
         }

@@ -34,6 +34,7 @@ fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
         result: Share::Own(result),
         halt_vote: false,
         mail: Default::default(),
+        saved: None,
         elapsed: Duration::ZERO,
     })
 }
@@ -115,6 +116,7 @@ fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
         result: Share::Own(s.to_string()),
         halt_vote: s.ends_with('!'),
         mail: Default::default(),
+        saved: None,
         elapsed: Duration::from_millis(s.len() as u64),
     })
 }
@@ -545,6 +547,7 @@ fn share(iteration: Iteration, share: Share<String>, vote: bool) -> ToMaster<Str
         result: share,
         halt_vote: vote,
         mail: Default::default(),
+        saved: None,
         elapsed: Duration::ZERO,
     })
 }
@@ -610,6 +613,7 @@ fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() 
         result: Share::Passed,
         halt_vote: false,
         mail: Default::default(),
+        saved: None,
         elapsed: Duration::ZERO,
     });
     gate.on_message(t0, env(1, passed));

@@ -16,7 +16,7 @@ use super::config::{NodeConfig, Save};
 use super::{
     Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, IterationReport,
     JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Schedule, SyncState,
-    SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
+    SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport, WorkerSave,
 };
 
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
@@ -146,6 +146,9 @@ pub(crate) struct MasterNode<M, W> {
     /// What the current attempt resumed from: the checkpoint's iteration, and whether it
     /// halted the job.
     resumed: Option<(Iteration, Option<HaltedBy>)>,
+    /// What each worker saved in the checkpoint the attempt resumes from, by rank: sent
+    /// to each before the attempt's first iteration, then forgotten.
+    restore: Vec<Option<Arc<WorkerSave>>>,
     /// The master result the current iteration computes with (the newest one).
     last: Option<Arc<M>>,
     /// By rank: a new process of the rank is awaited (another process's worker was
@@ -211,6 +214,7 @@ impl<M, W> MasterNode<M, W> {
             },
             master: MasterAt::Home,
             resumed: resumed.from,
+            restore: resumed.workers,
             last: resumed.last,
             awaiting: vec![Awaiting::None; workers],
             reports: vec![None; workers],
@@ -547,6 +551,7 @@ impl<M, W> MasterNode<M, W> {
             MasterDone::Restarted(Ok(resumed)) => {
                 tracing::info!(attempt = self.attempt(), resumed_from = ?resumed.from.map(|(i, _)| i), "the job starts over as a new attempt");
                 self.resumed = resumed.from;
+                self.restore = resumed.workers;
                 self.last = resumed.last;
                 self.master_ready(now, reach);
             }

@@ -37,7 +37,16 @@ impl<M, W> MasterNode<M, W> {
                 self.finish(now, resumed, halted, last, reach)
             }
             _ if !workers_ready => {}
-            (Some((resumed, _)), _) => self.begin(now, resumed + 1, reach),
+            (Some((resumed, _)), _) => {
+                // Each worker gets what it saved before the iteration it resumes with.
+                let attempt = self.attempt();
+                for (rank, save) in std::mem::take(&mut self.restore).into_iter().enumerate() {
+                    if let Some(save) = save {
+                        self.send(rank, ToWorker::Restore { attempt, save });
+                    }
+                }
+                self.begin(now, resumed + 1, reach)
+            }
             (None, _) => {
                 let first = self.schedule.first();
                 self.begin(now, first, reach)
@@ -71,6 +80,7 @@ impl<M, W> MasterNode<M, W> {
             iteration,
             last: self.last.clone(),
             fold,
+            save: self.config.workers_save(iteration),
         }));
     }
 

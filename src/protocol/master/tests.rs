@@ -57,6 +57,7 @@ impl Harness {
             Resumed {
                 from: None,
                 last: None,
+                workers: Vec::new(),
             },
             t,
         );
@@ -86,6 +87,7 @@ impl Harness {
                         MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
                             from: None,
                             last: None,
+                            workers: Vec::new(),
                         })),
                         MasterWork::Stop(_) => MasterDone::Stopped(Ok(())),
                         MasterWork::Iterate(round) => MasterDone::Iterated {
@@ -121,6 +123,7 @@ impl Harness {
             result: Share::Own(result),
             halt_vote: false,
             mail: Default::default(),
+            saved: None,
             elapsed: Duration::ZERO,
         };
         self.from(rank, ToMaster::Result(report));

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::{Gathered, HaltedBy, JobEvent, JobOutcome, Tally, ToWorker, WorkerReport};
+use super::super::{
+    Gathered, HaltedBy, JobEvent, JobOutcome, Tally, ToWorker, WorkerReport, WorkerSave,
+};
 use super::Save;
 use crate::error::{JobError, Waiting};
 use crate::ids::{Attempt, Iteration, Rank};
@@ -65,6 +67,9 @@ impl<M> Clone for OwnedEnding<M> {
 pub(crate) struct Resumed<M> {
     pub(crate) from: Option<(Iteration, Option<HaltedBy>)>,
     pub(crate) last: Option<Arc<M>>,
+    /// What each worker saved in the checkpoint, by rank: each is sent its own before the
+    /// attempt's first iteration ([`ToWorker::Restore`]).
+    pub(crate) workers: Vec<Option<Arc<WorkerSave>>>,
 }
 
 /// One iteration's input to the master's code.

@@ -163,6 +163,7 @@ impl<M, W> MasterNode<M, W> {
                         iteration,
                         last: self.last.clone(),
                         fold: self.route,
+                        save: self.config.workers_save(iteration),
                     };
                     self.send(rank, msg);
                 }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use super::config::WorkerConfig;
 use super::{
-    OwnedEnding, Report, SyncResult, ToMaster, ToWorker, Unsent, WorkerCommand, WorkerState,
+    OwnedEnding, Report, SyncResult, ToMaster, ToWorker, Unsent, WorkerCommand, WorkerSave,
+    WorkerState,
 };
 
 use crate::error::{JobError, Waiting};
@@ -29,9 +30,23 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank};
 /// One unit of a worker's code.
 pub(crate) enum Work<M> {
     Start,
-    /// An iteration, with the master result before it and how the workers fold results.
-    Iterate(Iteration, Option<Arc<M>>, FoldRoute),
+    /// An iteration.
+    Iterate(Step<M>),
     Stop(OwnedEnding<M>),
+}
+
+/// One iteration for a worker's code to compute, as the master's `Iterate` says it.
+pub(crate) struct Step<M> {
+    pub(crate) iteration: Iteration,
+    /// The master result of the iteration before.
+    pub(crate) last: Option<Arc<M>>,
+    /// How the workers fold their results.
+    pub(crate) fold: FoldRoute,
+    /// Whether the worker saves what it needs to resume, for the iteration's checkpoint.
+    pub(crate) save: bool,
+    /// In the first iteration of an attempt resumed from a checkpoint: what this worker
+    /// saved in it, restored before the compute.
+    pub(crate) restore: Option<Arc<WorkerSave>>,
 }
 
 /// What a unit of a worker's code ended with.
@@ -182,7 +197,7 @@ enum Code {
 enum Queued<M> {
     /// The newest iteration that arrived meanwhile: a straggler the job went on without
     /// skips to it, past any iteration it missed.
-    Iterate(Iteration, Option<Arc<M>>, FoldRoute),
+    Iterate(Step<M>),
     /// The worker's stop.
     Stop(OwnedEnding<M>),
 }
@@ -218,6 +233,9 @@ pub(crate) struct WorkerNode<M, W> {
     stage: Stage<M>,
     code: Code,
     queued: Option<Queued<M>>,
+    /// What the checkpoint the attempt resumes from holds for this worker, until the
+    /// attempt's first compute restores it.
+    restore: Option<Arc<WorkerSave>>,
     verdict: Verdict,
     timers: Timers,
     actions: VecDeque<WorkerAction<M, W>>,
@@ -233,6 +251,7 @@ impl<M, W> WorkerNode<M, W> {
             stage: Stage::Starting,
             code: Code::Home,
             queued: None,
+            restore: None,
             verdict: Verdict::Unknown,
             timers: Timers::default(),
             actions: VecDeque::new(),
@@ -290,13 +309,24 @@ impl<M, W> WorkerNode<M, W> {
         }
         match self.state.on_message(&msg) {
             WorkerCommand::Compute(iteration) => {
-                let ToWorker::Iterate { last, fold, .. } = msg else {
+                let ToWorker::Iterate {
+                    last, fold, save, ..
+                } = msg
+                else {
                     return;
                 };
+                let step = Step {
+                    iteration,
+                    last,
+                    fold,
+                    save,
+                    restore: None,
+                };
                 if matches!(self.code, Code::Home) {
-                    self.dispatch(Work::Iterate(iteration, last, fold));
-                } else if let Some(Queued::Iterate(skipped, ..)) =
-                    self.queued.replace(Queued::Iterate(iteration, last, fold))
+                    self.iterate(step);
+                } else if let Some(Queued::Iterate(Step {
+                    iteration: skipped, ..
+                })) = self.queued.replace(Queued::Iterate(step))
                 {
                     // Still computing an iteration the job went on without: it skips to
                     // the newest when it returns (its late result is dropped as stale).
@@ -311,6 +341,11 @@ impl<M, W> WorkerNode<M, W> {
             WorkerCommand::Answer => {
                 if let ToWorker::SyncReply { epoch, result, .. } = msg {
                     self.actions.push_back(WorkerAction::Answer(epoch, result));
+                }
+            }
+            WorkerCommand::Restore => {
+                if let ToWorker::Restore { save, .. } = msg {
+                    self.restore = Some(save);
                 }
             }
             WorkerCommand::Register(attempt) => self.register_again(now, attempt),
@@ -456,6 +491,13 @@ impl<M, W> WorkerNode<M, W> {
         self.actions.push_back(WorkerAction::Send(msg));
     }
 
+    /// Computes `step`, with what the checkpoint the attempt resumes from holds for this
+    /// worker if it was not restored yet.
+    fn iterate(&mut self, mut step: Step<M>) {
+        step.restore = self.restore.take();
+        self.dispatch(Work::Iterate(step));
+    }
+
     fn dispatch(&mut self, work: Work<M>) {
         if !matches!(self.code, Code::Home) {
             // Unreachable by the protocol; fail loudly rather than drop the work.
@@ -553,9 +595,7 @@ impl<M, W> WorkerNode<M, W> {
                 self.stage = Stage::Stopping(ending.clone());
                 self.dispatch(Work::Stop(ending));
             }
-            Some(Queued::Iterate(iteration, last, fold)) => {
-                self.dispatch(Work::Iterate(iteration, last, fold))
-            }
+            Some(Queued::Iterate(step)) => self.iterate(step),
             None => {}
         }
     }
@@ -572,6 +612,7 @@ impl<M, W> WorkerNode<M, W> {
         if matches!(self.queued, Some(Queued::Iterate(..))) {
             self.queued = None;
         }
+        self.restore = None;
         if self.config.barrier_mode {
             // A compute may be waiting in a sync call the new master never saw: it fails
             // now, rather than wait for an answer that is not coming.

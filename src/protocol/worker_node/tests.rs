@@ -15,7 +15,7 @@ fn actions(node: &mut Node) -> Vec<String> {
     std::iter::from_fn(|| node.poll_action())
         .map(|a| match a {
             WorkerAction::Run(Work::Start) => "run start".to_string(),
-            WorkerAction::Run(Work::Iterate(i, ..)) => format!("run {i}"),
+            WorkerAction::Run(Work::Iterate(step)) => format!("run {}", step.iteration),
             WorkerAction::Run(Work::Stop(OwnedEnding::Completed { .. })) => {
                 "run stop (completed)".into()
             }
@@ -56,6 +56,7 @@ fn report(iteration: Iteration) -> Worked<u64> {
         result: Share::Own(1),
         halt_vote: false,
         mail: Default::default(),
+        saved: None,
         elapsed: Duration::ZERO,
     }))
 }
@@ -74,6 +75,7 @@ fn iterate(iteration: Iteration) -> ToWorker<u64> {
         iteration,
         last: None,
         fold: crate::ids::FoldRoute::Star,
+        save: false,
     }
 }
 

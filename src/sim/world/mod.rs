@@ -207,7 +207,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let checkpoints = sim
             .checkpoint_every
             .map_or(Ok(()), crate::job::check_checkpoint_every);
-        let messages = crate::job::check_messages(sim.messages, &world.job, sim.checkpoint_every);
+        let messages = crate::job::check_messages(sim.messages, &world.job);
         if let Err(error) = world.job.validate().and(checkpoints).and(messages) {
             // Settings the runtime refuses fail the simulated job too.
             world.outcome = Some(Err(error.into()));

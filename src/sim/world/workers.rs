@@ -477,9 +477,10 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     }
 
     pub(super) fn compute(&mut self, rank: Rank, work: Work<M>) {
-        let Work::Iterate(iteration, ..) = work else {
+        let Work::Iterate(ref step) = work else {
             return;
         };
+        let iteration = step.iteration;
         let faults = self.sim.faults;
         let slow = self
             .scheduled(|f| *f == Fault::Slow { rank, iteration })

@@ -65,6 +65,16 @@ fn workers(seen: Arc<Seen>, cooperative: bool) -> impl Fn(usize) -> FnWorker<Wor
                     return Ok(1);
                 }
                 if rank == 1 {
+                    // Fails once every other rank's long compute started, or after a
+                    // second — one still queued behind this one on the pool, or run after
+                    // it inline, starts only once the failure is known, and must not. No
+                    // compute is started by the runtime just as the failure is made.
+                    let until = Instant::now() + Duration::from_secs(1);
+                    while seen.long_started.lock().unwrap().len() + 1 < ctx.workers()
+                        && Instant::now() < until
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     let _ = seen.failed_at.set(Instant::now());
                     return Err("shard 1 is corrupt".into());
                 }

@@ -84,14 +84,13 @@ fn every_worker_restarted_from_a_checkpoint_gets_back_its_state_and_its_messages
         .unwrap();
     assert_eq!(*outcome.result, want);
     assert_eq!(outcome.report.recoveries.len(), 1);
-    // Checkpoints of iterations 2, 4 and 6 hold every worker's part; that of the last
-    // (7), which ends a job resumed from it at once, holds none.
+    // Checkpoints of iterations 2, 4, 6 and the last, 7, hold every worker's part.
     let saved: Vec<(Iteration, usize)> = store
         .checkpoints()
         .iter()
         .map(|c| (c.iteration, c.workers.iter().flatten().count()))
         .collect();
-    assert_eq!(saved, [(2, 3), (4, 3), (6, 3), (7, 0)]);
+    assert_eq!(saved, [(2, 3), (4, 3), (6, 3), (7, 3)]);
     let fourth = &store.checkpoints()[1];
     assert!(fourth.workers.iter().flatten().all(|w| w.state.len() == 8));
     assert!(fourth
@@ -131,6 +130,39 @@ fn a_job_started_again_resumes_its_workers_from_the_newest_checkpoint() {
     let outcome = running(None, true).checkpoint(store, 2).run().unwrap();
     assert_eq!(outcome.report.resumed_from, Some(4));
     assert_eq!(*outcome.result, want);
+}
+
+#[test]
+fn a_job_run_again_with_more_iterations_goes_on_from_its_last_with_every_workers_state() {
+    let want = fault_free();
+    let store = MemoryCheckpointStore::new();
+    let first = running(None, true)
+        .iterations(4)
+        .checkpoint(store.clone(), 3)
+        .run()
+        .unwrap();
+    assert_eq!(first.report.checkpoints, [3, 4]);
+    let outcome = running(None, true).checkpoint(store, 3).run().unwrap();
+    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert_eq!(*outcome.result, want);
+}
+
+#[test]
+fn a_checkpoint_of_another_worker_count_is_refused_naming_both() {
+    let store = MemoryCheckpointStore::new();
+    running(Some((6, Arc::default())), true)
+        .checkpoint(store.clone(), 2)
+        .run()
+        .unwrap_err();
+    let err = running(None, true)
+        .workers(2)
+        .checkpoint(store, 2)
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, JobError::Checkpoint { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("the state of 3 workers"), "{message}");
+    assert!(message.contains("this job has 2"), "{message}");
 }
 
 /// A worker whose `save_state` or `restore_state` fails.

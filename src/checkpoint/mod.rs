@@ -42,9 +42,9 @@ pub struct Checkpoint {
     #[serde(default)]
     pub halted: Option<HaltedBy>,
     /// What each worker saved, by rank (`WorkerComputable::save_state` and the messages
-    /// on their way to it), when the job goes on after `iteration`; empty in a checkpoint
-    /// of the job's last iteration, or of one that halted it. A rank left out of the
-    /// iteration has none: it resumes from its `init`.
+    /// on their way to it); empty in a checkpoint of an iteration that halted the job,
+    /// which a resumed job ends with at once, and in one written before workers saved. A
+    /// rank left out of the iteration has none: it resumes from its `init`.
     #[serde(default)]
     pub workers: Vec<Option<WorkerSave>>,
 }

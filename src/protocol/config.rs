@@ -215,12 +215,12 @@ impl NodeConfig {
     }
 
     /// Whether the workers save what they need to resume ([`WorkerSave`](super::WorkerSave))
-    /// for the checkpoint of `iteration`: one is taken of it, and a job resumed from it
-    /// goes on computing — not the job's last iteration, whose checkpoint ends a resumed
-    /// job at once, as does one of an iteration that halted the job.
+    /// for the checkpoint of `iteration`: every `checkpoint_every` iterations, and the
+    /// job's last one, from which a job run again with more iterations goes on. (Not one
+    /// that halted the job: that checkpoint ends a resumed job at once.)
     pub(crate) fn workers_save(&self, iteration: Iteration) -> bool {
         self.checkpoint_every
-            .is_some_and(|every| iteration % every.max(1) == 0 && iteration < self.iterations)
+            .is_some_and(|every| iteration % every.max(1) == 0 || iteration >= self.iterations)
     }
 
     /// The settings each worker's node of the job runs by: the same job's, as a worker

@@ -73,15 +73,21 @@ fn fault_free() -> u64 {
     *running(None, true).run().unwrap().result
 }
 
+/// The job with rank 1 failing once at iteration 5, every worker restarted from the
+/// checkpoint of 4 in `store`; its workers save their totals if `saves`.
+fn restarted_at_5(saves: bool, store: MemoryCheckpointStore) -> superstep::JobOutcome<u64> {
+    running(Some((5, Arc::default())), saves)
+        .checkpoint(store, 2)
+        .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
+        .run()
+        .unwrap()
+}
+
 #[test]
 fn every_worker_restarted_from_a_checkpoint_gets_back_its_state_and_its_messages() {
     let want = fault_free();
     let store = MemoryCheckpointStore::new();
-    let outcome = running(Some((5, Arc::default())), true)
-        .checkpoint(store.clone(), 2)
-        .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
-        .run()
-        .unwrap();
+    let outcome = restarted_at_5(true, store.clone());
     assert_eq!(*outcome.result, want);
     assert_eq!(outcome.report.recoveries.len(), 1);
     // Checkpoints of iterations 2, 4, 6 and the last, 7, hold every worker's part.
@@ -106,11 +112,7 @@ fn a_worker_that_saves_nothing_resumes_without_its_state_and_the_result_shows_it
     // checkpoint of iteration 4, they start again from 0 and end with another result —
     // the rule the docs give for a worker's state.
     let want = fault_free();
-    let outcome = running(Some((5, Arc::default())), false)
-        .checkpoint(MemoryCheckpointStore::new(), 2)
-        .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
-        .run()
-        .unwrap();
+    let outcome = restarted_at_5(false, MemoryCheckpointStore::new());
     assert_ne!(*outcome.result, want);
 }
 

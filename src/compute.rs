@@ -62,7 +62,9 @@ impl<M> Step<M> {
 ///   it — every worker restarted under `RestartAll`, the job or its master started again
 ///   — gives each worker its own back before the next compute. Under `RestartWorker` a
 ///   replacement redoes the iteration under way, which no checkpoint is of: it gets no
-///   saved state, so keep to the first two kinds with that policy.
+///   saved state, so keep to the first two kinds with that policy — except in barrier
+///   mode (and so in a job with messages), where a replacement takes every rank back to
+///   the last checkpoint, as `RestartAll` does, and each gets its saved state back.
 ///
 /// What a worker carries from one iteration to the next in itself alone and does not save
 /// — a running sum, an optimizer's momentum, labels it only sends changes of — is lost
@@ -132,10 +134,11 @@ pub trait WorkerComputable: Send + 'static {
 
     /// Restores what [`save_state`](Self::save_state) saved, when the job resumes from a
     /// checkpoint — started again, or every worker restarted under
-    /// `FailurePolicy::RestartAll`: called after `init`, before the compute of the
-    /// iteration after the checkpoint's. Not called when the job starts from iteration 1,
-    /// nor for a worker that replaces a failed one under `FailurePolicy::RestartWorker`,
-    /// which redoes an iteration with its shard and the master result alone.
+    /// `FailurePolicy::RestartAll` (or under `RestartWorker` in barrier mode): called after
+    /// `init`, before the compute of the iteration after the checkpoint's. Not called when
+    /// the job starts from iteration 1, nor for a worker that replaces a failed one under
+    /// `FailurePolicy::RestartWorker` outside barrier mode, which redoes an iteration with
+    /// its shard and the master result alone.
     ///
     /// An `Err` or a panic fails the worker in `Phase::Checkpoint`, which fails the job.
     fn restore_state(&mut self, state: &[u8]) -> Result<(), BoxError> {
@@ -186,7 +189,8 @@ pub trait MasterComputable: Send + 'static {
     /// default saves nothing, for a master whose state is its result.
     ///
     /// An `Err` or a panic skips that checkpoint (logged), it does not fail the job —
-    /// except under `FailurePolicy::RestartAll`, which also keeps the state as the job
+    /// except where a failure restarts every worker (`FailurePolicy::RestartAll`, or
+    /// `RestartWorker` in barrier mode), which also keeps the state as the job
     /// starts (after any restore) to start over from when no checkpoint was saved yet:
     /// a failure then fails the job in `Phase::Checkpoint`.
     fn save_state(&self) -> Result<Vec<u8>, BoxError> {
@@ -197,7 +201,8 @@ pub trait MasterComputable: Send + 'static {
     /// from a checkpoint: called before `pre_application`, and before the first compute,
     /// which then runs the iteration after the checkpoint's with
     /// [`last_master_result`](MasterContext::last_master_result) restored. Under
-    /// `FailurePolicy::RestartAll` it is also called mid-job, when every worker restarts:
+    /// `FailurePolicy::RestartAll` (and `RestartWorker` in barrier mode) it is also called
+    /// mid-job, when every worker restarts:
     /// with the newest checkpoint's state, or the state the job started with.
     ///
     /// An `Err` or a panic fails the job as the master's failure in `Phase::Checkpoint`.

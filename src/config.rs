@@ -172,8 +172,9 @@ pub struct JobConfig {
     /// iteration, or it is lost (its process killed, its heartbeats gone). Default
     /// [`FailurePolicy::Fail`]. [`FailurePolicy::ContinueWithout`] needs a
     /// [`min_workers_ratio`](JobConfig::min_workers_ratio) below 1.0 (the quorum it may go
-    /// down to); in barrier mode only `Fail` and [`FailurePolicy::RestartAll`] are allowed,
-    /// since ranks wait for each other inside an iteration.
+    /// down to); in barrier mode `ContinueWithout` is refused, since ranks wait for each
+    /// other inside an iteration, and a replacement under
+    /// [`FailurePolicy::RestartWorker`] takes every rank back to the last checkpoint.
     pub failure_policy: FailurePolicy,
     /// What a malformed CSV or JSONL row does to a worker that reads it with
     /// `coordinator::RowSource` (the `pipeline` feature; through
@@ -398,13 +399,11 @@ impl JobConfig {
                     ),
                 ));
             }
-            FailurePolicy::RestartWorker { .. } | FailurePolicy::ContinueWithout
-                if self.barrier_mode =>
-            {
+            FailurePolicy::ContinueWithout if self.barrier_mode => {
                 return Err(ConfigError::new(
                     "failure_policy",
                     self.failure_policy,
-                    "must be Fail or RestartAll in barrier mode: ranks wait for each other inside an iteration, so one rank cannot be replaced or left out alone",
+                    "must be Fail, RestartWorker or RestartAll in barrier mode: ranks wait for each other inside an iteration, so one rank cannot be left out alone",
                 ));
             }
             FailurePolicy::RestartAll { max_attempts: 0 } => {

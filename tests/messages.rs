@@ -416,7 +416,8 @@ mod simulated {
         /// Any shape of the job (1–4 workers, 1–5 supersteps, a checkpoint every k
         /// supersteps or none) and any schedule of up to 4
         /// faults — crashes of workers and of the master at any point, stragglers, results
-        /// dropped, duplicated or delayed, partitions — ends under `RestartAll` with the
+        /// dropped, duplicated or delayed, partitions — ends under `RestartAll`, and under
+        /// `RestartWorker` (which in barrier mode restarts every worker too), with the
         /// messages and the result of the fault-free run.
         #[test]
         fn a_job_with_messages_ends_with_the_fault_free_result_whatever_the_faults(
@@ -428,6 +429,10 @@ mod simulated {
                     proptest::option::of(1..=i),
                 )
             ),
+            policy in proptest::prop_oneof![
+                Just(FailurePolicy::RestartAll { max_attempts: 30 }),
+                Just(FailurePolicy::RestartWorker { max_restarts: 30 }),
+            ],
         ) {
             let noted = move || {
                 job(workers, supersteps, noting(workers))
@@ -436,7 +441,7 @@ mod simulated {
             };
             let want = *Simulation::from_job(noted).run(0).outcome.unwrap().result;
             Simulation::from_job(move || {
-                let job = noted().failure_policy(FailurePolicy::RestartAll { max_attempts: 30 });
+                let job = noted().failure_policy(policy);
                 match every {
                     Some(every) => {
                         job.checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), every)
@@ -457,15 +462,20 @@ mod simulated {
     fn messages_and_checkpoints_in_the_simulator_end_with_the_fault_free_result() {
         let want = *noted(FailurePolicy::Fail).run().unwrap().result;
         // Workers and the master crash at any point, checkpoints torn included; every
-        // worker starts again from the newest checkpoint with the notes on their way.
-        let faulty = Simulation::from_job(|| {
-            noted(FailurePolicy::RestartAll { max_attempts: 100 })
-                .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
-        })
-        .faults(Faults::all(0.05));
-        faulty.check(0..150, move |run| match &run.outcome {
-            Ok(o) if *o.result == want => Ok(()),
-            other => Err(format!("{other:?}")),
-        });
+        // worker starts again from the newest checkpoint with the notes on their way —
+        // under `RestartWorker` too, whose replacement takes every rank back with it.
+        for policy in [
+            FailurePolicy::RestartAll { max_attempts: 100 },
+            FailurePolicy::RestartWorker { max_restarts: 100 },
+        ] {
+            let faulty = Simulation::from_job(move || {
+                noted(policy).checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
+            })
+            .faults(Faults::all(0.05));
+            faulty.check(0..150, move |run| match &run.outcome {
+                Ok(o) if *o.result == want => Ok(()),
+                other => Err(format!("{policy:?}: {other:?}")),
+            });
+        }
     }
 }

@@ -954,7 +954,8 @@ fn the_simulator_refuses_settings_the_runtime_refuses() {
     let run = Simulation::from_job(|| {
         Job::builder(Fold::default(), |_| Gathering)
             .barrier_mode(true)
-            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 3 })
+            .min_workers(0.5, std::time::Duration::from_secs(1))
+            .failure_policy(FailurePolicy::ContinueWithout)
     })
     .run(0);
     match run.outcome {

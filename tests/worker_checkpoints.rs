@@ -1,24 +1,26 @@
 //! A checkpoint holds each worker's own state (`WorkerComputable::save_state`) and the
 //! messages on their way to it: a job resumed from it — every worker restarted under
-//! `RestartAll`, or the job started again — gives each worker back what it saved, and
-//! ends with the fault-free result.
+//! `RestartAll` or, since a job with messages is in barrier mode, under `RestartWorker`;
+//! or the job started again — gives each worker back what it saved, and ends with the
+//! fault-free result.
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use common::summing_master;
 use superstep::checkpoint::MemoryCheckpointStore;
 use superstep::prelude::*;
-use superstep::{Iteration, JobBuilder};
+use superstep::{Iteration, JobBuilder, Recover};
 
 /// A worker whose state is its own: a running total it keeps in itself, made of what its
 /// neighbour sent it and of its rank and iteration. It sends its total to the next rank
-/// and returns it. `fail` makes rank 1 fail once, at that iteration.
+/// and returns it. `fail` makes rank 1 fail at that iteration, as many times as its
+/// count says (once, from [`once`]).
 struct Running {
     total: u64,
-    fail: Option<(Iteration, Arc<AtomicBool>)>,
+    fail: Option<(Iteration, Arc<AtomicU32>)>,
     saves: bool,
 }
 
@@ -28,8 +30,10 @@ impl WorkerComputable for Running {
 
     fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
         let (rank, i, n) = (ctx.rank(), ctx.iteration(), ctx.workers());
-        if let Some((at, failed)) = &self.fail {
-            if rank == 1 && i == *at && !failed.swap(true, Ordering::SeqCst) {
+        if let Some((at, left)) = &self.fail {
+            let fails =
+                || left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if rank == 1 && i == *at && fails().is_ok() {
                 return Err(format!("rank 1 fails at iteration {i}").into());
             }
         }
@@ -56,9 +60,14 @@ impl WorkerComputable for Running {
 }
 
 const WORKERS: usize = 3;
+
+/// One failure.
+fn once() -> Arc<AtomicU32> {
+    Arc::new(AtomicU32::new(1))
+}
 const ITERATIONS: Iteration = 7;
 
-fn running(fail: Option<(Iteration, Arc<AtomicBool>)>, saves: bool) -> JobBuilder<u64, u64> {
+fn running(fail: Option<(Iteration, Arc<AtomicU32>)>, saves: bool) -> JobBuilder<u64, u64> {
     Job::builder(summing_master(), move |_| Running {
         total: 0,
         fail: fail.clone(),
@@ -73,12 +82,16 @@ fn fault_free() -> u64 {
     *running(None, true).run().unwrap().result
 }
 
-/// The job with rank 1 failing once at iteration 5, every worker restarted from the
-/// checkpoint of 4 in `store`; its workers save their totals if `saves`.
-fn restarted_at_5(saves: bool, store: MemoryCheckpointStore) -> superstep::JobOutcome<u64> {
-    running(Some((5, Arc::default())), saves)
+/// The job with rank 1 failing once at iteration 5 under `policy`, every worker restarted
+/// from the checkpoint of 4 in `store`; its workers save their totals if `saves`.
+fn restarted_at_5(
+    saves: bool,
+    store: MemoryCheckpointStore,
+    policy: FailurePolicy,
+) -> superstep::JobOutcome<u64> {
+    running(Some((5, once())), saves)
         .checkpoint(store, 2)
-        .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
+        .failure_policy(policy)
         .run()
         .unwrap()
 }
@@ -86,24 +99,67 @@ fn restarted_at_5(saves: bool, store: MemoryCheckpointStore) -> superstep::JobOu
 #[test]
 fn every_worker_restarted_from_a_checkpoint_gets_back_its_state_and_its_messages() {
     let want = fault_free();
-    let store = MemoryCheckpointStore::new();
-    let outcome = restarted_at_5(true, store.clone());
-    assert_eq!(*outcome.result, want);
-    assert_eq!(outcome.report.recoveries.len(), 1);
-    // Checkpoints of iterations 2, 4, 6 and the last, 7, hold every worker's part.
-    let saved: Vec<(Iteration, usize)> = store
-        .checkpoints()
-        .iter()
-        .map(|c| (c.iteration, c.workers.iter().flatten().count()))
-        .collect();
-    assert_eq!(saved, [(2, 3), (4, 3), (6, 3), (7, 3)]);
-    let fourth = &store.checkpoints()[1];
-    assert!(fourth.workers.iter().flatten().all(|w| w.state.len() == 8));
-    assert!(fourth
-        .workers
-        .iter()
-        .flatten()
-        .all(|w| !w.messages.is_empty()));
+    // A job with messages is in barrier mode, where a replacement takes every rank back
+    // to the checkpoint with it: `RestartWorker` recovers as `RestartAll` does.
+    for policy in [
+        FailurePolicy::RestartAll { max_attempts: 2 },
+        FailurePolicy::RestartWorker { max_restarts: 1 },
+    ] {
+        let store = MemoryCheckpointStore::new();
+        let outcome = restarted_at_5(true, store.clone(), policy);
+        assert_eq!(*outcome.result, want, "{policy:?}");
+        let actions: Vec<_> = outcome
+            .report
+            .recoveries
+            .iter()
+            .map(|r| &r.action)
+            .collect();
+        assert_eq!(actions, [&Recover::RestartAll(1)], "{policy:?}");
+        // The redo starts after the checkpoint of 4.
+        let ran: Vec<Iteration> = outcome
+            .report
+            .iterations
+            .iter()
+            .map(|i| i.iteration)
+            .collect();
+        assert_eq!(ran, [1, 2, 3, 4, 5, 6, 7], "{policy:?}");
+        // Checkpoints of iterations 2, 4, 6 and the last, 7, hold every worker's part.
+        let saved: Vec<(Iteration, usize)> = store
+            .checkpoints()
+            .iter()
+            .map(|c| (c.iteration, c.workers.iter().flatten().count()))
+            .collect();
+        assert_eq!(saved, [(2, 3), (4, 3), (6, 3), (7, 3)]);
+        let fourth = &store.checkpoints()[1];
+        assert!(fourth.workers.iter().flatten().all(|w| w.state.len() == 8));
+        assert!(fourth
+            .workers
+            .iter()
+            .flatten()
+            .all(|w| !w.messages.is_empty()));
+    }
+}
+
+#[test]
+fn replacements_in_a_job_with_messages_stop_at_the_most_restarts() {
+    // Rank 1 fails at iteration 5 twice: the first failure takes every rank back to the
+    // checkpoint of 4, the second is past `max_restarts` and fails the job.
+    let err = running(Some((5, Arc::new(AtomicU32::new(2)))), true)
+        .checkpoint(MemoryCheckpointStore::new(), 2)
+        .failure_policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JobError::Worker {
+                rank: 1,
+                iteration: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -112,7 +168,11 @@ fn a_worker_that_saves_nothing_resumes_without_its_state_and_the_result_shows_it
     // checkpoint of iteration 4, they start again from 0 and end with another result —
     // the rule the docs give for a worker's state.
     let want = fault_free();
-    let outcome = restarted_at_5(false, MemoryCheckpointStore::new());
+    let outcome = restarted_at_5(
+        false,
+        MemoryCheckpointStore::new(),
+        FailurePolicy::RestartAll { max_attempts: 2 },
+    );
     assert_ne!(*outcome.result, want);
 }
 
@@ -120,7 +180,7 @@ fn a_worker_that_saves_nothing_resumes_without_its_state_and_the_result_shows_it
 fn a_job_started_again_resumes_its_workers_from_the_newest_checkpoint() {
     let want = fault_free();
     let store = MemoryCheckpointStore::new();
-    let err = running(Some((6, Arc::default())), true)
+    let err = running(Some((6, once())), true)
         .checkpoint(store.clone(), 2)
         .run()
         .unwrap_err();
@@ -152,7 +212,7 @@ fn a_job_run_again_with_more_iterations_goes_on_from_its_last_with_every_workers
 #[test]
 fn a_checkpoint_of_another_worker_count_is_refused_naming_both() {
     let store = MemoryCheckpointStore::new();
-    running(Some((6, Arc::default())), true)
+    running(Some((6, once())), true)
         .checkpoint(store.clone(), 2)
         .run()
         .unwrap_err();
@@ -246,10 +306,10 @@ fn workers_in_other_processes_get_back_their_state_and_messages_over_the_wire() 
     let want = fault_free();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let failed = Arc::new(AtomicBool::new(false));
+    let failed = once();
     // The first run fails at iteration 6, after the checkpoint of 4; the master's process
     // alone keeps checkpoints.
-    let run = |fail: Option<(Iteration, Arc<AtomicBool>)>| {
+    let run = |fail: Option<(Iteration, Arc<AtomicU32>)>| {
         let path = path.clone();
         common::over_tcp(WORKERS, "worker-checkpoints", move |rank, transport| {
             let mut job = running(fail.clone(), true).transport(transport);
@@ -267,4 +327,30 @@ fn workers_in_other_processes_get_back_their_state_and_messages_over_the_wire() 
         let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         assert_eq!(*outcome.result, want, "rank {rank}");
     }
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn a_replacement_across_processes_in_a_job_with_messages_is_refused_naming_the_policy() {
+    // It would restart every worker from the checkpoint, and only the master's process's
+    // workers can be: the master says so before anything starts, and the others give up
+    // connecting.
+    let outcomes = common::over_tcp_with(
+        WORKERS,
+        "worker-checkpoints-refused",
+        |s| s.connect_timeout = std::time::Duration::from_secs(2),
+        |_, transport| {
+            running(None, true)
+                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 1 })
+                .transport(transport)
+                .run()
+        },
+    );
+    let err = outcomes[0].as_ref().unwrap_err();
+    let JobError::Config(config) = err else {
+        panic!("{err}");
+    };
+    assert_eq!(config.setting, "failure_policy", "{err}");
+    assert!(err.to_string().contains("barrier mode"), "{err}");
+    assert!(outcomes[1..].iter().all(Result::is_err));
 }

@@ -37,6 +37,13 @@ pub enum FailurePolicy {
     /// start-up again (`init` reloads its shard) and redoes the current iteration with the
     /// current master result. At most `max_restarts` replacements over the job; the next
     /// failure fails it.
+    ///
+    /// In barrier mode — and so in a job with messages — ranks wait for each other inside
+    /// an iteration, and what a rank computes depends on what the others sent it, so no
+    /// rank can redo an iteration alone: a replacement takes every rank back to the last
+    /// checkpoint with it (every worker starts again, with the state it saved there), as
+    /// Pregel and Giraph recover, and as [`RestartAll`](Self::RestartAll) does. Each such
+    /// recovery counts as one replacement.
     #[serde(alias = "restart_worker")]
     RestartWorker {
         /// The most replacements over the whole job.
@@ -122,6 +129,8 @@ pub struct Recovery {
     restarts: u32,
     replacing: Vec<bool>,
     lost: Vec<bool>,
+    /// Barrier mode: a replacement restarts every rank.
+    gang: bool,
 }
 
 impl Recovery {
@@ -136,7 +145,22 @@ impl Recovery {
             restarts: 0,
             replacing: vec![false; workers],
             lost: vec![false; workers],
+            gang: false,
         }
+    }
+
+    /// The same recovery for a job whose ranks wait for each other inside an iteration
+    /// (`barrier_mode`): under `RestartWorker`, a replacement then restarts every rank
+    /// from the last checkpoint ([`Recover::RestartAll`]), and counts as one replacement.
+    pub fn barrier_mode(mut self, on: bool) -> Self {
+        self.gang = on;
+        self
+    }
+
+    /// Whether a failure restarts every worker: under `RestartAll`, and under
+    /// `RestartWorker` in barrier mode.
+    pub fn restarts_all(&self) -> bool {
+        restarts_all(self.policy, self.gang)
     }
 
     /// The rank a failure is a worker's recoverable failure of, if it is one.
@@ -185,6 +209,10 @@ impl Recovery {
                     return Some(Recover::Fail(error));
                 }
                 self.restarts += 1;
+                if self.gang {
+                    self.restarted(self.attempt + 1);
+                    return Some(Recover::RestartAll(self.attempt));
+                }
                 self.replacing[rank] = true;
                 Recover::RestartWorker(rank)
             }
@@ -247,6 +275,17 @@ impl Recovery {
     }
 }
 
+/// Whether a failure of a worker under `policy` restarts every worker: under
+/// `RestartAll`, and under `RestartWorker` in barrier mode (`barrier_mode`), where no rank
+/// can redo an iteration alone.
+pub(crate) fn restarts_all(policy: FailurePolicy, barrier_mode: bool) -> bool {
+    match policy {
+        FailurePolicy::RestartAll { .. } => true,
+        FailurePolicy::RestartWorker { .. } => barrier_mode,
+        FailurePolicy::Fail | FailurePolicy::ContinueWithout => false,
+    }
+}
+
 /// The attempt a master's node starts in: 0 in the first process; in one started again
 /// in the place of one that died (for the `restarted`-th time), the newest checkpoint's
 /// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
@@ -298,6 +337,19 @@ mod tests {
         assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartWorker(1)));
         assert!(matches!(r.on_failure(crashed(2)), Some(Recover::Fail(_))));
         assert_eq!(r.restarts(), 2);
+    }
+
+    #[test]
+    fn in_barrier_mode_a_replacement_restarts_every_worker_and_counts_as_one() {
+        let policy = FailurePolicy::RestartWorker { max_restarts: 2 };
+        let mut r = Recovery::new(policy, 3, 3, 0).barrier_mode(true);
+        assert!(r.restarts_all());
+        assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartAll(1)));
+        // The same rank again, in the new attempt: a new failure.
+        assert_eq!(r.on_failure(crashed(1)), Some(Recover::RestartAll(2)));
+        assert!(matches!(r.on_failure(crashed(0)), Some(Recover::Fail(_))));
+        assert_eq!(r.restarts(), 2);
+        assert!(!Recovery::new(policy, 3, 3, 0).restarts_all());
     }
 
     #[test]

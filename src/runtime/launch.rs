@@ -109,13 +109,18 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let shards =
         coordination::shards(coordinator.as_mut(), input.as_ref(), config.workers)?.map(Arc::new);
     if topology.master
-        && matches!(config.failure_policy, FailurePolicy::RestartAll { .. })
+        && crate::protocol::restarts_all(config.failure_policy, config.barrier_mode)
         && local_ranks.len() < config.workers
     {
+        let (name, why) = if matches!(config.failure_policy, FailurePolicy::RestartWorker { .. }) {
+            ("RestartWorker in barrier mode", "a replacement restarts every worker from the newest checkpoint, which only the master's process can do; choose Fail")
+        } else {
+            ("RestartAll", "it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail")
+        };
         return Err(JobError::Config(crate::error::ConfigError::new(
             "failure_policy",
             config.failure_policy,
-            &format!("must not be RestartAll with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail"),
+            &format!("must not be {name} with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): {why}"),
         )));
     }
     // The context first: the transport's inbox needs the node's address before it runs.
@@ -339,7 +344,10 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
         parts.resumed,
         attempt,
     )
-    .keeping_initial_state(matches!(config.policy, FailurePolicy::RestartAll { .. }));
+    .keeping_initial_state(crate::protocol::restarts_all(
+        config.policy,
+        config.barrier_mode,
+    ));
     let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now)
         .measuring_folds(crate::codec::encoded_len::<W>);
     (task, node)

@@ -68,7 +68,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     }
 
     /// Keeps the computable's state as the job starts, to start over from when every
-    /// worker restarts before the first checkpoint (`FailurePolicy::RestartAll`).
+    /// worker restarts before the first checkpoint (`FailurePolicy::RestartAll`, or
+    /// `RestartWorker` in barrier mode).
     pub(crate) fn keeping_initial_state(mut self, keep: bool) -> Self {
         self.keep_initial = keep;
         self

@@ -77,7 +77,8 @@ pub enum Fault {
     /// loss; what either sent meanwhile is lost. Under `RestartWorker` its launcher starts
     /// it again once the network heals; a process of the rank started during the cut (in
     /// the place of one that crashed) connects once it heals, and what it sent meanwhile
-    /// goes then. (Not under `RestartAll`: its workers share the master's process.) In
+    /// goes then. (Not where every worker restarts — `RestartAll`, or `RestartWorker` in
+    /// barrier mode —: its workers share the master's process.) In
     /// barrier mode the worker's connections to its peers are cut alike: a collective's
     /// pieces wait for a short cut to heal; across a long one both ends of each
     /// connection hear the other lost after the heartbeat timeout.

@@ -38,8 +38,9 @@
 //! heartbeat timeout it only delays; longer, both ends hear silence and the worker is lost). A crashed worker is noticed after a heartbeat timeout; a
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
-//! [`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll) every worker runs in the master's process (as the runtime
-//! requires), so they die and start again with it. Under the other policies each worker
+//! [`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll) — and under `RestartWorker` in barrier mode, where a
+//! replacement restarts every worker — every worker runs in the master's process (as the
+//! runtime requires), so they die and start again with it. Under the other policies each worker
 //! is a process of its own, as over TCP: its connection delivers in order, its loss is
 //! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts
 //! a process that ended on a failure again, which joins in its rank's place.
@@ -278,19 +279,18 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
 
     /// The settings the master's node runs by, checked and settled as a run settles them:
     /// the workers are processes of their own connected to each other, as over TCP — but
-    /// under `RestartAll`, where they run in the master's process.
+    /// under `RestartAll` (and `RestartWorker` in barrier mode), where they run in the
+    /// master's process.
     pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
         self.job.validate()?;
         let mut config = self.job.node_config(self.checkpoint_every);
         let combining = crate::runtime::combining(self.combine.as_ref());
-        let workers = if matches!(
-            self.job.failure_policy,
-            crate::FailurePolicy::RestartAll { .. }
-        ) {
-            crate::protocol::Workers::Together
-        } else {
-            crate::protocol::Workers::Connected
-        };
+        let workers =
+            if crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode) {
+                crate::protocol::Workers::Together
+            } else {
+                crate::protocol::Workers::Connected
+            };
         config.settle_aggregation(combining, workers)?;
         Ok(config)
     }

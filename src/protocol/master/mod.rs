@@ -206,7 +206,8 @@ impl<M, W> MasterNode<M, W> {
         let mut node = MasterNode {
             gate,
             sync: SyncState::new(workers, c.sync_timeout),
-            recovery: Recovery::new(c.policy, workers, c.quorum, attempt),
+            recovery: Recovery::new(c.policy, workers, c.quorum, attempt)
+                .barrier_mode(c.barrier_mode),
             schedule: Schedule::new(c.iterations, workers, c.worker_halt),
             stage: Stage::Starting {
                 master_ready: false,

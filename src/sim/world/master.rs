@@ -13,7 +13,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::compute::JobEnd;
 use crate::coordinator::JobInfo;
 use crate::protocol::{
-    Action, Envelope, FailurePolicy, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings,
+    Action, Envelope, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings,
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
@@ -358,11 +358,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         });
     }
 
-    /// Whether every worker runs in the master's process (`RestartAll` restarts them
-    /// there): then they die and start again with it. Otherwise they are processes of
-    /// their own, which reconnect to a master started again.
+    /// Whether every worker runs in the master's process (`RestartAll`, or
+    /// `RestartWorker` in barrier mode, restarts them there): then they die and start
+    /// again with it. Otherwise they are processes of their own, which reconnect to a
+    /// master started again.
     pub(super) fn gang(&self) -> bool {
-        matches!(self.job.failure_policy, FailurePolicy::RestartAll { .. })
+        crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode)
     }
 
     pub(super) fn master_may_crash(&mut self) -> bool {

@@ -220,6 +220,37 @@ fn the_pipeline_merges_every_workers_part_into_the_sequential_output() {
 }
 
 #[test]
+fn a_merge_killed_midway_leaves_a_temporary_file_the_next_run_removes() {
+    let f = files(1_000, None);
+    let dir = f.output.parent().unwrap();
+    // What a merge into the output killed before its rename leaves (its name as
+    // `write_atomically` makes it), and the temporary file of another target's merge,
+    // which may be under way.
+    let stale = dir.join(".superstep-sales.jsonl.k3Xz9q");
+    std::fs::write(&stale, vec![b'x'; 1 << 20]).unwrap();
+    let other = dir.join(".superstep-other.jsonl.Ab12Cd");
+    std::fs::write(&other, b"another merge").unwrap();
+    let merge = FileMerge::new(&f.output, MergeFormat::Lines);
+    let staging = merge.staging().clone();
+    pipeline::job(&f.input, staging, 2, 700, MalformedRows::Fail)
+        .coordinator(merge)
+        .run()
+        .unwrap();
+    assert_eq!(read_lines(&f.output), pipeline::sequential(&f.input));
+    assert!(
+        !stale.exists(),
+        "the killed merge's temporary file is removed"
+    );
+    assert!(other.exists(), "another target's is left alone");
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".superstep-sales"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
 fn malformed_rows_are_skipped_and_named_or_fail_the_job_leaving_the_old_output() {
     let f = files(3_000, Some(250));
     let merge = FileMerge::new(&f.output, MergeFormat::Lines);

@@ -92,7 +92,8 @@ fn write_atomically(
 ) -> io::Result<()> {
     let dir = parent(target);
     let mut builder = tempfile::Builder::new();
-    builder.prefix(TEMP_PREFIX);
+    let prefix = temp_prefix(target);
+    builder.prefix(&prefix);
     // A file readers can read, as the one it replaces: the temporary file's own 0600 would
     // be kept by the rename.
     #[cfg(unix)]
@@ -112,6 +113,40 @@ fn write_atomically(
 
 /// The prefix of [`write_atomically`]'s temporary files.
 const TEMP_PREFIX: &str = ".superstep-";
+
+/// The prefix of the temporary files [`write_atomically`] writes for `target`, beside it:
+/// [`TEMP_PREFIX`], the target's file name and a dot, then random characters — so that
+/// what a write killed midway left is known as that target's, and no other's.
+fn temp_prefix(target: &Path) -> String {
+    let name = target.file_name().map(|n| n.to_string_lossy());
+    format!("{TEMP_PREFIX}{}.", name.unwrap_or_default())
+}
+
+/// Removes the temporary files a write of `target` killed midway left beside it (a
+/// process killed between the temporary file's creation and its rename): the next run
+/// of the same write would otherwise leave them for ever. Returns how many.
+fn remove_stale_temps(target: &Path) -> io::Result<usize> {
+    let prefix = temp_prefix(target);
+    let mut removed = 0;
+    let entries = match fs::read_dir(parent(target)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        entries => entries?,
+    };
+    for entry in entries {
+        let entry = entry?;
+        let ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix));
+        if ours && entry.file_type()?.is_file() {
+            match fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => removed += 1,
+            }
+        }
+    }
+    Ok(removed)
+}
 
 fn parent(path: &Path) -> &Path {
     match path.parent() {
@@ -137,7 +172,9 @@ pub enum MergeFormat {
 /// Merges the workers' parts into one file when every worker succeeded: CSV (a single
 /// header) or JSONL, in rank order, written beside the target and renamed over it, so a
 /// reader sees the old file or the whole new one, never half. On an error the staging
-/// directory is removed and the target left as it was.
+/// directory is removed and the target left as it was. A merge killed midway leaves its
+/// temporary file beside the target (`.superstep-<target's name>.…`): the next job with
+/// the same target removes it as it starts.
 #[derive(Debug)]
 pub struct FileMerge {
     staging: Staging,
@@ -219,6 +256,15 @@ fn ensure_newline(line: &mut Vec<u8>) {
 impl Coordinator for FileMerge {
     fn on_start(&mut self) -> Result<(), BoxError> {
         self.staging.reset()?;
+        let removed = remove_stale_temps(&self.target).map_err(|e| {
+            format!(
+                "removing what an earlier merge into {} left beside it: {e}",
+                self.target.display()
+            )
+        })?;
+        if removed > 0 {
+            tracing::info!(target = %self.target.display(), removed, "removed the temporary files of a merge killed midway");
+        }
         Ok(())
     }
 

@@ -579,6 +579,51 @@ fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commit
 }
 
 #[test]
+fn a_worker_that_reports_its_own_loss_is_lost_once_and_replaced_once() {
+    // A proven process of rank 2 says it was lost — the transport's word, not a
+    // worker's — and its connection then closes: one failure, one replacement.
+    let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
+    let commits = Commits::default();
+    let job = "own-loss";
+    let fingerprint = summing_job(policy, Commits::default())
+        .workers(3)
+        .build()
+        .unwrap()
+        .fingerprint();
+    let (master, addr) = master_transport::<u64, u64>(3, job);
+    let kept = commits.clone();
+    let m = thread::spawn(move || summing_job(policy, kept).transport(master).run());
+    let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
+    let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
+    let (transport, link, _) = common::tcp_link(2, 3, &addr, job, fingerprint);
+    link.send(ToMaster::Failed {
+        attempt: 0,
+        error: JobError::WorkerLost {
+            rank: 2,
+            reason: "lost, it says".into(),
+        },
+    })
+    .unwrap();
+    drop((link, transport));
+    let mut again = settings(2, 3, &addr, job);
+    again.restart_count = 1;
+    let t = TcpTransport::new(again).unwrap();
+    let two = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
+    let outcome = m.join().unwrap().unwrap();
+    assert_eq!(*outcome.result, 4 * (1 + 2 + 3));
+    let causes: Vec<String> = outcome
+        .report
+        .recoveries
+        .iter()
+        .map(|r| r.cause.to_string())
+        .collect();
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert!(causes[0].contains("only the master"), "{causes:?}");
+    one.join().unwrap().unwrap();
+    two.join().unwrap().unwrap();
+}
+
+#[test]
 fn a_worker_cannot_blame_another_rank_for_its_failure() {
     let job = "blame";
     let fingerprint = summing_job(superstep::FailurePolicy::Fail, Commits::default())

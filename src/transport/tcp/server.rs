@@ -457,10 +457,15 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 });
                 Ok(Delivered::More)
             }
+            // The master's side says these: a worker that says it was lost, say, would
+            // make its connection's end a second failure of the rank.
             Ok(Wire::ToMaster(ToMaster::Failed {
-                error: JobError::Mismatch { .. } | JobError::WorkersTimedOut { .. },
+                error:
+                    JobError::WorkerLost { .. }
+                    | JobError::Mismatch { .. }
+                    | JobError::WorkersTimedOut { .. },
                 ..
-            })) => Err("it sent a failure only the master's node reports".into()),
+            })) => Err("it sent a failure only the master's side reports (a worker lost, a process of another job, workers timed out)".into()),
             Ok(Wire::ToMaster(msg)) => {
                 // Only a `Done` of this node's attempt ends the connection: one the worker
                 // queued for a master before this one is dropped by the gate as stale.

@@ -356,6 +356,23 @@ pub enum JobError {
         /// What was observed.
         reason: String,
     },
+    /// A worker's process sent the master a frame over the frame limit, which cannot be
+    /// read (nor anything after it on that connection): the job fails, since another
+    /// process of the rank would send the same.
+    ///
+    /// Remedy: raise the limit on every process (`TcpSettings::max_frame`,
+    /// `SUPERSTEP_MAX_FRAME`), or send less in one result.
+    #[error("worker {rank}'s process ({peer}) sent a frame of {bytes} bytes, over the limit of {limit} bytes (max_frame)")]
+    FrameTooLarge {
+        /// The rank.
+        rank: Rank,
+        /// The process's address.
+        peer: String,
+        /// The size the frame's length prefix claimed.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The master could not be reached or was lost, as this worker's process saw it.
     #[error("the master was lost: {reason}")]
     MasterLost {
@@ -818,6 +835,7 @@ impl JobError {
         match self {
             JobError::Worker { rank, .. }
             | JobError::WorkerLost { rank, .. }
+            | JobError::FrameTooLarge { rank, .. }
             | JobError::Mismatch { rank, .. } => Some(*rank),
             _ => None,
         }

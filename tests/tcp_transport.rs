@@ -190,7 +190,10 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
         Vec::<u8>::new()
     );
     let huge = refusal(&poke(socket, &[0xff, 0xff, 0xff, 0xff, v0, v1, 2]));
-    assert!(huge.contains("frame size too big"), "{huge}");
+    assert!(
+        huge.contains("a frame of 4294967295 bytes, over the limit of"),
+        "{huge}"
+    );
     let version = refusal(&poke(socket, &[0, 0, 0, 3, 0, 99, 0xc0]));
     assert!(
         version.contains("protocol version 99, this side version"),
@@ -621,6 +624,100 @@ fn a_worker_that_reports_its_own_loss_is_lost_once_and_replaced_once() {
     assert!(causes[0].contains("only the master"), "{causes:?}");
     one.join().unwrap().unwrap();
     two.join().unwrap().unwrap();
+}
+
+/// A worker whose result is `bytes` zero bytes.
+struct Bulky(usize);
+
+impl WorkerComputable for Bulky {
+    type MasterResult = u64;
+    type WorkerResult = Vec<u8>;
+
+    fn compute(&mut self, _: &mut WorkerContext<u64, Vec<u8>>) -> Result<Vec<u8>, BoxError> {
+        Ok(vec![0; self.0])
+    }
+}
+
+/// A master that counts the bytes its workers returned.
+struct Counting;
+
+impl MasterComputable for Counting {
+    type MasterResult = u64;
+    type WorkerResult = Vec<u8>;
+
+    fn compute(&mut self, ctx: &mut MasterContext<u64, Vec<u8>>) -> Result<Step<u64>, BoxError> {
+        Ok(Step::Continue(
+            ctx.worker_results().iter().map(|r| r.len() as u64).sum(),
+        ))
+    }
+}
+
+#[test]
+fn a_frame_over_the_masters_limit_fails_the_job_naming_the_rank_its_size_and_the_limit() {
+    // Rank 1's process takes frames of 64 MiB, the master's 1 MiB: rank 1's result of
+    // 2 MiB leaves it, and cannot be read where it arrives.
+    let outcomes = common::over_tcp_with(
+        2,
+        "frame-too-large",
+        |s| s.max_frame = if s.rank == 0 { 1 << 20 } else { 64 << 20 },
+        |rank, transport| {
+            let bytes = if rank == 1 { 2 << 20 } else { 8 };
+            Job::builder(Counting, move |_| Bulky(bytes))
+                .workers(2)
+                .iterations(2)
+                .transport(transport)
+                .run()
+        },
+    );
+    let err = outcomes[0].as_ref().unwrap_err();
+    match err {
+        JobError::FrameTooLarge {
+            rank: 1,
+            peer,
+            bytes,
+            limit,
+        } => {
+            assert!(peer.starts_with("127.0.0.1:"), "{err}");
+            assert!(*bytes > 2 << 20 && *bytes < (2 << 20) + 1024, "{err}");
+            assert_eq!(*limit, 1 << 20);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string()
+            .starts_with("worker 1's process (127.0.0.1:"),
+        "{err}"
+    );
+    assert!(outcomes[1].is_err());
+}
+
+#[test]
+fn a_worker_pointed_at_an_http_server_is_told_it_is_no_superstep_master_and_what_it_said() {
+    // A server that answers every connection as a web server would.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        for stream in listener.incoming().take(50) {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0; 512];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let mut s = settings(1, 2, &addr, "http");
+    s.connect_timeout = Duration::from_secs(2);
+    let err = summing_job(superstep::FailurePolicy::Fail, Commits::default())
+        .workers(2)
+        .transport(TcpTransport::new(s).unwrap())
+        .run()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("{addr} is not a superstep master: it answered")),
+        "{err}"
+    );
+    assert!(err.contains("HTTP/1.1 400 Bad Request"), "{err}");
+    assert!(!err.contains("frame size too big"), "{err}");
 }
 
 #[test]

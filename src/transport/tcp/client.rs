@@ -384,7 +384,13 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 }))
             }
             Err(Unreadable::Closed(how)) => Err(Unreached::Lost(format!("the master {how}"))),
-            Err(other) => Err(lost("the master answered nothing")(other.to_string())),
+            Err(Unreadable::Stranger(text)) => Err(Unreached::Lost(format!(
+                "{} is not a superstep master: it answered {text:?}",
+                s.master_addr
+            ))),
+            Err(other) => Err(lost("the master's answer could not be read")(
+                other.to_string(),
+            )),
         };
         let peer_addr = match (&self.mesh, writer.local_addr()) {
             (Some(mesh), Ok(local)) => Some(mesh.advertised(local)),
@@ -480,6 +486,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             Ok(_) => Err("it sent a handshake message after the handshake".into()),
         })
         .await
+        .map(|error| error.to_string())
     }
 }
 

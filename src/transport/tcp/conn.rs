@@ -18,10 +18,10 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
-use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tokio_util::codec::FramedRead;
 
 use super::lane::{Lane, Writing};
-use super::wire::{self, Wire, WireError};
+use super::wire::{self, FrameCodec, FrameTooLarge, Wire, WireError};
 use crate::error::Cause;
 use crate::ids::Rank;
 use crate::payload::Payload;
@@ -57,7 +57,7 @@ impl AsyncRead for Watched {
 
 /// A connection's frames, and how long ago its peer last sent any bytes.
 pub(super) struct Frames {
-    frames: FramedRead<Watched, LengthDelimitedCodec>,
+    frames: FramedRead<Watched, FrameCodec>,
     origin: Instant,
     last: Arc<AtomicU64>,
 }
@@ -87,12 +87,12 @@ impl Frames {
         self.origin.elapsed().saturating_sub(last)
     }
 
-    /// The next frame; `Err(reason)` when the peer was silent (no bytes at all) for
-    /// `timeout`, closed, or sent something unreadable.
+    /// The next frame; `Err` when the peer was silent (no bytes at all) for `timeout`,
+    /// closed, or sent something unreadable — a frame over the limit among them.
     pub(super) async fn next(
         &mut self,
         timeout: Duration,
-    ) -> Result<Option<bytes::BytesMut>, String> {
+    ) -> Result<Option<bytes::BytesMut>, ReadError> {
         loop {
             let wait = timeout.saturating_sub(self.silent_for());
             match tokio::time::timeout(wait, self.frames.next()).await {
@@ -102,14 +102,23 @@ impl Frames {
                     crate::metrics::received(frame.len() + 4);
                     return Ok(Some(frame));
                 }
-                Ok(Some(Err(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    return Err(format!("unreadable frame: {e}"))
+                Ok(Some(Err(e))) => {
+                    if let Some(big) = FrameTooLarge::of(&e) {
+                        return Err(ReadError::TooLarge(big.clone()));
+                    }
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        return Err(ReadError::Lost(format!("unreadable frame: {e}")));
+                    }
+                    return Err(ReadError::Lost(format!("its connection failed: {e}")));
                 }
-                Ok(Some(Err(e))) => return Err(format!("its connection failed: {e}")),
                 Ok(None) => return Ok(None),
                 // Bytes of a large frame may have arrived meanwhile: wait on from them.
                 Err(_) if self.silent_for() < timeout => continue,
-                Err(_) => return Err(format!("silent for {timeout:?} (no message, no heartbeat)")),
+                Err(_) => {
+                    return Err(ReadError::Lost(format!(
+                        "silent for {timeout:?} (no message, no heartbeat)"
+                    )))
+                }
             }
         }
     }
@@ -122,20 +131,23 @@ impl Frames {
                 crate::metrics::received(frame.len() + 4);
                 frame
             }
-            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-                return Err(Unreadable::Other(format!("unreadable frame: {e}")))
-            }
-            // What the codec says of a stream that ended inside a frame.
-            Some(Err(e)) if e.to_string() == "bytes remaining on stream" => {
-                return Err(Unreadable::Closed(
-                    "closed the connection in the middle of a frame, before its handshake completed"
-                        .into(),
-                ))
-            }
             Some(Err(e)) => {
+                if let Some(text) = FrameTooLarge::of(&e).and_then(FrameTooLarge::text) {
+                    return Err(Unreadable::Stranger(text));
+                }
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    return Err(Unreadable::Other(format!("unreadable frame: {e}")));
+                }
+                // What the codec says of a stream that ended inside a frame.
+                if e.to_string() == "bytes remaining on stream" {
+                    return Err(Unreadable::Closed(
+                        "closed the connection in the middle of a frame, before its handshake completed"
+                            .into(),
+                    ));
+                }
                 return Err(Unreadable::Closed(format!(
                     "broke the connection before its handshake completed: {e}"
-                )))
+                )));
             }
             None => {
                 return Err(Unreadable::Closed(
@@ -150,12 +162,34 @@ impl Frames {
     }
 }
 
+/// Why a connection's next frame could not be read: the connection cannot go on.
+#[derive(Debug)]
+pub(super) enum ReadError {
+    /// A frame over the limit.
+    TooLarge(FrameTooLarge),
+    /// The peer was silent, closed or broke the connection, or sent an unreadable frame
+    /// (what it did, said of the peer).
+    Lost(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::TooLarge(big) => write!(f, "it sent {big}"),
+            ReadError::Lost(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// Why a handshake frame could not be read.
 pub(super) enum Unreadable {
     /// The peer speaks another version of the wire protocol.
     Version { ours: u16, theirs: u16 },
     /// The peer closed or broke the connection (what it did, said of the peer).
     Closed(String),
+    /// The peer is no superstep process: it sent words (its first line), whose first four
+    /// bytes make no sane frame length — an HTTP server, say.
+    Stranger(String),
     /// The frame is not a handshake message.
     Other(String),
 }
@@ -167,6 +201,9 @@ impl std::fmt::Display for Unreadable {
                 f,
                 "the peer speaks protocol version {theirs}, this side version {ours}"
             ),
+            Unreadable::Stranger(text) => {
+                write!(f, "it is not a superstep process: it sent {text:?}")
+            }
             Unreadable::Closed(reason) | Unreadable::Other(reason) => f.write_str(reason),
         }
     }
@@ -274,7 +311,7 @@ pub(super) async fn read_until_last<M: Payload, W: Payload>(
     heartbeat_timeout: Duration,
     mut stop: watch::Receiver<bool>,
     mut deliver: impl FnMut(Result<Wire<M, W>, String>) -> Result<Delivered, String>,
-) -> Option<String> {
+) -> Option<ReadError> {
     let mut last = false;
     loop {
         let next = tokio::select! {
@@ -285,14 +322,14 @@ pub(super) async fn read_until_last<M: Payload, W: Payload>(
             // After its last message a peer may go as it likes.
             _ if last => return None,
             Ok(Some(frame)) => frame,
-            Ok(None) => return Some("its connection closed".into()),
-            Err(reason) => return Some(reason),
+            Ok(None) => return Some(ReadError::Lost("its connection closed".into())),
+            Err(error) => return Some(error),
         };
         match decode_guarded::<M, W>(&frame) {
             Ok(Wire::Heartbeat) => {}
             decoded => match deliver(decoded) {
                 Ok(delivered) => last = matches!(delivered, Delivered::Last),
-                Err(reason) => return Some(reason),
+                Err(reason) => return Some(ReadError::Lost(reason)),
             },
         }
     }

@@ -218,13 +218,22 @@ impl<M: Payload, W: Payload> Server<M, W> {
             .in_current_span(),
         );
         let lost = self.read_loop(rank, peer, &mut frames).await;
-        if let Some(reason) = lost {
-            tracing::warn!(rank, %peer, %reason, "worker lost");
+        if let Some(lost) = lost {
+            let error = match lost {
+                ReadError::TooLarge(big) => JobError::FrameTooLarge {
+                    rank,
+                    peer: peer.to_string(),
+                    bytes: big.bytes,
+                    limit: big.limit,
+                },
+                ReadError::Lost(reason) => JobError::WorkerLost { rank, reason },
+            };
+            tracing::warn!(rank, %peer, %error, "worker lost");
             (self.inbox)(Envelope {
                 from: rank,
                 msg: ToMaster::Failed {
                     attempt: self.attempt,
-                    error: JobError::WorkerLost { rank, reason },
+                    error,
                 },
             });
         }
@@ -435,7 +444,12 @@ impl<M: Payload, W: Payload> Server<M, W> {
     /// connection goes on (its `Done` still ends it). A failure only the master's node can
     /// report, sent by a worker, loses the worker. Returns why the worker was lost, or
     /// `None` when it ended as it should (after its `Done`) or the transport stopped.
-    async fn read_loop(&self, rank: Rank, peer: SocketAddr, frames: &mut Frames) -> Option<String> {
+    async fn read_loop(
+        &self,
+        rank: Rank,
+        peer: SocketAddr,
+        frames: &mut Frames,
+    ) -> Option<ReadError> {
         let timeout = self.settings.heartbeat_timeout;
         let mut undecodable = false;
         read_until_last::<M, W>(frames, timeout, self.stop.clone(), |wire| match wire {

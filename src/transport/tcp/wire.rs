@@ -27,7 +27,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 
 const HEADER: usize = 4 + 2;
 
@@ -346,15 +346,105 @@ pub(crate) fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> 
     crate::codec::from_slice(&frame[2..]).map_err(|e| WireError::Decode(e.to_string()))
 }
 
-/// The codec that splits a byte stream into frames, refusing a length prefix over `max`
-/// before allocating for it.
-pub(crate) fn codec(max: usize) -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .length_field_length(4)
-        .big_endian()
-        .max_frame_length(max)
-        .new_codec()
+/// The codec that splits a byte stream into frames (tokio-util's length-delimited one),
+/// refusing a length prefix over `max` before allocating for it — with a
+/// [`FrameTooLarge`] that says how large the frame claimed to be, the limit, and the
+/// bytes that came with the prefix (what a peer that is no superstep process sent).
+pub(crate) fn codec(max: usize) -> FrameCodec {
+    FrameCodec {
+        inner: LengthDelimitedCodec::builder()
+            .length_field_length(4)
+            .big_endian()
+            .max_frame_length(max)
+            .new_codec(),
+        max,
+        in_frame: false,
+    }
 }
+
+/// See [`codec`].
+#[derive(Debug)]
+pub(crate) struct FrameCodec {
+    inner: LengthDelimitedCodec,
+    max: usize,
+    /// The inner codec read a frame's length prefix and waits for its body.
+    in_frame: bool,
+}
+
+impl FrameCodec {
+    /// The largest frame taken from now on.
+    pub(crate) fn set_max_frame_length(&mut self, max: usize) {
+        self.max = max;
+        self.inner.set_max_frame_length(max);
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = BytesMut;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, std::io::Error> {
+        if !self.in_frame && src.len() >= 4 {
+            let bytes = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+            if bytes > self.max {
+                let head = src[..src.len().min(FrameTooLarge::HEAD)].to_vec();
+                let error = FrameTooLarge {
+                    bytes,
+                    limit: self.max,
+                    head,
+                };
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, error));
+            }
+        }
+        let before = src.len();
+        let frame = self.inner.decode(src)?;
+        // The inner codec takes the prefix off once it read it, then waits for the body.
+        self.in_frame = frame.is_none() && src.len() < before;
+        Ok(frame)
+    }
+}
+
+/// A length prefix over the frame limit: the connection cannot go on (what follows is
+/// the frame's body, which is not read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FrameTooLarge {
+    /// The length the prefix claims.
+    pub(crate) bytes: usize,
+    /// The limit.
+    pub(crate) limit: usize,
+    /// The first bytes that came, the prefix included (at most [`Self::HEAD`]).
+    pub(crate) head: Vec<u8>,
+}
+
+impl FrameTooLarge {
+    const HEAD: usize = 64;
+
+    /// The error of `error`, if it is one.
+    pub(crate) fn of(error: &std::io::Error) -> Option<&FrameTooLarge> {
+        error.get_ref()?.downcast_ref::<FrameTooLarge>()
+    }
+
+    /// What the peer sent, if it reads as text: a peer that is no superstep process (an
+    /// HTTP server, say) answers in words, whose first four bytes make no sane length.
+    pub(crate) fn text(&self) -> Option<String> {
+        let text = std::str::from_utf8(&self.head).ok()?;
+        let line = text.lines().next()?.trim();
+        let printable = |c: char| c.is_ascii_graphic() || c == ' ';
+        (line.len() >= 4 && line.chars().all(printable)).then(|| line.to_owned())
+    }
+}
+
+impl std::fmt::Display for FrameTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a frame of {} bytes, over the limit of {} bytes (max_frame)",
+            self.bytes, self.limit
+        )
+    }
+}
+
+impl std::error::Error for FrameTooLarge {}
 
 /// Splits `bytes` into frames and decodes each as a wire message, for tests and fuzzing:
 /// what a connection would do with these bytes, minus the socket. Each item is the decoded
@@ -473,10 +563,32 @@ mod tests {
     fn an_oversized_length_prefix_is_refused_before_allocating() {
         let out = decode_stream(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3], 1 << 20);
         assert_eq!(out.len(), 1);
-        assert!(
-            out[0].as_ref().unwrap_err().contains("frame size too big"),
-            "{out:?}"
+        assert_eq!(
+            out[0].as_ref().unwrap_err(),
+            &format!(
+                "a frame of {} bytes, over the limit of {} bytes (max_frame)",
+                u32::MAX,
+                1 << 20
+            )
         );
+        // A prefix that fits is read on, across calls.
+        let mut codec = codec(8);
+        let mut buf = BytesMut::from(&[0, 0, 0, 3, 1][..]);
+        assert_eq!(codec.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(&[2, 3, 0, 0, 0, 9]);
+        assert_eq!(
+            codec.decode(&mut buf).unwrap().as_deref(),
+            Some(&[1, 2, 3][..])
+        );
+        let err = codec.decode(&mut buf).unwrap_err();
+        let big = FrameTooLarge::of(&err).unwrap();
+        assert_eq!((big.bytes, big.limit), (9, 8));
+        assert_eq!(big.text(), None);
+        // Words are no frame.
+        let mut buf = BytesMut::from(&b"HTTP/1.1 400 Bad Request\r\nServer: x\r\n"[..]);
+        let err = codec.decode(&mut buf).unwrap_err();
+        let text = FrameTooLarge::of(&err).and_then(FrameTooLarge::text);
+        assert_eq!(text.as_deref(), Some("HTTP/1.1 400 Bad Request"));
         let err = encode::<Wire<Vec<u8>, u8>>(&Wire::Proof { mac: vec![0; 100] }, 50).unwrap_err();
         assert!(matches!(err, WireError::TooLarge { max: 50, .. }));
     }

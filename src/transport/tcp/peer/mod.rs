@@ -417,7 +417,7 @@ impl Mesh {
             let frame = match next {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return Some("closed before its goodbye".into()),
-                Err(reason) => return Some(reason),
+                Err(error) => return Some(error.to_string()),
             };
             let frame = frame.freeze();
             match wire::decode::<Handshake>(&frame) {

@@ -210,6 +210,19 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
         .unwrap()
         .unwrap_err();
     assert!(err.to_string().contains("wrong secret"), "{err}");
+    // One with none set is told it is missing, not that it is wrong.
+    let mut no_secret = settings(1, 2, &addr, job);
+    no_secret.secret = None;
+    let err = worker_job(TcpTransport::new(no_secret).unwrap(), 0)
+        .join()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the secret is missing: the worker's process has none set"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong secret"), "{err}");
     let err = worker_job(
         TcpTransport::new(settings(1, 2, &addr, "another-job")).unwrap(),
         0,
@@ -718,6 +731,56 @@ fn a_worker_pointed_at_an_http_server_is_told_it_is_no_superstep_master_and_what
     );
     assert!(err.contains("HTTP/1.1 400 Bad Request"), "{err}");
     assert!(!err.contains("frame size too big"), "{err}");
+}
+
+#[test]
+fn a_process_that_never_says_it_ended_is_not_said_to_run_user_code() {
+    let job = "silent-to-the-end";
+    common::logs();
+    let fingerprint = summing_job(superstep::FailurePolicy::Fail, Commits::default())
+        .workers(3)
+        .build()
+        .unwrap()
+        .fingerprint();
+    let (master, addr) = master_transport::<u64, u64>(3, job);
+    let m = thread::spawn(move || {
+        summing_job(superstep::FailurePolicy::Fail, Commits::default())
+            .failure_grace(Duration::from_millis(300))
+            .transport(master)
+            .run()
+    });
+    // Rank 1 fails and says it ended; rank 2's connection — anybody's with the secret —
+    // says nothing, ever.
+    let (_one, link, _) = common::tcp_link(1, 3, &addr, job, fingerprint.clone());
+    let (_two, _silent, _) = common::tcp_link(2, 3, &addr, job, fingerprint);
+    let failed = JobError::Worker {
+        rank: 1,
+        iteration: 0,
+        phase: superstep::Phase::Init,
+        cause: superstep::Cause::message_only(superstep::CauseKind::Error, "no data"),
+    };
+    link.send(ToMaster::Failed {
+        attempt: 0,
+        error: failed,
+    })
+    .unwrap();
+    link.send(ToMaster::Done {
+        attempt: 0,
+        rows: Default::default(),
+        attachments: Vec::new(),
+    })
+    .unwrap();
+    let err = m.join().unwrap().unwrap_err();
+    assert_eq!(err.rank(), Some(1), "{err}");
+    let said = common::lines_with(&[job, "WARN", "worker(s) [2]"]);
+    assert!(
+        said.iter().any(|l| l.contains("did not say they ended")),
+        "{said:?}"
+    );
+    assert!(
+        !said.iter().any(|l| l.contains("user code")),
+        "another process's rank is not known to run user code: {said:?}"
+    );
 }
 
 #[test]

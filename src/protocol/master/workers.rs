@@ -205,10 +205,24 @@ impl<M, W> MasterNode<M, W> {
                             JobError::WorkersTimedOut { missing, .. } => missing.clone(),
                             _ => Vec::new(),
                         };
-                        tracing::warn!(
-                            ?ranks,
-                            "the job failed; worker(s) {ranks:?} still run user code after the failure grace and are left to end on their own threads"
-                        );
+                        // Only this process's own workers are known to run user code; of
+                        // another process's rank the master knows only that it said
+                        // nothing (it may be gone, or no worker at all).
+                        let (here, away): (Vec<Rank>, Vec<Rank>) = ranks
+                            .into_iter()
+                            .partition(|&r| self.settings.local.get(r) == Some(&true));
+                        if !here.is_empty() {
+                            tracing::warn!(
+                                ranks = ?here,
+                                "the job failed; worker(s) {here:?} still run user code after the failure grace and are left to end on their own threads"
+                            );
+                        }
+                        if !away.is_empty() {
+                            tracing::warn!(
+                                ranks = ?away,
+                                "the job failed; the process(es) of worker(s) {away:?} did not say they ended within the failure grace: not waited for"
+                            );
+                        }
                     }
                 }
                 if let Stage::Ending { drained, .. } = &mut self.stage {

@@ -416,11 +416,14 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 ))
             }
         };
-        let secret = s.secret.as_deref().unwrap_or_default();
-        let mac = proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
-            .finalize()
-            .into_bytes()
-            .to_vec();
+        // No secret: an empty proof, which says so (a master with one tells it is missing).
+        let mac = match s.secret.as_deref() {
+            Some(secret) => proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
+                .finalize()
+                .into_bytes()
+                .to_vec(),
+            None => Vec::new(),
+        };
         let frame = wire::encode(&Wire::<(), ()>::Proof { mac }, wire::HANDSHAKE_MAX_FRAME)
             .map_err(|e| lost("could not encode its proof")(e.to_string()))?;
         write_frame(writer, &frame)

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use super::lane::{Lane, Writing};
-use super::wire::{self, FrameCodec, FrameTooLarge, Wire, WireError};
+use super::wire::{self, FrameCodec, FrameTooLarge, Refusal, Wire, WireError};
 use crate::error::Cause;
 use crate::ids::Rank;
 use crate::payload::Payload;
@@ -233,6 +233,29 @@ pub(super) fn clip(s: &str, max: usize) -> String {
 /// The proof that a peer knows the secret: HMAC-SHA256 over the master's fresh nonce, the
 /// job id, the rank and the job's fingerprint as the peer sent it, so a proof cannot be
 /// replayed for another connection, job, rank or fingerprint.
+/// Checks a peer's proof of the secret, `mac`, against this side's `secret`: an empty
+/// proof is a peer with no secret set — accepted only where this side has none either —
+/// and a proof where this side has none is a peer with one; otherwise `expected` must
+/// verify it.
+pub(super) fn check_proof(
+    secret: Option<&[u8]>,
+    mac: &[u8],
+    expected: impl FnOnce() -> Hmac<Sha256>,
+) -> Result<(), Refusal> {
+    match (secret, mac.is_empty()) {
+        (None, true) => Ok(()),
+        (Some(_), true) => Err(Refusal::NoSecret {
+            worker_has_none: true,
+        }),
+        (None, false) => Err(Refusal::NoSecret {
+            worker_has_none: false,
+        }),
+        (Some(_), false) => expected()
+            .verify_slice(mac)
+            .map_err(|_| Refusal::WrongSecret),
+    }
+}
+
 pub(super) fn proof(
     secret: &[u8],
     nonce: &[u8; 32],

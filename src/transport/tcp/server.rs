@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmac::Mac;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -359,10 +358,16 @@ impl<M: Payload, W: Payload> Server<M, W> {
         let Wire::Proof { mac } = proof_frame.map_err(|e| refused(claimed, e))? else {
             return Err(broken(claimed)("expected a proof of the secret".into()));
         };
-        let secret = s.secret.as_deref().unwrap_or_default();
-        proof(secret, &nonce, &job_id, rank, &fingerprint)
-            .verify_slice(&mac)
-            .map_err(|_| (claimed, Refusal::WrongSecret))?;
+        check_proof(s.secret.as_deref(), &mac, || {
+            proof(
+                s.secret.as_deref().unwrap_or_default(),
+                &nonce,
+                &job_id,
+                rank,
+                &fingerprint,
+            )
+        })
+        .map_err(|refusal| (claimed, refusal))?;
         if *self.stop.borrow() {
             return Err((claimed, Refusal::Stopping));
         }

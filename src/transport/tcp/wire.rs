@@ -106,6 +106,8 @@ pub(crate) enum Refusal {
     },
     /// The peer's proof of the secret did not verify.
     WrongSecret,
+    /// One side has no secret set and the other has one: `worker_has_none` says which.
+    NoSecret { worker_has_none: bool },
     /// Another connection holds the rank.
     RankTaken { rank: Rank },
     /// The master's node is stopping: its process ends.
@@ -132,7 +134,10 @@ impl Refusal {
     pub(crate) fn is_final_on_rejoin(&self) -> bool {
         matches!(
             self,
-            Refusal::Mismatch { .. } | Refusal::WrongJob { .. } | Refusal::WrongSecret
+            Refusal::Mismatch { .. }
+                | Refusal::WrongJob { .. }
+                | Refusal::WrongSecret
+                | Refusal::NoSecret { .. }
         )
     }
 
@@ -142,6 +147,7 @@ impl Refusal {
             Refusal::Mismatch { .. } => "a different job configuration",
             Refusal::WrongJob { .. } => "another job's id",
             Refusal::WrongSecret => "a wrong secret",
+            Refusal::NoSecret { .. } => "a secret missing on one side",
             Refusal::RankTaken { .. } => "a rank already connected",
             Refusal::Stopping => "the node stopping",
             Refusal::Protocol(_) => "a broken handshake",
@@ -166,6 +172,16 @@ impl std::fmt::Display for Refusal {
                 write!(f, "wrong job id: the peer asked for {asked:?}")
             }
             Refusal::WrongSecret => f.write_str("wrong secret: its proof did not verify"),
+            Refusal::NoSecret {
+                worker_has_none: true,
+            } => f.write_str(
+                "the secret is missing: the worker's process has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the master's has one; set the same on every process",
+            ),
+            Refusal::NoSecret {
+                worker_has_none: false,
+            } => f.write_str(
+                "the secret is missing: the master's process has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the worker's has one; set the same on every process",
+            ),
             Refusal::RankTaken { rank } => write!(f, "rank {rank} is already connected"),
             Refusal::Stopping => f.write_str("the master's node is stopping"),
             Refusal::Protocol(reason) | Refusal::Closed(reason) => f.write_str(reason),

@@ -294,6 +294,22 @@ fn replacements_are_counted_over_the_job_and_the_next_failure_fails_it() {
 }
 
 #[test]
+fn the_report_keeps_the_last_recoveries_and_counts_them_all() {
+    // Five replacements; the report keeps the last two, as it keeps iterations.
+    let mut f = fault(2, Phase::Compute, 3);
+    f.times = 5;
+    let run = job(Some(f), FailurePolicy::RestartWorker { max_restarts: 5 });
+    let outcome = run.job.report_iterations(2).run().unwrap();
+    assert_eq!(outcome.report.recovered, 5);
+    assert_eq!(outcome.report.recoveries.len(), 2);
+    assert!(outcome
+        .report
+        .recoveries
+        .iter()
+        .all(|r| r.action == Recover::RestartWorker(2)));
+}
+
+#[test]
 fn a_replacement_that_fails_too_is_a_new_failure() {
     let mut f = fault(3, Phase::Init, 0);
     f.times = 2;
@@ -505,13 +521,12 @@ fn a_policy_that_cannot_apply_is_refused_naming_it() {
         .unwrap_err();
     assert_eq!(err.setting, "failure_policy");
     assert!(err.to_string().contains("min_workers_ratio"), "{err}");
-    let err = job(None, FailurePolicy::RestartWorker { max_restarts: 1 })
+    // In barrier mode a replacement restarts every worker from the checkpoint: allowed.
+    job(None, FailurePolicy::RestartWorker { max_restarts: 1 })
         .job
         .barrier_mode(true)
         .build()
-        .unwrap_err();
-    assert_eq!(err.setting, "failure_policy");
-    assert!(err.to_string().contains("barrier mode"), "{err}");
+        .unwrap();
     // A ratio whose quorum is every worker leaves no one out.
     let err = job(None, FailurePolicy::ContinueWithout)
         .job

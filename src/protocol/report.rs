@@ -124,10 +124,17 @@ pub struct JobReport {
     pub resumed_from: Option<Iteration>,
     /// The iterations whose checkpoints were saved in this run.
     pub checkpoints: Vec<Iteration>,
-    /// Every worker failure the job recovered from under its failure policy
-    /// ([`JobConfig::failure_policy`](crate::JobConfig::failure_policy)), in order. An
-    /// iteration redone after a restart of every worker appears again in `iterations`.
+    /// The worker failures the job recovered from under its failure policy
+    /// ([`JobConfig::failure_policy`](crate::JobConfig::failure_policy)), in order: the
+    /// last [`JobConfig::report_iterations`](crate::JobConfig::report_iterations) of them,
+    /// as of iterations; `recovered` counts every one. An iteration redone after a
+    /// restart of every worker appears again in `iterations`. A process refused at its
+    /// handshake (another configuration) is no failure of its rank's worker, and not
+    /// among them.
     pub recoveries: Vec<Recovered>,
+    /// How many failures the job recovered from, those no longer in `recoveries`
+    /// included.
+    pub recovered: u64,
     /// The attempt the job ended in: 0 unless every worker was restarted
     /// ([`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll)) or the master's
     /// process was started again in the place of one that died.

@@ -359,6 +359,24 @@ impl<M, W> MasterNode<M, W> {
         reach: &dyn Reach,
     ) {
         let from = env.from;
+        if let ToMaster::Failed {
+            attempt,
+            error: error @ JobError::Mismatch { rank, .. },
+        } = &env.msg
+        {
+            // A process the transport refused for the rank (it runs the job otherwise) never
+            // was the rank's worker. Under a policy that can wait for another process of
+            // the rank it is no failure, and no restart: the wait goes on, and names the
+            // refusal if it times out (the transport logs refusals, rate-limited). Under
+            // `Fail`, or for a rank outside the world (another world size), it fails the
+            // job.
+            let waits =
+                self.recovery.policy() != FailurePolicy::Fail && *rank < self.config.workers;
+            if *attempt == self.attempt() && waits && !self.ending() {
+                tracing::debug!(rank, %error, "a process refused for the rank; waiting on for a right one");
+                return;
+            }
+        }
         match env.msg {
             ToMaster::Sync {
                 attempt,

@@ -315,7 +315,15 @@ impl<M, W> MasterNode<M, W> {
             action: action.clone(),
         };
         self.event(|| JobEvent::Recovering(recovered.clone()));
-        self.report.recoveries.push(recovered);
+        // The last ones only, as of iterations: a long job's report stays small.
+        self.report.recovered += 1;
+        let keep = self.config.report_iterations;
+        if self.report.recoveries.len() >= keep && keep > 0 {
+            self.report.recoveries.remove(0);
+        }
+        if keep > 0 {
+            self.report.recoveries.push(recovered);
+        }
         match action {
             Recover::LeaveOut(rank) => {
                 let output = self.gate.lose(now, rank);

@@ -414,8 +414,13 @@ impl Decoder for FrameCodec {
         }
         let before = src.len();
         let frame = self.inner.decode(src)?;
-        // The inner codec takes the prefix off once it read it, then waits for the body.
-        self.in_frame = frame.is_none() && src.len() < before;
+        // The inner codec takes the prefix off once it read it, then waits for the body
+        // (over as many calls as it takes to arrive), and gives the frame.
+        if frame.is_some() {
+            self.in_frame = false;
+        } else if src.len() < before {
+            self.in_frame = true;
+        }
         Ok(frame)
     }
 }
@@ -587,7 +592,22 @@ mod tests {
                 1 << 20
             )
         );
-        // A prefix that fits is read on, across calls.
+        // A prefix that fits is read on, across calls: a body that arrives in pieces is
+        // never read as a prefix.
+        let mut pieces = codec(8);
+        let mut buf = BytesMut::from(&[0, 0, 0, 3, 0xff][..]);
+        assert_eq!(pieces.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(&[0xff]);
+        assert_eq!(pieces.decode(&mut buf).unwrap(), None);
+        assert_eq!(pieces.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(&[0xff, 0, 0, 0, 9]);
+        assert_eq!(
+            pieces.decode(&mut buf).unwrap().as_deref(),
+            Some(&[0xff, 0xff, 0xff][..])
+        );
+        let err = pieces.decode(&mut buf).unwrap_err();
+        let big = FrameTooLarge::of(&err).unwrap();
+        assert_eq!((big.bytes, big.limit), (9, 8));
         let mut codec = codec(8);
         let mut buf = BytesMut::from(&[0, 0, 0, 3, 1][..]);
         assert_eq!(codec.decode(&mut buf).unwrap(), None);

@@ -109,6 +109,22 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
 }
 
 #[test]
+fn a_process_that_connects_after_another_failed_the_job_hears_why_at_once() {
+    let (master, addr) = tcp_master::<u64, u64>(3, "late", |_| {});
+    let m = spawn(summing(5), master);
+    // Rank 1's process is made, and connects only once the job failed: rank 2's process,
+    // told the world has 4 processes, is refused first and fails the job at once.
+    let late = worker(1, 3, &addr, "late");
+    let two = spawn(summing(5), worker(2, 4, &addr, "late"));
+    assert_mismatch("rank 2", two.join().unwrap(), 2, "workers", "3", "4");
+    // It hears the job's failure from the master, which waits a moment for ranks that
+    // may still connect — not "connection refused" after its connect timeout (20 s).
+    let one = spawn(summing(5), late);
+    assert_mismatch("rank 1", one.join().unwrap(), 2, "workers", "3", "4");
+    assert_mismatch("the master", m.join().unwrap(), 2, "workers", "3", "4");
+}
+
+#[test]
 fn a_process_with_other_settings_is_refused_naming_the_setting() {
     let (master, addr) = tcp_master::<u64, u64>(2, "settings", |_| {});
     let m = spawn(summing(5), master);

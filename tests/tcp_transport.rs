@@ -784,6 +784,45 @@ fn a_process_that_never_says_it_ended_is_not_said_to_run_user_code() {
 }
 
 #[test]
+fn a_rank_lost_with_no_launcher_is_said_at_warn_at_once_and_while_the_master_waits() {
+    let job = "no-launcher";
+    common::logs();
+    let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
+    let fingerprint = summing_job(policy, Commits::default())
+        .workers(3)
+        .build()
+        .unwrap()
+        .fingerprint();
+    let (master, addr) = master_transport::<u64, u64>(3, job);
+    let m = thread::spawn(move || {
+        summing_job(policy, Commits::default())
+            .startup_timeout(Duration::from_secs(2))
+            .transport(master)
+            .run()
+    });
+    let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
+    let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
+    // Rank 2's process connects and dies; nothing starts it again.
+    drop(common::tcp_link(2, 3, &addr, job, fingerprint));
+    let err = m.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, JobError::WorkersTimedOut { missing, .. } if missing == &[2]),
+        "{err}"
+    );
+    let said = common::lines_with(&[
+        job,
+        "WARN",
+        "rank 2 lost; waiting up to",
+        "for a new process of rank 2 (started by your launcher or scheduler)",
+    ]);
+    assert!(
+        said.len() >= 2,
+        "said at once and again while waiting: {said:?}"
+    );
+    let _ = one.join().unwrap();
+}
+
+#[test]
 fn a_worker_cannot_blame_another_rank_for_its_failure() {
     let job = "blame";
     let fingerprint = summing_job(superstep::FailurePolicy::Fail, Commits::default())

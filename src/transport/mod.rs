@@ -341,8 +341,10 @@ pub trait MasterLink<M>: Send + 'static {
 
     /// Whether the worker of `rank` may still hear from the master's node: it is
     /// connected, or it may yet connect (a worker of a master's node that was started
-    /// again, reconnecting). The end of a job does not wait for a rank that may not — one
-    /// whose connection ended, or, on a first master's node, one that never connected.
+    /// again, reconnecting; a process that has not connected yet — started late, or
+    /// still trying when the job failed). The end of a job gives those a short grace to
+    /// connect and hear how the job ended, and does not wait for a rank that may not: one
+    /// whose connection ended.
     /// The default: [`is_connected`](Self::is_connected).
     fn may_reach(&self, rank: Rank) -> bool {
         self.is_connected(rank)

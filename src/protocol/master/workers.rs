@@ -24,6 +24,13 @@ impl<M, W> MasterNode<M, W> {
         else {
             return;
         };
+        // A rank lost in another process waits for a new process, which only a launcher or
+        // a scheduler starts: said at WARN, whatever the wait.
+        let (replaced, missing): (Vec<Rank>, Vec<Rank>) = missing.into_iter().partition(|&rank| {
+            self.awaiting
+                .get(rank)
+                .is_some_and(|a| *a != Awaiting::None)
+        });
         let missing: Vec<Rank> = match during {
             Waiting::Registration => missing
                 .into_iter()
@@ -31,7 +38,7 @@ impl<M, W> MasterNode<M, W> {
                 .collect(),
             _ => missing,
         };
-        if missing.is_empty() {
+        if missing.is_empty() && replaced.is_empty() {
             return;
         }
         let waited = now.saturating_duration_since(since);
@@ -43,6 +50,13 @@ impl<M, W> MasterNode<M, W> {
             return;
         }
         self.wait_said = Some(now);
+        for &rank in &replaced {
+            let left = timeout.saturating_sub(waited);
+            say_replacement_awaited(rank, left, during);
+        }
+        if missing.is_empty() {
+            return;
+        }
         let quiet = matches!(during, Waiting::Iteration(_)) && waited < timeout / 2;
         if quiet {
             tracing::info!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
@@ -51,11 +65,11 @@ impl<M, W> MasterNode<M, W> {
         }
     }
 
-    /// The job ends: a rank that the master's node cannot reach any more (its process is
-    /// gone, or — on a first master's node — never connected) will not say it is done,
-    /// and is not waited for. One that may still connect (a worker of the master's node
-    /// this one replaced, reconnecting) is given [`RECONNECT_GRACE`] to, and hear how the
-    /// job ended.
+    /// The job ends: a rank that the master's node cannot reach any more (its connection
+    /// ended) will not say it is done, and is not waited for. One that may still connect
+    /// (a worker of the master's node this one replaced, reconnecting; a process that had
+    /// not connected yet when the job failed) is given [`RECONNECT_GRACE`] to, and hear
+    /// how the job ended.
     pub(super) fn forget_unconnected(&mut self, now: Instant, reach: &dyn Reach) {
         let mut later = Vec::new();
         for rank in 0..self.reports.len() {
@@ -276,6 +290,12 @@ impl<M, W> MasterNode<M, W> {
                     // the old one's.
                     self.awaiting[rank] = Awaiting::OldEnd;
                     self.dismiss(rank, &error, reach);
+                    if let Some(wait) = self.gate.waiting() {
+                        let left = wait
+                            .timeout
+                            .saturating_sub(now.saturating_duration_since(wait.since));
+                        say_replacement_awaited(rank, left, wait.during);
+                    }
                 }
                 self.gate.rejoin(rank);
             }
@@ -370,4 +390,15 @@ impl<M, W> MasterNode<M, W> {
             self.on_gate(now, Some(GateOutput::Failed(JobError::Sync(error))), reach);
         }
     }
+}
+
+/// Says that the master waits for a new process of `rank`, lost in another process: only
+/// a launcher or a scheduler starts one, and without one the wait ends only with its
+/// timeout (`left` of it remains).
+fn say_replacement_awaited(rank: Rank, left: Duration, during: Waiting) {
+    tracing::warn!(
+        rank,
+        %during,
+        "rank {rank} lost; waiting up to {left:.0?} for a new process of rank {rank} (started by your launcher or scheduler)"
+    );
 }

@@ -573,7 +573,6 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
-            restarted: self.settings.restart_count > 0,
             refusals,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
@@ -662,8 +661,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct TcpMasterLink<M> {
     peers: Shared,
-    /// Whether this master's node was started again in the place of one that died.
-    restarted: bool,
     refusals: Arc<Mutex<admission::Refusals>>,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
@@ -711,9 +708,11 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
 
     fn may_reach(&self, rank: Rank) -> bool {
         let peers = lock(&self.peers);
-        // Started again, this node has workers of its predecessor reconnecting to it: one
-        // that has not yet may still, and must hear how the job ended.
-        peers.holds(rank) || (self.restarted && !peers.ever.get(rank).copied().unwrap_or(true))
+        // A rank that never connected to this node may still: a worker of its predecessor
+        // reconnecting to a node started again, or a process that was still trying when
+        // the job failed (another's refusal failed it at once, say). It must hear how the
+        // job ended, not find the master gone and wait out its connect timeout.
+        peers.holds(rank) || !peers.ever.get(rank).copied().unwrap_or(true)
     }
 
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {

@@ -561,11 +561,16 @@ fn summing_job(
     .coordinator(commits)
 }
 
-#[test]
-fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commits() {
+/// A three-rank job of `job` under `RestartWorker { max_restarts: 1 }`: rank 1's process
+/// runs it; rank 2's first process is `first` (given the master's address and the job's
+/// fingerprint), and a process of rank 2 started again takes its place. Returns the
+/// master's outcome, once every rank ended well, and what the coordinator committed.
+fn rank_2_replaced(
+    job: &str,
+    first: impl FnOnce(&str, superstep::transport::Fingerprint),
+) -> (JobOutcome<u64>, Vec<String>) {
     let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
     let commits = Commits::default();
-    let job = "lost-early";
     let fingerprint = summing_job(policy, Commits::default())
         .workers(3)
         .build()
@@ -576,56 +581,48 @@ fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commit
     let m = thread::spawn(move || summing_job(policy, kept).transport(master).run());
     let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
     let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
-    // Rank 2's first process connects and is gone before it registers.
-    drop(common::tcp_link(2, 3, &addr, job, fingerprint));
+    first(&addr, fingerprint);
     // Started again, it takes the rank once the master's node let go of the old one.
     let mut again = settings(2, 3, &addr, job);
     again.restart_count = 1;
     let t = TcpTransport::new(again).unwrap();
     let two = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
     let outcome = m.join().unwrap().unwrap();
+    one.join().unwrap().unwrap();
+    two.join().unwrap().unwrap();
+    (outcome, commits.0.entries())
+}
+
+#[test]
+fn a_rank_lost_before_it_registered_is_replaced_and_the_job_completes_and_commits() {
+    // Rank 2's first process connects and is gone before it registers.
+    let (outcome, commits) = rank_2_replaced("lost-early", |addr, fingerprint| {
+        drop(common::tcp_link(2, 3, addr, "lost-early", fingerprint))
+    });
     assert_eq!(*outcome.result, 4 * (1 + 2 + 3));
-    assert_eq!(commits.0.entries(), vec!["commit [0, 1, 2]".to_string()]);
+    assert_eq!(commits, vec!["commit [0, 1, 2]".to_string()]);
     assert!(matches!(
         outcome.report.recoveries[0].cause,
         JobError::WorkerLost { rank: 2, .. }
     ));
-    one.join().unwrap().unwrap();
-    two.join().unwrap().unwrap();
 }
 
 #[test]
 fn a_worker_that_reports_its_own_loss_is_lost_once_and_replaced_once() {
     // A proven process of rank 2 says it was lost — the transport's word, not a
     // worker's — and its connection then closes: one failure, one replacement.
-    let policy = superstep::FailurePolicy::RestartWorker { max_restarts: 1 };
-    let commits = Commits::default();
-    let job = "own-loss";
-    let fingerprint = summing_job(policy, Commits::default())
-        .workers(3)
-        .build()
-        .unwrap()
-        .fingerprint();
-    let (master, addr) = master_transport::<u64, u64>(3, job);
-    let kept = commits.clone();
-    let m = thread::spawn(move || summing_job(policy, kept).transport(master).run());
-    let t = TcpTransport::new(settings(1, 3, &addr, job)).unwrap();
-    let one = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
-    let (transport, link, _) = common::tcp_link(2, 3, &addr, job, fingerprint);
-    link.send(ToMaster::Failed {
-        attempt: 0,
-        error: JobError::WorkerLost {
-            rank: 2,
-            reason: "lost, it says".into(),
-        },
-    })
-    .unwrap();
-    drop((link, transport));
-    let mut again = settings(2, 3, &addr, job);
-    again.restart_count = 1;
-    let t = TcpTransport::new(again).unwrap();
-    let two = thread::spawn(move || summing_job(policy, Commits::default()).transport(t).run());
-    let outcome = m.join().unwrap().unwrap();
+    let (outcome, _) = rank_2_replaced("own-loss", |addr, fingerprint| {
+        let (transport, link, _) = common::tcp_link(2, 3, addr, "own-loss", fingerprint);
+        link.send(ToMaster::Failed {
+            attempt: 0,
+            error: JobError::WorkerLost {
+                rank: 2,
+                reason: "lost, it says".into(),
+            },
+        })
+        .unwrap();
+        drop((link, transport));
+    });
     assert_eq!(*outcome.result, 4 * (1 + 2 + 3));
     let causes: Vec<String> = outcome
         .report
@@ -635,8 +632,6 @@ fn a_worker_that_reports_its_own_loss_is_lost_once_and_replaced_once() {
         .collect();
     assert_eq!(causes.len(), 1, "{causes:?}");
     assert!(causes[0].contains("only the master"), "{causes:?}");
-    one.join().unwrap().unwrap();
-    two.join().unwrap().unwrap();
 }
 
 /// A worker whose result is `bytes` zero bytes.

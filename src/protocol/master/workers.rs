@@ -338,10 +338,10 @@ impl<M, W> MasterNode<M, W> {
         // The last ones only, as of iterations: a long job's report stays small.
         self.report.recovered += 1;
         let keep = self.config.report_iterations;
-        if self.report.recoveries.len() >= keep && keep > 0 {
-            self.report.recoveries.remove(0);
-        }
         if keep > 0 {
+            if self.report.recoveries.len() >= keep {
+                self.report.recoveries.remove(0);
+            }
             self.report.recoveries.push(recovered);
         }
         match action {

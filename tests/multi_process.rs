@@ -9,7 +9,11 @@
 //! reach it again, and the job ends with the fault-free result.
 //!
 //! A worker process killed inside a collective (in the user's fold, after every rank made
-//! the call) fails the job on every rank, naming it.
+//! the call) fails the job on every rank, naming it — under `Fail`. Under
+//! `FailurePolicy::RestartAll` the same kills (and a worker's failure, and the master's
+//! kill) restart every worker: each live process replaces its own worker, the launcher
+//! starts the dead one again, and the job ends with the fault-free result, in barrier mode
+//! too.
 //!
 //! The processes are this test binary itself, running its ignored `child_process` test.
 
@@ -53,6 +57,27 @@ const KILL_MASTER_BARRIER: &str = "kill-master-barrier";
 /// A job in barrier mode whose rank 2 is killed inside a collective, in the user's fold —
 /// a point certain to be after every rank made the call and before any could end it.
 const KILL_IN_COLLECTIVE: &str = "kill-in-collective";
+/// The behaviours run under `RestartAll` (a gang restart across processes): the name is
+/// `gang-` and the fault; those of `GANG_BARRIER` in barrier mode, with a collective in
+/// iteration 3.
+const GANG: [&str; 4] = [
+    "gang-kill-init",
+    "gang-kill-compute",
+    "gang-fail",
+    "gang-kill-master-compute",
+];
+const GANG_BARRIER: [&str; 2] = ["gang-kill-in-collective", "gang-kill-master-barrier"];
+/// Under `RestartAll`, a process killed by the test at a random point (`launch_killing`);
+/// every compute takes `SLOW_BY`, so that the job lasts long enough to be hit.
+const RANDOM_KILL: &str = "gang-random";
+const SLOW: &str = "slow";
+const SLOW_BY: Duration = Duration::from_millis(40);
+/// Whether this process's worker failed already (`fail`).
+static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Every rank makes a collective in iteration 3 and checks its sum; with the killer, rank 2
+/// dies inside it.
+const COLLECTIVE: &str = "collective";
+const COLLECTIVE_KILLER: &str = "collective-killer";
 /// Where the master's checkpoints go, and the master's pid for a worker to kill it by.
 const CHECKPOINTS: &str = "SUPERSTEP_TEST_CHECKPOINTS";
 /// The iteration at which the master is killed, and every how many a checkpoint is saved.
@@ -237,6 +262,9 @@ impl WorkerComputable for Faulty {
                 kill_self();
             });
         }
+        if self.fault == Some(SLOW) {
+            std::thread::sleep(SLOW_BY);
+        }
         if ctx.iteration() == 3 {
             match (self.fault, ctx.rank()) {
                 // The process ends at once, sockets and all, as a kill -9 would leave it.
@@ -268,7 +296,24 @@ impl WorkerComputable for Faulty {
                         kill_self();
                     });
                 }
-                (Some("fail"), 1) => return Err("worker 1 fails in iteration 3".into()),
+                // Once per process: a worker its own process makes again computes on.
+                (Some("fail"), 1) if !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst) => {
+                    return Err("worker 1 fails in iteration 3".into())
+                }
+                (Some(fault @ (COLLECTIVE | COLLECTIVE_KILLER)), rank) => {
+                    let killer = fault == COLLECTIVE_KILLER && rank == 2;
+                    let sum = ctx.all_reduce_with(rank as u64, move |a: &mut u64, b: u64| {
+                        if killer {
+                            kill_self();
+                            std::process::abort();
+                        }
+                        *a += b;
+                    })?;
+                    let want = (0..ctx.workers() as u64).sum::<u64>();
+                    if sum != want {
+                        return Err(format!("rank {rank} ended the collective with {sum}").into());
+                    }
+                }
                 (Some(KILL_IN_COLLECTIVE), rank) => {
                     // Recursive doubling (4 ranks): rank 2 folds its partner's value at
                     // the first step, and dies there — having sent its own to rank 3
@@ -321,8 +366,20 @@ fn child_process() {
         .with_ansi(false)
         .try_init();
     let behaviour = std::env::var(BEHAVIOUR).unwrap_or_default();
+    if let (Some(dir), RANDOM_KILL) = (std::env::var_os(CHECKPOINTS), behaviour.as_str()) {
+        let path = std::path::Path::new(&dir).join(format!("rank{}.pid", env.rank));
+        std::fs::write(path, std::process::id().to_string()).unwrap();
+    }
+    let gang = behaviour.starts_with("gang-");
+    let barrier = GANG_BARRIER.contains(&behaviour.as_str());
+    let named = behaviour.strip_prefix("gang-").unwrap_or(&behaviour);
     // A process started again in the place of a killed one does not fail again.
-    let fault = match behaviour.as_str() {
+    let fault = match named {
+        // Every rank's compute of iteration 3 makes the collective, in every life; rank 2
+        // dies in it in its first.
+        "kill-in-collective" if gang && env.restart_count == 0 => Some(COLLECTIVE_KILLER),
+        "kill-in-collective" if gang => Some(COLLECTIVE),
+        "random" => Some(SLOW),
         "die" => Some("die"),
         "freeze" => Some("freeze"),
         _ if env.restart_count > 0 => None,
@@ -333,9 +390,11 @@ fn child_process() {
         "fail" => Some("fail"),
         KILL_MASTER_BARRIER => Some(KILL_MASTER_BARRIER),
         KILL_IN_COLLECTIVE => Some(KILL_IN_COLLECTIVE),
-        _ => MASTER_KILLED.iter().copied().find(|&b| b == behaviour),
+        _ => MASTER_KILLED.iter().copied().find(|&b| b == named),
     };
-    let policy = if RECOVERED.contains(&behaviour.as_str()) {
+    let policy = if gang {
+        FailurePolicy::RestartAll { max_attempts: 3 }
+    } else if RECOVERED.contains(&behaviour.as_str()) {
         FailurePolicy::RestartWorker { max_restarts: 1 }
     } else {
         FailurePolicy::Fail
@@ -345,7 +404,9 @@ fn child_process() {
         .cluster_from_env()
         .unwrap()
         .failure_policy(policy)
-        .barrier_mode(behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE);
+        .barrier_mode(
+            barrier || behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE,
+        );
     assert_eq!(job.process_rank(), Some(env.rank));
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
@@ -379,9 +440,16 @@ fn child_process() {
 /// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
 /// launcher (and through it every child) is interrupted if the deadline passes.
 fn launch(n: usize, behaviour: &str) -> Output {
+    launch_killing(n, behaviour, None)
+}
+
+/// [`launch`], killing (SIGKILL) the process of rank `victim` `after` every rank's process
+/// wrote its pid (`gang-random`), once.
+fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) -> Output {
     let restarts = if RECOVERED.contains(&behaviour)
         || MASTER_KILLED.contains(&behaviour)
         || behaviour == KILL_MASTER_BARRIER
+        || behaviour.starts_with("gang-")
     {
         "1"
     } else {
@@ -409,7 +477,25 @@ fn launch(n: usize, behaviour: &str) -> Output {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut kill = kill;
+    let mut started: Option<Instant> = None;
     while launcher.try_wait().unwrap().is_none() {
+        if let Some((victim, after)) = kill {
+            let pid_of = |rank: usize| {
+                std::fs::read_to_string(checkpoints.path().join(format!("rank{rank}.pid"))).ok()
+            };
+            if started.is_none() && (0..n).all(|r| pid_of(r).is_some()) {
+                started = Some(Instant::now());
+            }
+            if started.is_some_and(|at| at.elapsed() >= after) {
+                let pid: i32 = pid_of(victim).unwrap().trim().parse().unwrap();
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                kill = None;
+            }
+        }
         if Instant::now() > deadline {
             let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
@@ -417,9 +503,21 @@ fn launch(n: usize, behaviour: &str) -> Output {
             let _ = launcher.kill();
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(if kill.is_some() { 1 } else { 20 }));
     }
     launcher.wait_with_output().unwrap()
+}
+
+/// Launches `n` processes in `behaviour` ([`launch`]), asserts that the launcher succeeded
+/// and that every rank ended with `expected`, and gives their output and the launcher's
+/// log.
+fn launched_to(expected: &str, n: usize, behaviour: &str) -> (String, String) {
+    let out = launch(n, behaviour);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
+    assert_results(&stdout, 0..n, expected, behaviour);
+    (stdout, stderr)
 }
 
 fn line_of<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
@@ -492,11 +590,7 @@ fn a_master_process_killed_at_any_point_is_started_again_resumes_and_the_job_end
 ) {
     let expected = bits(&job(&data(), 3, None).run().unwrap().result);
     for behaviour in MASTER_KILLED {
-        let out = launch(3, behaviour);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{behaviour}: {stdout}\n{stderr}");
-        assert_results(&stdout, 0..3, &expected, behaviour);
+        let (stdout, stderr) = launched_to(&expected, 3, behaviour);
         assert!(
             stderr.contains("rank 0 exited with") && stderr.contains("starting it again"),
             "{behaviour}: the launcher started the master again: {stderr}"
@@ -607,4 +701,90 @@ fn a_frozen_worker_process_is_named_by_the_failure_detector() {
         failed.starts_with("worker 1 was lost: silent for 1s"),
         "{failed}"
     );
+}
+
+#[test]
+fn under_restart_all_every_worker_process_restarts_from_the_checkpoint_and_the_job_ends_with_the_fault_free_result(
+) {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    for behaviour in GANG {
+        let (stdout, stderr) = launched_to(&expected, 3, behaviour);
+        // Killed, a process is started again by the launcher; a failed worker's process
+        // replaces its worker itself.
+        let dead = match behaviour {
+            "gang-fail" => None,
+            "gang-kill-master-compute" => Some(0),
+            _ => Some(2),
+        };
+        let restarted = |rank: usize| stderr.contains(&format!("rank {rank} exited with"));
+        match dead {
+            Some(rank) => assert!(restarted(rank), "{behaviour}: {stderr}"),
+            None => assert!(!(0..3).any(restarted), "{behaviour}: {stderr}"),
+        }
+        // A new attempt: every worker started over, and a live worker process said so.
+        // (Killed in its `init`, rank 2 may die before its connection was made: then its
+        // new process is the rank's first, and nothing restarts.)
+        let attempt = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+        if behaviour == "gang-kill-init" && attempt.starts_with("0 ") {
+            continue;
+        }
+        assert!(!attempt.starts_with("0 "), "{behaviour}: {attempt}");
+        assert!(
+            stderr.contains("every worker starts over"),
+            "{behaviour}: a live worker process says its worker is replaced: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn under_restart_all_a_barrier_mode_job_recovers_from_a_kill_in_a_collective_and_of_its_master() {
+    let expected = bits(&job(&data(), 4, None).run().unwrap().result);
+    for behaviour in GANG_BARRIER {
+        let (stdout, stderr) = launched_to(&expected, 4, behaviour);
+        let dead = if behaviour == "gang-kill-in-collective" {
+            2
+        } else {
+            0
+        };
+        assert!(
+            stderr.contains(&format!("rank {dead} exited with")),
+            "{behaviour}: {stderr}"
+        );
+        assert!(!stdout.contains("ended the collective"), "{stdout}");
+    }
+}
+
+#[test]
+fn under_restart_all_a_process_killed_at_a_random_point_leaves_the_fault_free_result() {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    // A seed of its own each run, said on failure: the points differ from run to run.
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
+    let mut next = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    for _ in 0..6 {
+        let victim = next(3) as usize;
+        let after = Duration::from_millis(next(300));
+        let out = launch_killing(3, RANDOM_KILL, Some((victim, after)));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let point = format!("rank {victim} killed {after:?} after every process started");
+        assert!(out.status.success(), "{point}: {stdout}\n{stderr}");
+        // The master ends with the fault-free result; so does every worker that ended with
+        // one (a worker killed after its last result may find the job over when it comes
+        // back).
+        assert_results(&stdout, 0..1, &expected, &point);
+        for rank in 1..3 {
+            if let Some(result) = line_of(&stdout, &format!("[{rank}] RESULT ")) {
+                assert_eq!(result, expected, "{point}: rank {rank}");
+            }
+        }
+    }
 }

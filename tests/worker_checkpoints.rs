@@ -96,6 +96,17 @@ fn restarted_at_5(
         .unwrap()
 }
 
+/// The job recovered once, restarting every worker as attempt 1 (under `policy`).
+fn assert_one_gang_restart(outcome: &superstep::JobOutcome<u64>, policy: FailurePolicy) {
+    let actions: Vec<_> = outcome
+        .report
+        .recoveries
+        .iter()
+        .map(|r| &r.action)
+        .collect();
+    assert_eq!(actions, [&Recover::RestartAll(1)], "{policy:?}");
+}
+
 #[test]
 fn every_worker_restarted_from_a_checkpoint_gets_back_its_state_and_its_messages() {
     let want = fault_free();
@@ -108,13 +119,7 @@ fn every_worker_restarted_from_a_checkpoint_gets_back_its_state_and_its_messages
         let store = MemoryCheckpointStore::new();
         let outcome = restarted_at_5(true, store.clone(), policy);
         assert_eq!(*outcome.result, want, "{policy:?}");
-        let actions: Vec<_> = outcome
-            .report
-            .recoveries
-            .iter()
-            .map(|r| &r.action)
-            .collect();
-        assert_eq!(actions, [&Recover::RestartAll(1)], "{policy:?}");
+        assert_one_gang_restart(&outcome, policy);
         // The redo starts after the checkpoint of 4.
         let ran: Vec<Iteration> = outcome
             .report
@@ -331,26 +336,32 @@ fn workers_in_other_processes_get_back_their_state_and_messages_over_the_wire() 
 
 #[cfg(feature = "tcp")]
 #[test]
-fn a_replacement_across_processes_in_a_job_with_messages_is_refused_naming_the_policy() {
-    // It would restart every worker from the checkpoint, and only the master's process's
-    // workers can be: the master says so before anything starts, and the others give up
-    // connecting.
-    let outcomes = common::over_tcp_with(
-        WORKERS,
-        "worker-checkpoints-refused",
-        |s| s.connect_timeout = std::time::Duration::from_secs(2),
-        |_, transport| {
-            running(None, true)
-                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 1 })
-                .transport(transport)
-                .run()
-        },
-    );
-    let err = outcomes[0].as_ref().unwrap_err();
-    let JobError::Config(config) = err else {
-        panic!("{err}");
-    };
-    assert_eq!(config.setting, "failure_policy", "{err}");
-    assert!(err.to_string().contains("barrier mode"), "{err}");
-    assert!(outcomes[1..].iter().all(Result::is_err));
+fn every_worker_across_processes_restarts_from_the_checkpoint_with_its_state_and_messages() {
+    // Rank 1 fails at iteration 5, its process alive: each process replaces its own worker
+    // (from the factory, `init` again) in the new attempt, the master's process resumes
+    // from its checkpoint of 4 and hands every worker its saved state and messages over
+    // the wire. Under both policies that restart every worker.
+    let want = fault_free();
+    for policy in [
+        FailurePolicy::RestartAll { max_attempts: 2 },
+        FailurePolicy::RestartWorker { max_restarts: 1 },
+    ] {
+        let failed = once();
+        let outcomes = common::over_tcp(WORKERS, "worker-checkpoints-gang", move |rank, t| {
+            let mut job = running(Some((5, Arc::clone(&failed))), true)
+                .failure_policy(policy)
+                .transport(t);
+            if rank == 0 {
+                job = job.checkpoint(MemoryCheckpointStore::new(), 2);
+            }
+            job.run()
+        });
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let outcome = outcome.unwrap_or_else(|e| panic!("{policy:?}, rank {rank}: {e}"));
+            assert_eq!(*outcome.result, want, "{policy:?}, rank {rank}");
+            if rank == 0 {
+                assert_one_gang_restart(&outcome, policy);
+            }
+        }
+    }
 }

@@ -242,6 +242,18 @@ pub enum ToWorker<M> {
         /// The attempt the master's node runs.
         attempt: Attempt,
     },
+    /// Every worker starts over in `attempt`, from the newest checkpoint, after `cause`
+    /// (a gang restart: `FailurePolicy::RestartAll`, or `RestartWorker` in barrier mode).
+    /// Broadcast by the master's node; the process of a worker reached through a transport
+    /// replaces it — a new one from the factory, whose `init` runs — and the old one stops
+    /// with `cause`. A worker the master's node hosts was replaced already, and runs in
+    /// `attempt`.
+    Restart {
+        /// The attempt every worker starts over in.
+        attempt: Attempt,
+        /// The failure the job recovers from.
+        cause: JobError,
+    },
 }
 
 impl<W> ToMaster<W> {
@@ -309,6 +321,10 @@ impl<M> Clone for ToWorker<M> {
                 save: Arc::clone(save),
             },
             ToWorker::Connected { attempt } => ToWorker::Connected { attempt: *attempt },
+            ToWorker::Restart { attempt, cause } => ToWorker::Restart {
+                attempt: *attempt,
+                cause: cause.clone(),
+            },
         }
     }
 }
@@ -327,6 +343,9 @@ impl<M> fmt::Display for ToWorker<M> {
                 save.messages.len()
             ),
             ToWorker::Connected { attempt } => write!(f, "connected in attempt {attempt}"),
+            ToWorker::Restart { attempt, cause } => {
+                write!(f, "restart in attempt {attempt} after: {cause}")
+            }
         }
     }
 }

@@ -56,6 +56,13 @@ pub enum FailurePolicy {
     /// Restart every worker as a new attempt (Spark's barrier stages): the master resumes
     /// from its last checkpoint (or from the start without one), messages of the old
     /// attempt are fenced off as stale. At most `max_attempts` attempts in all.
+    ///
+    /// Across processes each live process replaces its own worker — a new one from the
+    /// factory, whose `init` runs again — when the master's node tells it to; a dead
+    /// process is started again by its launcher or scheduler (`superstep-launch
+    /// --restarts`, torchrun's, Slurm's `--requeue`, a Kubernetes Indexed Job) and joins
+    /// the new attempt. A master's process started again restarts every worker the same
+    /// way.
     #[serde(alias = "restart_all")]
     RestartAll {
         /// The most attempts, the first one included.

@@ -40,7 +40,8 @@ pub enum WorkerCommand {
     /// Keep what the checkpoint the attempt resumes from holds for this worker, to
     /// restore before its next compute.
     Restore,
-    /// Nothing to do: the link reached the master the worker started with.
+    /// Nothing to do: the link reached the master the worker started with, or a gang
+    /// restart into the attempt the worker runs in already.
     Proceed,
     /// Drop the message: stale, duplicate, or after the worker began to stop.
     Drop,
@@ -63,6 +64,12 @@ impl WorkerState {
         let command = match *msg {
             ToWorker::SyncReply { attempt, .. } if attempt == self.attempt => WorkerCommand::Answer,
             ToWorker::SyncReply { .. } => WorkerCommand::Drop,
+            // A gang restart: the worker's process replaced this worker by one of the new
+            // attempt already (the master's node hosts it, or the transport's inbox did),
+            // so this one runs in it. A worker of an older attempt still here was not
+            // replaced: it drops the restart, and its messages stay stale.
+            ToWorker::Restart { attempt, .. } if attempt <= self.attempt => WorkerCommand::Proceed,
+            ToWorker::Restart { .. } => WorkerCommand::Drop,
             _ if self.stopping => WorkerCommand::Drop,
             ToWorker::Connected { attempt } => {
                 self.connections += 1;

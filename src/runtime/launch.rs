@@ -13,8 +13,9 @@ use super::arrivals::Arrivals;
 use super::coordination::{self, Coordination, CoordinatorSlot};
 use super::local::{HostedMasterLink, LocalParts, LocalWorkers};
 use super::master::MasterTask;
-use super::node::{NodeActor, NodeParts};
+use super::node::{NodeActor, NodeParts, RestartLinked};
 use super::pool::{guarded, ComputePool, PoolExits};
+use super::route::OnRestart;
 use super::watch::Watch;
 use super::{fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume};
 use crate::checkpoint::CheckpointStore;
@@ -23,9 +24,7 @@ use crate::coordinator::JobInfo;
 use crate::error::JobError;
 use crate::ids::Attempt;
 use crate::payload::Payload;
-use crate::protocol::{
-    start_attempt, Combiner, FailurePolicy, MasterNode, NodeConfig, NodeSettings, ToWorker,
-};
+use crate::protocol::{start_attempt, Combiner, MasterNode, NodeConfig, NodeSettings, ToWorker};
 use crate::protocol::{JobOutcome, JobReport};
 use crate::transport::LinkSpec;
 
@@ -108,23 +107,25 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     // Every process shards alike: each of its workers takes its own.
     let shards =
         coordination::shards(coordinator.as_mut(), input.as_ref(), config.workers)?.map(Arc::new);
-    if topology.master
-        && crate::protocol::restarts_all(config.failure_policy, config.barrier_mode)
-        && local_ranks.len() < config.workers
-    {
-        let (name, why) = if matches!(config.failure_policy, FailurePolicy::RestartWorker { .. }) {
-            ("RestartWorker in barrier mode", "a replacement restarts every worker from the newest checkpoint, which only the master's process can do; choose Fail")
-        } else {
-            ("RestartAll", "it restarts every worker in the master's process; choose RestartWorker, ContinueWithout or Fail")
-        };
-        return Err(JobError::Config(crate::error::ConfigError::new(
-            "failure_policy",
-            config.failure_policy,
-            &format!("must not be {name} with workers in other processes (this transport runs only ranks {local_ranks:?} with the master): {why}"),
-        )));
-    }
     // The context first: the transport's inbox needs the node's address before it runs.
     let node_ctx = Context::<NodeActor<M, W>>::new();
+    // A gang restart replaces a worker reached through the transport in its own process:
+    // the master's node actor does it in the master's, the loop below in another.
+    let (restarts_tx, mut restarts_rx) = tokio::sync::mpsc::unbounded_channel();
+    let on_restart: OnRestart = if topology.master {
+        let node = node_ctx.address();
+        Arc::new(move |rank, attempt, cause| {
+            node.do_send(RestartLinked {
+                rank,
+                attempt,
+                cause,
+            })
+        })
+    } else {
+        Arc::new(move |rank, attempt, cause| {
+            let _ = restarts_tx.send((rank, attempt, cause));
+        })
+    };
     let arrivals = Arrivals::new(node_ctx.address().recipient());
     let mut bound = None;
     // A process without the master learns the attempt from the master's node when its
@@ -184,6 +185,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         exits,
         watch: Arc::clone(&watch),
         ended: ended_tx,
+        on_restart,
         shards,
         end: job.end.clone(),
         host: in_process.map(|_| Arc::clone(&arrivals)),
@@ -195,7 +197,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             return Err(error);
         }
     }
-    let _transport = if let Some((link, store, resumed)) = bound {
+    if let Some((link, store, resumed)) = bound {
         let link = Arc::new(std::sync::Mutex::new(link));
         let abort_link = Arc::clone(&link);
         // (Hosted workers share the job's thread, held by the code the watchdog gives up
@@ -249,29 +251,40 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             wire_check: in_process.is_some_and(|p| p.wire_check),
             arrivals,
         }));
-        None
-    } else {
-        // Nothing restarts workers in a process without the master: a failed one's
-        // process ends, and a new one joins in its place.
-        Some(local.into_transport())
-    };
-    let local_workers = local_ranks.len();
-    drop(pool);
-    if topology.master {
+        drop(pool);
         return outcome_rx.await.unwrap_or_else(|_| {
             Err(JobError::Runtime {
                 message: "the master stopped without an outcome".into(),
             })
         });
-    }
-    // A process without the master: its outcome is how its workers saw the job end.
+    };
+    drop(pool);
+    // A process without the master: its outcome is how its workers saw the job end. A
+    // failed worker's process ends, and a new one joins in its place — except in a gang
+    // restart, where this process replaces each of its workers, as the master's node asks.
+    let mut running: Vec<usize> = local_ranks.clone();
     let mut outcome = None;
-    for _ in 0..local_workers {
-        let Some((rank, ending)) = ended_rx.recv().await else {
-            return Err(JobError::Runtime {
-                message: "a worker stopped without an ending".into(),
-            });
+    while !running.is_empty() {
+        let (rank, ending) = tokio::select! {
+            Some((rank, attempt, cause)) = restarts_rx.recv() => {
+                if let Err(error) = local.restart_linked(rank, attempt, &cause) {
+                    running.retain(|&r| r != rank);
+                    outcome = Some(Err(error));
+                }
+                continue;
+            }
+            ended = ended_rx.recv() => match ended {
+                Some((rank, generation, ending)) if local.is_current_generation(rank, generation) => (rank, ending),
+                Some((rank, _, _)) => {
+                    tracing::debug!(rank, "a worker replaced in a gang restart ended");
+                    continue;
+                }
+                None => return Err(JobError::Runtime {
+                    message: "a worker stopped without an ending".into(),
+                }),
+            },
         };
+        running.retain(|&r| r != rank);
         tracing::debug!(rank, "local worker ended");
         outcome = Some(match (outcome, ending) {
             (Some(Err(first)), _) => Err(first),

@@ -12,11 +12,12 @@ use actix::{Addr, AsyncContext, Context};
 
 use super::arrivals::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
+use super::route::{OnRestart, Route, RouteState};
 use super::watch::Watch;
 use super::worker::{EndingReport, WorkerDriver};
 use super::worker_actor::WorkerActor;
 use super::worker_task::WorkerTask;
-use super::{OwnedEnding, WorkerFactory, WorkerHookFactory, WorkerHooks};
+use super::{WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::JobEnd;
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
@@ -61,7 +62,7 @@ pub(crate) fn lock_cell<M: Payload, W: Payload>(
 
 /// A worker just made, to be put in its rank's place.
 enum Made<M: Payload, W: Payload> {
-    Actor(Addr<WorkerActor<M, W>>, Attempt),
+    Actor(Linked<M, W>),
     Hosted(Box<Hosted<M, W>>),
 }
 
@@ -69,10 +70,31 @@ enum Made<M: Payload, W: Payload> {
 enum Slot<M: Payload, W: Payload> {
     /// The rank runs in another process.
     Elsewhere,
-    /// In an actor of its own, in this attempt.
-    Actor(Addr<WorkerActor<M, W>>, Attempt),
+    /// In an actor of its own, reached through the transport.
+    Actor(Linked<M, W>),
     /// Stepped by the master's node actor (the worker itself is in its cell).
     Hosted,
+}
+
+/// A worker in an actor of its own, reached through the transport: its address, the
+/// attempt it was made in, its link, and the route its transport's inbox delivers by
+/// (both kept by the worker that replaces it in a gang restart).
+struct Linked<M: Payload, W: Payload> {
+    addr: Addr<WorkerActor<M, W>>,
+    attempt: Attempt,
+    link: Arc<dyn WorkerLink<W>>,
+    route: Arc<Route<M, W>>,
+}
+
+/// How a new worker reaches the master's node.
+enum Linking<M: Payload, W: Payload> {
+    /// A link of its own, the rank's first.
+    Connect,
+    /// A link of its own that closes the old worker's (`Transport::reconnect_worker`).
+    Reconnect,
+    /// The old worker's link and route (a gang restart: the link's messages of the old
+    /// attempt are stale to the master's node).
+    Reuse(Arc<dyn WorkerLink<W>>, Arc<Route<M, W>>),
 }
 
 /// A hosted worker replaced, and the message that tells it to stop.
@@ -99,7 +121,10 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) pool: Arc<ComputePool>,
     pub(crate) exits: PoolExits,
     pub(crate) watch: Arc<Watch>,
-    pub(crate) ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    pub(crate) ended: tokio::sync::mpsc::UnboundedSender<super::worker::Ended<M>>,
+    /// Where a worker reached through the transport asks to be replaced in a gang
+    /// restart: the master's node actor in its process, the process's own loop in another.
+    pub(crate) on_restart: OnRestart,
     /// Each rank's shard of the input, if the job has one.
     pub(crate) shards: Option<Arc<Vec<Shard>>>,
     /// The job's failure as this process hears of it.
@@ -126,13 +151,6 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 .map(|p| MemoryMesh::new(n, p.wire_check)),
             parts,
         }
-    }
-
-    /// Lets go of everything but the transport, which the workers' links need as long as
-    /// they run: a process without the master restarts no worker, and learns the job's
-    /// end from its workers' endings (whose channel closes once they are all gone).
-    pub(crate) fn into_transport(self) -> Box<dyn Transport<M, W>> {
-        self.parts.transport
     }
 
     /// Whether the worker of `rank` runs in this process.
@@ -213,6 +231,14 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         self.generations[rank].load(Ordering::Acquire) == generation
     }
 
+    /// Whether an ending of the rank's worker of `generation` is the rank's current worker's
+    /// (a worker of a rank replaced since ends as it may; its ending counts for nothing).
+    pub(crate) fn is_current_generation(&self, rank: Rank, generation: u64) -> bool {
+        self.generations
+            .get(rank)
+            .is_some_and(|g| g.load(Ordering::Acquire) == generation)
+    }
+
     /// The hosted workers made and not started yet, by rank (taken: the caller starts
     /// them).
     pub(crate) fn take_fresh(&mut self) -> Vec<Rank> {
@@ -227,7 +253,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
 
     /// Starts the worker of `rank` in `attempt`, for the first time.
     pub(crate) fn start(&mut self, rank: Rank, attempt: Attempt) -> Result<(), JobError> {
-        let started = self.spawn(rank, attempt, false)?;
+        let started = self.spawn(rank, attempt, Linking::Connect)?;
         self.install(rank, started);
         Ok(())
     }
@@ -235,7 +261,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     /// Puts a worker just made in its rank's place.
     fn install(&mut self, rank: Rank, made: Made<M, W>) {
         self.slots[rank] = match made {
-            Made::Actor(addr, attempt) => Slot::Actor(addr, attempt),
+            Made::Actor(linked) => Slot::Actor(linked),
             Made::Hosted(hosted) => {
                 *lock_cell(&self.cells[rank]) = Some(hosted);
                 Slot::Hosted
@@ -252,7 +278,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         attempt: Attempt,
         cause: &JobError,
     ) -> (Result<(), JobError>, Option<ToRetire<M, W>>) {
-        let spawned = self.spawn(rank, attempt, true);
+        let spawned = self.spawn(rank, attempt, Linking::Reconnect);
         // Told to stop also when its replacement could not be made: the job fails then.
         let old = self.retire(rank, cause);
         let replaced = match spawned {
@@ -269,16 +295,18 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         (replaced, old)
     }
 
-    /// Replaces every worker of this process by a new one in `attempt`. If one cannot be
-    /// made, every worker not yet replaced is still told to stop. Hosted workers to tell
-    /// are returned, with the message for each.
+    /// Replaces every hosted worker of this process by a new one in `attempt` (a worker
+    /// reached through the transport is replaced when its link delivers the master's
+    /// `Restart`: [`restart_linked`](Self::restart_linked)). If one cannot be made, every
+    /// worker not yet replaced is still told to stop. Hosted workers to tell are returned,
+    /// with the message for each.
     pub(crate) fn replace_all(
         &mut self,
         attempt: Attempt,
         cause: &JobError,
     ) -> (Result<(), JobError>, Vec<ToRetire<M, W>>) {
         let ranks: Vec<Rank> = (0..self.slots.len())
-            .filter(|&r| self.is_local(r))
+            .filter(|&r| self.is_hosted(r))
             .collect();
         let mut first = Ok(());
         let mut told = Vec::new();
@@ -295,6 +323,49 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         (first, told)
     }
 
+    /// Replaces the worker of `rank` reached through the transport by a new one in
+    /// `attempt` — a gang restart its route asked for — on the same link: the new one's
+    /// `init` runs, and it registers in `attempt`; the old one is told to stop with
+    /// `cause` (what it still sends is of its own attempt: stale to the master's node). A
+    /// restart overtaken by a newer one, or carried out already, does nothing.
+    pub(crate) fn restart_linked(
+        &mut self,
+        rank: Rank,
+        attempt: Attempt,
+        cause: &JobError,
+    ) -> Result<(), JobError> {
+        let Some(Slot::Actor(old)) = self.slots.get(rank) else {
+            return Ok(());
+        };
+        if old.route.pending() != Some(attempt) {
+            return Ok(());
+        }
+        let (link, route) = (Arc::clone(&old.link), Arc::clone(&old.route));
+        let made = self.spawn(rank, attempt, Linking::Reuse(link, Arc::clone(&route)));
+        // Told to stop also when its replacement could not be made: this process fails
+        // then.
+        if let Some(Slot::Actor(old)) = self.slots.get(rank) {
+            old.addr.do_send(ToWorker::Abort {
+                attempt: old.attempt,
+                error: cause.clone(),
+            });
+        }
+        match made {
+            Ok(made) => {
+                if let Made::Actor(new) = &made {
+                    route.install(&new.addr, attempt);
+                }
+                tracing::debug!(rank, attempt, "worker made again for the new attempt");
+                self.install(rank, made);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(%cause, error = %e, "worker {rank} could not be made again for attempt {attempt}");
+                Err(e)
+            }
+        }
+    }
+
     /// Tells the worker of `rank`, if it still runs, to stop with `cause`. A worker that
     /// failed is stopping already and drops this; one of an attempt that ended stops with
     /// the failure that ended it. A hosted one is returned with the message, for the
@@ -302,9 +373,9 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     fn retire(&mut self, rank: Rank, cause: &JobError) -> Option<ToRetire<M, W>> {
         let slot = self.slots.get_mut(rank)?;
         match std::mem::replace(slot, Slot::Elsewhere) {
-            Slot::Actor(old, attempt) => {
-                old.do_send(ToWorker::Abort {
-                    attempt,
+            Slot::Actor(old) => {
+                old.addr.do_send(ToWorker::Abort {
+                    attempt: old.attempt,
                     error: cause.clone(),
                 });
                 None
@@ -332,7 +403,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         &mut self,
         rank: Rank,
         attempt: Attempt,
-        replace: bool,
+        linking: Linking<M, W>,
     ) -> Result<Made<M, W>, JobError> {
         let parts = &mut self.parts;
         let (factory, hooks) = (&parts.factory, &parts.hooks);
@@ -346,9 +417,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             phase: Phase::Create,
             cause,
         })?;
-        let config = &parts.config;
+        let config = Arc::clone(&parts.config);
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
-        let (link, generation): (Arc<dyn WorkerLink<W>>, u64) = match &parts.host {
+        let reconnect = matches!(linking, Linking::Reconnect);
+        let (link, generation, route): (Arc<dyn WorkerLink<W>>, u64, _) = match &parts.host {
             Some(node) => {
                 // A new connection of the rank: the old one's link is closed from now on —
                 // under the arrivals' lock, so that none of its sync calls is being
@@ -362,29 +434,47 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                     node: Arc::clone(node),
                     wire_check: parts.transport.in_process().is_some_and(|p| p.wire_check),
                 };
-                (Arc::new(link), generation)
+                (Arc::new(link), generation, None)
             }
             None => {
-                let addr = worker_ctx.address();
-                let end = parts.end.clone();
-                let inbox = Box::new(move |msg: ToWorker<M>| {
-                    // The job's failure: this process hears of it here, on the transport's
-                    // thread, even while user code holds the job's.
-                    if let Some(error) = abort_ends_job(rank, &msg) {
-                        end.end(error);
+                let generation = self.generations[rank].fetch_add(1, Ordering::AcqRel) + 1;
+                let (link, route) = match linking {
+                    Linking::Reuse(link, route) => (link, route),
+                    Linking::Connect | Linking::Reconnect => {
+                        let route = Arc::new(Route {
+                            rank,
+                            gang: crate::protocol::restarts_all(
+                                config.failure_policy,
+                                config.barrier_mode,
+                            ),
+                            state: Mutex::new(RouteState::To {
+                                addr: worker_ctx.address(),
+                                attempt,
+                            }),
+                            on_restart: Arc::clone(&parts.on_restart),
+                        });
+                        let (end, to) = (parts.end.clone(), Arc::clone(&route));
+                        let inbox = Box::new(move |msg: ToWorker<M>| {
+                            // The job's failure: this process hears of it here, on the
+                            // transport's thread, even while user code holds the job's.
+                            if let Some(error) = abort_ends_job(rank, &msg) {
+                                end.end(error);
+                            }
+                            to.deliver(msg)
+                        });
+                        let link = if reconnect {
+                            parts.transport.reconnect_worker(rank, inbox)?
+                        } else {
+                            parts.transport.connect_worker(rank, inbox)?
+                        };
+                        (Arc::from(link), route)
                     }
-                    addr.do_send(msg)
-                });
-                let link = if replace {
-                    parts.transport.reconnect_worker(rank, inbox)?
-                } else {
-                    parts.transport.connect_worker(rank, inbox)?
                 };
-                (Arc::from(link), 0)
+                (link, generation, Some(route))
             }
         };
         let mut ctx = super::worker_context(
-            config,
+            &config,
             &parts.job_id,
             rank,
             parts.shards.as_ref(),
@@ -444,6 +534,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             Arc::clone(&parts.watch),
             EndingReport {
                 to: parts.ended.clone(),
+                generation,
                 end: parts.end.clone(),
             },
         );
@@ -457,8 +548,14 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             })));
         }
         let addr = worker_ctx.address();
-        worker_ctx.run(WorkerActor::new(driver, link));
-        Ok(Made::Actor(addr, attempt))
+        let route = route.expect("a worker reached through the transport has a route");
+        worker_ctx.run(WorkerActor::new(driver, Arc::clone(&link)));
+        Ok(Made::Actor(Linked {
+            addr,
+            attempt,
+            link,
+            route,
+        }))
     }
 }
 

@@ -24,6 +24,7 @@ mod local;
 pub(crate) mod master;
 mod node;
 mod pool;
+mod route;
 pub(crate) mod sync_calls;
 mod watch;
 pub(crate) mod worker;

@@ -25,10 +25,17 @@ use crate::transport::TransportError;
 /// hears of it.
 pub(crate) struct EndingReport<M> {
     /// A process without the master takes its outcome from its workers' endings.
-    pub(crate) to: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    pub(crate) to: tokio::sync::mpsc::UnboundedSender<Ended<M>>,
+    /// Which worker of its rank this one is: the ending of one replaced since counts for
+    /// nothing.
+    pub(crate) generation: u64,
     /// The job's failure as this process hears of it.
     pub(crate) end: JobEnd,
 }
+
+/// A worker's ending, with its rank and which worker of the rank it was
+/// ([`EndingReport::generation`]).
+pub(crate) type Ended<M> = (Rank, u64, OwnedEnding<M>);
 
 /// A unit of a worker's code, back from the pool: handed to the worker's driver with
 /// [`WorkerDriver::handle_done`].
@@ -98,7 +105,9 @@ pub(crate) struct WorkerDriver<M: Payload, W: Payload> {
     placer: Placer,
     /// Where this worker reports its ending when it stops: a process without the master
     /// takes its outcome from its workers.
-    ended: tokio::sync::mpsc::UnboundedSender<(Rank, OwnedEnding<M>)>,
+    ended: tokio::sync::mpsc::UnboundedSender<Ended<M>>,
+    /// Which worker of its rank this is.
+    generation: u64,
     watch: Arc<Watch>,
     end: JobEnd,
     /// The task's stale flag (see [`WorkerTask::stale`]): set while the iteration away
@@ -125,6 +134,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             rank: task.ctx.rank,
             node: WorkerNode::new(task.ctx.rank, task.attempt, config),
             ended: ending.to,
+            generation: ending.generation,
             end: ending.end,
             stale: Arc::clone(&task.stale),
             heard: Arc::default(),
@@ -248,7 +258,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
                 }
                 WorkerAction::Report(ending) => {
                     // Nobody listens only when the job is over already.
-                    let _ = self.ended.send((self.rank, ending));
+                    let _ = self.ended.send((self.rank, self.generation, ending));
                 }
                 WorkerAction::Stop => host.stop(),
             }

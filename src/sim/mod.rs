@@ -39,8 +39,10 @@
 //! crashed master is restarted, and its workers reconnect with backoff and carry on in a
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll) — and under `RestartWorker` in barrier mode, where a
-//! replacement restarts every worker — every worker runs in the master's process (as the
-//! runtime requires), so they die and start again with it. Under the other policies each worker
+//! replacement restarts every worker — every worker runs in the master's process, so they
+//! die and start again with it (the runtime also restarts a gang across processes — each
+//! process replaces its own worker when the master's node says so — which the simulator
+//! does not model; `tests/multi_process.rs` kills its processes instead). Under the other policies each worker
 //! is a process of its own, as over TCP: its connection delivers in order, its loss is
 //! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts
 //! a process that ended on a failure again, which joins in its rank's place.

@@ -329,7 +329,9 @@ pub trait MasterLink<M>: Send + 'static {
     /// Sends `msg` to every worker. A transport that serializes should encode once; the
     /// in-memory one shares the master result (an `Arc`) instead of copying it. A worker
     /// that connects after the job's end ([`ToWorker::Finish`] or [`ToWorker::Abort`]) was
-    /// broadcast should get it at once.
+    /// broadcast should get it at once. A transport that tells a worker the master's
+    /// attempt when it connects should tell it the one a [`ToWorker::Restart`] broadcast
+    /// last (a gang restart).
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError>;
 
     /// Whether the worker of `rank` is connected now: a message sent to it can reach it.

@@ -319,6 +319,23 @@ impl<M, W> MasterNode<M, W> {
                     attempt,
                     cause: error.clone(),
                 });
+                // Workers reached through a transport — of other processes, or of this one
+                // — are replaced by their own process when it hears this; the transport
+                // welcomes later connections in the new attempt.
+                self.actions.push_back(Action::Broadcast(ToWorker::Restart {
+                    attempt,
+                    cause: error.clone(),
+                }));
+                // A rank lost in another process comes back only as a new process, which a
+                // launcher or a scheduler starts: said at once, and while registration
+                // waits.
+                if let JobError::WorkerLost { rank, .. } = &error {
+                    if !self.settings.local.get(*rank).copied().unwrap_or(true) {
+                        self.awaiting[*rank] = Awaiting::Replacement;
+                        let timeout = self.config.timeout(Waiting::Registration);
+                        say_replacement_awaited(*rank, timeout, Waiting::Registration);
+                    }
+                }
                 // Every rank is back; the master starts over from its newest checkpoint.
                 let c = &self.config;
                 self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);

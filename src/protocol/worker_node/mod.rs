@@ -373,6 +373,7 @@ impl<M, W> WorkerNode<M, W> {
                 }
                 if !matches!(self.queued, Some(Queued::Stop(_))) {
                     let attempt = self.attempt();
+                    tracing::trace!(rank = self.rank, attempt, "started; registering");
                     self.send(ToMaster::Registered { attempt });
                 }
             }

@@ -392,6 +392,29 @@ impl<M: Payload, W: Payload> Handler<Drain> for NodeActor<M, W> {
     }
 }
 
+/// A worker of this process reached through the transport heard of a gang restart into
+/// `attempt`, after `cause` (its route holds its messages meanwhile): it is replaced.
+pub(crate) struct RestartLinked {
+    pub(crate) rank: Rank,
+    pub(crate) attempt: crate::ids::Attempt,
+    pub(crate) cause: JobError,
+}
+
+impl Message for RestartLinked {
+    type Result = ();
+}
+
+impl<M: Payload, W: Payload> Handler<RestartLinked> for NodeActor<M, W> {
+    type Result = ();
+
+    fn handle(&mut self, msg: RestartLinked, ctx: &mut Context<Self>) {
+        if let Err(error) = self.local.restart_linked(msg.rank, msg.attempt, &msg.cause) {
+            self.failed(error);
+        }
+        self.drive(ctx);
+    }
+}
+
 impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for NodeActor<M, W> {
     type Result = ();
 

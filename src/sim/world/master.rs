@@ -379,8 +379,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.stats.master_crashes += 1;
         self.log(|| format!("the master crashes {when}"));
         if self.gang() {
-            // Every worker runs in the master's process (as `RestartAll` requires): they
-            // die with it.
+            // Every worker runs in the master's process (as the simulator models a gang):
+            // they die with it.
             for rank in 0..self.nodes.len() {
                 self.settle(rank, &JobError::Cancelled);
                 self.nodes[rank].alive = false;

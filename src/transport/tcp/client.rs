@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -39,9 +39,10 @@ pub(super) struct Client<M, W> {
     /// Whether the worker queued its last message: after it, a lost master is no loss.
     pub(super) said_done: Arc<AtomicBool>,
     pub(super) stop: watch::Receiver<bool>,
-    /// The attempt the worker starts in, until a welcome says another: what an abort
-    /// before the first welcome is for.
-    pub(super) first_attempt: Attempt,
+    /// The attempt the worker runs in: the one it starts in, until a welcome or a gang
+    /// restart says another. What an abort this connection makes is for; shared with the
+    /// worker's link, whose `Done` of this attempt is its last word.
+    pub(super) attempt: Arc<AtomicU32>,
     /// The worker's queue of frames for the master, for a failure the connection itself
     /// finds (a message that does not decode). Weak: the queue ends when the worker's
     /// link is dropped, as it must for the writer to end.
@@ -78,19 +79,18 @@ impl<M: Payload, W: Payload> Client<M, W> {
     /// it.
     pub(super) async fn run(self, mut queue: mpsc::UnboundedReceiver<Bytes>) {
         let s = Arc::clone(&self.settings);
-        let mut attempt = self.first_attempt;
         let mut lost: Option<String> = None;
         loop {
             let (mut frames, writer, joined_attempt) = match self.reach(lost.as_deref()).await {
                 Ok(joined) => joined,
                 Err(Unreached::Lost(reason)) => {
                     tracing::error!(rank = s.rank, %reason, "cannot reach the master");
-                    return self.abort(attempt, JobError::MasterLost { reason });
+                    return self.abort(JobError::MasterLost { reason });
                 }
                 Err(Unreached::Refused(refusal)) => {
                     tracing::error!(rank = s.rank, %refusal, "the master refused this worker");
                     let error = self.refused(refusal);
-                    return self.abort(attempt, error);
+                    return self.abort(error);
                 }
             };
             if lost.is_some() {
@@ -105,12 +105,13 @@ impl<M: Payload, W: Payload> Client<M, W> {
                     "reached the master again"
                 );
             }
-            attempt = joined_attempt;
+            let attempt = joined_attempt;
+            self.attempt.store(attempt, Ordering::Release);
             if let Some(mesh) = &self.mesh {
                 mesh.joined(attempt);
             }
             (self.inbox)(ToWorker::Connected { attempt });
-            match self.session(&mut frames, writer, &mut queue, attempt).await {
+            match self.session(&mut frames, writer, &mut queue).await {
                 SessionEnd::Over => return,
                 // The worker said its last word, or the job is over for this process: a
                 // new connection would only look like a worker lost.
@@ -130,14 +131,15 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 }
                 SessionEnd::Lost(reason) => {
                     tracing::error!(rank = s.rank, %reason, "master lost");
-                    return self.abort(attempt, JobError::MasterLost { reason });
+                    return self.abort(JobError::MasterLost { reason });
                 }
             }
         }
     }
 
     /// Ends the job for this worker, in the attempt it runs.
-    fn abort(&self, attempt: Attempt, error: JobError) {
+    fn abort(&self, error: JobError) {
+        let attempt = self.attempt.load(Ordering::Acquire);
         (self.inbox)(ToWorker::Abort { attempt, error });
     }
 
@@ -285,7 +287,6 @@ impl<M: Payload, W: Payload> Client<M, W> {
         frames: &mut Frames,
         writer: OwnedWriteHalf,
         queue: &mut mpsc::UnboundedReceiver<Bytes>,
-        attempt: Attempt,
     ) -> SessionEnd {
         let s = &self.settings;
         let write = write_loop(
@@ -297,7 +298,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             s.heartbeat_interval,
         );
         tokio::pin!(write);
-        let read = self.read_loop(frames, attempt);
+        let read = self.read_loop(frames);
         tokio::pin!(read);
         tokio::select! {
             lost = &mut read => match lost {
@@ -443,7 +444,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
     /// worker stops — and the connection goes on until the master's abort. Returns why the
     /// master was lost, or `None` when the job ended (finish or abort received) or the
     /// transport stopped.
-    async fn read_loop(&self, frames: &mut Frames, attempt: Attempt) -> Option<String> {
+    async fn read_loop(&self, frames: &mut Frames) -> Option<String> {
         let timeout = self.settings.heartbeat_timeout;
         let rank = self.settings.rank;
         let mut undecodable = false;
@@ -458,7 +459,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 let error =
                     Undecodable::of::<ToWorker<M>>(direction, message).sent_by(&self.target);
                 let failed = Wire::<(), ()>::ToMaster(ToMaster::Failed {
-                    attempt,
+                    attempt: self.attempt.load(Ordering::Acquire),
                     error: error.clone(),
                 });
                 if let (Some(to_master), Ok(frame)) = (
@@ -467,10 +468,21 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 ) {
                     let _ = to_master.send(frame);
                 }
-                self.abort(attempt, error);
+                self.abort(error);
                 Ok(Delivered::More)
             }
             Ok(Wire::ToWorker(msg)) => {
+                // A gang restart: the worker's process replaces its worker, which runs in
+                // the new attempt; peers lost in the old one are tried again. (A worker
+                // that failed may have said its `Done` before: the master's node reads on.)
+                if let ToWorker::Restart { attempt, .. } = &msg {
+                    self.attempt.store(*attempt, Ordering::Release);
+                    // The old worker's `Done` was not the rank's last word.
+                    self.said_done.store(false, Ordering::SeqCst);
+                    if let Some(mesh) = &self.mesh {
+                        mesh.joined(*attempt);
+                    }
+                }
                 let last = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
                 (self.inbox)(msg);
                 Ok(if last {

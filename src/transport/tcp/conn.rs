@@ -321,12 +321,13 @@ pub(super) fn heartbeat_frame(max: usize) -> Bytes {
 pub(super) enum Delivered {
     /// More messages follow.
     More,
-    /// The peer's last message: whatever happens on the connection next is no loss.
+    /// The peer's last message: its connection's close or silence next is no loss (a
+    /// message after it says anew).
     Last,
 }
 
-/// Reads a connection's frames until its peer's last message or the transport's stop,
-/// answering heartbeats by silence and handing every other message — or why a frame did
+/// Reads a connection's frames until its peer goes after its last message, or the
+/// transport's stop, answering heartbeats by silence and handing every other message — or why a frame did
 /// not decode as the job's types — to `deliver`. Returns why the peer was lost (silent,
 /// closed, unreadable, or refused by `deliver`), or `None`.
 pub(super) async fn read_until_last<M: Payload, W: Payload>(
@@ -342,9 +343,11 @@ pub(super) async fn read_until_last<M: Payload, W: Payload>(
             _ = stop.changed() => return None,
         };
         let frame = match next {
-            // After its last message a peer may go as it likes.
-            _ if last => return None,
             Ok(Some(frame)) => frame,
+            // After its last message a peer may go as it likes. (A message after it is
+            // delivered, and says anew whether it was the last: a worker that failed says
+            // its `Done`, and a gang restart's new worker speaks on after it.)
+            _ if last => return None,
             Ok(None) => return Some(ReadError::Lost("its connection closed".into())),
             Err(error) => return Some(error),
         };

@@ -35,7 +35,7 @@ pub(crate) mod wire;
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -550,6 +550,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             ever: vec![false; world],
             addrs: vec![None; world],
             ending: None,
+            attempt,
         }));
         let refusals = Arc::new(Mutex::new(admission::Refusals::new(
             world,
@@ -560,7 +561,6 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             inbox: Arc::new(inbox),
             peers: Arc::clone(&peers),
             fingerprint: Arc::clone(&self.fingerprint),
-            attempt,
             stop: io.stop.subscribe(),
             tracker: io.tracker.clone(),
             unproven: Arc::default(),
@@ -601,13 +601,16 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         };
         let (lane, rx) = Lane::new();
         let said_done = Arc::new(AtomicBool::new(false));
+        let attempt = Arc::new(AtomicU32::new(
+            self.attempt.unwrap_or(client::FIRST_ATTEMPT),
+        ));
         let client = client::Client::<M, W> {
             settings: Arc::clone(&self.settings),
             target,
             inbox,
             said_done: Arc::clone(&said_done),
             stop: io.stop.subscribe(),
-            first_attempt: self.attempt.unwrap_or(client::FIRST_ATTEMPT),
+            attempt: Arc::clone(&attempt),
             fingerprint: Arc::clone(&self.fingerprint),
             to_master: Arc::downgrade(&lane),
             mesh: self.mesh.clone(),
@@ -618,6 +621,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         Ok(Box::new(TcpWorkerLink::<W> {
             lane,
             said_done,
+            attempt,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
         }))
@@ -637,6 +641,10 @@ struct Peers {
     addrs: Vec<Option<String>>,
     /// The job's last message (finish or abort), once broadcast.
     ending: Option<Bytes>,
+    /// The attempt the master's node runs: a connection is welcomed in it, and what ends
+    /// a connection (its `Done`, its loss) is of it. A gang restart's broadcast moves it
+    /// on.
+    attempt: Attempt,
 }
 
 impl Peers {
@@ -689,12 +697,20 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
     fn broadcast(&self, msg: ToWorker<M>) -> Result<(), TransportError> {
         // Encoded once; every connection writes the same bytes. A rank not connected
         // (lost, or not yet there) is the gate's to notice, by its timeouts — except the
-        // job's end, which a worker connecting later hears at once.
+        // job's end, which a worker connecting later hears at once; and a gang restart,
+        // whose attempt a worker connecting later is welcomed in.
         let ends = matches!(msg, ToWorker::Finish { .. } | ToWorker::Abort { .. });
+        let restart = match &msg {
+            ToWorker::Restart { attempt, .. } => Some(*attempt),
+            _ => None,
+        };
         let frame = self.frame(msg)?;
         let mut peers = lock(&self.peers);
         if ends {
             peers.ending = Some(frame.clone());
+        }
+        if let Some(attempt) = restart {
+            peers.attempt = attempt;
         }
         for conn in peers.conns.iter().flatten() {
             let _ = conn.send(frame.clone());
@@ -722,16 +738,19 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
 
 struct TcpWorkerLink<W> {
     lane: Arc<Lane>,
-    /// Set once the worker queued its last message (`Done`): its connection is then not
-    /// made again.
+    /// Set once the worker queued its last message (`Done`, of the attempt it runs): its
+    /// connection is then not made again.
     said_done: Arc<AtomicBool>,
+    /// The attempt the worker runs in, as its connection knows it: the `Done` of a worker
+    /// a gang restart replaced is not the rank's last word.
+    attempt: Arc<AtomicU32>,
     max_frame: usize,
     _types: PhantomData<fn() -> W>,
 }
 
 impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        let done = matches!(msg, ToMaster::Done { .. });
+        let done = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt.load(Ordering::Acquire));
         let frame = wire::encode(&Wire::<(), W>::ToMaster(msg), self.max_frame)
             .map_err(|e| TransportError::Encode(e.to_string()))?;
         if done {

@@ -64,8 +64,6 @@ pub(super) struct Server<M, W> {
     pub(super) peers: Shared,
     /// The job as this process runs it: every worker's must be the same.
     pub(super) fingerprint: Arc<Fingerprint>,
-    /// The attempt this master's node runs: every worker that connects is told it.
-    pub(super) attempt: Attempt,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) tracker: TaskTracker,
     pub(super) unproven: Arc<Mutex<Unproven>>,
@@ -80,7 +78,6 @@ impl<M, W> Clone for Server<M, W> {
             inbox: Arc::clone(&self.inbox),
             peers: Arc::clone(&self.peers),
             fingerprint: Arc::clone(&self.fingerprint),
-            attempt: self.attempt,
             stop: self.stop.clone(),
             tracker: self.tracker.clone(),
             unproven: Arc::clone(&self.unproven),
@@ -91,6 +88,12 @@ impl<M, W> Clone for Server<M, W> {
 }
 
 impl<M: Payload, W: Payload> Server<M, W> {
+    /// The attempt the master's node runs: every worker that connects is told it; a gang
+    /// restart moves it on ([`Peers::attempt`](super::Peers)).
+    fn attempt(&self) -> Attempt {
+        lock(&self.peers).attempt
+    }
+
     pub(super) async fn serve(self, listener: std::net::TcpListener) {
         self.tracker
             .spawn(self.clone().watch(Instant::now()).in_current_span());
@@ -157,7 +160,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 (self.inbox)(Envelope {
                     from: missing[0],
                     msg: ToMaster::Failed {
-                        attempt: self.attempt,
+                        attempt: self.attempt(),
                         error,
                     },
                 });
@@ -231,7 +234,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             (self.inbox)(Envelope {
                 from: rank,
                 msg: ToMaster::Failed {
-                    attempt: self.attempt,
+                    attempt: self.attempt(),
                     error,
                 },
             });
@@ -308,7 +311,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
         (self.inbox)(Envelope {
             from,
             msg: ToMaster::Failed {
-                attempt: self.attempt,
+                attempt: self.attempt(),
                 error,
             },
         });
@@ -400,12 +403,16 @@ impl<M: Payload, W: Payload> Server<M, W> {
             ));
         }
         let (lane, rx) = Lane::new();
+        let attempt;
         let claim = {
             let mut peers = lock(&self.peers);
             if peers.holds(rank) {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
             peers.conns[rank] = Some(Arc::clone(&lane));
+            // Under the lock a gang restart's broadcast takes: a connection is welcomed in
+            // the new attempt, or hears the restart after its welcome.
+            attempt = peers.attempt;
             // The job ended already: the worker hears how, right after its welcome (queued:
             // nothing is written directly before the writer runs).
             if let Some(ending) = &peers.ending {
@@ -416,9 +423,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 rank,
             }
         };
-        let welcome = Wire::<(), ()>::Welcome {
-            attempt: self.attempt,
-        };
+        let welcome = Wire::<(), ()>::Welcome { attempt };
         let welcome =
             wire::encode(&welcome, s.max_frame).map_err(|e| broken(claimed)(e.to_string()))?;
         write_frame(writer, &welcome)
@@ -470,7 +475,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 (self.inbox)(Envelope {
                     from: rank,
                     msg: ToMaster::Failed {
-                        attempt: self.attempt,
+                        attempt: self.attempt(),
                         error,
                     },
                 });
@@ -488,7 +493,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             Ok(Wire::ToMaster(msg)) => {
                 // Only a `Done` of this node's attempt ends the connection: one the worker
                 // queued for a master before this one is dropped by the gate as stale.
-                let last = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt);
+                let last = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt());
                 (self.inbox)(Envelope { from: rank, msg });
                 Ok(if last {
                     Delivered::Last

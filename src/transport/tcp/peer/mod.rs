@@ -481,9 +481,8 @@ impl Mesh {
         let mut stop = self.io.stop.clone();
         let reached = tokio::select! {
             reached = async {
-                let addr = self.address_of(to, deadline).await?;
-                *at = Some(addr.clone());
-                self.reach(to, &addr, deadline).await
+                self.address_of(to, deadline).await?;
+                self.reach(to, at, deadline).await
             } => reached?,
             _ = stopped(&mut stop) => return Ok(()),
         };
@@ -522,8 +521,8 @@ impl Mesh {
         }
     }
 
-    /// `to`'s address, once the master's node told it, at most until `deadline`.
-    async fn address_of(&self, to: Rank, deadline: Instant) -> Result<String, Ended> {
+    /// Waits until the master's node told `to`'s address, at most until `deadline`.
+    async fn address_of(&self, to: Rank, deadline: Instant) -> Result<(), Ended> {
         let mut table = self.table.subscribe();
         let waited = tokio::time::timeout_at(
             deadline.into(),
@@ -531,7 +530,7 @@ impl Mesh {
         )
         .await;
         match waited {
-            Ok(Ok(t)) => Ok(t[to].clone().unwrap_or_default()),
+            Ok(Ok(_)) => Ok(()),
             _ => Err(Ended::Lost(format!(
                 "the master's node did not say where it listens within {:?}",
                 self.settings.connect_timeout
@@ -539,16 +538,27 @@ impl Mesh {
         }
     }
 
-    /// Connects to `addr` and completes the handshake, trying again until `deadline`.
+    /// Connects to `to` and completes the handshake, trying again until `deadline` — each
+    /// time at the address the master's node told last (a process of the rank started
+    /// again listens elsewhere); the one tried last goes in `at`.
     async fn reach(
         &self,
         to: Rank,
-        addr: &str,
+        at: &mut Option<String>,
         deadline: Instant,
     ) -> Result<(Frames, OwnedWriteHalf), Ended> {
         let s = &self.settings;
         let mut backoff = Duration::from_millis(20);
         loop {
+            let addr = self
+                .table
+                .borrow()
+                .get(to)
+                .cloned()
+                .flatten()
+                .unwrap_or_default();
+            *at = Some(addr.clone());
+            let addr = addr.as_str();
             let left = deadline.saturating_duration_since(Instant::now());
             let tried = tokio::time::timeout(left.max(Duration::from_millis(1)), async {
                 let stream = TcpStream::connect(addr)

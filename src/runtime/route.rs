@@ -1,0 +1,128 @@
+//! The route a transport's inbox delivers a worker's messages by: to the rank's current
+//! worker in an actor of its own, or — while its process replaces it in a gang restart
+//! (`ToWorker::Restart`, or a master's node of another attempt under a policy that
+//! restarts every worker) — held for the new one.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use actix::Addr;
+
+use super::worker_actor::WorkerActor;
+use crate::error::JobError;
+use crate::ids::{Attempt, Rank};
+use crate::payload::Payload;
+use crate::protocol::ToWorker;
+
+/// What to do when a worker reached through the transport must start over in another
+/// attempt (its rank, the attempt, the failure the job recovers from): the process that
+/// runs it replaces it ([`LocalWorkers::restart_linked`]).
+pub(crate) type OnRestart = Arc<dyn Fn(Rank, Attempt, JobError) + Send + Sync>;
+
+/// Where the transport's inbox of a worker reached through it delivers the master's
+/// messages: to the rank's current worker, or — while this process replaces it in a gang
+/// restart — held for the new one, in their order.
+pub(crate) struct Route<M: Payload, W: Payload> {
+    pub(super) rank: Rank,
+    /// Whether a master's node of another attempt (one started again) restarts every
+    /// worker too: the job's failures restart every worker.
+    pub(super) gang: bool,
+    pub(super) state: Mutex<RouteState<M, W>>,
+    pub(super) on_restart: OnRestart,
+}
+
+pub(super) enum RouteState<M: Payload, W: Payload> {
+    /// To the worker made in `attempt`.
+    To {
+        addr: Addr<WorkerActor<M, W>>,
+        attempt: Attempt,
+    },
+    /// A new worker of `attempt` is being made: what arrives meanwhile waits for it.
+    Restarting {
+        attempt: Attempt,
+        held: Vec<ToWorker<M>>,
+    },
+}
+
+impl<M: Payload, W: Payload> Route<M, W> {
+    /// Delivers `msg` from the master. A gang restart into another attempt — the master's
+    /// `Restart`, or in a job whose failures restart every worker, a link that reached a
+    /// master's node of another attempt (one started again) — holds what follows and asks
+    /// this process to replace the worker.
+    pub(super) fn deliver(&self, msg: ToWorker<M>) {
+        let restart = match &msg {
+            ToWorker::Restart { attempt, cause } => Some((*attempt, cause.clone())),
+            ToWorker::Connected { attempt } if self.gang => Some((
+                *attempt,
+                JobError::MasterLost {
+                    reason: format!(
+                        "worker {} reached a master's node started again, in attempt {attempt}: every worker starts over from its newest checkpoint",
+                        self.rank
+                    ),
+                },
+            )),
+            _ => None,
+        };
+        let mut state = lock(&self.state);
+        let asked = match (&mut *state, restart) {
+            (RouteState::To { attempt: now, .. }, Some((attempt, cause))) if attempt != *now => {
+                *state = RouteState::Restarting {
+                    attempt,
+                    held: vec![msg],
+                };
+                Some((attempt, cause))
+            }
+            (
+                RouteState::Restarting {
+                    attempt: pending,
+                    held,
+                },
+                Some((attempt, cause)),
+            ) if attempt != *pending => {
+                // A newer restart before the last one was carried out: what was held is
+                // the older attempt's.
+                *pending = attempt;
+                *held = vec![msg];
+                Some((attempt, cause))
+            }
+            (RouteState::To { addr, .. }, _) => {
+                addr.do_send(msg);
+                None
+            }
+            (RouteState::Restarting { held, .. }, _) => {
+                held.push(msg);
+                None
+            }
+        };
+        drop(state);
+        if let Some((attempt, cause)) = asked {
+            tracing::warn!(rank = self.rank, attempt, %cause, "every worker starts over; this one is replaced");
+            (self.on_restart)(self.rank, attempt, cause);
+        }
+    }
+
+    /// The attempt a restart waits for a new worker of, if one does.
+    pub(super) fn pending(&self) -> Option<Attempt> {
+        match &*lock(&self.state) {
+            RouteState::Restarting { attempt, .. } => Some(*attempt),
+            RouteState::To { .. } => None,
+        }
+    }
+
+    /// The new worker of `attempt` takes the rank's messages: first those held for it.
+    pub(super) fn install(&self, addr: &Addr<WorkerActor<M, W>>, attempt: Attempt) {
+        let mut state = lock(&self.state);
+        if let RouteState::Restarting { held, .. } = &mut *state {
+            for msg in held.drain(..) {
+                addr.do_send(msg);
+            }
+        }
+        *state = RouteState::To {
+            addr: addr.clone(),
+            attempt,
+        };
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -777,6 +777,9 @@ fn under_restart_all_a_process_killed_at_a_random_point_leaves_the_fault_free_re
         let stderr = String::from_utf8_lossy(&out.stderr);
         let point = format!("rank {victim} killed {after:?} after every process started");
         assert!(out.status.success(), "{point}: {stdout}\n{stderr}");
+        // (With --nocapture: whether the kill found the process alive, for a tally.)
+        let landed = stderr.contains(&format!("rank {victim} exited with signal: 9"));
+        eprintln!("random kill: {point}: landed {landed}");
         // The master ends with the fault-free result; so does every worker that ended with
         // one (a worker killed after its last result may find the job over when it comes
         // back).

@@ -352,10 +352,13 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         }
         match made {
             Ok(made) => {
+                // (Overtaken while it was made by a newer restart, it is made again for
+                // that one next, and told to stop then.)
                 if let Made::Actor(new) = &made {
-                    route.install(&new.addr, attempt);
+                    if route.install(&new.addr, attempt) {
+                        tracing::debug!(rank, attempt, "worker made again for the new attempt");
+                    }
                 }
-                tracing::debug!(rank, attempt, "worker made again for the new attempt");
                 self.install(rank, made);
                 Ok(())
             }

@@ -108,18 +108,27 @@ impl<M: Payload, W: Payload> Route<M, W> {
         }
     }
 
-    /// The new worker of `attempt` takes the rank's messages: first those held for it.
-    pub(super) fn install(&self, addr: &Addr<WorkerActor<M, W>>, attempt: Attempt) {
+    /// The new worker of `attempt` takes the rank's messages: first those held for it —
+    /// unless a newer restart came while it was made, whose worker takes them instead.
+    /// Returns whether it took them.
+    pub(super) fn install(&self, addr: &Addr<WorkerActor<M, W>>, attempt: Attempt) -> bool {
         let mut state = lock(&self.state);
-        if let RouteState::Restarting { held, .. } = &mut *state {
-            for msg in held.drain(..) {
-                addr.do_send(msg);
+        match &mut *state {
+            RouteState::Restarting {
+                attempt: pending, ..
+            } if *pending != attempt => return false,
+            RouteState::Restarting { held, .. } => {
+                for msg in held.drain(..) {
+                    addr.do_send(msg);
+                }
             }
+            RouteState::To { .. } => {}
         }
         *state = RouteState::To {
             addr: addr.clone(),
             attempt,
         };
+        true
     }
 }
 

@@ -43,12 +43,29 @@ impl Harness {
     }
 
     fn with(config: NodeConfig) -> Self {
-        let workers = config.workers;
+        let local = vec![true; config.workers];
+        Harness::placed(config, local)
+    }
+
+    /// A job whose rank 0 runs in the master's process and every other rank in one of
+    /// its own.
+    fn across_processes(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
+        let config = NodeConfig {
+            workers,
+            iterations,
+            policy,
+            quorum: workers,
+            ..NodeConfig::for_tests()
+        };
+        Harness::placed(config, (0..workers).map(|r| r == 0).collect())
+    }
+
+    fn placed(config: NodeConfig, local: Vec<bool>) -> Self {
         let t = Instant::now();
         let node = MasterNode::new(
             Arc::new(config),
             NodeSettings {
-                local: vec![true; workers],
+                local,
                 coordinated: false,
                 listening: false,
             },
@@ -333,5 +350,54 @@ fn each_round_goes_to_the_master_with_whether_its_checkpoint_is_due() {
     assert_eq!(
         h.rounds,
         [(1, Halts), (2, Yes), (3, Halts), (4, Yes), (5, Yes)]
+    );
+}
+
+#[test]
+fn a_gang_restart_waits_for_a_rank_lost_before_it_registered_in_the_new_attempt() {
+    let mut h = Harness::across_processes(3, 5, FailurePolicy::RestartAll { max_attempts: 3 });
+    registered(&mut h);
+    let restarts = |h: &Harness| {
+        h.sent
+            .iter()
+            .filter_map(|m| match m {
+                ToWorker::Restart { attempt, .. } => Some(*attempt),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // Rank 1's process is lost in iteration 1: every worker restarts, as attempt 1.
+    h.from(1, lost(1));
+    assert_eq!(restarts(&h), [1]);
+    // Rank 2's process, killed with it, is found lost only now — in attempt 1, before it
+    // registered in it: no second restart; a new process of the rank is waited for.
+    h.from(
+        2,
+        ToMaster::Failed {
+            attempt: 1,
+            error: JobError::WorkerLost {
+                rank: 2,
+                reason: "its connection closed".into(),
+            },
+        },
+    );
+    assert_eq!(restarts(&h), [1]);
+    assert!(h.ended.is_empty(), "{:?}", h.ended);
+    assert_eq!(h.node.report.recovered, 1);
+    // The new processes register in attempt 1: the job goes on from iteration 1.
+    for rank in 0..3 {
+        h.from(rank, ToMaster::Registered { attempt: 1 });
+    }
+    assert!(
+        h.sent.iter().any(|m| matches!(
+            m,
+            ToWorker::Iterate {
+                attempt: 1,
+                iteration: 1,
+                ..
+            }
+        )),
+        "{:?}",
+        h.sent
     );
 }

@@ -266,6 +266,27 @@ impl<M, W> MasterNode<M, W> {
             }
             return;
         }
+        // Restarting every worker, the master waits for each rank to register in the new
+        // attempt: the loss of a rank of another process that has not registered in it —
+        // its old process, dead before it heard of the restart, or a new one gone before
+        // it registered — restarts nothing more. A new process of the rank is waited for,
+        // within the registration's timeout.
+        if let JobError::WorkerLost { rank, .. } = &error {
+            let rank = *rank;
+            let remote = !self.settings.local.get(rank).copied().unwrap_or(true);
+            let registering = self
+                .gate
+                .waiting()
+                .filter(|w| w.during == Waiting::Registration);
+            if let Some(wait) = registering.filter(|_| {
+                self.recovery.restarts_all() && remote && !self.gate.is_registered(rank)
+            }) {
+                self.awaiting[rank] = Awaiting::Replacement;
+                let waited = now.saturating_duration_since(wait.since);
+                say_replacement_awaited(rank, wait.timeout.saturating_sub(waited), wait.during);
+                return;
+            }
+        }
         let Some(action) = self.recovery.on_failure(error.clone()) else {
             tracing::debug!(%error, "a further report of a failure being recovered from");
             return;

@@ -15,7 +15,7 @@ use crate::protocol::ToWorker;
 
 /// What to do when a worker reached through the transport must start over in another
 /// attempt (its rank, the attempt, the failure the job recovers from): the process that
-/// runs it replaces it ([`LocalWorkers::restart_linked`]).
+/// runs it replaces it (`LocalWorkers::restart_linked`).
 pub(crate) type OnRestart = Arc<dyn Fn(Rank, Attempt, JobError) + Send + Sync>;
 
 /// Where the transport's inbox of a worker reached through it delivers the master's

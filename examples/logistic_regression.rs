@@ -77,6 +77,11 @@ struct Args {
     /// cluster job, the launcher or scheduler starts the new process).
     #[arg(long, default_value_t = 0)]
     replace_workers: u32,
+    /// Restart every worker from the newest checkpoint when one fails or is lost, at most
+    /// this many attempts in all (in a cluster job each live process replaces its own
+    /// worker, and the launcher or scheduler starts a dead one again).
+    #[arg(long, default_value_t = 0, conflicts_with = "replace_workers")]
+    restart_all: u32,
 }
 
 /// Prints the loss of each iteration above the progress bar.
@@ -159,9 +164,10 @@ fn main() -> ExitCode {
     );
     let progress = bar.clone();
     let builder = builder.input(Input::Rows(args.rows as u64));
-    let builder = match args.replace_workers {
-        0 => builder,
-        max_restarts => builder.failure_policy(FailurePolicy::RestartWorker { max_restarts }),
+    let builder = match (args.replace_workers, args.restart_all) {
+        (0, 0) => builder,
+        (0, max_attempts) => builder.failure_policy(FailurePolicy::RestartAll { max_attempts }),
+        (max_restarts, _) => builder.failure_policy(FailurePolicy::RestartWorker { max_restarts }),
     };
     // Only the master's process saves and reads checkpoints.
     let builder = match (&args.checkpoint_dir, runs_master) {

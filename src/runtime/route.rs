@@ -55,7 +55,7 @@ impl<M: Payload, W: Payload> Route<M, W> {
                 *attempt,
                 JobError::MasterLost {
                     reason: format!(
-                        "worker {} reached a master's node started again, in attempt {attempt}: every worker starts over from its newest checkpoint",
+                        "worker {} reached the master's node in attempt {attempt}, not in its own (a master started again, or a gang restart it joins late): every worker starts over from the newest checkpoint",
                         self.rank
                     ),
                 },

@@ -274,7 +274,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 continue;
             }
             ended = ended_rx.recv() => match ended {
-                Some((rank, generation, ending)) if local.is_current_generation(rank, generation) => (rank, ending),
+                Some((rank, generation, ending)) if local.is_current(rank, generation) => (rank, ending),
                 Some((rank, _, _)) => {
                     tracing::debug!(rank, "a worker replaced in a gang restart ended");
                     continue;

@@ -225,18 +225,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             .retain(|h| !(h.rank == rank && h.generation == generation));
     }
 
-    /// Whether a message of the hosted worker of `rank`, of connection `generation`, may
-    /// still reach the master's node: no replacement took its rank.
+    /// Whether the worker of `rank` of connection `generation` is the rank's current one:
+    /// a hosted worker's message may still reach the master's node, and a worker's ending
+    /// is its process's to count (a replaced one's is not).
     pub(crate) fn is_current(&self, rank: Rank, generation: u64) -> bool {
         self.generations[rank].load(Ordering::Acquire) == generation
-    }
-
-    /// Whether an ending of the rank's worker of `generation` is the rank's current worker's
-    /// (a worker of a rank replaced since ends as it may; its ending counts for nothing).
-    pub(crate) fn is_current_generation(&self, rank: Rank, generation: u64) -> bool {
-        self.generations
-            .get(rank)
-            .is_some_and(|g| g.load(Ordering::Acquire) == generation)
     }
 
     /// The hosted workers made and not started yet, by rank (taken: the caller starts
@@ -343,13 +336,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let (link, route) = (Arc::clone(&old.link), Arc::clone(&old.route));
         let made = self.spawn(rank, attempt, Linking::Reuse(link, Arc::clone(&route)));
         // Told to stop also when its replacement could not be made: this process fails
-        // then.
-        if let Some(Slot::Actor(old)) = self.slots.get(rank) {
-            old.addr.do_send(ToWorker::Abort {
-                attempt: old.attempt,
-                error: cause.clone(),
-            });
-        }
+        // then. (An actor is told at once: nothing comes back to step.)
+        let _ = self.retire(rank, cause);
         match made {
             Ok(made) => {
                 // (Overtaken while it was made by a newer restart, it is made again for

@@ -31,7 +31,7 @@ pub(crate) mod worker;
 mod worker_actor;
 pub(crate) mod worker_task;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -57,6 +57,12 @@ use launch::{launch, Shared};
 pub(crate) use launch::{master_process, MasterParts};
 use pool::PoolExits;
 use watch::Watch;
+
+/// Locks `mutex`, also when a thread panicked holding it: what the runtime's locks guard
+/// stays usable (each change under them is whole).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
 pub(crate) use worker_task::worker_context;
 
 pub(crate) type DynWorker<M, W> = Box<dyn WorkerComputable<MasterResult = M, WorkerResult = W>>;

@@ -3,10 +3,11 @@
 //! (`ToWorker::Restart`, or a master's node of another attempt under a policy that
 //! restarts every worker) — held for the new one.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use actix::Addr;
 
+use super::lock;
 use super::worker_actor::WorkerActor;
 use crate::error::JobError;
 use crate::ids::{Attempt, Rank};
@@ -130,8 +131,4 @@ impl<M: Payload, W: Payload> Route<M, W> {
         };
         true
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -271,19 +271,16 @@ impl<M, W> MasterNode<M, W> {
         // its old process, dead before it heard of the restart, or a new one gone before
         // it registered — restarts nothing more. A new process of the rank is waited for,
         // within the registration's timeout.
-        if let JobError::WorkerLost { rank, .. } = &error {
-            let rank = *rank;
-            let remote = !self.settings.local.get(rank).copied().unwrap_or(true);
+        if let Some(rank) = self.lost_elsewhere(&error) {
             let registering = self
                 .gate
                 .waiting()
                 .filter(|w| w.during == Waiting::Registration);
-            if let Some(wait) = registering.filter(|_| {
-                self.recovery.restarts_all() && remote && !self.gate.is_registered(rank)
-            }) {
-                self.awaiting[rank] = Awaiting::Replacement;
+            if let Some(wait) = registering
+                .filter(|_| self.recovery.restarts_all() && !self.gate.is_registered(rank))
+            {
                 let waited = now.saturating_duration_since(wait.since);
-                say_replacement_awaited(rank, wait.timeout.saturating_sub(waited), wait.during);
+                self.await_new_process(rank, wait.timeout.saturating_sub(waited));
                 return;
             }
         }
@@ -350,12 +347,8 @@ impl<M, W> MasterNode<M, W> {
                 // A rank lost in another process comes back only as a new process, which a
                 // launcher or a scheduler starts: said at once, and while registration
                 // waits.
-                if let JobError::WorkerLost { rank, .. } = &error {
-                    if !self.settings.local.get(*rank).copied().unwrap_or(true) {
-                        self.awaiting[*rank] = Awaiting::Replacement;
-                        let timeout = self.config.timeout(Waiting::Registration);
-                        say_replacement_awaited(*rank, timeout, Waiting::Registration);
-                    }
+                if let Some(rank) = self.lost_elsewhere(&error) {
+                    self.await_new_process(rank, self.config.timeout(Waiting::Registration));
                 }
                 // Every rank is back; the master starts over from its newest checkpoint.
                 let c = &self.config;
@@ -394,6 +387,24 @@ impl<M, W> MasterNode<M, W> {
             },
             _ => {}
         }
+    }
+
+    /// The rank `error` says was lost, if it runs in another process: only a new process
+    /// of it, which a launcher or a scheduler starts, takes its place.
+    fn lost_elsewhere(&self, error: &JobError) -> Option<Rank> {
+        match error {
+            JobError::WorkerLost { rank, .. } if self.settings.local.get(*rank) == Some(&false) => {
+                Some(*rank)
+            }
+            _ => None,
+        }
+    }
+
+    /// A gang restart's registration waits for a new process of `rank` (`left` of its
+    /// timeout remains): said at once, and at WARN while it waits (`say_waiting`).
+    fn await_new_process(&mut self, rank: Rank, left: Duration) {
+        self.awaiting[rank] = Awaiting::Replacement;
+        say_replacement_awaited(rank, left, Waiting::Registration);
     }
 
     /// Tells the failed worker of another process, still connected, that the job is over

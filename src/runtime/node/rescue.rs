@@ -9,7 +9,9 @@
 //! the job on the thread it failed on) is known while the slow one runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::runtime::lock;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
@@ -31,10 +33,6 @@ const LINGER: Duration = Duration::from_millis(20);
 
 /// The cursor's value once the rescuer took the rest of the round.
 const TAKEN: usize = usize::MAX / 2;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What a rescued rank needs to be stepped away from the node actor.
 pub(crate) struct Parts<M: Payload, W: Payload> {

@@ -481,7 +481,7 @@ impl Mesh {
         let mut stop = self.io.stop.clone();
         let reached = tokio::select! {
             reached = async {
-                self.address_of(to, deadline).await?;
+                self.wait_for_address(to, deadline).await?;
                 self.reach(to, at, deadline).await
             } => reached?,
             _ = stopped(&mut stop) => return Ok(()),
@@ -522,7 +522,7 @@ impl Mesh {
     }
 
     /// Waits until the master's node told `to`'s address, at most until `deadline`.
-    async fn address_of(&self, to: Rank, deadline: Instant) -> Result<(), Ended> {
+    async fn wait_for_address(&self, to: Rank, deadline: Instant) -> Result<(), Ended> {
         let mut table = self.table.subscribe();
         let waited = tokio::time::timeout_at(
             deadline.into(),

@@ -90,6 +90,7 @@ pub enum Placement {
 /// | `SUPERSTEP_AGGREGATION` | [`aggregation`](JobConfig::aggregation): `auto`, `star`, `tree` or `ring` |
 /// | `SUPERSTEP_FAILURE_POLICY` | [`failure_policy`](JobConfig::failure_policy): `fail`, `continue_without`, `restart_worker:N`, `restart_all:N` |
 /// | `SUPERSTEP_PROGRESS_INTERVAL` | [`progress_interval`](JobConfig::progress_interval) |
+/// | `SUPERSTEP_RESHARD_ON_RESUME` | [`reshard_on_resume`](JobConfig::reshard_on_resume): `true` or `false` |
 ///
 /// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,6 +187,15 @@ pub struct JobConfig {
     /// every iteration ([`JobReport::totals`](crate::JobReport::totals)). Default 1,000
     /// (about 100 KB); 0 keeps none.
     pub report_iterations: usize,
+    /// Whether a job may resume from a checkpoint of another shape — another world size
+    /// ([`workers`](JobConfig::workers)) or another input — re-sharding its input over the
+    /// workers it has now. Default `false`: such a checkpoint is refused, naming both
+    /// shapes (a job that meant to resume would otherwise go on with shards the checkpoint
+    /// never saw). When `true`, the master's state and last result carry over and each
+    /// worker starts from its `init` on its new shard; a checkpoint that holds the
+    /// workers' own states (`WorkerComputable::save_state`, or messages on their way) is
+    /// still refused, since those states belong to the old shards.
+    pub reshard_on_resume: bool,
     /// How often the master logs a completed iteration at INFO (its number, its time and
     /// its slowest worker): the first iteration, then one at most this often, saying how
     /// many went by since the last line. Default 1 s; zero logs every iteration. (Quiet it
@@ -280,6 +290,7 @@ settings! {
     failure_policy: FailurePolicy,
     malformed_rows: MalformedRows,
     report_iterations: usize,
+    reshard_on_resume: bool,
     progress_interval: Duration => "duration::some",
 }
 
@@ -309,6 +320,7 @@ impl Default for JobConfig {
             failure_policy: FailurePolicy::Fail,
             malformed_rows: MalformedRows::Fail,
             report_iterations: 1_000,
+            reshard_on_resume: false,
             progress_interval: Duration::from_secs(1),
             named: Named::default(),
         }
@@ -518,6 +530,19 @@ impl JobConfig {
         }
         if let Some(v) = get("SUPERSTEP_COMPUTE_THREADS") {
             self.compute_threads = Some(number("SUPERSTEP_COMPUTE_THREADS", &v)?);
+        }
+        if let Some(v) = get("SUPERSTEP_RESHARD_ON_RESUME") {
+            self.reshard_on_resume = match v.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => {
+                    return Err(ConfigError::new(
+                        "SUPERSTEP_RESHARD_ON_RESUME",
+                        &v,
+                        "must be true or false",
+                    ))
+                }
+            };
         }
         for (var, setting) in [
             ("SUPERSTEP_STARTUP_TIMEOUT", &mut self.startup_timeout),
@@ -766,6 +791,7 @@ mod tests {
             ("SUPERSTEP_COMPUTE_THREADS", "2"),
             ("SUPERSTEP_ITERATION_TIMEOUT", "2m"),
             ("SUPERSTEP_SYNC_TIMEOUT", "45"),
+            ("SUPERSTEP_RESHARD_ON_RESUME", "True"),
         ];
         let get = |var: &str| {
             vars.iter()
@@ -786,6 +812,7 @@ mod tests {
             compute_threads: Some(2),
             iteration_timeout: Duration::from_secs(120),
             sync_timeout: Duration::from_secs(45),
+            reshard_on_resume: true,
             ..JobConfig::default()
         };
         assert_eq!(config, expected);
@@ -801,6 +828,13 @@ mod tests {
         assert_eq!(
             err.to_string(),
             r#"invalid setting `SUPERSTEP_ITERATIONS` = "ten": must be a whole number"#
+        );
+        let err = JobConfig::default()
+            .with_vars(|var| (var == "SUPERSTEP_RESHARD_ON_RESUME").then(|| "maybe".to_string()))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid setting `SUPERSTEP_RESHARD_ON_RESUME` = "maybe": must be true or false"#
         );
         let err = JobConfig::default()
             .with_vars(|var| (var == "SUPERSTEP_SHUTDOWN_TIMEOUT").then(|| "1 fortnight".into()))

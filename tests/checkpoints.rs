@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use superstep::checkpoint::{
-    Checkpoint, CheckpointStore, FsCheckpointStore, MemoryCheckpointStore,
+    Checkpoint, CheckpointStore, FsCheckpointStore, JobShape, MemoryCheckpointStore,
 };
+use superstep::coordinator::Input;
 use superstep::prelude::*;
 use superstep::{HaltedBy, Iteration, JobBuilder, Phase};
 
@@ -155,6 +156,103 @@ fn a_job_that_fails_resumes_from_its_last_checkpoint_with_the_fault_free_result(
     }
 }
 
+/// The job's result folded by hand, iteration `i + 1` run by `sizes[i]` workers: what
+/// `Stateful` and `Worker` compute, without the runtime.
+fn by_hand(sizes: &[usize]) -> (u64, u64) {
+    let (mut folded, mut checksum, mut last) = (0u64, 0u64, (0u64, 0u64));
+    for (i, &workers) in sizes.iter().enumerate() {
+        let iteration = i as u64 + 1;
+        let results: Vec<u64> = (0..workers as u64)
+            .map(|rank| (last.0 % 1_000) + (last.1 % 7) + rank * 10 + iteration)
+            .collect();
+        folded += 1;
+        for &r in &results {
+            checksum = checksum.wrapping_mul(31).wrapping_add(r);
+        }
+        last = (last.0 + results.iter().sum::<u64>(), checksum ^ folded);
+    }
+    last
+}
+
+#[test]
+fn a_checkpoint_records_the_world_size_and_input_it_was_written_by() {
+    let store = MemoryCheckpointStore::new();
+    job(master(None), store.clone(), 4)
+        .input(Input::Rows(100))
+        .run()
+        .unwrap();
+    let shapes: Vec<_> = store.checkpoints().into_iter().map(|c| c.shape).collect();
+    let shape = JobShape::new(3, Some(&Input::Rows(100)));
+    assert_eq!(shape.input, "rows 0..100");
+    assert_eq!(shapes, vec![Some(shape); 3]);
+}
+
+#[test]
+fn resuming_at_another_world_size_is_refused_naming_both_sizes() {
+    let store = MemoryCheckpointStore::new();
+    job(master(Some(8)), store.clone(), 3).run().unwrap_err();
+    for workers in [2, 4] {
+        let err = job(master(None), store.clone(), 3)
+            .workers(workers)
+            .run()
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, JobError::Checkpoint { .. }), "{message}");
+        assert!(
+            message.contains(&format!(
+                "iteration 6 is of another shape: it was written by 3 workers, this job has {workers}"
+            )),
+            "{message}"
+        );
+        assert!(message.contains("`reshard_on_resume`"), "{message}");
+    }
+    // Nothing was written over: the job at its own size still resumes.
+    let outcome = job(master(None), store, 3).run().unwrap();
+    assert_eq!(outcome.report.resumed_from, Some(6));
+    assert_eq!(*outcome.result, fault_free());
+}
+
+#[test]
+fn resuming_with_another_input_is_refused_naming_both() {
+    let store = MemoryCheckpointStore::new();
+    job(master(Some(5)), store.clone(), 2)
+        .input(Input::Rows(100))
+        .run()
+        .unwrap_err();
+    let err = job(master(None), store, 2)
+        .input(Input::Rows(120))
+        .run()
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, JobError::Checkpoint { .. }), "{message}");
+    assert!(
+        message.contains("its input was rows 0..100, this job's is rows 0..120"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_job_that_reshards_on_resume_goes_on_at_another_size_from_the_masters_state() {
+    assert_eq!(by_hand(&[3; 12]), fault_free(), "the model is the job's");
+    let store = MemoryCheckpointStore::new();
+    job(master(None), store.clone(), 3)
+        .iterations(6)
+        .run()
+        .unwrap();
+    let outcome = job(master(None), store.clone(), 3)
+        .workers(2)
+        .input(Input::Rows(10))
+        .reshard_on_resume(true)
+        .run()
+        .unwrap();
+    assert_eq!(outcome.report.resumed_from, Some(6));
+    let sizes: Vec<usize> = [3; 6].into_iter().chain([2; 6]).collect();
+    assert_eq!(*outcome.result, by_hand(&sizes));
+    // Its checkpoints are of its own shape now.
+    let newest = store.checkpoints().pop().unwrap();
+    assert_eq!(newest.shape, Some(JobShape::new(2, Some(&Input::Rows(10)))));
+}
+
 #[test]
 fn a_failure_before_the_first_checkpoint_starts_over_instead_of_crashing() {
     let store = MemoryCheckpointStore::new();
@@ -240,6 +338,8 @@ fn checkpoints_of_another_job_are_refused_naming_both_jobs() {
             master_state: Vec::new(),
             halted: None,
             workers: Vec::new(),
+            shape: None,
+            committed: false,
         })
         .unwrap();
     let err = job(master(None), store, 2).run().unwrap_err();

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 #[cfg(feature = "tcp")]
 use common::over_tcp;
 use common::{summing_master, FnWorker};
+use superstep::checkpoint::MemoryCheckpointStore;
 use superstep::coordinator::{Coordinator, JobInfo, Lifecycle, WorkerReport};
 use superstep::prelude::*;
-use superstep::{FailurePolicy, Hook, Placement};
+use superstep::{FailurePolicy, Hook, JobBuilder, Placement};
 
 /// What a coordinator heard, in order, as text: `started`, `done <rank>`, `finished`, or
 /// `failed`, each with the job's context.
@@ -25,6 +26,8 @@ struct Heard {
     threads: Arc<Mutex<Vec<Option<String>>>>,
     /// `on_worker_done` fails for this rank.
     refuse: Option<usize>,
+    /// `on_finish` fails.
+    refuse_finish: bool,
 }
 
 impl Heard {
@@ -50,6 +53,9 @@ impl Coordinator for Heard {
                     return Err(format!("worker {}'s files are missing", report.rank).into());
                 }
                 format!("done {}", report.rank)
+            }
+            Lifecycle::Finished(_) if self.refuse_finish => {
+                return Err("the catalog is down".into());
             }
             Lifecycle::Finished(reports) => {
                 let mut files = Vec::new();
@@ -235,6 +241,112 @@ fn after_every_worker_restarts_the_context_names_the_new_attempt_and_only_its_at
     assert_eq!(job.attempt, 1, "finished in the second attempt");
     // Each worker of the second attempt started afresh: its attachments are its own.
     assert_eq!(*heard.committed.lock().unwrap(), expected_files(3, 2));
+}
+
+/// A job that checkpoints every iteration, with `heard` as its coordinator.
+fn committing(store: &MemoryCheckpointStore, heard: &Heard) -> JobBuilder<u64, u64> {
+    Job::builder(summing_master(), writing_worker)
+        .job_id("committing")
+        .workers(3)
+        .iterations(2)
+        .checkpoint(store.clone(), 1)
+        .coordinator(heard.clone())
+}
+
+#[test]
+fn a_job_that_committed_and_is_started_again_ends_at_once_and_runs_no_hook_again() {
+    let store = MemoryCheckpointStore::new();
+    let first = Heard::default();
+    let outcome = committing(&store, &first).run().unwrap();
+    assert_lifecycle(&first.entries(), 3);
+    let newest = store.checkpoints().pop().unwrap();
+    assert_eq!((newest.iteration, newest.committed), (2, true));
+    // Started again (its process restarted after the commit): its result at once; no
+    // second commit, no `on_error`, not even `on_start`.
+    let again = Heard::default();
+    let resumed = committing(&store, &again).run().unwrap();
+    assert_eq!(resumed.result, outcome.result);
+    assert_eq!(resumed.report.resumed_from, Some(2));
+    assert!(resumed.report.iterations.is_empty());
+    assert_eq!(again.entries(), Vec::<String>::new());
+    // Run again with more iterations, it is another end: it goes on and commits it.
+    let more = Heard::default();
+    let longer = committing(&store, &more).iterations(3).run().unwrap();
+    assert_eq!(longer.report.resumed_from, Some(2));
+    assert_lifecycle(&more.entries(), 3);
+    assert!(store.checkpoints().pop().unwrap().committed);
+}
+
+#[test]
+fn a_commit_that_failed_is_not_recorded_and_a_job_started_again_commits() {
+    let store = MemoryCheckpointStore::new();
+    let refusing = Heard {
+        refuse_finish: true,
+        ..Heard::default()
+    };
+    let error = committing(&store, &refusing).run().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JobError::Coordinator {
+                hook: Hook::OnFinish,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(store.checkpoints().iter().all(|c| !c.committed));
+    let again = Heard::default();
+    let outcome = committing(&store, &again).run().unwrap();
+    assert_eq!(*outcome.result, 6);
+    assert_lifecycle(&again.entries(), 3);
+    assert!(store.checkpoints().pop().unwrap().committed);
+}
+
+/// The master's process of a job over TCP started again after its job committed, with
+/// no worker left: it returns the result at once instead of waiting for workers that are
+/// gone and failing (and cleaning up what it committed).
+#[cfg(feature = "tcp")]
+#[test]
+fn over_tcp_a_master_started_again_after_its_commit_returns_at_once_without_workers() {
+    let store = MemoryCheckpointStore::new();
+    let heard = Heard::default();
+    let (master_store, master_heard) = (store.clone(), heard.clone());
+    let outcomes = over_tcp::<u64, u64, _>(3, "committed-tcp", move |rank, transport| {
+        let builder = Job::builder(summing_master(), writing_worker)
+            .job_id("committed-tcp")
+            .workers(3)
+            .iterations(2)
+            .transport(transport);
+        if rank == 0 {
+            builder
+                .checkpoint(master_store.clone(), 1)
+                .coordinator(master_heard.clone())
+                .run()
+        } else {
+            builder.run()
+        }
+    });
+    for outcome in outcomes {
+        assert_eq!(*outcome.unwrap().result, 6);
+    }
+    assert_lifecycle(&heard.entries(), 3);
+    let again = Heard::default();
+    let (transport, _) = common::tcp_master::<u64, u64>(3, "committed-tcp", |_| {});
+    let outcome = Job::builder(summing_master(), writing_worker)
+        .job_id("committed-tcp")
+        .workers(3)
+        .iterations(2)
+        // Without the record it would wait this long for its workers, then fail.
+        .startup_timeout(std::time::Duration::from_secs(30))
+        .transport(transport)
+        .checkpoint(store.clone(), 1)
+        .coordinator(again.clone())
+        .run()
+        .unwrap();
+    assert_eq!(*outcome.result, 6);
+    assert_eq!(outcome.report.resumed_from, Some(2));
+    assert_eq!(again.entries(), Vec::<String>::new());
 }
 
 #[cfg(feature = "tcp")]

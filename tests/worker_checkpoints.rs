@@ -215,21 +215,32 @@ fn a_job_run_again_with_more_iterations_goes_on_from_its_last_with_every_workers
 }
 
 #[test]
-fn a_checkpoint_of_another_worker_count_is_refused_naming_both() {
+fn a_checkpoint_of_another_worker_count_is_refused_naming_both_even_when_the_job_reshards() {
     let store = MemoryCheckpointStore::new();
     running(Some((6, once())), true)
         .checkpoint(store.clone(), 2)
         .run()
         .unwrap_err();
-    let err = running(None, true)
-        .workers(2)
-        .checkpoint(store, 2)
-        .run()
-        .unwrap_err();
-    assert!(matches!(err, JobError::Checkpoint { .. }), "{err}");
-    let message = err.to_string();
-    assert!(message.contains("the state of 3 workers"), "{message}");
-    assert!(message.contains("this job has 2"), "{message}");
+    for reshard in [false, true] {
+        let err = running(None, true)
+            .workers(2)
+            .checkpoint(store.clone(), 2)
+            .reshard_on_resume(reshard)
+            .run()
+            .unwrap_err();
+        assert!(matches!(err, JobError::Checkpoint { .. }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("it was written by 3 workers, this job has 2"),
+            "{message}"
+        );
+        // The workers' states belong to their old shards: re-sharding cannot split them.
+        assert_eq!(
+            message.contains("holds its workers' states"),
+            reshard,
+            "{message}"
+        );
+    }
 }
 
 /// A worker whose `save_state` or `restore_state` fails.

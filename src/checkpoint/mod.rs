@@ -1,7 +1,9 @@
 //! Checkpoints: the master's state every K iterations, kept where a restarted job finds it.
 //!
 //! A [`Checkpoint`] holds the iteration, the attempt, the last master result and the
-//! master computable's own state, both as bytes. A [`CheckpointStore`] keeps them:
+//! master computable's own state, both as bytes, what each worker saved, and the job's
+//! [`JobShape`] — its world size and input — which a job resuming from it must match (or
+//! opt in to re-sharding, [`JobConfig::reshard_on_resume`](crate::JobConfig::reshard_on_resume)). A [`CheckpointStore`] keeps them:
 //! [`FsCheckpointStore`] on a filesystem, written atomically (a temporary file, `fsync`,
 //! rename, `fsync` of the directory) with a checksum, keeping the last few, and falling
 //! back to the one before when the newest is corrupt; [`MemoryCheckpointStore`] in memory,
@@ -47,6 +49,41 @@ pub struct Checkpoint {
     /// rank left out of the iteration has none: it resumes from its `init`.
     #[serde(default)]
     pub workers: Vec<Option<WorkerSave>>,
+    /// The shape of the job that wrote it; `None` in a checkpoint written before
+    /// checkpoints recorded it (its world size is then known only from `workers`).
+    #[serde(default)]
+    pub shape: Option<JobShape>,
+    /// Whether the job's coordinator committed the job's output after this checkpoint's
+    /// iteration, the job's last (its `on_finish` returned): the durable record that the
+    /// job is finished. A master started again with it ends at once with its result and
+    /// runs no hook of its coordinator again — neither a second commit nor an `on_error`.
+    #[serde(default)]
+    pub committed: bool,
+}
+
+/// What a job was when it wrote a checkpoint, as far as resuming from it matters: how
+/// many workers it had and what input they were sharded from. A job resumes from a
+/// checkpoint of another shape only when it opts in to re-sharding
+/// ([`JobConfig::reshard_on_resume`](crate::JobConfig::reshard_on_resume)), and never from
+/// one that holds its workers' states, which belong to the old shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobShape {
+    /// The world size: how many workers the job had.
+    pub workers: usize,
+    /// The input the workers were sharded from, as the job's fingerprint describes it
+    /// (`rows 0..n`, files with their count, bytes and a checksum of their names, or
+    /// `none`).
+    pub input: String,
+}
+
+impl JobShape {
+    /// The shape of a job of `workers` workers over `input`.
+    pub fn new(workers: usize, input: Option<&crate::coordinator::Input>) -> Self {
+        JobShape {
+            workers,
+            input: input.map_or_else(|| "none".to_string(), crate::coordinator::Input::describe),
+        }
+    }
 }
 
 impl fmt::Debug for Checkpoint {
@@ -65,6 +102,8 @@ impl fmt::Debug for Checkpoint {
             )
             .field("halted", &self.halted)
             .field("workers", &self.workers.len())
+            .field("shape", &self.shape)
+            .field("committed", &self.committed)
             .finish()
     }
 }
@@ -196,6 +235,8 @@ mod tests {
             master_state: b"state".to_vec(),
             halted: None,
             workers: Vec::new(),
+            shape: None,
+            committed: false,
         }
     }
 

@@ -310,6 +310,14 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// Lets the job resume from a checkpoint of another world size or input, each worker
+    /// starting from its `init` on its new shard (see [`JobConfig::reshard_on_resume`]).
+    /// Default `false`: such a checkpoint is refused, naming both shapes.
+    pub fn reshard_on_resume(mut self, enabled: bool) -> Self {
+        self.config.reshard_on_resume = enabled;
+        self
+    }
+
     /// Lets the environment override the common settings set so far
     /// ([`JobConfig::with_env`]: `SUPERSTEP_ITERATIONS`, `SUPERSTEP_ITERATION_TIMEOUT`,
     /// …). Fails naming the variable whose value does not parse.

@@ -118,6 +118,14 @@ pub struct WorkerSave {
     pub messages: Vec<u8>,
 }
 
+impl WorkerSave {
+    /// Whether it holds nothing: no state of the worker's (the default `save_state`) and
+    /// no message on its way.
+    pub fn is_empty(&self) -> bool {
+        self.state.is_empty() && self.messages.is_empty()
+    }
+}
+
 impl fmt::Debug for WorkerSave {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerSave")

@@ -8,9 +8,10 @@ use std::time::Duration;
 use actix::{Actor, Addr, Arbiter, Context, Handler, Message};
 
 use super::pool::guarded;
+use super::SharedStore;
 use crate::coordinator::{Coordinator, Input, JobInfo, Lifecycle, Shard, WorkerReport};
 use crate::error::{Cause, Hook, JobError};
-use crate::ids::Attempt;
+use crate::ids::{Attempt, Iteration};
 
 /// Each worker's shard: the coordinator's, if it shards, else the input's own split; `None`
 /// when the job has no input.
@@ -61,6 +62,8 @@ pub(crate) struct Coordination {
     failed: Option<JobError>,
     /// `on_finish` or `on_error` ran: nothing runs after them.
     ended: bool,
+    /// Where the job's commit is recorded: its checkpoint store, if it keeps one.
+    record: Option<SharedStore>,
 }
 
 impl Coordination {
@@ -70,7 +73,15 @@ impl Coordination {
             job,
             failed: None,
             ended: false,
+            record: None,
         }
+    }
+
+    /// Records the job's commit in `store` (its checkpoint store) once `on_finish`
+    /// returned: a master started again then ends at once, running no hook again.
+    pub(crate) fn recording(mut self, store: Option<SharedStore>) -> Self {
+        self.record = store;
+        self
     }
 
     /// The coordinator's `handle` of `event` in `attempt` (the newest known when `None`),
@@ -110,12 +121,14 @@ impl Coordination {
         }
     }
 
-    /// `on_finish` with every worker's report; when it fails (or a worker's report failed
-    /// before), `on_error` with that failure, which is returned. Nothing when the job's end
-    /// ran already.
+    /// `on_finish` with every worker's report, the job having ended after `iteration`;
+    /// when it fails (or a worker's report failed before), `on_error` with that failure,
+    /// which is returned. When it returns, the commit is recorded with the checkpoint of
+    /// `iteration`. Nothing when the job's end ran already.
     pub(crate) fn finish(
         &mut self,
         attempt: Attempt,
+        iteration: Iteration,
         reports: &[WorkerReport],
     ) -> Result<(), JobError> {
         if self.ended {
@@ -126,7 +139,18 @@ impl Coordination {
             None => self.deliver(Some(attempt), Hook::OnFinish, Lifecycle::Finished(reports)),
         };
         self.ended = true;
-        finished.inspect_err(|error| self.clean_up(error))
+        match finished {
+            Ok(()) => {
+                if let Some(store) = &self.record {
+                    store.record_commit(&self.job.job_id, iteration);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.clean_up(&error);
+                Err(error)
+            }
+        }
     }
 
     /// `on_error`: the job failed with `error` (which stays its error; a failure here is
@@ -185,8 +209,8 @@ impl Handler<WorkerDone> for CoordinatorActor {
     }
 }
 
-/// Every worker succeeded: `on_finish`.
-struct Finish(Attempt, Vec<WorkerReport>);
+/// Every worker succeeded, the job having ended after an iteration: `on_finish`.
+struct Finish(Attempt, Iteration, Vec<WorkerReport>);
 
 impl Message for Finish {
     type Result = Result<(), JobError>;
@@ -194,8 +218,12 @@ impl Message for Finish {
 
 impl Handler<Finish> for CoordinatorActor {
     type Result = Result<(), JobError>;
-    fn handle(&mut self, Finish(attempt, reports): Finish, _: &mut Context<Self>) -> Self::Result {
-        self.0.finish(attempt, &reports)
+    fn handle(
+        &mut self,
+        Finish(attempt, iteration, reports): Finish,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        self.0.finish(attempt, iteration, &reports)
     }
 }
 
@@ -267,15 +295,17 @@ impl CoordinatorSlot {
     }
 
     /// `on_finish` with every worker's report (and `on_error` if it fails), after every
-    /// report before them; `Ok` when there is no coordinator, or its end ran already.
+    /// report before them, the job having ended after `iteration`; `Ok` when there is no
+    /// coordinator, or its end ran already.
     pub(crate) async fn finish(
         &self,
         attempt: Attempt,
+        iteration: Iteration,
         reports: Vec<WorkerReport>,
     ) -> Result<(), JobError> {
         match self.addr() {
             Some(addr) => addr
-                .send(Finish(attempt, reports))
+                .send(Finish(attempt, iteration, reports))
                 .await
                 .map_err(unreachable)?,
             None => Ok(()),

@@ -17,8 +17,10 @@ use super::node::{NodeActor, NodeParts, RestartLinked};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::route::OnRestart;
 use super::watch::Watch;
-use super::{fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume};
-use crate::checkpoint::CheckpointStore;
+use super::{
+    fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume, Resuming,
+    SharedStore,
+};
 use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;
@@ -134,9 +136,10 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     if topology.master {
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
-        let mut store = checkpoint.map(|c| c.store);
-        let resumed = match &mut store {
-            Some(store) => resume::<M>(store.as_mut(), &config.job_id)?,
+        let store = checkpoint.map(|c| SharedStore::new(c.store));
+        let resuming = Resuming::new(&config, input.as_ref());
+        let resumed = match &store {
+            Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,
             None => None,
         };
         attempt = start_attempt(topology.restarted, resumed.as_ref().map(|r| r.attempt));
@@ -166,13 +169,24 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             )?
         };
         // Before any worker of this process starts, and before any iteration anywhere.
+        // A job that committed ends with its result: its coordinator runs no hook again.
+        let committed = resumed
+            .as_ref()
+            .filter(|r| r.committed_end(config.iterations))
+            .map(|r| r.iteration);
+        if let (Some(iteration), Some(_)) = (committed, &coordinator) {
+            tracing::info!(
+                iteration,
+                "the job committed after iteration {iteration}: it ends with its result, and its coordinator does not run again"
+            );
+            coordinator = None;
+        }
         if let Some(coordinator) = coordinator.take() {
             let info = JobInfo::new(config.job_id.clone(), config.workers, attempt);
-            job.coordination
-                .start(Coordination::new(coordinator, info))
-                .await?;
+            let coordination = Coordination::new(coordinator, info).recording(store.clone());
+            job.coordination.start(coordination).await?;
         }
-        bound = Some((link, store, resumed));
+        bound = Some((link, store, resuming, resumed));
     }
     let mut local = LocalWorkers::new(LocalParts {
         config: Arc::clone(&config),
@@ -197,7 +211,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             return Err(error);
         }
     }
-    if let Some((link, store, resumed)) = bound {
+    if let Some((link, store, resuming, resumed)) = bound {
         let link = Arc::new(std::sync::Mutex::new(link));
         let abort_link = Arc::clone(&link);
         // (Hosted workers share the job's thread, held by the code the watchdog gives up
@@ -220,6 +234,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 hooks: master_hooks,
                 combine: combine.as_ref().map(|c| Arc::clone(&c.fold)),
                 store,
+                resuming,
                 resumed,
                 attempt,
                 end: job.end.clone(),
@@ -321,7 +336,9 @@ pub(crate) struct MasterParts<M, W> {
     pub(crate) hooks: MasterHooks<M, W>,
     pub(crate) combine: Option<CombineFn<W>>,
     /// Where the master's checkpoints go, if the job keeps them.
-    pub(crate) store: Option<Box<dyn CheckpointStore>>,
+    pub(crate) store: Option<SharedStore>,
+    /// What a checkpoint must agree with to be resumed from.
+    pub(crate) resuming: Resuming,
     pub(crate) resumed: Option<Resume<M>>,
     pub(crate) attempt: Attempt,
     /// The job's failure as the process hears of it.
@@ -354,6 +371,7 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
         MasterContext::new(config.workers, Arc::clone(job_id), config.iterations)
             .ending_with(parts.end),
         parts.store,
+        parts.resuming,
         parts.resumed,
         attempt,
     )

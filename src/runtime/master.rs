@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pool::guarded;
-use super::{DynMaster, MasterHooks, Resume};
-use crate::checkpoint::{Checkpoint, CheckpointStore};
+use super::{DynMaster, MasterHooks, Resume, Resuming, SharedStore};
+use crate::checkpoint::Checkpoint;
 use crate::compute::MasterContext;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, Iteration};
@@ -24,7 +24,10 @@ pub(crate) struct MasterTask<M, W> {
     ctx: MasterContext<M, W>,
     entered: usize,
     /// Where its checkpoints go, if the job keeps them.
-    store: Option<Box<dyn CheckpointStore>>,
+    store: Option<SharedStore>,
+    /// What a checkpoint must agree with to be resumed from; its shape is written into
+    /// each checkpoint.
+    resuming: Resuming,
     /// The computable's state to restore before the job starts, when it resumes.
     restore: Option<Vec<u8>>,
     /// Whether the checkpoint resumed from halted the job.
@@ -43,7 +46,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         computable: DynMaster<M, W>,
         interceptors: MasterHooks<M, W>,
         mut ctx: MasterContext<M, W>,
-        store: Option<Box<dyn CheckpointStore>>,
+        store: Option<SharedStore>,
+        resuming: Resuming,
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
@@ -58,6 +62,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             ctx,
             entered: 0,
             store,
+            resuming,
             restore,
             resumed_halt,
             resumed_workers,
@@ -83,8 +88,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let ctx = &self.ctx;
         let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
         fresh.end = ctx.end.clone();
-        let resumed = match &mut self.store {
-            Some(store) => super::resume::<M>(store.as_mut(), &fresh.job_id)?,
+        let resumed = match &self.store {
+            Some(store) => super::resume::<M>(store.lock().as_mut(), &self.resuming)?,
             None => None,
         };
         let (from, state, workers) = match resumed {
@@ -310,7 +315,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         halted: Option<HaltedBy>,
         workers: Vec<Option<WorkerSave>>,
     ) -> bool {
-        let Some(store) = &mut self.store else {
+        let Some(store) = &self.store else {
             return false;
         };
         let computable = &self.computable;
@@ -327,9 +332,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     master_state,
                     halted,
                     workers,
+                    shape: Some(self.resuming.shape.clone()),
+                    committed: false,
                 })
             });
-        let saved = made.and_then(|c| store.save(&c).map_err(|e| e.to_string()));
+        let saved = made.and_then(|c| store.lock().save(&c).map_err(|e| e.to_string()));
         match saved {
             Ok(()) => {
                 tracing::debug!(iteration, "checkpoint saved");

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{Checkpoint, CheckpointStore, JobShape};
 use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
 use crate::config::JobConfig;
@@ -134,6 +134,17 @@ pub(crate) struct Resume<M> {
     pub(crate) halted: Option<HaltedBy>,
     /// What each worker saved, by rank.
     pub(crate) workers: Vec<Option<WorkerSave>>,
+    /// Whether the job's coordinator committed after the checkpoint's iteration.
+    pub(crate) committed: bool,
+}
+
+impl<M> Resume<M> {
+    /// Whether the job finished and committed with this checkpoint: it covers the job's
+    /// `iterations` (or halted it) and its commit was recorded. The job then ends at once
+    /// with its result, and its coordinator does not run again.
+    pub(crate) fn committed_end(&self, iterations: Iteration) -> bool {
+        self.committed && (self.iteration >= iterations || self.halted.is_some())
+    }
 }
 
 /// What a checkpoint gives the master's code beyond its context: the master computable's
@@ -157,18 +168,135 @@ impl<M> Resume<M> {
     }
 }
 
-/// Reads the newest usable checkpoint of job `job_id`, if any.
+/// The job's checkpoint store, shared by the master's code, which saves its checkpoints
+/// and reads them on a restart, and its coordinator, which records the job's commit in it.
+#[derive(Clone)]
+pub(crate) struct SharedStore(Arc<Mutex<Box<dyn CheckpointStore>>>);
+
+impl SharedStore {
+    pub(crate) fn new(store: Box<dyn CheckpointStore>) -> Self {
+        SharedStore(Arc::new(Mutex::new(store)))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<dyn CheckpointStore>> {
+        lock(&self.0)
+    }
+
+    /// Records that job `job_id` committed its output after `iteration`, its last: its
+    /// checkpoint of that iteration is saved again, marked committed. Without one (its
+    /// write failed, or a later one is newer) nothing is marked, and a master started
+    /// again would wait for its workers; that is logged. So is a failed write: the job
+    /// committed all the same.
+    pub(crate) fn record_commit(&self, job_id: &str, iteration: Iteration) {
+        let mut store = self.lock();
+        let newest = store.latest().map(|l| l.map(|l| l.checkpoint));
+        let recorded = match newest {
+            Ok(Some(mut c)) if c.job_id == job_id && c.iteration == iteration => {
+                c.committed = true;
+                store.save(&c).map_err(|e| e.to_string())
+            }
+            Ok(other) => Err(format!(
+                "the newest checkpoint is {}, not the job's last",
+                other.map_or("none".to_string(), |c| format!(
+                    "of iteration {}",
+                    c.iteration
+                ))
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        match recorded {
+            Ok(()) => tracing::debug!(iteration, "the job's commit is recorded"),
+            Err(error) => tracing::warn!(
+                iteration,
+                %error,
+                "the job committed, but the commit could not be recorded with its checkpoint: a master started again would run the job's end again"
+            ),
+        }
+    }
+}
+
+/// What a checkpoint must agree with for a job to resume from it: the job's id and
+/// shape, and whether the job may resume at another shape (re-sharding its input).
+#[derive(Debug, Clone)]
+pub(crate) struct Resuming {
+    pub(crate) job_id: Arc<str>,
+    pub(crate) shape: JobShape,
+    pub(crate) reshard: bool,
+}
+
+impl Resuming {
+    pub(crate) fn new(config: &JobConfig, input: Option<&Input>) -> Self {
+        Resuming {
+            job_id: Arc::from(config.job_id.as_str()),
+            shape: JobShape::new(config.workers, input),
+            reshard: config.reshard_on_resume,
+        }
+    }
+
+    /// Refuses a checkpoint of another shape than this job's, naming both — unless the
+    /// job re-shards and the checkpoint holds no worker's state, whose saved states are
+    /// then dropped (none is there) and each worker starts from its `init`.
+    fn check(&self, c: &Checkpoint) -> Result<(), JobError> {
+        let (iteration, here) = (c.iteration, &self.shape);
+        // A checkpoint from before checkpoints recorded their shape knows its world size
+        // from the states it holds, if any.
+        let (workers, input) = match &c.shape {
+            Some(shape) => (Some(shape.workers), Some(shape.input.as_str())),
+            None => ((!c.workers.is_empty()).then_some(c.workers.len()), None),
+        };
+        let mut differs = Vec::new();
+        if let Some(workers) = workers.filter(|w| *w != here.workers) {
+            differs.push(format!(
+                "it was written by {}, this job has {}",
+                crate::error::counted(workers, "worker"),
+                here.workers
+            ));
+        }
+        if let Some(input) = input.filter(|i| *i != here.input) {
+            differs.push(format!(
+                "its input was {input}, this job's is {}",
+                here.input
+            ));
+        }
+        if differs.is_empty() {
+            return Ok(());
+        }
+        let differs = differs.join("; ");
+        let holds_states = c.workers.iter().flatten().any(|save| !save.is_empty());
+        let message = if !self.reshard {
+            format!(
+                "the checkpoint of iteration {iteration} is of another shape: {differs}. Resume it with the job's old shape, set `reshard_on_resume` to go on re-sharded (each worker starting from its `init` on its new shard), or start afresh with another checkpoint directory"
+            )
+        } else if holds_states {
+            format!(
+                "the checkpoint of iteration {iteration} is of another shape ({differs}) and holds its workers' states, which belong to the old shards and cannot be re-sharded: resume it with the job's old shape, or start afresh with another checkpoint directory"
+            )
+        } else {
+            tracing::warn!(
+                job = %self.job_id,
+                iteration,
+                "resuming from a checkpoint of another shape ({differs}): re-sharded, each worker starts from its init on its new shard"
+            );
+            return Ok(());
+        };
+        Err(JobError::checkpoint(message, None))
+    }
+}
+
+/// Reads the newest usable checkpoint of the job, if any, refusing one of another job or
+/// (unless the job re-shards) of another shape.
 pub(crate) fn resume<M: Payload>(
     store: &mut dyn CheckpointStore,
-    job_id: &str,
+    resuming: &Resuming,
 ) -> Result<Option<Resume<M>>, JobError> {
+    let job_id = &*resuming.job_id;
     let Some(loaded) = store
         .latest()
         .map_err(|e| JobError::checkpoint(e.to_string(), Some(ErrorSource::new(e))))?
     else {
         return Ok(None);
     };
-    let c = loaded.checkpoint;
+    let mut c = loaded.checkpoint;
     if c.job_id != job_id {
         return Err(JobError::checkpoint(
             format!(
@@ -177,6 +305,11 @@ pub(crate) fn resume<M: Payload>(
             ),
             None,
         ));
+    }
+    resuming.check(&c)?;
+    if c.workers.len() != resuming.shape.workers {
+        // Re-sharded (none holds a state): every worker starts from its `init`.
+        c.workers.clear();
     }
     let last: M = crate::codec::from_slice(&c.master_result).map_err(|e| {
         let message = format!(
@@ -197,6 +330,7 @@ pub(crate) fn resume<M: Payload>(
         state: c.master_state,
         halted: c.halted,
         workers: c.workers,
+        committed: c.committed,
     }))
 }
 
@@ -211,9 +345,10 @@ pub(crate) fn fingerprint<M, W>(
     messages: Option<&str>,
 ) -> Fingerprint {
     let on = |b: bool| if b { "on" } else { "off" };
+    let shape = JobShape::new(config.workers, input);
     Fingerprint::new()
         .with("crate version", env!("CARGO_PKG_VERSION"))
-        .with("workers", config.workers)
+        .with("workers", shape.workers)
         .with("iterations", config.iterations)
         .with("barrier_mode", on(config.barrier_mode))
         .with("worker_halt", on(config.worker_halt))
@@ -227,10 +362,7 @@ pub(crate) fn fingerprint<M, W>(
         )
         .with("failure_policy", format!("{:?}", config.failure_policy))
         .with("malformed_rows", format!("{:?}", config.malformed_rows))
-        .with(
-            "input",
-            input.map_or_else(|| "none".to_string(), Input::describe),
-        )
+        .with("input", shape.input)
         .with("master result type", std::any::type_name::<M>())
         .with("worker result type", std::any::type_name::<W>())
         .with("message type", messages.unwrap_or("none"))

@@ -38,15 +38,9 @@ impl<M, W> MasterNode<M, W> {
             }
             _ if !workers_ready => {}
             (Some((resumed, _)), _) => {
-                // Each worker gets what it saved before the iteration it resumes with: a
-                // checkpoint of another world's workers would give them another job's.
-                let (saved, workers) = (self.restore.len(), self.config.workers);
-                if saved != 0 && saved != workers {
-                    let message = format!(
-                        "the checkpoint of iteration {resumed} holds the state of {saved} workers, but this job has {workers}: resume it with {saved} workers, or start it afresh with another checkpoint directory"
-                    );
-                    return self.on_failure(now, JobError::checkpoint(message, None), reach);
-                }
+                // Each worker gets what it saved before the iteration it resumes with (a
+                // checkpoint of another world size was refused, or its states dropped when
+                // the job re-shards, as it was read: `runtime::resume`).
                 let attempt = self.attempt();
                 for (rank, save) in std::mem::take(&mut self.restore).into_iter().enumerate() {
                     if let Some(save) = save {
@@ -344,10 +338,12 @@ impl<M, W> MasterNode<M, W> {
                 self.actions.push_back(Action::CleanUp(error.clone()));
                 self.finalize(now, OwnedEnding::Failed(error));
             }
-            completed @ OwnedEnding::Completed { .. } => {
+            completed @ OwnedEnding::Completed { iterations, .. } => {
                 self.stage = Stage::Committing(completed);
-                self.actions
-                    .push_back(Action::Commit(self.report.workers.clone()));
+                self.actions.push_back(Action::Commit {
+                    iteration: iterations,
+                    reports: self.report.workers.clone(),
+                });
             }
             OwnedEnding::Failed(error) => {
                 self.actions.push_back(Action::CleanUp(error.clone()));

@@ -170,9 +170,13 @@ pub(crate) enum Action<M, W> {
     Event(JobEvent),
     /// Give the coordinator this worker's report as it stops (`on_worker_done`).
     Report(WorkerReport),
-    /// Run the coordinator's `on_finish` with these reports; hand back its outcome with
+    /// Run the coordinator's `on_finish` with these reports, the job having ended after
+    /// `iteration` (whose checkpoint then records the commit); hand back its outcome with
     /// [`MasterNode::handle_committed`].
-    Commit(Vec<WorkerReport>),
+    Commit {
+        iteration: Iteration,
+        reports: Vec<WorkerReport>,
+    },
     /// Run the coordinator's `on_error` with the job's failure.
     CleanUp(JobError),
     /// The job ended with this outcome: the node's last action.

@@ -242,12 +242,13 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             Action::Report(report) => {
                 self.coordination.worker_done(self.node.attempt(), report);
             }
-            Action::Commit(reports) => {
+            Action::Commit { iteration, reports } => {
                 // On the coordinator's thread (the transport's keeps up heartbeats); the
                 // node takes its next message once it knows the outcome.
                 let coordination = self.coordination.clone();
                 let attempt = self.node.attempt();
-                let committing = async move { coordination.finish(attempt, reports).await };
+                let committing =
+                    async move { coordination.finish(attempt, iteration, reports).await };
                 ctx.wait(committing.into_actor(self).map(|result, act, ctx| {
                     act.node.handle_committed(Instant::now(), result);
                     act.drive(ctx);

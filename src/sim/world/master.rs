@@ -9,7 +9,6 @@ use rand::RngExt;
 
 use super::network::SimReach;
 use super::*;
-use crate::checkpoint::CheckpointStore;
 use crate::compute::JobEnd;
 use crate::coordinator::JobInfo;
 use crate::protocol::{
@@ -17,7 +16,7 @@ use crate::protocol::{
 };
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
-use crate::runtime::MasterParts;
+use crate::runtime::{MasterParts, SharedStore};
 use crate::sim::{store::WriteCrash, CrashPoint};
 
 /// The master's process: the node the runtime drives, and the master's code as the
@@ -38,7 +37,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// processes died before this one.
     pub(super) fn start_master(&mut self, restarted: u32) {
         let mut store = self.store.clone();
-        let resumed = match crate::runtime::resume::<M>(&mut store, &self.job_id) {
+        let resuming = crate::runtime::Resuming::new(&self.job, self.sim.input.as_ref());
+        let resumed = match crate::runtime::resume::<M>(&mut store, &resuming) {
             Ok(resumed) => resumed,
             Err(error) => {
                 self.log(|| format!("the master cannot resume: {error}"));
@@ -72,9 +72,20 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 return;
             }
         }
+        let keeps = self.node_config.checkpoint_every.is_some();
+        let store = keeps.then(|| SharedStore::new(Box::new(store)));
+        // A job that committed ends with its result: its coordinator runs no hook again.
+        let committed = resumed
+            .as_ref()
+            .is_some_and(|r| r.committed_end(self.job.iterations));
+        if committed && made.coordinator.take().is_some() {
+            self.log(|| "the job committed before: its coordinator does not run again".into());
+        }
         // The coordinator starts before anything else of the process, as in the runtime.
         let info = JobInfo::new(&*self.job_id, self.job.workers, attempt);
-        let mut coordination = made.coordinator.map(|c| Coordination::new(c, info));
+        let mut coordination = made
+            .coordinator
+            .map(|c| Coordination::new(c, info).recording(store.clone()));
         if let Some(c) = &mut coordination {
             if let Err(error) = c.start() {
                 self.log(|| format!("the coordinator cannot start: {error}"));
@@ -82,8 +93,6 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 return;
             }
         }
-        let keeps = self.node_config.checkpoint_every.is_some();
-        let store = keeps.then(|| Box::new(store) as Box<dyn CheckpointStore>);
         let end = JobEnd::default();
         let (task, node) = crate::runtime::master_process(
             MasterParts {
@@ -91,6 +100,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 hooks: made.hooks,
                 combine: self.sim.combine.as_ref().map(|c| Arc::clone(&c.fold)),
                 store,
+                resuming,
                 resumed,
                 attempt,
                 end: end.clone(),
@@ -215,13 +225,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     }
                 }
             }
-            Action::Commit(reports) => {
+            Action::Commit { iteration, reports } => {
                 let committed = match self.master.as_mut() {
                     Some(MasterProcess {
                         node,
                         coordination: Some(c),
                         ..
-                    }) => c.finish(node.attempt(), &reports),
+                    }) => c.finish(node.attempt(), iteration, &reports),
                     _ => Ok(()),
                 };
                 self.feed(|node, now, _| node.handle_committed(now, committed));

@@ -497,15 +497,21 @@ fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) ->
             }
         }
         if Instant::now() > deadline {
-            let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-            std::thread::sleep(Duration::from_secs(5));
-            let _ = launcher.kill();
+            interrupt(&mut launcher);
             break;
         }
         std::thread::sleep(Duration::from_millis(if kill.is_some() { 1 } else { 20 }));
     }
     launcher.wait_with_output().unwrap()
+}
+
+/// Interrupts `child` (a launcher passes that on to every process it started), and kills
+/// it if it has not ended 5 s later.
+fn interrupt(child: &mut std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    std::thread::sleep(Duration::from_secs(5));
+    let _ = child.kill();
 }
 
 /// Launches `n` processes in `behaviour` ([`launch`]), asserts that the launcher succeeded
@@ -790,4 +796,162 @@ fn under_restart_all_a_process_killed_at_a_random_point_leaves_the_fault_free_re
             }
         }
     }
+}
+
+/// Open MPI's `mpirun` for 4 processes on this host, their output tagged with their rank
+/// (`[1,<rank>]<stdout>:`); `None`, said on stderr, when Open MPI is not installed — but in
+/// CI (`CI` set), whose `.ci/run` installs it, its absence fails the test.
+fn mpirun() -> Option<Command> {
+    let installed = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpirun is not installed; .ci/run installs Open MPI (apt-get install openmpi-bin)"
+        );
+        eprintln!("skipped: mpirun is not installed (apt-get install openmpi-bin to run this)");
+        return None;
+    }
+    let mut mpirun = Command::new("mpirun");
+    // Open MPI refuses to start as root unless told (containers, CI).
+    mpirun
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--tag-output", "-np", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Some(mpirun)
+}
+
+/// A free port on loopback for the master, as `host:port`.
+fn free_loopback_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// Runs `command` to its end; past `limit` it is interrupted ([`interrupt`]).
+fn output_within(command: &mut Command, limit: Duration) -> Output {
+    let mut child = command.spawn().unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            interrupt(&mut child);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// What rank `rank` printed after `prefix` under `mpirun --tag-output`.
+fn mpi_line_of<'a>(stdout: &'a str, rank: usize, prefix: &str) -> Option<&'a str> {
+    let tag = format!(",{rank}]<stdout>:{prefix}");
+    stdout
+        .lines()
+        .find_map(|l| l.find(&tag).map(|at| &l[at + tag.len()..]))
+}
+
+/// The README's mpirun recipe, run: the example on 4 processes that Open MPI starts, each
+/// finding its rank and the world size in `OMPI_COMM_WORLD_*`; the master's process checks
+/// the result against the sequential implementation.
+#[test]
+fn under_mpirun_the_readmes_recipe_runs_the_example_on_four_processes() {
+    let Some(mut mpirun) = mpirun() else {
+        return;
+    };
+    // Built beside this test by `cargo test` (target/<profile>/examples).
+    let exe = std::env::current_exe().unwrap();
+    let example = exe.parent().unwrap().parent().unwrap();
+    let example = example.join("examples").join("logistic_regression");
+    assert!(
+        example.exists(),
+        "{} is built by cargo test",
+        example.display()
+    );
+    let addr = free_loopback_addr();
+    mpirun
+        .args(["-x", &format!("SUPERSTEP_MASTER_ADDR={addr}")])
+        .args(["-x", "SUPERSTEP_SECRET=change-me"])
+        .arg(&example)
+        .args(["--rows", "20000", "--features", "4", "--iterations", "5"]);
+    let out = output_within(&mut mpirun, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        mpi_line_of(&stdout, 0, "OK: equal to the sequential implementation").is_some(),
+        "{stdout}"
+    );
+    for rank in 1..4 {
+        let done = mpi_line_of(&stdout, rank, &format!("worker {rank} done: "));
+        assert!(
+            done.is_some_and(|d| d.starts_with("5 iterations")),
+            "{stdout}"
+        );
+    }
+}
+
+/// MPI ends the whole run when one process dies; a scheduler that requeues it starts every
+/// process again (here: `mpirun` again, with the restart count a requeue sets), and the
+/// master resumes from its newest checkpoint to the fault-free result.
+#[test]
+fn under_mpirun_a_process_killed_ends_the_run_and_the_run_requeued_resumes_to_the_fault_free_result(
+) {
+    let Some(_) = mpirun() else {
+        return;
+    };
+    let expected = bits(&job(&data(), 4, None).run().unwrap().result);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let run = |restart_count: u32| {
+        let mut mpirun = mpirun().unwrap();
+        let dir = checkpoints.path().display();
+        for var in [
+            format!("SUPERSTEP_MASTER_ADDR={}", free_loopback_addr()),
+            "SUPERSTEP_SECRET=change-me".to_string(),
+            format!("SUPERSTEP_RESTART_COUNT={restart_count}"),
+            format!("{BEHAVIOUR}=gang-kill-compute"),
+            format!("{CHECKPOINTS}={dir}"),
+            "SUPERSTEP_HEARTBEAT_INTERVAL=100ms".to_string(),
+            "SUPERSTEP_HEARTBEAT_TIMEOUT=1s".to_string(),
+        ] {
+            mpirun.args(["-x", &var]);
+        }
+        mpirun.arg(std::env::current_exe().unwrap()).args([
+            "child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ]);
+        let out = output_within(&mut mpirun, Duration::from_secs(120));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), stdout, stderr)
+    };
+    // Rank 2 is killed (SIGKILL) in its compute of iteration 3, after the checkpoint of 2.
+    let (succeeded, stdout, stderr) = run(0);
+    assert!(!succeeded, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 2") && stderr.contains("signal 9"),
+        "mpirun names the killed rank: {stderr}"
+    );
+    assert!(mpi_line_of(&stdout, 0, "RESULT ").is_none(), "{stdout}");
+    // Requeued: every process again, none killed this time.
+    let (succeeded, stdout, stderr) = run(1);
+    assert!(succeeded, "{stdout}\n{stderr}");
+    for rank in 0..4 {
+        assert_eq!(
+            mpi_line_of(&stdout, rank, "RESULT "),
+            Some(expected.as_str()),
+            "rank {rank}: {stdout}"
+        );
+    }
+    assert_eq!(
+        mpi_line_of(&stdout, 0, "ATTEMPT "),
+        Some("1 RESUMED Some(2)"),
+        "{stdout}"
+    );
 }

@@ -69,6 +69,12 @@ struct Args {
     /// iterations; a run on a directory with a checkpoint of this job resumes from it.
     #[arg(long)]
     checkpoint_dir: Option<std::path::PathBuf>,
+    /// Save them as objects at this URL instead (`s3://bucket/prefix`, `gs://…`, `az://…`,
+    /// `file:///dir`), credentials from the `AWS_*` / `GOOGLE_*` / `AZURE_*` variables
+    /// (built with the `object-store` feature).
+    #[cfg(feature = "object-store")]
+    #[arg(long, conflicts_with = "checkpoint_dir")]
+    checkpoint_url: Option<String>,
     /// Every how many iterations a checkpoint is saved.
     #[arg(long, default_value_t = 5)]
     checkpoint_every: u64,
@@ -170,6 +176,17 @@ fn main() -> ExitCode {
         (max_restarts, _) => builder.failure_policy(FailurePolicy::RestartWorker { max_restarts }),
     };
     // Only the master's process saves and reads checkpoints.
+    #[cfg(feature = "object-store")]
+    let builder = match (&args.checkpoint_url, runs_master) {
+        (Some(url), true) => match superstep::checkpoint::ObjectCheckpointStore::from_url(url, 3) {
+            Ok(store) => builder.checkpoint(store, args.checkpoint_every),
+            Err(error) => {
+                eprintln!("cannot use the checkpoint store: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => builder,
+    };
     let builder = match (&args.checkpoint_dir, runs_master) {
         (Some(dir), true) => match FsCheckpointStore::new(dir, 3) {
             Ok(store) => builder.checkpoint(store, args.checkpoint_every),

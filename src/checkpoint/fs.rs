@@ -61,7 +61,7 @@ impl FsCheckpointStore {
 
     /// The path of the checkpoint of `iteration`.
     pub fn path_of(&self, iteration: Iteration) -> PathBuf {
-        self.dir.join(format!("{PREFIX}{iteration:020}{SUFFIX}"))
+        self.dir.join(file_name(iteration))
     }
 
     /// The checkpoint files present, oldest first.
@@ -69,16 +69,7 @@ impl FsCheckpointStore {
         let mut files: Vec<_> = self
             .entries()?
             .into_iter()
-            .filter_map(|entry| {
-                let name = entry.file_name();
-                let iteration = name
-                    .to_str()?
-                    .strip_prefix(PREFIX)?
-                    .strip_suffix(SUFFIX)?
-                    .parse()
-                    .ok()?;
-                Some((iteration, entry.path()))
-            })
+            .filter_map(|entry| Some((iteration_of(entry.file_name().to_str()?)?, entry.path())))
             .collect();
         files.sort();
         Ok(files)
@@ -168,6 +159,21 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 #[cfg(not(unix))]
 fn sync_dir(_dir: &Path) -> Result<(), CheckpointError> {
     Ok(())
+}
+
+/// The name of the checkpoint of `iteration`, as a file or an object:
+/// `checkpoint-<iteration>.ssck`, the iteration zero-padded so that names sort as
+/// iterations do.
+pub(crate) fn file_name(iteration: Iteration) -> String {
+    format!("{PREFIX}{iteration:020}{SUFFIX}")
+}
+
+/// The iteration of a checkpoint's file or object name; `None` for another name.
+pub(crate) fn iteration_of(name: &str) -> Option<Iteration> {
+    name.strip_prefix(PREFIX)?
+        .strip_suffix(SUFFIX)?
+        .parse()
+        .ok()
 }
 
 /// A checkpoint as its file holds it: a header (magic, format, checksum, length) and the

@@ -6,10 +6,14 @@
 //! opt in to re-sharding, [`JobConfig::reshard_on_resume`](crate::JobConfig::reshard_on_resume)). A [`CheckpointStore`] keeps them:
 //! [`FsCheckpointStore`] on a filesystem, written atomically (a temporary file, `fsync`,
 //! rename, `fsync` of the directory) with a checksum, keeping the last few, and falling
-//! back to the one before when the newest is corrupt; [`MemoryCheckpointStore`] in memory,
-//! for tests and simulations.
+//! back to the one before when the newest is corrupt; `ObjectCheckpointStore` (feature
+//! `object-store`) as objects in S3, Google Cloud Storage, Azure Blob Storage or a local
+//! directory, in the same format, so that checkpoints outlive the master's host;
+//! [`MemoryCheckpointStore`] in memory, for tests and simulations.
 
 mod fs;
+#[cfg(feature = "object-store")]
+mod object;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -25,6 +29,8 @@ pub use crate::protocol::WorkerSave;
 pub use fs::FsCheckpointStore;
 #[cfg(feature = "sim")]
 pub(crate) use fs::{encode, newest_readable};
+#[cfg(feature = "object-store")]
+pub use object::ObjectCheckpointStore;
 
 /// The master's state after an iteration: what a restarted job resumes from.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +141,19 @@ pub enum CheckpointError {
     /// The checkpoint could not be encoded.
     #[error("checkpoint could not be encoded: {0}")]
     Encode(String),
+    /// An object store refused or could not be reached (`ObjectCheckpointStore`, feature
+    /// `object-store`), or its address is not one.
+    ///
+    /// Remedy: check the URL, the credentials in the environment (`AWS_ACCESS_KEY_ID`,
+    /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, …) and that the bucket or
+    /// container exists.
+    #[error("checkpoint store {location}: {reason}")]
+    Store {
+        /// The store and the object, as a URL where one is known.
+        location: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 crate::error::debug_as_sentence!(CheckpointError);

@@ -15,7 +15,13 @@
 //! starts the dead one again, and the job ends with the fault-free result, in barrier mode
 //! too.
 //!
-//! The processes are this test binary itself, running its ignored `child_process` test.
+//! A master process with a coordinator killed after its commit is started again and ends
+//! at once with the result, its workers gone. Under Open MPI's `mpirun` the README's
+//! recipe runs the example on 4 processes, and a process killed ends the run, which a
+//! requeue (mpirun again, with a restart count) resumes to the fault-free result.
+//!
+//! The processes are this test binary itself, running its ignored `child_process` test
+//! (and the example, under mpirun).
 
 #[path = "../examples/support/lr.rs"]
 mod lr;
@@ -72,6 +78,10 @@ const GANG_BARRIER: [&str; 2] = ["gang-kill-in-collective", "gang-kill-master-ba
 const RANDOM_KILL: &str = "gang-random";
 const SLOW: &str = "slow";
 const SLOW_BY: Duration = Duration::from_millis(40);
+/// The master's process, with a coordinator, is killed (SIGKILL) once its job committed,
+/// before it could exit: the launcher starts it again, and it ends at once with the result
+/// from the commit's record, its workers long gone.
+const KILL_MASTER_AFTER_COMMIT: &str = "kill-master-after-commit";
 /// Whether this process's worker failed already (`fail`).
 static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Every rank makes a collective in iteration 3 and checks its sum; with the killer, rank 2
@@ -421,8 +431,15 @@ fn child_process() {
             torn: fault == Some("kill-master-torn-checkpoint"),
         };
         job = job.checkpoint(store, CHECKPOINT_EVERY);
+        if behaviour == KILL_MASTER_AFTER_COMMIT {
+            job = job.coordinator(Committing);
+        }
     }
-    match job.run() {
+    let ran = job.run();
+    if (behaviour.as_str(), env.rank, env.restart_count) == (KILL_MASTER_AFTER_COMMIT, 0, 0) {
+        kill_self();
+    }
+    match ran {
         // A line of its own: the test harness prints the test's name before it.
         Ok(outcome) => println!(
             "\nRESULT {}\nATTEMPT {} RESUMED {:?}",
@@ -437,6 +454,11 @@ fn child_process() {
     }
 }
 
+/// A coordinator whose every hook does nothing: its `on_finish` is the job's commit.
+struct Committing;
+
+impl superstep::coordinator::Coordinator for Committing {}
+
 /// Runs `superstep-launch --nproc n` over this binary's child test, with a deadline; the
 /// launcher (and through it every child) is interrupted if the deadline passes.
 fn launch(n: usize, behaviour: &str) -> Output {
@@ -448,6 +470,7 @@ fn launch(n: usize, behaviour: &str) -> Output {
 fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) -> Output {
     let restarts = if RECOVERED.contains(&behaviour)
         || MASTER_KILLED.contains(&behaviour)
+        || behaviour == KILL_MASTER_AFTER_COMMIT
         || behaviour == KILL_MASTER_BARRIER
         || behaviour.starts_with("gang-")
     {
@@ -637,6 +660,19 @@ fn workers_of_a_barrier_mode_job_whose_master_is_started_again_fail_saying_why()
         failed.iter().any(|f| f.contains("barrier mode")),
         "{failed:?}"
     );
+}
+
+#[test]
+fn a_master_process_killed_after_its_commit_is_started_again_and_ends_at_once_with_the_result() {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    let (stdout, stderr) = launched_to(&expected, 3, KILL_MASTER_AFTER_COMMIT);
+    assert!(
+        stderr.contains("rank 0 exited with signal: 9") && stderr.contains("starting it again"),
+        "{stderr}"
+    );
+    // Its newest checkpoint is the last one, committed: nothing ran again.
+    let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(resumed.ends_with("RESUMED Some(6)"), "{resumed}");
 }
 
 #[test]

@@ -96,7 +96,19 @@ pub(crate) enum Save {
     No,
 }
 
+/// How long the end of a job waits for a rank that may still connect (a worker reconnecting
+/// to a master's node started again: its backoff is at most about a second), at most.
+const RECONNECT_GRACE: Duration = Duration::from_secs(3);
+
 impl NodeConfig {
+    /// How long the end of a job waits for a rank that may still connect before it is not
+    /// waited for: 3 s, and at most half the shutdown timeout — a rank long gone (a master
+    /// started again after its job ended) must not time the shutdown out and fail the job
+    /// whose result is known.
+    pub(crate) fn reconnect_grace(&self) -> Duration {
+        RECONNECT_GRACE.min(self.shutdown_timeout / 2)
+    }
+
     /// The failure grace as the nodes apply it: `grace`, at most `shutdown`.
     pub(crate) fn grace(grace: Duration, shutdown: Duration) -> Duration {
         grace.min(shutdown)
@@ -357,6 +369,13 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!(NodeConfig::grace(secs(5), secs(1)), secs(1));
         assert_eq!(NodeConfig::grace(secs(1), secs(5)), secs(1));
+        // Ranks that may still reconnect are not waited for past half the shutdown.
+        let short = NodeConfig {
+            shutdown_timeout: secs(2),
+            ..config()
+        };
+        assert_eq!(short.reconnect_grace(), secs(1));
+        assert_eq!(c.reconnect_grace(), secs(3).min(c.shutdown_timeout / 2));
         // As a job's settings build them: the worker's grace is the node's, clamped once.
         let job = crate::JobConfig {
             failure_grace: secs(5),

@@ -22,10 +22,6 @@ use super::{
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
 use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 
-/// How long the end of a job waits for a rank that may still connect (a worker reconnecting
-/// to a master's node started again: its backoff is at most about a second).
-const RECONNECT_GRACE: Duration = Duration::from_secs(3);
-
 /// At most how long a wait for workers goes on between two lines that say so (it says so
 /// every quarter of its timeout when that is shorter).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);

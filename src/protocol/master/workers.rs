@@ -68,7 +68,7 @@ impl<M, W> MasterNode<M, W> {
     /// The job ends: a rank that the master's node cannot reach any more (its connection
     /// ended) will not say it is done, and is not waited for. One that may still connect
     /// (a worker of the master's node this one replaced, reconnecting; a process that had
-    /// not connected yet when the job failed) is given [`RECONNECT_GRACE`] to, and hear
+    /// not connected yet when the job failed) is given the reconnect grace (`NodeConfig::reconnect_grace`) to, and hear
     /// how the job ended.
     pub(super) fn forget_unconnected(&mut self, now: Instant, reach: &dyn Reach) {
         let mut later = Vec::new();
@@ -84,7 +84,7 @@ impl<M, W> MasterNode<M, W> {
             }
         }
         if !later.is_empty() {
-            self.reconnecting = Some((now + RECONNECT_GRACE, later));
+            self.reconnecting = Some((now + self.config.reconnect_grace(), later));
         }
     }
 

@@ -231,6 +231,51 @@ fn resuming_with_another_input_is_refused_naming_both() {
     );
 }
 
+/// A worker that counts the states it is given back (`restore_state`) in `restored`.
+struct Counting {
+    restored: Arc<AtomicU64>,
+}
+
+impl WorkerComputable for Counting {
+    type MasterResult = (u64, u64);
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<(u64, u64), u64>) -> Result<u64, BoxError> {
+        worker_result(ctx)
+    }
+
+    fn restore_state(&mut self, _: &[u8]) -> Result<(), BoxError> {
+        self.restored.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_job_resharded_over_another_input_gives_no_worker_a_state_of_the_old_shards() {
+    let store = MemoryCheckpointStore::new();
+    let restored = Arc::new(AtomicU64::new(0));
+    let counting = |rows: u64, iterations: Iteration, reshard: bool| {
+        let restored = Arc::clone(&restored);
+        Job::builder(master(None), move |_| Counting {
+            restored: Arc::clone(&restored),
+        })
+        .workers(3)
+        .iterations(iterations)
+        .job_id("ckpt")
+        .input(Input::Rows(rows))
+        .checkpoint(store.clone(), 3)
+        .reshard_on_resume(reshard)
+    };
+    counting(100, 6, false).run().unwrap();
+    // Run again with more iterations on its own input: each worker gets its save back.
+    counting(100, 9, false).run().unwrap();
+    assert_eq!(restored.swap(0, Ordering::SeqCst), 3);
+    // Re-sharded over another input: none does, though the world size is the same.
+    let outcome = counting(120, 12, true).run().unwrap();
+    assert_eq!(outcome.report.resumed_from, Some(9));
+    assert_eq!(restored.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn a_job_that_reshards_on_resume_goes_on_at_another_size_from_the_masters_state() {
     assert_eq!(by_hand(&[3; 12]), fault_free(), "the model is the job's");

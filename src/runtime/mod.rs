@@ -234,9 +234,9 @@ impl Resuming {
     }
 
     /// Refuses a checkpoint of another shape than this job's, naming both — unless the
-    /// job re-shards and the checkpoint holds no worker's state, whose saved states are
-    /// then dropped (none is there) and each worker starts from its `init`.
-    fn check(&self, c: &Checkpoint) -> Result<(), JobError> {
+    /// job re-shards and the checkpoint holds no worker's state: then returns `true`, and
+    /// each worker starts from its `init` on its new shard.
+    fn check(&self, c: &Checkpoint) -> Result<bool, JobError> {
         let (iteration, here) = (c.iteration, &self.shape);
         // A checkpoint from before checkpoints recorded their shape knows its world size
         // from the states it holds, if any.
@@ -259,7 +259,7 @@ impl Resuming {
             ));
         }
         if differs.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let differs = differs.join("; ");
         let holds_states = c.workers.iter().flatten().any(|save| !save.is_empty());
@@ -277,7 +277,7 @@ impl Resuming {
                 iteration,
                 "resuming from a checkpoint of another shape ({differs}): re-sharded, each worker starts from its init on its new shard"
             );
-            return Ok(());
+            return Ok(true);
         };
         Err(JobError::checkpoint(message, None))
     }
@@ -306,9 +306,8 @@ pub(crate) fn resume<M: Payload>(
             None,
         ));
     }
-    resuming.check(&c)?;
-    if c.workers.len() != resuming.shape.workers {
-        // Re-sharded (none holds a state): every worker starts from its `init`.
+    if resuming.check(&c)? {
+        // Re-sharded (none holds a state): nothing of the old shards is given back.
         c.workers.clear();
     }
     let last: M = crate::codec::from_slice(&c.master_result).map_err(|e| {

@@ -269,6 +269,13 @@ fn a_job_that_committed_and_is_started_again_ends_at_once_and_runs_no_hook_again
     assert_eq!(resumed.report.resumed_from, Some(2));
     assert!(resumed.report.iterations.is_empty());
     assert_eq!(again.entries(), Vec::<String>::new());
+    // Its input since moved or changed (by its commit, say), it still ends with its result.
+    let moved = committing(&store, &again)
+        .input(superstep::coordinator::Input::Rows(7))
+        .run()
+        .unwrap();
+    assert_eq!(moved.result, outcome.result);
+    assert_eq!(again.entries(), Vec::<String>::new());
     // Run again with more iterations, it is another end: it goes on and commits it.
     let more = Heard::default();
     let longer = committing(&store, &more).iterations(3).run().unwrap();

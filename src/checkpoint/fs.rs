@@ -116,23 +116,29 @@ impl CheckpointStore for FsCheckpointStore {
             let bytes = fs::read(&path).map_err(|e| CheckpointError::io(&path, e));
             (path, bytes)
         });
-        Ok(newest_readable(files))
+        newest_readable(files.map(Ok))
     }
 }
 
 /// The newest checkpoint of `files` (newest first, each read lazily) that decodes, and the
-/// damaged ones skipped on the way, each logged.
+/// damaged ones skipped on the way, each logged. Each file is its name and its bytes, or
+/// why they are damaged (skipped for the one before); an `Err` instead is a read that
+/// failed outright (a store that did not answer), which fails the whole read: falling back
+/// past a checkpoint that may be whole would resume from an older one.
 pub(crate) fn newest_readable(
-    files: impl IntoIterator<Item = (PathBuf, Result<Vec<u8>, CheckpointError>)>,
-) -> Option<Loaded> {
+    files: impl IntoIterator<
+        Item = Result<(PathBuf, Result<Vec<u8>, CheckpointError>), CheckpointError>,
+    >,
+) -> Result<Option<Loaded>, CheckpointError> {
     let mut skipped = Vec::new();
-    for (path, bytes) in files {
+    for file in files {
+        let (path, bytes) = file?;
         match bytes.and_then(|bytes| decode(&path, &bytes)) {
             Ok(checkpoint) => {
-                return Some(Loaded {
+                return Ok(Some(Loaded {
                     checkpoint,
                     skipped,
-                })
+                }))
             }
             Err(error) => {
                 tracing::warn!(%error, "skipping a damaged checkpoint, falling back to the one before");
@@ -146,7 +152,7 @@ pub(crate) fn newest_readable(
             "no usable checkpoint: the job starts from the beginning"
         );
     }
-    None
+    Ok(None)
 }
 
 #[cfg(unix)]

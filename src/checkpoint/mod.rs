@@ -225,6 +225,9 @@ impl MemoryCheckpointStore {
 impl CheckpointStore for MemoryCheckpointStore {
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let mut saved = self.lock();
+        // A checkpoint of the same iteration replaces the one there, as a file of the same
+        // name does (the record of a commit saves the last one again).
+        saved.retain(|c| c.iteration != checkpoint.iteration);
         saved.push(checkpoint.clone());
         if let Some(keep) = self.keep {
             let excess = saved.len().saturating_sub(keep);

@@ -146,6 +146,16 @@ impl ObjectCheckpointStore {
     /// The checkpoint objects present, oldest first: each one's iteration and its path in
     /// the store.
     pub fn objects(&self) -> Result<Vec<(Iteration, String)>, CheckpointError> {
+        let listed = self.listed()?;
+        Ok(listed
+            .into_iter()
+            .map(|(i, p)| (i, p.to_string()))
+            .collect())
+    }
+
+    /// The checkpoint objects present, oldest first, each with its location as the store
+    /// gave it (not rebuilt from text, which would encode some characters again).
+    fn listed(&self) -> Result<Vec<(Iteration, Path)>, CheckpointError> {
         let listed = self
             .run(self.store.list(Some(&self.prefix)).try_collect::<Vec<_>>())
             .map_err(|e| self.refused(&self.prefix, e))?;
@@ -160,7 +170,7 @@ impl ObjectCheckpointStore {
             })
             .filter_map(|meta| {
                 let iteration = iteration_of(meta.location.filename()?)?;
-                Some((iteration, meta.location.to_string()))
+                Some((iteration, meta.location))
             })
             .collect();
         objects.sort();
@@ -207,12 +217,11 @@ impl ObjectCheckpointStore {
     }
 
     fn prune(&self) -> Result<(), CheckpointError> {
-        let objects = self.objects()?;
+        let objects = self.listed()?;
         let excess = objects.len().saturating_sub(self.keep);
         for (_, location) in &objects[..excess] {
-            let location = Path::from(location.as_str());
-            self.run(self.store.delete(&location))
-                .map_err(|e| self.refused(&location, e))?;
+            self.run(self.store.delete(location))
+                .map_err(|e| self.refused(location, e))?;
         }
         Ok(())
     }
@@ -228,21 +237,25 @@ impl CheckpointStore for ObjectCheckpointStore {
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
-        let objects = self.objects()?;
+        let objects = self.listed()?;
         let newest_first = objects.into_iter().rev().map(|(_, location)| {
-            let location = Path::from(location.as_str());
             let read = self.run(async {
                 let got = self.store.get(&location).await?;
                 got.bytes().await
             });
             let named = PathBuf::from(self.describe(&location));
-            (
-                named,
-                read.map(|b| b.to_vec())
-                    .map_err(|e| self.refused(&location, e)),
-            )
+            match read {
+                Ok(bytes) => Ok((named, Ok(bytes.to_vec()))),
+                // Gone since it was listed (pruned by a newer save): skipped.
+                Err(e @ object_store::Error::NotFound { .. }) => {
+                    Ok((named, Err(self.refused(&location, e))))
+                }
+                // The store did not answer: the read fails rather than fall back past a
+                // checkpoint that may be whole (the newest, or the record of a commit).
+                Err(e) => Err(self.refused(&location, e)),
+            }
         });
-        Ok(newest_readable(newest_first))
+        newest_readable(newest_first)
     }
 }
 
@@ -296,6 +309,116 @@ mod tests {
                 && skipped.contains("the header says"),
             "{skipped}"
         );
+    }
+
+    /// An in-memory store whose reads fail (a store that does not answer) while `down`.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: InMemory,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl std::fmt::Display for Flaky {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Flaky")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for Flaky {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.inner.put_opts(location, payload, opts).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.inner.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(object_store::Error::Generic {
+                    store: "Flaky",
+                    source: "503 Slow Down".into(),
+                });
+            }
+            self.inner.get_opts(location, options).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: futures_util::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures_util::stream::BoxStream<'static, object_store::Result<Path>> {
+            self.inner.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.inner.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    #[test]
+    fn a_store_that_does_not_answer_fails_the_read_instead_of_falling_back() {
+        let flaky = Arc::new(Flaky {
+            inner: InMemory::new(),
+            down: false.into(),
+        });
+        let mut store = ObjectCheckpointStore::new(flaky.clone(), "jobs/lr", 3).unwrap();
+        store.save(&checkpoint(1)).unwrap();
+        store.save(&checkpoint(2)).unwrap();
+        flaky.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = store.latest().unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint store Flaky/jobs/lr/checkpoint-00000000000000000002.ssck")
+                && err.contains("503 Slow Down"),
+            "{err}"
+        );
+        flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(2));
+    }
+
+    #[test]
+    fn a_prefix_with_characters_paths_encode_still_finds_and_prunes_its_objects() {
+        let memory = Arc::new(InMemory::new());
+        let mut store = ObjectCheckpointStore::new(memory.clone(), "jobs/lr #1 [a]", 2).unwrap();
+        for i in 1..=3 {
+            store.save(&checkpoint(i)).unwrap();
+        }
+        let kept: Vec<_> = store.objects().unwrap().iter().map(|o| o.0).collect();
+        assert_eq!(kept, vec![2, 3]);
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(3));
     }
 
     #[test]

@@ -172,7 +172,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         // A job that committed ends with its result: its coordinator runs no hook again.
         let committed = resumed
             .as_ref()
-            .filter(|r| r.committed_end(config.iterations))
+            .filter(|r| r.committed_end)
             .map(|r| r.iteration);
         if let (Some(iteration), Some(_)) = (committed, &coordinator) {
             tracing::info!(

@@ -134,17 +134,10 @@ pub(crate) struct Resume<M> {
     pub(crate) halted: Option<HaltedBy>,
     /// What each worker saved, by rank.
     pub(crate) workers: Vec<Option<WorkerSave>>,
-    /// Whether the job's coordinator committed after the checkpoint's iteration.
-    pub(crate) committed: bool,
-}
-
-impl<M> Resume<M> {
     /// Whether the job finished and committed with this checkpoint: it covers the job's
-    /// `iterations` (or halted it) and its commit was recorded. The job then ends at once
+    /// iterations (or halted it) and its commit was recorded. The job then ends at once
     /// with its result, and its coordinator does not run again.
-    pub(crate) fn committed_end(&self, iterations: Iteration) -> bool {
-        self.committed && (self.iteration >= iterations || self.halted.is_some())
-    }
+    pub(crate) committed_end: bool,
 }
 
 /// What a checkpoint gives the master's code beyond its context: the master computable's
@@ -222,6 +215,8 @@ pub(crate) struct Resuming {
     pub(crate) job_id: Arc<str>,
     pub(crate) shape: JobShape,
     pub(crate) reshard: bool,
+    /// The job's iteration count: a committed checkpoint that covers it ends the job.
+    pub(crate) iterations: Iteration,
 }
 
 impl Resuming {
@@ -230,6 +225,7 @@ impl Resuming {
             job_id: Arc::from(config.job_id.as_str()),
             shape: JobShape::new(config.workers, input),
             reshard: config.reshard_on_resume,
+            iterations: config.iterations,
         }
     }
 
@@ -306,7 +302,10 @@ pub(crate) fn resume<M: Payload>(
             None,
         ));
     }
-    if resuming.check(&c)? {
+    // A job that finished and committed ends with its result whatever its input is now
+    // (its commit may have moved it): only a checkpoint it goes on from must fit its shape.
+    let committed_end = c.committed && (c.iteration >= resuming.iterations || c.halted.is_some());
+    if !committed_end && resuming.check(&c)? {
         // Re-sharded (none holds a state): nothing of the old shards is given back.
         c.workers.clear();
     }
@@ -329,7 +328,7 @@ pub(crate) fn resume<M: Payload>(
         state: c.master_state,
         halted: c.halted,
         workers: c.workers,
-        committed: c.committed,
+        committed_end,
     }))
 }
 

@@ -78,9 +78,9 @@ impl CheckpointStore for SimStore {
         let files = lock(&self.files);
         let newest_first = files.iter().rev().map(|(iteration, bytes)| {
             let path = std::path::PathBuf::from(format!("sim/checkpoint-{iteration}"));
-            (path, Ok(bytes.clone()))
+            Ok((path, Ok(bytes.clone())))
         });
-        let loaded = crate::checkpoint::newest_readable(newest_first);
+        let loaded = crate::checkpoint::newest_readable(newest_first)?;
         drop(files);
         *lock(&self.skipped) += loaded.as_ref().map_or(0, |l| l.skipped.len() as u32);
         Ok(loaded)

@@ -75,9 +75,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let keeps = self.node_config.checkpoint_every.is_some();
         let store = keeps.then(|| SharedStore::new(Box::new(store)));
         // A job that committed ends with its result: its coordinator runs no hook again.
-        let committed = resumed
-            .as_ref()
-            .is_some_and(|r| r.committed_end(self.job.iterations));
+        let committed = resumed.as_ref().is_some_and(|r| r.committed_end);
         if committed && made.coordinator.take().is_some() {
             self.log(|| "the job committed before: its coordinator does not run again".into());
         }

@@ -171,7 +171,9 @@
 //! cluster environment and `JobBuilder::cluster_from_env`. `sim`: the deterministic
 //! simulator. `proptest`: its strategies. `pipeline`: CSV / JSONL rows, merged and
 //! atomically committed output. `launcher`: the `superstep-launch` binary. `metrics`:
-//! the job's numbers through the `metrics` facade (`superstep::metrics`).
+//! the job's numbers through the `metrics` facade (`superstep::metrics`). `object-store`:
+//! checkpoints in S3, GCS, Azure Blob Storage or a local directory
+//! (`checkpoint::ObjectCheckpointStore`).
 //!
 //! ## Watching a job
 //!

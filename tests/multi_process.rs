@@ -38,6 +38,16 @@ use superstep::transport::ClusterEnv;
 use superstep::FailurePolicy;
 
 const BEHAVIOUR: &str = "SUPERSTEP_TEST_BEHAVIOUR";
+/// The arguments that make this test binary run one process of a job: its ignored
+/// `child_process` test, alone, its output not captured.
+const CHILD: [&str; 6] = [
+    "child_process",
+    "--exact",
+    "--ignored",
+    "--nocapture",
+    "--test-threads",
+    "1",
+];
 const ROWS: usize = 6_000;
 const FEATURES: usize = 4;
 const ITERATIONS: u64 = 6;
@@ -483,14 +493,7 @@ fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) ->
         .args(["--nproc", &n.to_string(), "--grace-secs", "3"])
         .args(["--restarts", restarts, "--"])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(CHILD)
         .env(BEHAVIOUR, behaviour)
         .env(CHECKPOINTS, checkpoints.path())
         .env("SUPERSTEP_HEARTBEAT_INTERVAL", "100ms")
@@ -954,14 +957,7 @@ fn under_mpirun_a_process_killed_ends_the_run_and_the_run_requeued_resumes_to_th
         ] {
             mpirun.args(["-x", &var]);
         }
-        mpirun.arg(std::env::current_exe().unwrap()).args([
-            "child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ]);
+        mpirun.arg(std::env::current_exe().unwrap()).args(CHILD);
         let out = output_within(&mut mpirun, Duration::from_secs(120));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

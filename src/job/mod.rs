@@ -80,7 +80,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
         let plan = &self.plan;
         runtime::fingerprint::<M, W>(
             &plan.config,
-            plan.input.as_ref(),
+            &crate::checkpoint::JobShape::new(plan.config.workers, plan.input.as_ref()),
             runtime::combining(plan.combine.as_ref()),
             plan.messages,
         )

@@ -21,6 +21,7 @@ use super::{
     fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume, Resuming,
     SharedStore,
 };
+use crate::checkpoint::JobShape;
 use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;
@@ -73,12 +74,14 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let worker_config = Arc::new(node_config.worker());
     let config = Arc::new(config);
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
+    // The input described once (a file input's description reads each file's size).
+    let shape = JobShape::new(config.workers, input.as_ref());
     let topology = transport.prepare(&LinkSpec {
         job_id: config.job_id.clone(),
         workers: config.workers,
         fingerprint: fingerprint::<M, W>(
             &config,
-            input.as_ref(),
+            &shape,
             super::combining(combine.as_ref()),
             messages,
         ),
@@ -137,7 +140,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
         let store = checkpoint.map(|c| SharedStore::new(c.store));
-        let resuming = Resuming::new(&config, input.as_ref());
+        let resuming = Resuming::new(&config, shape);
         let resumed = match &store {
             Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,
             None => None,

@@ -220,10 +220,11 @@ pub(crate) struct Resuming {
 }
 
 impl Resuming {
-    pub(crate) fn new(config: &JobConfig, input: Option<&Input>) -> Self {
+    /// The rules of a job of `config` whose shape is `shape`.
+    pub(crate) fn new(config: &JobConfig, shape: JobShape) -> Self {
         Resuming {
             job_id: Arc::from(config.job_id.as_str()),
-            shape: JobShape::new(config.workers, input),
+            shape,
             reshard: config.reshard_on_resume,
             iterations: config.iterations,
         }
@@ -336,14 +337,14 @@ pub(crate) fn resume<M: Payload>(
 /// protocol version is refused before the fingerprint is read), the settings that change
 /// what a worker computes or how the protocol runs, the input, the result types. Not the
 /// checkpoints, which only the master's process keeps (the others need no store).
+/// `shape` is the job's world size and input, as its checkpoints record them.
 pub(crate) fn fingerprint<M, W>(
     config: &JobConfig,
-    input: Option<&Input>,
+    shape: &JobShape,
     combining: Combining,
     messages: Option<&str>,
 ) -> Fingerprint {
     let on = |b: bool| if b { "on" } else { "off" };
-    let shape = JobShape::new(config.workers, input);
     Fingerprint::new()
         .with("crate version", env!("CARGO_PKG_VERSION"))
         .with("workers", shape.workers)
@@ -360,7 +361,7 @@ pub(crate) fn fingerprint<M, W>(
         )
         .with("failure_policy", format!("{:?}", config.failure_policy))
         .with("malformed_rows", format!("{:?}", config.malformed_rows))
-        .with("input", shape.input)
+        .with("input", &shape.input)
         .with("master result type", std::any::type_name::<M>())
         .with("worker result type", std::any::type_name::<W>())
         .with("message type", messages.unwrap_or("none"))

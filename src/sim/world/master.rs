@@ -37,7 +37,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// processes died before this one.
     pub(super) fn start_master(&mut self, restarted: u32) {
         let mut store = self.store.clone();
-        let resuming = crate::runtime::Resuming::new(&self.job, self.sim.input.as_ref());
+        let shape = crate::checkpoint::JobShape::new(self.job.workers, self.sim.input.as_ref());
+        let resuming = crate::runtime::Resuming::new(&self.job, shape);
         let resumed = match crate::runtime::resume::<M>(&mut store, &resuming) {
             Ok(resumed) => resumed,
             Err(error) => {

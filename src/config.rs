@@ -91,6 +91,7 @@ pub enum Placement {
 /// | `SUPERSTEP_FAILURE_POLICY` | [`failure_policy`](JobConfig::failure_policy): `fail`, `continue_without`, `restart_worker:N`, `restart_all:N` |
 /// | `SUPERSTEP_PROGRESS_INTERVAL` | [`progress_interval`](JobConfig::progress_interval) |
 /// | `SUPERSTEP_RESHARD_ON_RESUME` | [`reshard_on_resume`](JobConfig::reshard_on_resume): `true` or `false` |
+/// | `SUPERSTEP_CHECKPOINT_REPLICAS` | [`checkpoint_replicas`](JobConfig::checkpoint_replicas): `auto` or a number |
 ///
 /// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,6 +197,21 @@ pub struct JobConfig {
     /// workers' own states (`WorkerComputable::save_state`, or messages on their way) is
     /// still refused, since those states belong to the old shards.
     pub reshard_on_resume: bool,
+    /// How many workers of other processes keep a copy of each checkpoint, in memory, so
+    /// that it outlives the master's host: a master started again with an empty (or
+    /// older) checkpoint store — on a fresh host, say — takes the newest copy the workers
+    /// that connect hold, checks its checksum, job id and shape, saves it into its store
+    /// and resumes from it. Each copy is sent to its worker once per checkpoint, after the
+    /// next iteration's broadcast; one larger than the transport's frame limit
+    /// (`SUPERSTEP_MAX_FRAME`) cannot be sent, and is skipped with a warning. The copies go
+    /// to workers of other processes, those on other hosts than the master's first (as the
+    /// transport tells from each connection's addresses). `None` (the default) is 1 when
+    /// the job spans two hosts or more (or the transport cannot tell) and 0 when every
+    /// process is on the master's host, whose loss would take the copies too; `Some(0)`
+    /// keeps none. Only a job with a checkpoint store makes copies.
+    /// A copy lives as long as its worker's process: a job whose every process is started
+    /// again (a requeue) needs a store that outlives the host (`ObjectCheckpointStore`).
+    pub checkpoint_replicas: Option<usize>,
     /// How often the master logs a completed iteration at INFO (its number, its time and
     /// its slowest worker): the first iteration, then one at most this often, saying how
     /// many went by since the last line. Default 1 s; zero logs every iteration. (Quiet it
@@ -291,6 +307,7 @@ settings! {
     malformed_rows: MalformedRows,
     report_iterations: usize,
     reshard_on_resume: bool,
+    checkpoint_replicas: Option<usize>,
     progress_interval: Duration => "duration::some",
 }
 
@@ -321,6 +338,7 @@ impl Default for JobConfig {
             malformed_rows: MalformedRows::Fail,
             report_iterations: 1_000,
             reshard_on_resume: false,
+            checkpoint_replicas: None,
             progress_interval: Duration::from_secs(1),
             named: Named::default(),
         }
@@ -462,6 +480,7 @@ impl JobConfig {
             sync_timeout: self.sync_timeout,
             failure_grace: NodeConfig::grace(self.failure_grace, self.shutdown_timeout),
             checkpoint_every,
+            checkpoint_replicas: self.checkpoint_replicas,
             report_iterations: self.report_iterations,
             progress_interval: self.progress_interval,
         }
@@ -530,6 +549,18 @@ impl JobConfig {
         }
         if let Some(v) = get("SUPERSTEP_COMPUTE_THREADS") {
             self.compute_threads = Some(number("SUPERSTEP_COMPUTE_THREADS", &v)?);
+        }
+        if let Some(v) = get("SUPERSTEP_CHECKPOINT_REPLICAS") {
+            self.checkpoint_replicas = match v.trim() {
+                auto if auto.eq_ignore_ascii_case("auto") => None,
+                n => Some(n.parse().map_err(|_| {
+                    ConfigError::new(
+                        "SUPERSTEP_CHECKPOINT_REPLICAS",
+                        &v,
+                        "must be `auto` or a whole number",
+                    )
+                })?),
+            };
         }
         if let Some(v) = get("SUPERSTEP_RESHARD_ON_RESUME") {
             self.reshard_on_resume = match v.trim().to_ascii_lowercase().as_str() {
@@ -792,6 +823,7 @@ mod tests {
             ("SUPERSTEP_ITERATION_TIMEOUT", "2m"),
             ("SUPERSTEP_SYNC_TIMEOUT", "45"),
             ("SUPERSTEP_RESHARD_ON_RESUME", "True"),
+            ("SUPERSTEP_CHECKPOINT_REPLICAS", "2"),
         ];
         let get = |var: &str| {
             vars.iter()
@@ -813,9 +845,17 @@ mod tests {
             iteration_timeout: Duration::from_secs(120),
             sync_timeout: Duration::from_secs(45),
             reshard_on_resume: true,
+            checkpoint_replicas: Some(2),
             ..JobConfig::default()
         };
         assert_eq!(config, expected);
+        let auto = JobConfig {
+            checkpoint_replicas: Some(3),
+            ..JobConfig::default()
+        }
+        .with_vars(|var| (var == "SUPERSTEP_CHECKPOINT_REPLICAS").then(|| "Auto".into()))
+        .unwrap();
+        assert_eq!(auto.checkpoint_replicas, None);
         let unset = JobConfig::default().with_vars(|_| None).unwrap();
         assert_eq!(unset, JobConfig::default());
     }
@@ -835,6 +875,13 @@ mod tests {
         assert_eq!(
             err.to_string(),
             r#"invalid setting `SUPERSTEP_RESHARD_ON_RESUME` = "maybe": must be true or false"#
+        );
+        let err = JobConfig::default()
+            .with_vars(|var| (var == "SUPERSTEP_CHECKPOINT_REPLICAS").then(|| "-1".into()))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid setting `SUPERSTEP_CHECKPOINT_REPLICAS` = "-1": must be `auto` or a whole number"#
         );
         let err = JobConfig::default()
             .with_vars(|var| (var == "SUPERSTEP_SHUTDOWN_TIMEOUT").then(|| "1 fortnight".into()))

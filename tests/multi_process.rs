@@ -92,6 +92,13 @@ const SLOW_BY: Duration = Duration::from_millis(40);
 /// before it could exit: the launcher starts it again, and it ends at once with the result
 /// from the commit's record, its workers long gone.
 const KILL_MASTER_AFTER_COMMIT: &str = "kill-master-after-commit";
+/// The master's process is killed in its compute of `KILL_MASTER_AT` after its checkpoint
+/// directory was emptied, as on a fresh host: started again, it resumes from the copy of
+/// the newest checkpoint a worker's process keeps.
+const KILL_MASTER_WIPED: &str = "kill-master-wiped";
+/// As `KILL_MASTER_WIPED`, with the job's default copies: none, every process being on the
+/// master's host.
+const KILL_MASTER_WIPED_ONE_HOST: &str = "kill-master-wiped-one-host";
 /// Whether this process's worker failed already (`fail`).
 static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Every rank makes a collective in iteration 3 and checks its sum; with the killer, rank 2
@@ -170,6 +177,14 @@ impl MasterComputable for FaultyMaster {
             Some("kill-master-compute" | KILL_MASTER_BARRIER)
         );
         if killed && self.iteration == KILL_MASTER_AT {
+            kill_self();
+        }
+        if self.fault == Some(KILL_MASTER_WIPED) && self.iteration == KILL_MASTER_AT {
+            // The host's disk is gone with it: the process started again finds an empty
+            // directory.
+            let dir = std::env::var_os(CHECKPOINTS).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            std::fs::create_dir(&dir).unwrap();
             kill_self();
         }
         if self.fault == Some("kill-in-flight") && self.iteration == 3 {
@@ -410,6 +425,7 @@ fn child_process() {
         "fail" => Some("fail"),
         KILL_MASTER_BARRIER => Some(KILL_MASTER_BARRIER),
         KILL_IN_COLLECTIVE => Some(KILL_IN_COLLECTIVE),
+        KILL_MASTER_WIPED | KILL_MASTER_WIPED_ONE_HOST => Some(KILL_MASTER_WIPED),
         _ => MASTER_KILLED.iter().copied().find(|&b| b == named),
     };
     let policy = if gang {
@@ -428,6 +444,15 @@ fn child_process() {
             barrier || behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE,
         );
     assert_eq!(job.process_rank(), Some(env.rank));
+    if named == KILL_MASTER_WIPED {
+        // Every process is on this host: a copy is kept only when asked for.
+        job = job.checkpoint_replicas(1);
+        if gang {
+            // A worker made again runs its `init` as it starts, before anything its
+            // route held for it: the copy must still reach the master before it registers.
+            job = job.placement(superstep::Placement::Inline);
+        }
+    }
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
             std::fs::write(
@@ -481,6 +506,8 @@ fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) ->
     let restarts = if RECOVERED.contains(&behaviour)
         || MASTER_KILLED.contains(&behaviour)
         || behaviour == KILL_MASTER_AFTER_COMMIT
+        || behaviour == KILL_MASTER_WIPED
+        || behaviour == KILL_MASTER_WIPED_ONE_HOST
         || behaviour == KILL_MASTER_BARRIER
         || behaviour.starts_with("gang-")
     {
@@ -641,6 +668,31 @@ fn a_master_process_killed_at_any_point_is_started_again_resumes_and_the_job_end
             );
         }
     }
+}
+
+#[test]
+fn a_master_started_again_on_an_empty_checkpoint_directory_resumes_from_a_workers_copy() {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    // Under `Fail` the workers wait for the master; under `RestartAll` each live process
+    // replaces its worker when the master started again reaches it, and the copy outlives
+    // the worker that was sent it.
+    let gang = format!("gang-{KILL_MASTER_WIPED}");
+    for behaviour in [KILL_MASTER_WIPED, &gang] {
+        let (stdout, stderr) = launched_to(&expected, 3, behaviour);
+        assert!(
+            stderr.contains("rank 0 exited with signal: 9") && stderr.contains("starting it again"),
+            "{behaviour}: {stderr}"
+        );
+        // The checkpoint of 2 went with the master's directory; rank 1's process kept a
+        // copy, and the master started again resumed from it, not from the start.
+        let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+        assert_eq!(resumed, "1 RESUMED Some(2)", "{behaviour}: {stderr}");
+    }
+    // By default a job whose every process is on one host keeps no copy (the host's loss
+    // would take them all): the master started again starts over, to the same result.
+    let (stdout, stderr) = launched_to(&expected, 3, KILL_MASTER_WIPED_ONE_HOST);
+    let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(resumed, "1 RESUMED None", "{stderr}");
 }
 
 #[test]

@@ -149,24 +149,73 @@ fn replaced_workers_and_a_faulty_network_end_with_the_fault_free_result() {
 }
 
 #[test]
-fn a_restarted_master_resumes_from_its_checkpoint_and_ends_with_the_fault_free_result() {
+fn a_restarted_master_resumes_from_its_checkpoint_or_a_workers_copy_and_ends_with_the_fault_free_result(
+) {
     let expected = fault_free(3, 12);
-    let sim = Simulation::from_job(move || {
-        job(3, 12)
-            .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
-            .checkpoint(MemoryCheckpointStore::new(), 3)
-    })
-    .faults(Faults {
-        worker_crash: 0.03,
-        master_crash: 0.08,
-        ..Faults::network(0.05)
-    });
-    sim.check(0..1000, ends_with(expected));
-    let runs: Vec<_> = (0..100).map(|s| sim.run(s).stats).collect();
-    assert!(runs
-        .iter()
-        .any(|s| s.master_crashes > 0 && s.checkpoints > 0));
-    assert!(runs.iter().any(|s| s.new_attempts > 0));
+    // Half the crashes of the second kind take the master's host and its checkpoints
+    // with them: it resumes from a worker's copy.
+    for host_lost in [0.0, 0.5] {
+        let sim = Simulation::from_job(move || {
+            job(3, 12)
+                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 100 })
+                .checkpoint(MemoryCheckpointStore::new(), 3)
+        })
+        .faults(Faults {
+            worker_crash: 0.03,
+            master_crash: 0.08,
+            host_lost,
+            ..Faults::network(0.05)
+        });
+        sim.check(0..1000, ends_with(expected));
+        let runs: Vec<_> = (0..200).map(|s| sim.run(s).stats).collect();
+        assert!(runs
+            .iter()
+            .any(|s| s.master_crashes > 0 && s.checkpoints > 0));
+        assert!(runs.iter().any(|s| s.new_attempts > 0));
+        let from_copies = runs
+            .iter()
+            .any(|s| s.hosts_lost > 0 && s.resumed_from_copies > 0);
+        assert_eq!(from_copies, host_lost > 0.0);
+    }
+}
+
+#[test]
+fn a_master_whose_host_is_lost_resumes_from_a_workers_copy_of_its_newest_checkpoint() {
+    use superstep::sim::Fault;
+    let expected = fault_free(3, 8);
+    let lost_in_5 = |replicas: usize| {
+        Simulation::from_job(move || {
+            job(3, 8)
+                .failure_policy(FailurePolicy::RestartWorker { max_restarts: 5 })
+                .checkpoint(MemoryCheckpointStore::new(), 2)
+                .checkpoint_replicas(replicas)
+        })
+        .schedule(vec![Fault::MasterHostLost { iteration: 5 }])
+        .run(0)
+    };
+    let run = lost_in_5(1);
+    ends_with(expected)(&run).unwrap();
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(
+        (run.stats.hosts_lost, run.stats.resumed_from_copies),
+        (1, 1)
+    );
+    let trace = run.trace.join("\n");
+    assert!(
+        trace.contains("resumes from a worker's copy of the checkpoint of iteration Some(4)"),
+        "{trace}"
+    );
+    // Without copies the master started again has nothing: it starts over, to the same
+    // result, redoing every iteration.
+    let bare = lost_in_5(0);
+    ends_with(expected)(&bare).unwrap();
+    assert_eq!(bare.stats.resumed_from_copies, 0);
+    assert!(
+        bare.stats.rounds > run.stats.rounds + 3,
+        "{} vs {}",
+        bare.stats.rounds,
+        run.stats.rounds
+    );
 }
 
 #[test]

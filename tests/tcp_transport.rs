@@ -413,6 +413,20 @@ fn next<T>(rx: &mpsc::Receiver<T>) -> T {
 }
 
 #[test]
+fn a_worker_connected_over_loopback_is_on_the_masters_host() {
+    let (master, link, from_worker) = bare_master("127.0.0.1:0", 0);
+    let addr = master.local_addr().unwrap().to_string();
+    assert_eq!(link.on_another_host(1), None, "not connected: not known");
+    let (_worker, worker_link, to_worker) = bare_worker(&addr, Duration::from_secs(5));
+    assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 0 });
+    worker_link
+        .send(ToMaster::Registered { attempt: 0 })
+        .unwrap();
+    assert_eq!(next(&from_worker), ToMaster::Registered { attempt: 0 });
+    assert_eq!(link.on_another_host(1), Some(false));
+}
+
+#[test]
 fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_reaches_it() {
     let (first, _link, from_worker) = bare_master("127.0.0.1:0", 0);
     let addr = first.local_addr().unwrap().to_string();

@@ -196,7 +196,9 @@ pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, CheckpointError
     Ok(bytes)
 }
 
-fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+/// A checkpoint from its file's bytes (`path` names them in errors), its header and
+/// checksum checked.
+pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         reason,

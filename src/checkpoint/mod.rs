@@ -10,6 +10,12 @@
 //! `object-store`) as objects in S3, Google Cloud Storage, Azure Blob Storage or a local
 //! directory, in the same format, so that checkpoints outlive the master's host;
 //! [`MemoryCheckpointStore`] in memory, for tests and simulations.
+//!
+//! Whatever the store, workers of other processes keep a copy of the newest checkpoint
+//! ([`JobConfig::checkpoint_replicas`](crate::JobConfig::checkpoint_replicas), one by
+//! default in a job across hosts): a master started again on a fresh host, its store
+//! empty, resumes from the newest copy its workers offer as they reconnect, checked as a
+//! file of its own store is.
 
 mod fs;
 #[cfg(feature = "object-store")]
@@ -26,9 +32,10 @@ use crate::protocol::HaltedBy;
 use crate::ids::{Attempt, Iteration};
 
 pub use crate::protocol::WorkerSave;
-pub use fs::FsCheckpointStore;
 #[cfg(feature = "sim")]
-pub(crate) use fs::{encode, newest_readable};
+pub(crate) use fs::newest_readable;
+pub use fs::FsCheckpointStore;
+pub(crate) use fs::{decode, encode};
 #[cfg(feature = "object-store")]
 pub use object::ObjectCheckpointStore;
 

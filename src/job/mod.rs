@@ -318,6 +318,15 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// How many workers of other processes keep a copy of each checkpoint, so that a
+    /// master started again on an empty checkpoint store resumes from the newest copy
+    /// (see [`JobConfig::checkpoint_replicas`]). Default: 1 when the job spans two hosts
+    /// or more, 0 when every process is on the master's host; 0 keeps none.
+    pub fn checkpoint_replicas(mut self, replicas: usize) -> Self {
+        self.config.checkpoint_replicas = Some(replicas);
+        self
+    }
+
     /// Lets the environment override the common settings set so far
     /// ([`JobConfig::with_env`]: `SUPERSTEP_ITERATIONS`, `SUPERSTEP_ITERATION_TIMEOUT`,
     /// …). Fails naming the variable whose value does not parse.

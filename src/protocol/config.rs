@@ -78,6 +78,9 @@ pub(crate) struct NodeConfig {
     pub(crate) failure_grace: Duration,
     /// Every how many iterations the master saves a checkpoint; `None` without a store.
     pub(crate) checkpoint_every: Option<Iteration>,
+    /// How many workers of other processes keep a copy of each checkpoint; `None`: one,
+    /// where any worker is in another process.
+    pub(crate) checkpoint_replicas: Option<usize>,
     /// How many of the last iterations the job's report keeps in detail.
     pub(crate) report_iterations: usize,
     /// How often a completed iteration is logged at INFO (zero: every one).
@@ -226,6 +229,37 @@ impl NodeConfig {
         }
     }
 
+    /// The ranks whose processes keep a copy of each checkpoint, of those `keeps` allows:
+    /// not `local` (its worker runs in the master's process, whose copy would go with it),
+    /// those on another host first (`elsewhere`: `None` when not known), then the others,
+    /// each in rank order; the first `checkpoint_replicas` of them — by default one when
+    /// one may be on another host, none when every one is known to be on the master's. None
+    /// in a job without checkpoints.
+    pub(crate) fn replica_holders(
+        &self,
+        local: &[bool],
+        keeps: impl Fn(Rank) -> bool,
+        elsewhere: impl Fn(Rank) -> Option<bool>,
+    ) -> Vec<Rank> {
+        if self.checkpoint_every.is_none() {
+            return Vec::new();
+        }
+        let mut holders: Vec<(bool, Rank)> = (0..self.workers)
+            .filter(|&rank| !local.get(rank).copied().unwrap_or(false) && keeps(rank))
+            .map(|rank| (elsewhere(rank) != Some(true), rank))
+            .collect();
+        holders.sort_unstable();
+        let away = holders
+            .iter()
+            .any(|&(_, rank)| elsewhere(rank) != Some(false));
+        let count = self.checkpoint_replicas.unwrap_or(usize::from(away));
+        holders
+            .into_iter()
+            .take(count)
+            .map(|(_, rank)| rank)
+            .collect()
+    }
+
     /// Whether the workers save what they need to resume ([`WorkerSave`](super::WorkerSave))
     /// for the checkpoint of `iteration`: every `checkpoint_every` iterations, and the
     /// job's last one, from which a job run again with more iterations goes on. (Not one
@@ -322,6 +356,7 @@ impl NodeConfig {
             sync_timeout: Duration::from_secs(600),
             failure_grace: Duration::from_millis(250),
             checkpoint_every: None,
+            checkpoint_replicas: None,
             report_iterations: 1000,
             progress_interval: Duration::from_secs(1),
         }
@@ -357,6 +392,60 @@ mod tests {
             ..config()
         };
         assert_eq!(none.checkpoint(3, true), Save::No);
+    }
+
+    #[test]
+    fn copies_of_checkpoints_go_to_workers_of_other_hosts_first_one_by_default() {
+        let c = config();
+        let everyone = |_| true;
+        let unknown = |_| None;
+        // Rank 0 runs in the master's process: its copy would go with it.
+        let local = [true, false, false, false];
+        assert_eq!(
+            c.replica_holders(&local, everyone, unknown),
+            [1],
+            "one by default"
+        );
+        assert_eq!(
+            c.replica_holders(&[true; 4], everyone, unknown),
+            [0usize; 0],
+            "every worker in the master's process"
+        );
+        // Ranks 1 and 2 share the master's host, rank 3 does not: it keeps the copy.
+        let hosts = |rank| Some(rank == 3);
+        assert_eq!(c.replica_holders(&local, everyone, hosts), [3]);
+        let two = NodeConfig {
+            checkpoint_replicas: Some(2),
+            ..config()
+        };
+        assert_eq!(
+            two.replica_holders(&local, everyone, hosts),
+            [3, 1],
+            "then the others"
+        );
+        assert_eq!(
+            two.replica_holders(&local, |rank| rank != 3, hosts),
+            [1, 2],
+            "a lost rank keeps none"
+        );
+        // Every worker on the master's host: none by default (the host's loss would take
+        // them all), as many as asked for otherwise.
+        let here = |_| Some(false);
+        assert!(c.replica_holders(&local, everyone, here).is_empty());
+        assert_eq!(two.replica_holders(&local, everyone, here), [1, 2]);
+        let none = NodeConfig {
+            checkpoint_replicas: Some(0),
+            ..config()
+        };
+        assert!(none.replica_holders(&local, everyone, hosts).is_empty());
+        let without = NodeConfig {
+            checkpoint_every: None,
+            ..config()
+        };
+        assert!(
+            without.replica_holders(&local, everyone, hosts).is_empty(),
+            "no checkpoints"
+        );
     }
 
     #[test]

@@ -135,6 +135,45 @@ impl fmt::Debug for WorkerSave {
     }
 }
 
+/// A copy of a checkpoint, as its store's file holds it (with its checksum), which a
+/// worker's process keeps for a master started again without it
+/// (`JobConfig::checkpoint_replicas`): the master's node sends it to the workers that keep
+/// copies after each checkpoint, and a worker offers the one it holds each time its link
+/// reaches a master's node, before it registers.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    /// The iteration the checkpoint covers.
+    pub iteration: Iteration,
+    /// The checkpoint's bytes; shared, not copied, by the messages that carry it (one
+    /// block of bytes on the wire).
+    #[serde(with = "shared_bytes")]
+    pub bytes: Arc<Vec<u8>>,
+}
+
+/// Shared bytes as one block of bytes (MessagePack's `bin`), not an array of numbers.
+mod shared_bytes {
+    use std::sync::Arc;
+
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(bytes.as_slice(), s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<u8>>, D::Error> {
+        serde_bytes::deserialize::<Vec<u8>, D>(d).map(Arc::new)
+    }
+}
+
+impl fmt::Debug for Replica {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replica")
+            .field("iteration", &self.iteration)
+            .field("bytes", &format_args!("{} bytes", self.bytes.len()))
+            .finish()
+    }
+}
+
 /// A worker's part in a round's results: its own result, or — when the workers folded
 /// their results among themselves ([`FoldRoute`](crate::ids::FoldRoute)) — the fold of
 /// every rank's (at the rank the fold ended at) or nothing (its result went into that
@@ -186,6 +225,9 @@ pub enum ToMaster<W> {
         /// The encoded message (empty for `barrier()`).
         message: Vec<u8>,
     },
+    /// The copy of a checkpoint this worker's process keeps, offered to a master's node
+    /// its link reached (before the worker registers), for a master that lost its own.
+    Replica(Replica),
 }
 
 /// Messages from the master's node to a worker.
@@ -262,6 +304,9 @@ pub enum ToWorker<M> {
         /// The failure the job recovers from.
         cause: JobError,
     },
+    /// A copy of the newest checkpoint, for this worker's process to keep (in place of
+    /// the one it kept) and offer to a master's node started again.
+    Replica(Replica),
 }
 
 impl<W> ToMaster<W> {
@@ -333,6 +378,7 @@ impl<M> Clone for ToWorker<M> {
                 attempt: *attempt,
                 cause: cause.clone(),
             },
+            ToWorker::Replica(replica) => ToWorker::Replica(replica.clone()),
         }
     }
 }
@@ -354,6 +400,12 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Restart { attempt, cause } => {
                 write!(f, "restart in attempt {attempt} after: {cause}")
             }
+            ToWorker::Replica(replica) => write!(
+                f,
+                "keep a copy of the checkpoint of iteration {} ({} bytes)",
+                replica.iteration,
+                replica.bytes.len()
+            ),
         }
     }
 }

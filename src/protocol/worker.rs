@@ -40,8 +40,9 @@ pub enum WorkerCommand {
     /// Keep what the checkpoint the attempt resumes from holds for this worker, to
     /// restore before its next compute.
     Restore,
-    /// Nothing to do: the link reached the master the worker started with, or a gang
-    /// restart into the attempt the worker runs in already.
+    /// Nothing to do: the link reached the master the worker started with, a gang
+    /// restart into the attempt the worker runs in already, or the copy of a checkpoint
+    /// (its process keeps it).
     Proceed,
     /// Drop the message: stale, duplicate, or after the worker began to stop.
     Drop,
@@ -70,6 +71,8 @@ impl WorkerState {
             // replaced: it drops the restart, and its messages stay stale.
             ToWorker::Restart { attempt, .. } if attempt <= self.attempt => WorkerCommand::Proceed,
             ToWorker::Restart { .. } => WorkerCommand::Drop,
+            // Its process keeps the copy of a checkpoint, not the worker.
+            ToWorker::Replica(_) => WorkerCommand::Proceed,
             _ if self.stopping => WorkerCommand::Drop,
             ToWorker::Connected { attempt } => {
                 self.connections += 1;

@@ -6,13 +6,13 @@
 //! hosted by the master's node actor, which steps its driver directly ([`Hosted`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use actix::{Addr, AsyncContext, Context};
 
 use super::arrivals::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
-use super::route::{OnRestart, Route, RouteState};
+use super::route::{OnRestart, ReplicaSlot, Route, RouteState};
 use super::watch::Watch;
 use super::worker::{EndingReport, WorkerDriver};
 use super::worker_actor::WorkerActor;
@@ -48,6 +48,10 @@ pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
     /// The workers of this process as each other's peers, for collectives, when every
     /// worker is here.
     mesh: Option<Arc<MemoryMesh>>,
+    /// By rank: the copy of a checkpoint this process keeps for the master's node, which
+    /// outlives the rank's workers and routes (each route offers it when its link reaches
+    /// a master).
+    replicas: Arc<[Arc<ReplicaSlot>]>,
 }
 
 /// Where a hosted worker lives.
@@ -145,6 +149,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             cells: (0..n).map(|_| Mutex::new(None)).collect(),
             fresh: Vec::new(),
             generations: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            replicas: (0..n).map(|_| Arc::new(Mutex::new(None))).collect(),
             mesh: parts
                 .transport
                 .in_process()
@@ -443,6 +448,8 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                                 attempt,
                             }),
                             on_restart: Arc::clone(&parts.on_restart),
+                            replica: Arc::clone(&self.replicas[rank]),
+                            link: OnceLock::new(),
                         });
                         let (end, to) = (parts.end.clone(), Arc::clone(&route));
                         let inbox = Box::new(move |msg: ToWorker<M>| {
@@ -458,7 +465,12 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                         } else {
                             parts.transport.connect_worker(rank, inbox)?
                         };
-                        (Arc::from(link), route)
+                        let link: Arc<dyn WorkerLink<W>> = Arc::from(link);
+                        // (The first `Connected` may come before this, and a copy kept is
+                        // then not offered on it: only a master started again needs it,
+                        // which a later connection reaches.)
+                        let _ = route.link.set(Arc::downgrade(&link));
+                        (link, route)
                     }
                 };
                 (link, generation, Some(route))

@@ -1,20 +1,21 @@
 //! The master's user code — its computable, interceptors and checkpoints — as one unit
 //! that runs where placement says and hands back what it did.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pool::guarded;
 use super::{DynMaster, MasterHooks, Resume, Resuming, SharedStore};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::compute::MasterContext;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
-use crate::ids::{Attempt, Iteration};
+use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
-    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Resumed, Save, Tally,
-    WorkerSave,
+    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Replica, Resumed, Save,
+    Tally, WorkerSave,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -84,14 +85,69 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     /// checkpoint, or from the start (the computable's state as the job started). Returns
     /// what it resumed from.
     fn restart(&mut self, attempt: Attempt) -> Result<Resumed<M>, JobError> {
-        self.attempt = attempt;
-        let ctx = &self.ctx;
-        let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
-        fresh.end = ctx.end.clone();
         let resumed = match &self.store {
             Some(store) => super::resume::<M>(store.lock().as_mut(), &self.resuming)?,
             None => None,
         };
+        self.restart_from(attempt, resumed)
+    }
+
+    /// Resumes from the copy of a checkpoint the worker of `from` kept, newer than what
+    /// the master resumed from: checks its checksum, job and shape, saves it into the
+    /// master's store (which lost it, or never had it) and starts over from it in the
+    /// attempt under way. A damaged copy is logged and not taken (`None`).
+    fn adopt(&mut self, from: Rank, replica: &Replica) -> Result<Option<Resumed<M>>, JobError> {
+        let what = format!(
+            "rank {from}'s copy of the checkpoint of iteration {}",
+            replica.iteration
+        );
+        let decoded = crate::checkpoint::decode(Path::new(&what), &replica.bytes).and_then(|c| {
+            // Ranked by the iteration it was offered as: it must be that one's.
+            if c.iteration == replica.iteration {
+                Ok(c)
+            } else {
+                Err(CheckpointError::Corrupt {
+                    path: what.clone().into(),
+                    reason: format!("it holds the checkpoint of iteration {}", c.iteration),
+                })
+            }
+        });
+        let checkpoint = match decoded {
+            Ok(checkpoint) => checkpoint,
+            Err(error) => {
+                tracing::warn!(rank = from, %error, "a worker's copy of a checkpoint is damaged: the job goes on from what the master's store holds");
+                return Ok(None);
+            }
+        };
+        let resume = super::resume_from::<M>(checkpoint.clone(), &what, &self.resuming)?;
+        if let Some(store) = &self.store {
+            match store.lock().save(&checkpoint) {
+                Ok(()) => tracing::info!(
+                    rank = from,
+                    iteration = replica.iteration,
+                    "the master's store holds the checkpoint of iteration {} again, from worker {from}'s copy",
+                    replica.iteration
+                ),
+                Err(error) => tracing::warn!(
+                    rank = from,
+                    %error,
+                    "the master's store could not keep worker {from}'s copy of a checkpoint: the job resumes from the copy all the same"
+                ),
+            }
+        }
+        self.restart_from(self.attempt, Some(resume)).map(Some)
+    }
+
+    /// Starts over as `attempt` from `resumed`, or from the start without it.
+    fn restart_from(
+        &mut self,
+        attempt: Attempt,
+        resumed: Option<Resume<M>>,
+    ) -> Result<Resumed<M>, JobError> {
+        self.attempt = attempt;
+        let ctx = &self.ctx;
+        let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
+        fresh.end = ctx.end.clone();
         let (from, state, workers) = match resumed {
             Some(resume) => {
                 let iteration = resume.iteration;
@@ -139,16 +195,20 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     pub(crate) fn run(&mut self, work: MasterWork<M, W>) -> MasterDone<M> {
         let (phase, iteration) = match &work {
             MasterWork::Start => (Phase::PreApplication, 0),
-            MasterWork::Restart(_) => (Phase::Checkpoint, self.ctx.iteration),
+            MasterWork::Restart(_) | MasterWork::Adopt { .. } => {
+                (Phase::Checkpoint, self.ctx.iteration)
+            }
             MasterWork::Iterate(round) => (Phase::Compute, round.iteration),
             MasterWork::Stop(_) => (Phase::PostApplication, self.ctx.iteration),
         };
+        let adopting = matches!(work, MasterWork::Adopt { .. });
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
             Ok(worked) => worked,
             Err(payload) => {
                 let error = Self::fail(iteration, phase, Cause::from_panic(payload));
                 match phase {
                     Phase::PreApplication => MasterDone::Started(Err(error)),
+                    Phase::Checkpoint if adopting => MasterDone::Adopted(Err(error)),
                     Phase::Checkpoint => MasterDone::Restarted(Err(error)),
                     Phase::Compute => MasterDone::Iterated {
                         iteration,
@@ -167,6 +227,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         match work {
             MasterWork::Start => MasterDone::Started(self.start()),
             MasterWork::Restart(attempt) => MasterDone::Restarted(self.restart(attempt)),
+            MasterWork::Adopt { from, replica } => MasterDone::Adopted(self.adopt(from, &replica)),
             MasterWork::Iterate(round) => {
                 let started = Instant::now();
                 let (iteration, tally) = (round.iteration, round.gathered.tally);
@@ -245,7 +306,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             attempt = self.attempt
         )
         .entered();
-        let (workers_halt, save) = (round.workers_halt, round.save);
+        let (workers_halt, save, replicate) = (round.workers_halt, round.save, round.replicate);
         let mut gathered = round.gathered;
         let saved = std::mem::take(&mut gathered.saved);
         self.ctx.enter(iteration, gathered);
@@ -297,27 +358,39 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Save::IfMasterHalts => halt,
             Save::No => false,
         };
-        let checkpointed = due && self.save_checkpoint(iteration, &result, halted, saved);
+        let saved = if due {
+            self.save_checkpoint(iteration, &result, halted, saved)
+        } else {
+            None
+        };
+        let replica = saved.as_ref().filter(|_| replicate).and_then(|checkpoint| {
+            crate::checkpoint::encode(checkpoint)
+                .inspect_err(|error| tracing::warn!(iteration, %error, "no worker keeps a copy of this checkpoint"))
+                .ok()
+                .map(|bytes| Replica {
+                    iteration,
+                    bytes: Arc::new(bytes),
+                })
+        });
         Ok(Computed {
             result,
             halt,
-            checkpointed,
+            checkpointed: saved.is_some(),
+            replica,
         })
     }
 
     /// Saves a checkpoint of `iteration` (the node said one is due). One that cannot be
     /// made or written is logged and skipped: the job goes on, and the one before stays.
-    /// Returns whether it was saved.
+    /// Returns the checkpoint saved.
     fn save_checkpoint(
         &mut self,
         iteration: Iteration,
         result: &M,
         halted: Option<HaltedBy>,
         workers: Vec<Option<WorkerSave>>,
-    ) -> bool {
-        let Some(store) = &self.store else {
-            return false;
-        };
+    ) -> Option<Checkpoint> {
+        let store = self.store.as_ref()?;
         let computable = &self.computable;
         let made = guarded(|| computable.save_state())
             .map_err(|cause| format!("save_state failed: {cause}"))
@@ -336,15 +409,18 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     committed: false,
                 })
             });
-        let saved = made.and_then(|c| store.lock().save(&c).map_err(|e| e.to_string()));
+        let saved = made.and_then(|c| {
+            store.lock().save(&c).map_err(|e| e.to_string())?;
+            Ok(c)
+        });
         match saved {
-            Ok(()) => {
+            Ok(c) => {
                 tracing::debug!(iteration, "checkpoint saved");
-                true
+                Some(c)
             }
             Err(error) => {
                 tracing::warn!(iteration, %error, "checkpoint skipped; the previous one stays");
-                false
+                None
             }
         }
     }
@@ -362,5 +438,144 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
         self.entered = 0;
         first.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{JobShape, MemoryCheckpointStore};
+    use crate::compute::{MasterComputable, Step};
+    use crate::config::JobConfig;
+    use crate::error::BoxError;
+
+    /// A master whose result is the iteration, times ten.
+    struct Tens;
+
+    impl MasterComputable for Tens {
+        type MasterResult = u64;
+        type WorkerResult = u64;
+
+        fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+            Ok(Step::Continue(ctx.iteration() * 10))
+        }
+    }
+
+    fn config() -> JobConfig {
+        JobConfig {
+            job_id: "copied".into(),
+            workers: 2,
+            iterations: 6,
+            ..JobConfig::default()
+        }
+    }
+
+    /// A started task of the job, whose store is `store`.
+    fn task(store: &SharedStore) -> MasterTask<u64, u64> {
+        let config = config();
+        let resuming = Resuming::new(&config, JobShape::new(2, None));
+        let ctx = MasterContext::new(2, Arc::from("copied"), 6);
+        let mut task = MasterTask::new(
+            Box::new(Tens),
+            Vec::new(),
+            ctx,
+            Some(store.clone()),
+            resuming,
+            None,
+            0,
+        );
+        assert!(matches!(
+            task.run(MasterWork::Start),
+            MasterDone::Started(Ok(_))
+        ));
+        task
+    }
+
+    /// A worker's copy of the checkpoint of `iteration` of job `job_id`.
+    fn copy(job_id: &str, iteration: Iteration) -> Replica {
+        let checkpoint = Checkpoint {
+            job_id: job_id.into(),
+            iteration,
+            attempt: 0,
+            master_result: crate::codec::to_vec(&(iteration * 10)).unwrap(),
+            master_state: Vec::new(),
+            halted: None,
+            workers: Vec::new(),
+            shape: Some(JobShape::new(2, None)),
+            committed: false,
+        };
+        let bytes = crate::checkpoint::encode(&checkpoint).unwrap();
+        Replica {
+            iteration,
+            bytes: Arc::new(bytes),
+        }
+    }
+
+    fn newest(store: &SharedStore) -> Option<Iteration> {
+        store
+            .lock()
+            .latest()
+            .unwrap()
+            .map(|l| l.checkpoint.iteration)
+    }
+
+    #[test]
+    fn a_workers_copy_is_checked_saved_into_the_masters_store_and_resumed_from() {
+        let store = SharedStore::new(Box::new(MemoryCheckpointStore::new()));
+        let mut task = task(&store);
+        let done = task.run(MasterWork::Adopt {
+            from: 1,
+            replica: copy("copied", 4),
+        });
+        let MasterDone::Adopted(Ok(Some(resumed))) = done else {
+            panic!("not resumed from the copy");
+        };
+        assert_eq!(resumed.from, Some((4, None)));
+        assert_eq!(resumed.last.as_deref(), Some(&40));
+        assert_eq!(newest(&store), Some(4), "the store holds it again");
+    }
+
+    #[test]
+    fn a_damaged_copy_or_one_of_another_iteration_is_not_taken_and_another_jobs_fails_naming_both()
+    {
+        let store = SharedStore::new(Box::new(MemoryCheckpointStore::new()));
+        let mut task = task(&store);
+        let mut damaged = copy("copied", 4);
+        let mut bytes = damaged.bytes.to_vec();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        damaged.bytes = Arc::new(bytes);
+        let done = task.run(MasterWork::Adopt {
+            from: 1,
+            replica: damaged,
+        });
+        assert!(matches!(done, MasterDone::Adopted(Ok(None))));
+        assert_eq!(newest(&store), None, "nothing saved");
+        // Offered as iteration 5, it holds 4: not the copy it claims to be.
+        let claimed = Replica {
+            iteration: 5,
+            ..copy("copied", 4)
+        };
+        let done = task.run(MasterWork::Adopt {
+            from: 1,
+            replica: claimed,
+        });
+        assert!(matches!(done, MasterDone::Adopted(Ok(None))));
+        assert_eq!(newest(&store), None);
+        let done = task.run(MasterWork::Adopt {
+            from: 2,
+            replica: copy("another", 4),
+        });
+        let MasterDone::Adopted(Err(error)) = done else {
+            panic!("another job's copy was taken");
+        };
+        let said = error.to_string();
+        assert!(
+            said.contains("rank 2's copy of the checkpoint of iteration 4")
+                && said.contains("\"another\"")
+                && said.contains("\"copied\""),
+            "{said}"
+        );
+        assert_eq!(newest(&store), None);
     }
 }

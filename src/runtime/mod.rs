@@ -286,18 +286,28 @@ pub(crate) fn resume<M: Payload>(
     store: &mut dyn CheckpointStore,
     resuming: &Resuming,
 ) -> Result<Option<Resume<M>>, JobError> {
-    let job_id = &*resuming.job_id;
     let Some(loaded) = store
         .latest()
         .map_err(|e| JobError::checkpoint(e.to_string(), Some(ErrorSource::new(e))))?
     else {
         return Ok(None);
     };
-    let mut c = loaded.checkpoint;
+    resume_from(loaded.checkpoint, "the newest checkpoint", resuming).map(Some)
+}
+
+/// What the job resumes with from `c` (`what` names it in errors: the newest checkpoint
+/// of its store, or a worker's copy), refusing another job's or (unless the job
+/// re-shards) one of another shape.
+pub(crate) fn resume_from<M: Payload>(
+    mut c: Checkpoint,
+    what: &str,
+    resuming: &Resuming,
+) -> Result<Resume<M>, JobError> {
+    let job_id = &*resuming.job_id;
     if c.job_id != job_id {
         return Err(JobError::checkpoint(
             format!(
-                "the newest checkpoint (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
+                "{what} (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
                 c.iteration, c.job_id
             ),
             None,
@@ -320,9 +330,9 @@ pub(crate) fn resume<M: Payload>(
     tracing::info!(
         job = job_id,
         iteration = c.iteration,
-        "resuming from a checkpoint"
+        "resuming from {what}"
     );
-    Ok(Some(Resume {
+    Ok(Resume {
         iteration: c.iteration,
         attempt: c.attempt,
         last: Arc::new(last),
@@ -330,7 +340,7 @@ pub(crate) fn resume<M: Payload>(
         halted: c.halted,
         workers: c.workers,
         committed_end,
-    }))
+    })
 }
 
 /// What every process of this job must agree on: the crate's version (another wire

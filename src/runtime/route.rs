@@ -3,7 +3,7 @@
 //! (`ToWorker::Restart`, or a master's node of another attempt under a policy that
 //! restarts every worker) — held for the new one.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use actix::Addr;
 
@@ -12,7 +12,12 @@ use super::worker_actor::WorkerActor;
 use crate::error::JobError;
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
-use crate::protocol::ToWorker;
+use crate::protocol::{ToMaster, ToWorker};
+use crate::transport::WorkerLink;
+
+/// Where a process keeps the newest copy of a checkpoint the master's node sent a rank:
+/// shared by the rank's routes, one after another.
+pub(crate) type ReplicaSlot = Mutex<Option<crate::protocol::Replica>>;
 
 /// What to do when a worker reached through the transport must start over in another
 /// attempt (its rank, the attempt, the failure the job recovers from): the process that
@@ -29,6 +34,11 @@ pub(crate) struct Route<M: Payload, W: Payload> {
     pub(super) gang: bool,
     pub(super) state: Mutex<RouteState<M, W>>,
     pub(super) on_restart: OnRestart,
+    /// The copy of a checkpoint this process keeps for the rank (it outlives the rank's
+    /// workers and routes).
+    pub(super) replica: Arc<ReplicaSlot>,
+    /// The link whose inbox this route is, once made: where the copy is offered.
+    pub(super) link: OnceLock<Weak<dyn WorkerLink<W>>>,
 }
 
 pub(super) enum RouteState<M: Payload, W: Payload> {
@@ -50,6 +60,11 @@ impl<M: Payload, W: Payload> Route<M, W> {
     /// master's node of another attempt (one started again) — holds what follows and asks
     /// this process to replace the worker.
     pub(super) fn deliver(&self, msg: ToWorker<M>) {
+        match &msg {
+            ToWorker::Replica(replica) => return self.keep(replica),
+            ToWorker::Connected { .. } => self.offer(),
+            _ => {}
+        }
         let restart = match &msg {
             ToWorker::Restart { attempt, cause } => Some((*attempt, cause.clone())),
             ToWorker::Connected { attempt } if self.gang => Some((
@@ -98,6 +113,33 @@ impl<M: Payload, W: Payload> Route<M, W> {
         if let Some((attempt, cause)) = asked {
             tracing::warn!(rank = self.rank, attempt, %cause, "every worker starts over; this one is replaced");
             (self.on_restart)(self.rank, attempt, cause);
+        }
+    }
+
+    /// Keeps the copy of a checkpoint the master's node sent, in place of the one kept:
+    /// the process's, not the worker's.
+    fn keep(&self, replica: &crate::protocol::Replica) {
+        tracing::debug!(
+            rank = self.rank,
+            iteration = replica.iteration,
+            bytes = replica.bytes.len(),
+            "keeping a copy of the master's checkpoint"
+        );
+        *lock(&self.replica) = Some(replica.clone());
+    }
+
+    /// The link reached a master's node: the copy kept goes to it first — here, on the
+    /// transport's thread, before the worker hears of the connection and registers (or is
+    /// replaced, and its new one registers), so that the node has every copy once every
+    /// worker registered.
+    fn offer(&self) {
+        let kept = lock(&self.replica).clone();
+        let link = self.link.get().and_then(Weak::upgrade);
+        if let (Some(replica), Some(link)) = (kept, link) {
+            let iteration = replica.iteration;
+            if let Err(error) = link.send(ToMaster::Replica(replica)) {
+                tracing::warn!(rank = self.rank, iteration, %error, "could not offer the master the copy of its checkpoint");
+            }
         }
     }
 

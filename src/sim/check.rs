@@ -55,6 +55,12 @@ pub struct SimStats {
     pub checkpoints: u32,
     /// Damaged checkpoints a master started again skipped, resuming from an older one.
     pub skipped_checkpoints: u32,
+    /// Times the master's host was lost with its checkpoints
+    /// ([`Fault::MasterHostLost`], [`Faults::host_lost`](super::Faults::host_lost)).
+    pub hosts_lost: u32,
+    /// Times a master started again resumed from a worker's copy of a checkpoint, newer
+    /// than its own store had (`JobConfig::checkpoint_replicas`).
+    pub resumed_from_copies: u32,
     /// Iterations computed by the master, over every attempt (redone ones included).
     pub rounds: u32,
     /// Arrivals the master's gates dropped (stale, duplicate).

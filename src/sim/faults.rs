@@ -69,6 +69,15 @@ pub enum Fault {
     /// The master's process crashes once it told its workers how the job ended, before
     /// any of them said it stopped: during the drain.
     MasterCrashInDrain,
+    /// The master's host is lost while it gathers `iteration`: its process crashes (as
+    /// [`MasterCrash`](Fault::MasterCrash) at [`CrashPoint::Gathering`]) and its
+    /// checkpoint store is lost with it, so that it starts again as on a fresh host, with
+    /// an empty store — and resumes from the copy of the newest checkpoint a worker's
+    /// process keeps (`JobConfig::checkpoint_replicas`), where a worker outlived it.
+    MasterHostLost {
+        /// The iteration.
+        iteration: Iteration,
+    },
     /// The network between the master and the worker of `rank` is cut for `millis` of
     /// virtual time, from when the master begins `iteration`. Shorter than the heartbeat
     /// timeout (30 ms here), nothing is lost: every message sent across it arrives once it
@@ -123,6 +132,9 @@ pub struct Faults {
     /// once they are in — before its compute, or before, during or after its checkpoint
     /// write.
     pub master_crash: f64,
+    /// That a crash of the master's process loses its host's checkpoint store too: it
+    /// starts again with an empty one (see [`Fault::MasterHostLost`]).
+    pub host_lost: f64,
     /// That a message is delayed by up to [`max_delay`](Faults::max_delay) beyond the
     /// usual latency, so messages overtake each other.
     pub delay: f64,
@@ -145,6 +157,7 @@ impl Default for Faults {
         Faults {
             worker_crash: 0.0,
             master_crash: 0.0,
+            host_lost: 0.0,
             delay: 0.0,
             duplicate: 0.0,
             drop: 0.0,

@@ -82,7 +82,7 @@ pub fn crash_point() -> impl Strategy<Value = CrashPoint> {
 /// One fault of a run of `workers` workers and `iterations` iterations: a worker's crash,
 /// a straggler, a duplicated, lost or delayed result, a crash of the master's process (in
 /// start-up, in an iteration at any point, a torn checkpoint write included, or in the
-/// drain), or a partition of the network between the master and a worker.
+/// drain), the loss of the master's host with its checkpoints, or a partition of the network between the master and a worker.
 pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fault> {
     let rank = 0..workers.max(1);
     let iteration = 1..=iterations.max(1);
@@ -112,6 +112,9 @@ pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fau
         (0..=iterations.max(1), crash_point())
             .prop_map(|(iteration, point)| Fault::MasterCrash { iteration, point }),
         Just(Fault::MasterCrashInDrain),
+        iteration
+            .clone()
+            .prop_map(|iteration| Fault::MasterHostLost { iteration }),
         (0..workers.max(1), 1..=iterations.max(1), 1..100u64).prop_map(
             |(rank, iteration, millis)| Fault::Partition {
                 rank,

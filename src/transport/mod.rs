@@ -359,6 +359,15 @@ pub trait MasterLink<M>: Send + 'static {
         let _ = ranks;
         Vec::new()
     }
+
+    /// Whether the worker of `rank` runs on another host than the master's node, as far
+    /// as the transport can tell from its connection (`None`: it cannot, or the rank is
+    /// not connected). Copies of checkpoints go to workers on other hosts first
+    /// (`JobConfig::checkpoint_replicas`). The default: `None`.
+    fn on_another_host(&self, rank: Rank) -> Option<bool> {
+        let _ = rank;
+        None
+    }
 }
 
 /// A worker's way to reach the master's node. Shared by the worker's actor and, in

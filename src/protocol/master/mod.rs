@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use super::config::{NodeConfig, Save};
 use super::{
     Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, IterationReport,
-    JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Schedule, SyncState,
-    SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport, WorkerSave,
+    JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Replica, Schedule,
+    SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport, WorkerSave,
 };
 
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
@@ -28,6 +28,7 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 mod held;
 mod progress;
+mod replicas;
 mod rounds;
 #[cfg(test)]
 mod tests;
@@ -147,6 +148,14 @@ pub(crate) struct MasterNode<M, W> {
     restore: Vec<Option<Arc<WorkerSave>>>,
     /// The master result the current iteration computes with (the newest one).
     last: Option<Arc<M>>,
+    /// The copies of checkpoints workers offered before the first iteration, newer than
+    /// what the master resumed from, each with the rank that offered it (one per rank).
+    offers: Vec<(Rank, Replica)>,
+    /// The copy the master's code is resuming from, until it is back.
+    adopting: Option<(Rank, Replica)>,
+    /// Whether an iteration began on this node: from then on its own checkpoints are the
+    /// newest, and copies offered are old.
+    begun: bool,
     /// By rank: a new process of the rank is awaited (another process's worker was
     /// replaced).
     awaiting: Vec<Awaiting>,
@@ -213,6 +222,9 @@ impl<M, W> MasterNode<M, W> {
             resumed: resumed.from,
             restore: resumed.workers,
             last: resumed.last,
+            offers: Vec::new(),
+            adopting: None,
+            begun: false,
             awaiting: vec![Awaiting::None; workers],
             reports: vec![None; workers],
             reconnecting: None,
@@ -355,6 +367,9 @@ impl<M, W> MasterNode<M, W> {
         reach: &dyn Reach,
     ) {
         let from = env.from;
+        if let ToMaster::Replica(replica) = env.msg {
+            return self.offered(from, replica);
+        }
         if let ToMaster::Failed {
             attempt,
             error: error @ JobError::Mismatch { rank, .. },
@@ -551,7 +566,11 @@ impl<M, W> MasterNode<M, W> {
         let discard = matches!(self.master, MasterAt::Away { discard: true, .. });
         self.master = MasterAt::Home;
         if discard && !self.ending() {
-            // The work was the old attempt's: discarded; the master starts over.
+            // The work was the old attempt's: discarded; the master starts over (a copy
+            // it was resuming from is offered again).
+            if let Some(offer) = self.adopting.take() {
+                self.offers.push(offer);
+            }
             let attempt = self.attempt();
             self.run_master(now, MasterWork::Restart(attempt));
             return;
@@ -570,8 +589,21 @@ impl<M, W> MasterNode<M, W> {
                 self.last = resumed.last;
                 self.master_ready(now, reach);
             }
+            MasterDone::Adopted(Ok(resumed)) => {
+                // Taken, or damaged (and dropped): either way the next newer copy, if
+                // any, is tried next.
+                self.adopting = None;
+                if let Some(resumed) = resumed {
+                    self.report.resumed_from = resumed.from.map(|(i, _)| i);
+                    self.resumed = resumed.from;
+                    self.restore = resumed.workers;
+                    self.last = resumed.last;
+                }
+                self.master_ready(now, reach);
+            }
             MasterDone::Started(Err(e))
             | MasterDone::Restarted(Err(e))
+            | MasterDone::Adopted(Err(e))
             | MasterDone::Iterated { result: Err(e), .. } => self.fail(now, e, reach),
             MasterDone::Iterated {
                 iteration,
@@ -583,6 +615,7 @@ impl<M, W> MasterNode<M, W> {
                         result,
                         halt,
                         checkpointed,
+                        replica,
                     }),
             } => {
                 if checkpointed {
@@ -603,6 +636,10 @@ impl<M, W> MasterNode<M, W> {
                     self.iterated(
                         now, iteration, tally, left_out, elapsed, result, halt, reach,
                     );
+                    // After the next iteration's broadcast: a copy holds no worker back.
+                    if let Some(replica) = replica.filter(|_| !self.ending()) {
+                        self.replicate(replica, reach);
+                    }
                 }
             }
             MasterDone::Stopped(result) => {

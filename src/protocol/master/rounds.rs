@@ -19,6 +19,9 @@ impl<M, W> MasterNode<M, W> {
         else {
             return;
         };
+        if workers_ready && self.adopt_offer(now) {
+            return;
+        }
         // The checkpoint covers every iteration, or its iteration halted: the job is
         // complete, and ends now with its result — no worker need register (a master
         // started again after its job ended would wait for workers long gone). With a
@@ -59,6 +62,8 @@ impl<M, W> MasterNode<M, W> {
     /// Opens `iteration` and broadcasts it.
     pub(super) fn begin(&mut self, now: Instant, iteration: Iteration, reach: &dyn Reach) {
         self.iteration_started = now;
+        self.begun = true;
+        self.offers.clear();
         let attempt = self.attempt();
         // The last iteration's span is exited before this one is entered.
         self.span = None;
@@ -92,6 +97,7 @@ impl<M, W> MasterNode<M, W> {
         now: Instant,
         iteration: Iteration,
         gathered: Gathered<W>,
+        reach: &dyn Reach,
     ) {
         if !matches!(self.stage, Stage::Gathering(i) if i == iteration) {
             // The job ends (or started over) meanwhile: nothing computes the round.
@@ -123,6 +129,7 @@ impl<M, W> MasterNode<M, W> {
         );
         self.stage = Stage::Computing(iteration);
         let save = self.config.checkpoint(iteration, workers_halt);
+        let replicate = save != Save::No && !self.replica_holders(reach).is_empty();
         self.run_master(
             now,
             MasterWork::Iterate(MasterRound {
@@ -131,6 +138,7 @@ impl<M, W> MasterNode<M, W> {
                 span,
                 workers_halt,
                 save,
+                replicate,
             }),
         );
     }

@@ -28,6 +28,12 @@ struct Harness {
     ended: Vec<(JobError, usize)>,
     /// Each round handed to the master's code, and whether its checkpoint was due.
     rounds: Vec<(Iteration, Save)>,
+    /// Each copy of a checkpoint sent: to which rank, of which iteration, and how many
+    /// messages went before it.
+    replicas: Vec<(Rank, Iteration, usize)>,
+    /// Each copy the master's code was asked to resume from: who offered it, of which
+    /// iteration.
+    adopted: Vec<(Rank, Iteration)>,
     finished: Option<Result<JobOutcome<u32>, JobError>>,
 }
 
@@ -61,6 +67,12 @@ impl Harness {
     }
 
     fn placed(config: NodeConfig, local: Vec<bool>) -> Self {
+        Harness::resumed(config, local, None)
+    }
+
+    /// [`placed`](Harness::placed), the master's code having resumed from the checkpoint
+    /// of `from` (its master result `from`).
+    fn resumed(config: NodeConfig, local: Vec<bool>, from: Option<Iteration>) -> Self {
         let t = Instant::now();
         let node = MasterNode::new(
             Arc::new(config),
@@ -72,8 +84,8 @@ impl Harness {
             0,
             None,
             Resumed {
-                from: None,
-                last: None,
+                from: from.map(|i| (i, None)),
+                last: from.map(|i| Arc::new(i as u32)),
                 workers: Vec::new(),
             },
             t,
@@ -84,6 +96,8 @@ impl Harness {
             sent: Vec::new(),
             ended: Vec::new(),
             rounds: Vec::new(),
+            replicas: Vec::new(),
+            adopted: Vec::new(),
             finished: None,
         };
         h.drive();
@@ -93,6 +107,10 @@ impl Harness {
     fn drive(&mut self) {
         while let Some(action) = self.node.poll_action() {
             match action {
+                Action::Send {
+                    to,
+                    msg: ToWorker::Replica(replica),
+                } => self.replicas.push((to, replica.iteration, self.sent.len())),
                 Action::Send { msg, .. } | Action::Broadcast(msg) => self.sent.push(msg),
                 Action::EndJob(error) => self.ended.push((error, self.sent.len())),
                 Action::RunMaster(work) => {
@@ -107,17 +125,35 @@ impl Harness {
                             workers: Vec::new(),
                         })),
                         MasterWork::Stop(_) => MasterDone::Stopped(Ok(())),
-                        MasterWork::Iterate(round) => MasterDone::Iterated {
-                            iteration: round.iteration,
-                            tally: round.gathered.tally,
-                            left_out: Vec::new(),
-                            elapsed: Duration::ZERO,
-                            result: Ok(Computed {
-                                result: Arc::new(round.gathered.results.iter().sum()),
-                                halt: false,
-                                checkpointed: false,
-                            }),
-                        },
+                        MasterWork::Adopt { from, replica } => {
+                            let iteration = replica.iteration;
+                            self.adopted.push((from, iteration));
+                            // A copy whose bytes are `DAMAGED` fails its check.
+                            let sound = replica.bytes[0] != DAMAGED;
+                            MasterDone::Adopted(Ok(sound.then(|| Resumed {
+                                from: Some((iteration, None)),
+                                last: Some(Arc::new(iteration as u32)),
+                                workers: Vec::new(),
+                            })))
+                        }
+                        MasterWork::Iterate(round) => {
+                            // A checkpoint due is saved, and its bytes handed back when
+                            // asked for.
+                            let checkpointed = round.save == Save::Yes;
+                            MasterDone::Iterated {
+                                iteration: round.iteration,
+                                tally: round.gathered.tally,
+                                left_out: Vec::new(),
+                                elapsed: Duration::ZERO,
+                                result: Ok(Computed {
+                                    result: Arc::new(round.gathered.results.iter().sum()),
+                                    halt: false,
+                                    checkpointed,
+                                    replica: (checkpointed && round.replicate)
+                                        .then(|| replica(round.iteration)),
+                                }),
+                            }
+                        }
                     };
                     self.node.handle_master_done(self.t, done, &Connected);
                 }
@@ -153,6 +189,17 @@ impl Harness {
             attachments: Vec::new(),
         };
         self.from(rank, done);
+    }
+}
+
+/// The bytes of a copy the master's code finds damaged.
+const DAMAGED: u8 = 0xff;
+
+/// A copy of the checkpoint of `iteration` (its bytes stand for it).
+fn replica(iteration: Iteration) -> Replica {
+    Replica {
+        iteration,
+        bytes: Arc::new(vec![iteration as u8; 3]),
     }
 }
 
@@ -400,4 +447,124 @@ fn a_gang_restart_waits_for_a_rank_lost_before_it_registered_in_the_new_attempt(
         "{:?}",
         h.sent
     );
+}
+
+/// Three ranks, rank 0 in the master's process; six iterations, a checkpoint every second.
+fn checkpointing() -> NodeConfig {
+    NodeConfig {
+        workers: 3,
+        iterations: 6,
+        quorum: 3,
+        checkpoint_every: Some(2),
+        ..NodeConfig::for_tests()
+    }
+}
+
+#[test]
+fn each_checkpoint_is_copied_to_a_worker_of_another_process_after_the_next_broadcast() {
+    let mut h = Harness::placed(checkpointing(), vec![true, false, false]);
+    registered(&mut h);
+    for iteration in 1..=3 {
+        for rank in 0..3 {
+            h.result(rank, iteration, 1);
+        }
+    }
+    // The copy of 2 goes to rank 1 (rank 0's would go with the master's host), once the
+    // workers have iteration 3: it holds none of them back.
+    assert_eq!(h.replicas.len(), 1, "{:?}", h.replicas);
+    let (to, iteration, after) = h.replicas[0];
+    assert_eq!((to, iteration), (1, 2));
+    assert!(
+        matches!(h.sent[after - 1], ToWorker::Iterate { iteration: 3, .. }),
+        "{:?}",
+        h.sent
+    );
+    // A job whose every worker is in the master's process makes no copy.
+    let mut alone = Harness::placed(checkpointing(), vec![true; 3]);
+    registered(&mut alone);
+    for iteration in 1..=2 {
+        for rank in 0..3 {
+            alone.result(rank, iteration, 1);
+        }
+    }
+    assert_eq!(alone.rounds.len(), 2);
+    assert!(alone.replicas.is_empty());
+}
+
+#[test]
+fn a_master_with_an_older_store_resumes_from_the_newest_copy_offered_before_its_first_iteration() {
+    // The master's store had only the checkpoint of 2; workers offer copies of 4 and 2.
+    let mut h = Harness::resumed(checkpointing(), vec![true, false, false], Some(2));
+    h.from(2, ToMaster::Replica(replica(2)));
+    h.from(1, ToMaster::Replica(replica(4)));
+    h.from(2, ToMaster::Replica(replica(3)));
+    assert!(h.adopted.is_empty(), "not before every worker registered");
+    registered(&mut h);
+    assert_eq!(h.adopted, [(1, 4)], "the newest copy");
+    assert!(
+        matches!(
+            h.sent[..],
+            [ToWorker::Iterate { iteration: 5, last: Some(ref last), .. }] if **last == 4
+        ),
+        "the job goes on after the copy's iteration, from its result: {:?}",
+        h.sent
+    );
+    assert_eq!(h.node.report.resumed_from, Some(4));
+}
+
+#[test]
+fn a_copy_no_newer_than_the_masters_or_offered_once_the_job_began_is_not_taken() {
+    let mut h = Harness::resumed(checkpointing(), vec![true, false, false], Some(4));
+    h.from(1, ToMaster::Replica(replica(4)));
+    h.from(2, ToMaster::Replica(replica(2)));
+    registered(&mut h);
+    assert!(h.adopted.is_empty());
+    assert!(matches!(
+        h.sent[..],
+        [ToWorker::Iterate { iteration: 5, .. }]
+    ));
+    // A worker that reconnects mid-job offers its copy again: the master's own
+    // checkpoints are the newest now.
+    let mut h = Harness::placed(checkpointing(), vec![true, false, false]);
+    registered(&mut h);
+    h.from(1, ToMaster::Replica(replica(6)));
+    for rank in 0..3 {
+        h.result(rank, 1, 1);
+    }
+    assert!(h.adopted.is_empty());
+    assert!(matches!(
+        h.sent.last(),
+        Some(ToWorker::Iterate { iteration: 2, .. })
+    ));
+}
+
+#[test]
+fn a_damaged_copy_gives_way_to_the_next_newest_and_an_older_one_is_never_taken() {
+    let mut h = Harness::placed(
+        NodeConfig {
+            workers: 4,
+            quorum: 4,
+            ..checkpointing()
+        },
+        vec![true, false, false, false],
+    );
+    let mut damaged = replica(6);
+    damaged.bytes = Arc::new(vec![DAMAGED; 3]);
+    h.from(1, ToMaster::Replica(damaged));
+    h.from(2, ToMaster::Replica(replica(4)));
+    h.from(3, ToMaster::Replica(replica(2)));
+    // Rank 3 reached the master again and offers what it holds once more: one per rank.
+    h.from(3, ToMaster::Replica(replica(2)));
+    registered(&mut h);
+    assert_eq!(
+        h.adopted,
+        [(1, 6), (2, 4)],
+        "the damaged 6, then 4; never 2"
+    );
+    assert!(
+        matches!(h.sent[..], [ToWorker::Iterate { iteration: 5, .. }]),
+        "{:?}",
+        h.sent
+    );
+    assert_eq!(h.node.report.resumed_from, Some(4));
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::{
-    Gathered, HaltedBy, JobEvent, JobOutcome, Tally, ToWorker, WorkerReport, WorkerSave,
+    Gathered, HaltedBy, JobEvent, JobOutcome, Replica, Tally, ToWorker, WorkerReport, WorkerSave,
 };
 use super::Save;
 use crate::error::{JobError, Waiting};
@@ -83,6 +83,9 @@ pub(crate) struct MasterRound<W> {
     pub(crate) workers_halt: bool,
     /// Whether a checkpoint of the iteration is saved once the master computed it.
     pub(crate) save: Save,
+    /// Whether a saved checkpoint is also handed back as bytes, for the workers that keep
+    /// copies of it ([`Computed::replica`]).
+    pub(crate) replicate: bool,
 }
 
 /// The master's code to run: the driver runs it where placement says and hands back a
@@ -97,13 +100,19 @@ pub(crate) enum MasterWork<M, W> {
     /// Start over as this attempt, every worker having restarted: from the newest
     /// checkpoint, or from the start.
     Restart(Attempt),
+    /// Before the attempt's first iteration: resume from the copy of a checkpoint the
+    /// worker of `from` offered, newer than what the master resumed from (its own store
+    /// lost it, or never had it) — checked, and saved into the master's store first.
+    Adopt { from: Rank, replica: Replica },
 }
 
 impl<M, W> MasterWork<M, W> {
     /// What the job waits for while this work runs.
     pub(crate) fn during(&self) -> Waiting {
         match self {
-            MasterWork::Start | MasterWork::Restart(_) => Waiting::Registration,
+            MasterWork::Start | MasterWork::Restart(_) | MasterWork::Adopt { .. } => {
+                Waiting::Registration
+            }
             MasterWork::Iterate(round) => Waiting::Iteration(round.iteration),
             MasterWork::Stop(_) => Waiting::Shutdown,
         }
@@ -116,6 +125,9 @@ pub(crate) struct Computed<M> {
     pub(crate) halt: bool,
     /// Whether a checkpoint of this iteration was saved.
     pub(crate) checkpointed: bool,
+    /// The saved checkpoint's bytes, for the workers that keep copies, when the round
+    /// asked for them.
+    pub(crate) replica: Option<Replica>,
 }
 
 /// What the master's code did, for [`MasterNode::handle_master_done`].
@@ -131,6 +143,10 @@ pub(crate) enum MasterDone<M> {
     },
     Stopped(Result<(), JobError>),
     Restarted(Result<Resumed<M>, JobError>),
+    /// What the copy of a checkpoint resumed the master from; `None` when the copy was
+    /// damaged (the master goes on from what it had, as a store falls back past a damaged
+    /// file).
+    Adopted(Result<Option<Resumed<M>>, JobError>),
 }
 
 /// What the master's node asks of its transport: which ranks it can reach.
@@ -142,6 +158,12 @@ pub(crate) trait Reach {
     fn may_reach(&self, rank: Rank) -> bool;
     /// What the transport turned away lately that claimed one of `ranks`.
     fn refusals(&self, ranks: &[Rank]) -> Vec<String>;
+    /// Whether the worker of `rank` runs on another host than the master's node (`None`:
+    /// not known). The default: not known.
+    fn on_another_host(&self, rank: Rank) -> Option<bool> {
+        let _ = rank;
+        None
+    }
 }
 
 /// What the master's node asks its driver to do, in the order it must be done.

@@ -185,7 +185,7 @@ impl<M, W> MasterNode<M, W> {
             GateOutput::RoundComplete {
                 iteration,
                 gathered,
-            } => self.round_complete(now, iteration, gathered),
+            } => self.round_complete(now, iteration, gathered, reach),
             GateOutput::Drained {
                 missing,
                 waited,

@@ -58,7 +58,7 @@ fn lock<M>(link: &SharedLink<M>) -> MutexGuard<'_, Box<dyn MasterLink<M>>> {
 }
 
 /// The transport's view of which ranks the node reaches. It takes the link's lock only
-/// when asked (at a failure or the end of the job), not for every message.
+/// when asked (at a failure, a checkpoint or the end of the job), not for every message.
 struct LinkReach<'a, M>(&'a SharedLink<M>);
 
 impl<M: 'static> Reach for LinkReach<'_, M> {
@@ -70,6 +70,9 @@ impl<M: 'static> Reach for LinkReach<'_, M> {
     }
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
         lock(self.0).refusals(ranks)
+    }
+    fn on_another_host(&self, rank: Rank) -> Option<bool> {
+        lock(self.0).on_another_host(rank)
     }
 }
 

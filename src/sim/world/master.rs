@@ -177,24 +177,26 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     ToWorker::Iterate { iteration, .. } => iteration,
                     _ => 0,
                 };
-                let scheduled = begins
-                    && self
-                        .scheduled(|f| {
-                            *f == Fault::MasterCrash {
-                                iteration,
-                                point: CrashPoint::Gathering,
-                            }
-                        })
-                        .is_some();
-                if scheduled {
+                let scheduled = if begins {
+                    self.scheduled(|f| {
+                        *f == Fault::MasterCrash {
+                            iteration,
+                            point: CrashPoint::Gathering,
+                        } || *f == Fault::MasterHostLost { iteration }
+                    })
+                } else {
+                    None
+                };
+                let master = self.master_generation;
+                if let Some(fault) = scheduled {
                     // Before the first result can be in (compute takes 1 ms at least).
                     let at = Duration::from_micros(self.rng.random_range(0..500));
-                    let master = self.master_generation;
-                    self.clock.at(at, Event::MasterCrash { master });
+                    let host = matches!(fault, Fault::MasterHostLost { .. });
+                    self.clock.at(at, Event::MasterCrash { master, host });
                 } else if begins && self.master_may_crash() && self.rng.random_bool(0.5) {
                     let at = Duration::from_micros(self.rng.random_range(0..10_000));
-                    let master = self.master_generation;
-                    self.clock.at(at, Event::MasterCrash { master });
+                    let host = false;
+                    self.clock.at(at, Event::MasterCrash { master, host });
                 }
             }
             Action::RunMaster(work) => self.run_master(work),
@@ -299,7 +301,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 .push("work handed to the master while it was busy".into());
             return;
         };
+        let adopting = matches!(work, MasterWork::Adopt { .. });
         let done = task.run(work);
+        if let (true, MasterDone::Adopted(Ok(Some(resumed)))) = (adopting, &done) {
+            self.stats.resumed_from_copies += 1;
+            let from = resumed.from.map(|(i, _)| i);
+            self.log(|| format!("the master resumes from a worker's copy of the checkpoint of iteration {from:?}"));
+        }
         let (unused, crashed) = {
             let mut plan = self.store.plan.lock().unwrap_or_else(|e| e.into_inner());
             (plan.0.take(), std::mem::take(&mut plan.1))
@@ -380,7 +388,20 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             && self.chance(self.sim.faults.master_crash)
     }
 
+    /// The master's host is lost: its checkpoint store with it (its process crashes
+    /// next). Where every worker runs in the master's process, their copies go too.
+    pub(super) fn lose_host(&mut self) {
+        self.stats.hosts_lost += 1;
+        self.log(|| "the master's host is lost, with its checkpoints".into());
+        lock(&self.store.files).clear();
+    }
+
     pub(super) fn crash_master(&mut self, when: &str) {
+        // (An empty store, lost already or never written, has nothing to lose.)
+        let holds = !lock(&self.store.files).is_empty();
+        if self.master.is_some() && holds && self.chance(self.sim.faults.host_lost) {
+            self.lose_host();
+        }
         if let Some(master) = self.master.take() {
             self.stats.drops += master.node.drops();
         }
@@ -393,6 +414,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             for rank in 0..self.nodes.len() {
                 self.settle(rank, &JobError::Cancelled);
                 self.nodes[rank].alive = false;
+                self.replicas[rank] = None;
             }
         }
         let after = Duration::from_micros(self.rng.random_range(20_000..100_000));

@@ -29,7 +29,7 @@ use crate::coordinator::Shard;
 use crate::error::JobError;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::payload::Payload;
-use crate::protocol::{NodeConfig, ToMaster, ToWorker, Worked, WorkerConfig};
+use crate::protocol::{NodeConfig, Replica, ToMaster, ToWorker, Worked, WorkerConfig};
 
 use clock::Clock;
 use master::MasterProcess;
@@ -88,6 +88,8 @@ enum Event<M, W> {
     },
     MasterCrash {
         master: Generation,
+        /// Whether its host's checkpoint store is lost with it.
+        host: bool,
     },
     /// A cut of the network has lasted the heartbeat timeout: both ends hear silence.
     Silence {
@@ -161,6 +163,9 @@ pub(super) struct World<'s, M: Payload, W: Payload> {
     cuts: Vec<Option<(Duration, Duration, Generation)>>,
     /// Each rank's shard of the job's input, as the master's process sharded it.
     shards: Option<Arc<Vec<Shard>>>,
+    /// Per rank: the copy of a checkpoint its process keeps for the master
+    /// (`ToWorker::Replica`); lost with the process.
+    replicas: Vec<Option<Replica>>,
 }
 
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
@@ -203,6 +208,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             cuts: vec![None; workers],
             peer_arrivals: vec![vec![Duration::ZERO; workers]; workers],
             shards: None,
+            replicas: vec![None; workers],
         };
         let checkpoints = sim
             .checkpoint_every
@@ -359,6 +365,13 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 if let Some(error) = crate::protocol::abort_ends_job(rank, &msg) {
                     self.nodes[rank].end.end(error);
                 }
+                // The process keeps the copy of a checkpoint, as the runtime's does.
+                if let ToWorker::Replica(replica) = msg {
+                    let iteration = replica.iteration;
+                    self.log(|| format!("worker {rank}'s process keeps the copy of the checkpoint of iteration {iteration}"));
+                    self.replicas[rank] = Some(replica);
+                    return;
+                }
                 let now = self.clock.instant();
                 self.nodes[rank].worker.handle_message(now, msg);
                 self.drive_worker(rank);
@@ -421,12 +434,15 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 m.timer = None;
                 self.feed(|node, now, reach| node.handle_timeout(now, reach));
             }
-            Event::MasterCrash { master } => {
+            Event::MasterCrash { master, host } => {
                 let gathering = self
                     .master
                     .as_ref()
                     .is_some_and(|m| m.node.gathering().is_some());
                 if gathering && master == self.master_generation {
+                    if host {
+                        self.lose_host();
+                    }
                     self.crash_master("while it gathered results");
                 }
             }
@@ -490,6 +506,10 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let attempt = m.node.attempt();
                 self.nodes[rank].master = self.master_generation;
                 self.log(|| format!("worker {rank} reaches the master again (attempt {attempt})"));
+                // The copy its process keeps goes first, before the worker registers.
+                if let Some(replica) = self.replicas[rank].clone() {
+                    self.send_to_master(rank, ToMaster::Replica(replica));
+                }
                 // As a worker's transport tells it after each handshake.
                 let connected = ToWorker::<M>::Connected { attempt };
                 let now = self.clock.instant();

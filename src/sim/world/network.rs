@@ -46,6 +46,11 @@ impl Reach for SimReach {
     fn refusals(&self, _: &[Rank]) -> Vec<String> {
         Vec::new()
     }
+    /// A worker of a process of its own is on a host of its own: the host the master's
+    /// crash may lose ([`Fault::MasterHostLost`]) is the master's alone.
+    fn on_another_host(&self, rank: Rank) -> Option<bool> {
+        self.is_connected(rank).then_some(true)
+    }
 }
 
 impl<M: Payload, W: Payload> World<'_, M, W> {
@@ -167,6 +172,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             | ToMaster::Failed { attempt, .. }
             | ToMaster::Done { attempt, .. }
             | ToMaster::Sync { attempt, .. } => *attempt,
+            // Offered by the worker's process, which runs in its worker's attempt.
+            ToMaster::Replica(_) => self.nodes[from].worker.attempt(),
         };
         let msg = wire_copy(msg, || format!("worker {from} → master"))
             .unwrap_or_else(|error| ToMaster::Failed { attempt, error });

@@ -215,6 +215,17 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// Starts the new process of `rank` (in place in `nodes`).
     pub(super) fn start_worker(&mut self, rank: Rank) {
         self.nodes[rank].worker.start();
+        if !self.gang() {
+            // A process of its own: its transport says it reached the master, after its
+            // first handshake as after each one (as the runtime's does), so that reaching
+            // a master again counts as a second connection — one started again in the
+            // same attempt (on a fresh host, without the checkpoint it would count on)
+            // is registered with anew.
+            let attempt = self.nodes[rank].worker.attempt();
+            let now = self.clock.instant();
+            let connected = ToWorker::Connected { attempt };
+            self.nodes[rank].worker.handle_message(now, connected);
+        }
         self.drive_worker(rank);
     }
 
@@ -594,6 +605,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let node = &mut self.nodes[rank];
         node.alive = false;
         let generation = node.generation;
+        // The copy of a checkpoint its process kept dies with it.
+        self.replicas[rank] = None;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));
         let master = self.master_generation;

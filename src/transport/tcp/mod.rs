@@ -549,6 +549,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             conns: vec![None; world],
             ever: vec![false; world],
             addrs: vec![None; world],
+            remote: vec![None; world],
             ending: None,
             attempt,
         }));
@@ -639,6 +640,9 @@ struct Peers {
     ever: Vec<bool>,
     /// By rank: where its peers reach it, as its hello said.
     addrs: Vec<Option<String>>,
+    /// By rank: whether its connection came from another host than the master's
+    /// ([`another_host`]).
+    remote: Vec<Option<bool>>,
     /// The job's last message (finish or abort), once broadcast.
     ending: Option<Bytes>,
     /// The attempt the master's node runs: a connection is welcomed in it, and what ends
@@ -734,6 +738,21 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
     fn refusals(&self, ranks: &[Rank]) -> Vec<String> {
         lock(&self.refusals).of(ranks)
     }
+
+    fn on_another_host(&self, rank: Rank) -> Option<bool> {
+        let peers = lock(&self.peers);
+        peers
+            .holds(rank)
+            .then(|| peers.remote.get(rank).copied().flatten())?
+    }
+}
+
+/// Whether a connection between `local` (the master's end) and `peer` joins two hosts:
+/// its ends have different addresses, and not both are loopback ones (`127.0.0.1` and
+/// `127.0.0.2` are one host). An IPv4 address mapped into IPv6 is the IPv4 one.
+pub(crate) fn another_host(local: std::net::IpAddr, peer: std::net::IpAddr) -> bool {
+    let (local, peer) = (local.to_canonical(), peer.to_canonical());
+    local != peer && !(local.is_loopback() && peer.is_loopback())
 }
 
 struct TcpWorkerLink<W> {

@@ -185,6 +185,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
     ) {
         let s = Arc::clone(&self.settings);
         let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().ok();
         let (reader, mut writer) = stream.into_split();
         let mut frames = Frames::new(reader);
         let mut stop = self.stop.clone();
@@ -206,7 +207,11 @@ impl<M: Payload, W: Payload> Server<M, W> {
             Err(turned) => return self.turn_away(turned, peer, writer).await,
         };
         let rank = claim.rank;
-        tracing::debug!(%peer, rank, "worker connected");
+        let remote = local.map(|local| super::another_host(local.ip(), peer.ip()));
+        if let Some(slot) = lock(&self.peers).remote.get_mut(rank) {
+            *slot = remote;
+        }
+        tracing::debug!(%peer, rank, ?remote, "worker connected");
         // Proven: from now on frames up to the full limit.
         frames.allow(s.max_frame);
         let (stop, heartbeat) = (self.stop.clone(), heartbeat_frame(s.max_frame));

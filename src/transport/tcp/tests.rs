@@ -57,3 +57,20 @@ fn settings_name_an_address_that_is_not_host_and_port() {
     // Rank 0 may listen on a port the system chooses.
     TcpSettings::new(0, 2, "127.0.0.1:0").validate().unwrap();
 }
+
+#[test]
+fn a_connection_joins_two_hosts_when_its_ends_differ_and_are_not_both_loopback() {
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    assert!(another_host(ip("10.0.0.1"), ip("10.0.0.2")));
+    assert!(another_host(ip("fd00::1"), ip("fd00::2")));
+    assert!(
+        !another_host(ip("10.0.0.1"), ip("10.0.0.1")),
+        "one interface"
+    );
+    assert!(!another_host(ip("127.0.0.1"), ip("127.0.0.2")), "loopback");
+    assert!(!another_host(ip("::1"), ip("127.0.0.1")), "loopback");
+    assert!(
+        !another_host(ip("::ffff:10.0.0.1"), ip("10.0.0.1")),
+        "IPv4 mapped into IPv6"
+    );
+}

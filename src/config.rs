@@ -207,8 +207,11 @@ pub struct JobConfig {
     /// to workers of other processes, those on other hosts than the master's first (as the
     /// transport tells from each connection's addresses). `None` (the default) is 1 when
     /// the job spans two hosts or more (or the transport cannot tell) and 0 when every
-    /// process is on the master's host, whose loss would take the copies too; `Some(0)`
-    /// keeps none. Only a job with a checkpoint store makes copies.
+    /// process is on the master's host, whose loss would take the copies too, or when the
+    /// store outlives the host (`CheckpointStore::outlives_host`: an object store);
+    /// `Some(0)` keeps none. Only a job with a checkpoint store makes copies. A copy holds
+    /// the whole checkpoint: the master's state and result, and every worker's saved
+    /// state.
     /// A copy lives as long as its worker's process: a job whose every process is started
     /// again (a requeue) needs a store that outlives the host (`ObjectCheckpointStore`).
     pub checkpoint_replicas: Option<usize>,

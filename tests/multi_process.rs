@@ -96,6 +96,11 @@ const KILL_MASTER_AFTER_COMMIT: &str = "kill-master-after-commit";
 /// directory was emptied, as on a fresh host: started again, it resumes from the copy of
 /// the newest checkpoint a worker's process keeps.
 const KILL_MASTER_WIPED: &str = "kill-master-wiped";
+/// Under `RestartAll`: rank 2's process killed in its compute of iteration 3 (every worker
+/// restarts from the checkpoint of 2, as attempt 1), then the master's killed as in
+/// `KILL_MASTER_WIPED`. Started again on an empty directory, the master runs attempt 1
+/// again (no checkpoint says otherwise), and every worker must still start over.
+const GANG_KILL_COMPUTE_THEN_MASTER_WIPED: &str = "gang-kill-compute-then-master-wiped";
 /// As `KILL_MASTER_WIPED`, with the job's default copies: none, every process being on the
 /// master's host.
 const KILL_MASTER_WIPED_ONE_HOST: &str = "kill-master-wiped-one-host";
@@ -426,6 +431,8 @@ fn child_process() {
         KILL_MASTER_BARRIER => Some(KILL_MASTER_BARRIER),
         KILL_IN_COLLECTIVE => Some(KILL_IN_COLLECTIVE),
         KILL_MASTER_WIPED | KILL_MASTER_WIPED_ONE_HOST => Some(KILL_MASTER_WIPED),
+        "kill-compute-then-master-wiped" if env.rank == 2 => Some("kill-compute"),
+        "kill-compute-then-master-wiped" => Some(KILL_MASTER_WIPED),
         _ => MASTER_KILLED.iter().copied().find(|&b| b == named),
     };
     let policy = if gang {
@@ -444,14 +451,15 @@ fn child_process() {
             barrier || behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE,
         );
     assert_eq!(job.process_rank(), Some(env.rank));
-    if named == KILL_MASTER_WIPED {
+    if matches!(named, KILL_MASTER_WIPED | "kill-compute-then-master-wiped") {
         // Every process is on this host: a copy is kept only when asked for.
         job = job.checkpoint_replicas(1);
-        if gang {
-            // A worker made again runs its `init` as it starts, before anything its
-            // route held for it: the copy must still reach the master before it registers.
-            job = job.placement(superstep::Placement::Inline);
-        }
+    }
+    if behaviour == format!("gang-{KILL_MASTER_WIPED}") {
+        // A worker made again runs its `init` as it starts, before what its route held
+        // for it: the copy, offered as the route takes the master's `Connected`, still
+        // reaches the master before it registers.
+        job = job.placement(superstep::Placement::Inline);
     }
     if let (Some(dir), 0) = (std::env::var_os(CHECKPOINTS), env.rank) {
         if env.restart_count == 0 {
@@ -503,7 +511,9 @@ fn launch(n: usize, behaviour: &str) -> Output {
 /// [`launch`], killing (SIGKILL) the process of rank `victim` `after` every rank's process
 /// wrote its pid (`gang-random`), once.
 fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) -> Output {
-    let restarts = if RECOVERED.contains(&behaviour)
+    let restarts = if behaviour == GANG_KILL_COMPUTE_THEN_MASTER_WIPED {
+        "2"
+    } else if RECOVERED.contains(&behaviour)
         || MASTER_KILLED.contains(&behaviour)
         || behaviour == KILL_MASTER_AFTER_COMMIT
         || behaviour == KILL_MASTER_WIPED
@@ -688,6 +698,17 @@ fn a_master_started_again_on_an_empty_checkpoint_directory_resumes_from_a_worker
         let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
         assert_eq!(resumed, "1 RESUMED Some(2)", "{behaviour}: {stderr}");
     }
+    // The master started again runs the attempt the lost one ran: rank 1's process,
+    // whose worker restarted once with rank 2's loss (keeping the copy of 2 it was sent
+    // before), replaces it again all the same.
+    let (stdout, stderr) = launched_to(&expected, 3, GANG_KILL_COMPUTE_THEN_MASTER_WIPED);
+    let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(resumed, "1 RESUMED Some(2)", "{stderr}");
+    let replaced = stderr
+        .lines()
+        .filter(|l| l.starts_with("[1]") && l.contains("this one is replaced"))
+        .count();
+    assert_eq!(replaced, 2, "{stderr}");
     // By default a job whose every process is on one host keeps no copy (the host's loss
     // would take them all): the master started again starts over, to the same result.
     let (stdout, stderr) = launched_to(&expected, 3, KILL_MASTER_WIPED_ONE_HOST);

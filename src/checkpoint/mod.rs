@@ -194,6 +194,14 @@ pub trait CheckpointStore: Send + 'static {
     /// The newest checkpoint that can be read, falling back past corrupt ones; `None` when
     /// there is none (a job then starts from the beginning).
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError>;
+
+    /// Whether what it keeps outlives the master's host (storage every host reaches, such
+    /// as an object store): then workers keep no copies of the checkpoints unless the job
+    /// asks for them ([`JobConfig::checkpoint_replicas`](crate::JobConfig::checkpoint_replicas)).
+    /// The default: `false`.
+    fn outlives_host(&self) -> bool {
+        false
+    }
 }
 
 /// Checkpoints in memory, shared by its clones: a test can hand one clone to a job and

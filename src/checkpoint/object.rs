@@ -46,6 +46,8 @@ pub struct ObjectCheckpointStore {
     /// The store and prefix as errors and warnings name them (the URL, where one was given).
     name: String,
     runtime: Arc<OwnRuntime>,
+    /// Whether the store is one every host reaches (not a local directory or memory).
+    shared: bool,
 }
 
 /// The store's runtime, shut down without waiting when the last clone is dropped: the
@@ -69,7 +71,9 @@ const OPTION_PREFIXES: [&str; 3] = ["AWS_", "GOOGLE_", "AZURE_"];
 impl ObjectCheckpointStore {
     /// A store of the checkpoints under `prefix` (a path of `/`-separated parts, empty for
     /// the store's root) of `store`, keeping the newest `keep` (at least one; two or more
-    /// leave a fallback if the newest is damaged).
+    /// leave a fallback if the newest is damaged). It is taken to outlive the master's host,
+    /// as S3, GCS and Azure do ([`CheckpointStore::outlives_host`]), so that workers keep
+    /// no copies unless the job asks for them.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         prefix: &str,
@@ -80,14 +84,16 @@ impl ObjectCheckpointStore {
             location: name.clone(),
             reason: format!("not a prefix of objects: {e}"),
         })?;
-        Self::build(store, prefix, keep, name)
+        Self::build(store, prefix, keep, name, true)
     }
 
     /// A store at `url` — `s3://bucket/prefix`, `gs://bucket/prefix`,
     /// `az://container/prefix`, `file:///absolute/dir`, or `memory:///` — with its options
     /// (credentials, region, endpoint) from the environment: every `AWS_*`, `GOOGLE_*` and
     /// `AZURE_*` variable, as the `object_store` builders read them (`AWS_ENDPOINT` and
-    /// `AWS_ALLOW_HTTP=true` for an S3-compatible server over plain HTTP).
+    /// `AWS_ALLOW_HTTP=true` for an S3-compatible server over plain HTTP). One at a
+    /// `file://` or `memory://` URL is of the master's host, as far as
+    /// [`CheckpointStore::outlives_host`] goes; the others outlive it.
     pub fn from_url(url: &str, keep: usize) -> Result<Self, CheckpointError> {
         let options = std::env::vars().filter_map(|(var, value)| {
             OPTION_PREFIXES
@@ -113,11 +119,13 @@ impl ObjectCheckpointStore {
         let parsed = url::Url::parse(url).map_err(|e| refused(format!("not a URL: {e}")))?;
         let (store, prefix) = object_store::parse_url_opts(&parsed, options)
             .map_err(|e| refused(format!("not a store this build reaches: {e}")))?;
+        let shared = !matches!(parsed.scheme(), "file" | "memory");
         Self::build(
             Arc::from(store),
             prefix,
             keep,
             url.trim_end_matches('/').into(),
+            shared,
         )
     }
 
@@ -126,6 +134,7 @@ impl ObjectCheckpointStore {
         prefix: Path,
         keep: usize,
         name: String,
+        shared: bool,
     ) -> Result<Self, CheckpointError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -140,6 +149,7 @@ impl ObjectCheckpointStore {
             keep: keep.max(1),
             name,
             runtime: Arc::new(OwnRuntime(Some(runtime))),
+            shared,
         })
     }
 
@@ -228,6 +238,10 @@ impl ObjectCheckpointStore {
 }
 
 impl CheckpointStore for ObjectCheckpointStore {
+    fn outlives_host(&self) -> bool {
+        self.shared
+    }
+
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = encode(checkpoint)?;
         let location = self.location_of(checkpoint.iteration);
@@ -407,6 +421,26 @@ mod tests {
         );
         flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(2));
+    }
+
+    #[test]
+    fn a_store_every_host_reaches_outlives_the_masters_and_a_local_one_does_not() {
+        let at = |url: &str| {
+            ObjectCheckpointStore::from_url_opts(url, [("aws_region", "us-east-1")], 3)
+                .unwrap()
+                .outlives_host()
+        };
+        assert!(at("s3://bucket/jobs/lr"));
+        assert!(!at("memory:///"));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!at(&format!("file://{}", dir.path().display())));
+        let given = ObjectCheckpointStore::new(Arc::new(InMemory::new()), "lr", 3).unwrap();
+        assert!(
+            given.outlives_host(),
+            "a store given as it is: S3, GCS, Azure"
+        );
+        let fs = crate::checkpoint::FsCheckpointStore::new(dir.path(), 1).unwrap();
+        assert!(!fs.outlives_host(), "a directory is the host's");
     }
 
     #[test]

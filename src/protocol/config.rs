@@ -244,14 +244,14 @@ impl NodeConfig {
         if self.checkpoint_every.is_none() {
             return Vec::new();
         }
-        let mut holders: Vec<(bool, Rank)> = (0..self.workers)
+        let mut holders: Vec<(Option<bool>, Rank)> = (0..self.workers)
             .filter(|&rank| !local.get(rank).copied().unwrap_or(false) && keeps(rank))
-            .map(|rank| (elsewhere(rank) != Some(true), rank))
+            .map(|rank| (elsewhere(rank), rank))
             .collect();
-        holders.sort_unstable();
+        holders.sort_unstable_by_key(|&(elsewhere, rank)| (elsewhere != Some(true), rank));
         let away = holders
             .iter()
-            .any(|&(_, rank)| elsewhere(rank) != Some(false));
+            .any(|&(elsewhere, _)| elsewhere != Some(false));
         let count = self.checkpoint_replicas.unwrap_or(usize::from(away));
         holders
             .into_iter()

@@ -5,7 +5,7 @@
 //! — when the transport runs the whole job in this process ([`Transport::in_process`]) —
 //! hosted by the master's node actor, which steps its driver directly ([`Hosted`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use actix::{Addr, AsyncContext, Context};
@@ -450,6 +450,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                             on_restart: Arc::clone(&parts.on_restart),
                             replica: Arc::clone(&self.replicas[rank]),
                             link: OnceLock::new(),
+                            connections: AtomicU32::new(0),
                         });
                         let (end, to) = (parts.end.clone(), Arc::clone(&route));
                         let inbox = Box::new(move |msg: ToWorker<M>| {

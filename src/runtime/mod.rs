@@ -105,6 +105,14 @@ impl<M: Payload, W: Payload> Plan<M, W> {
         let mut config = self
             .config
             .node_config(self.checkpoint.as_ref().map(|c| c.every));
+        // A store that outlives the master's host needs no copies unless asked for.
+        if self
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| c.store.outlives_host())
+        {
+            config.checkpoint_replicas.get_or_insert(0);
+        }
         let workers = if self.transport.in_process().is_some() {
             Workers::Together
         } else if self.transport.connects_peers() {

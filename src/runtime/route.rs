@@ -3,6 +3,7 @@
 //! (`ToWorker::Restart`, or a master's node of another attempt under a policy that
 //! restarts every worker) — held for the new one.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use actix::Addr;
@@ -39,6 +40,8 @@ pub(crate) struct Route<M: Payload, W: Payload> {
     pub(super) replica: Arc<ReplicaSlot>,
     /// The link whose inbox this route is, once made: where the copy is offered.
     pub(super) link: OnceLock<Weak<dyn WorkerLink<W>>>,
+    /// How many times the link reached a master's node (`Connected`).
+    pub(super) connections: AtomicU32,
 }
 
 pub(super) enum RouteState<M: Payload, W: Payload> {
@@ -55,14 +58,20 @@ pub(super) enum RouteState<M: Payload, W: Payload> {
 }
 
 impl<M: Payload, W: Payload> Route<M, W> {
-    /// Delivers `msg` from the master. A gang restart into another attempt — the master's
-    /// `Restart`, or in a job whose failures restart every worker, a link that reached a
-    /// master's node of another attempt (one started again) — holds what follows and asks
-    /// this process to replace the worker.
+    /// Delivers `msg` from the master. A gang restart — the master's `Restart` into
+    /// another attempt, or in a job whose failures restart every worker, a link that
+    /// reached a master's node of another attempt or again (one started again) — holds
+    /// what follows and asks this process to replace the worker.
     pub(super) fn deliver(&self, msg: ToWorker<M>) {
+        // A link reaches a master's node again after losing one (its first connection is
+        // the worker's start).
+        let mut again = false;
         match &msg {
             ToWorker::Replica(replica) => return self.keep(replica),
-            ToWorker::Connected { .. } => self.offer(),
+            ToWorker::Connected { .. } => {
+                again = self.connections.fetch_add(1, Ordering::AcqRel) > 0;
+                self.offer();
+            }
             _ => {}
         }
         let restart = match &msg {
@@ -71,7 +80,7 @@ impl<M: Payload, W: Payload> Route<M, W> {
                 *attempt,
                 JobError::MasterLost {
                     reason: format!(
-                        "worker {} reached the master's node in attempt {attempt}, not in its own (a master started again, or a gang restart it joins late): every worker starts over from the newest checkpoint",
+                        "worker {} reached the master's node again, in attempt {attempt} (a master started again, or a gang restart it joins late): every worker starts over from the newest checkpoint",
                         self.rank
                     ),
                 },
@@ -80,7 +89,12 @@ impl<M: Payload, W: Payload> Route<M, W> {
         };
         let mut state = lock(&self.state);
         let asked = match (&mut *state, restart) {
-            (RouteState::To { attempt: now, .. }, Some((attempt, cause))) if attempt != *now => {
+            // A master's node reached again starts every worker over even in the worker's
+            // own attempt: one started on an empty store may run the attempt the master it
+            // replaces ran (`protocol::start_attempt` without a checkpoint).
+            (RouteState::To { attempt: now, .. }, Some((attempt, cause)))
+                if attempt != *now || again =>
+            {
                 *state = RouteState::Restarting {
                     attempt,
                     held: vec![msg],

@@ -129,7 +129,12 @@ impl<M, W> MasterNode<M, W> {
         );
         self.stage = Stage::Computing(iteration);
         let save = self.config.checkpoint(iteration, workers_halt);
-        let replicate = save != Save::No && !self.replica_holders(reach).is_empty();
+        // Copies of a checkpoint the job goes on after (not of its last iteration: the
+        // workers stop with it), where some rank keeps them.
+        let replicate = save == Save::Yes
+            && iteration < self.config.iterations
+            && !workers_halt
+            && !self.replica_holders(reach).is_empty();
         self.run_master(
             now,
             MasterWork::Iterate(MasterRound {

@@ -35,7 +35,9 @@ struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        lock(&self.peers).conns[self.rank] = None;
+        let mut peers = lock(&self.peers);
+        peers.conns[self.rank] = None;
+        peers.remote[self.rank] = None;
     }
 }
 
@@ -185,14 +187,18 @@ impl<M: Payload, W: Payload> Server<M, W> {
     ) {
         let s = Arc::clone(&self.settings);
         let _ = stream.set_nodelay(true);
-        let local = stream.local_addr().ok();
+        // Whether it comes from another host, as its two ends' addresses tell.
+        let remote = stream
+            .local_addr()
+            .ok()
+            .map(|local| super::another_host(local.ip(), peer.ip()));
         let (reader, mut writer) = stream.into_split();
         let mut frames = Frames::new(reader);
         let mut stop = self.stop.clone();
         let shaken = tokio::select! {
             shaken = tokio::time::timeout(
                 s.handshake_timeout,
-                self.handshake(&mut frames, &mut writer),
+                self.handshake(&mut frames, &mut writer, remote),
             ) => match shaken {
                 Ok(Ok(accepted)) => Ok(accepted),
                 Ok(Err((rank, refusal))) => Err(Turned::Refused { rank, refusal }),
@@ -207,10 +213,6 @@ impl<M: Payload, W: Payload> Server<M, W> {
             Err(turned) => return self.turn_away(turned, peer, writer).await,
         };
         let rank = claim.rank;
-        let remote = local.map(|local| super::another_host(local.ip(), peer.ip()));
-        if let Some(slot) = lock(&self.peers).remote.get_mut(rank) {
-            *slot = remote;
-        }
         tracing::debug!(%peer, rank, ?remote, "worker connected");
         // Proven: from now on frames up to the full limit.
         frames.allow(s.max_frame);
@@ -323,12 +325,14 @@ impl<M: Payload, W: Payload> Server<M, W> {
     }
 
     /// Checks a new connection: hello (version, job id, rank, fingerprint), then the
-    /// secret's proof, then — proven — the fingerprint, then claims the rank. Returns the
+    /// secret's proof, then — proven — the fingerprint, then claims the rank (with
+    /// whether the connection comes from another host, `remote`). Returns the
     /// claim and the rank's queue, or why it is refused (with the rank it claimed).
     async fn handshake(
         &self,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
+        remote: Option<bool>,
     ) -> Result<(Claim, Accepted), (Option<Rank>, Refusal)> {
         let s = &self.settings;
         let broken = |rank: Option<Rank>| move |reason: String| (rank, Refusal::Protocol(reason));
@@ -415,6 +419,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 return Err((claimed, Refusal::RankTaken { rank }));
             }
             peers.conns[rank] = Some(Arc::clone(&lane));
+            peers.remote[rank] = remote;
             // Under the lock a gang restart's broadcast takes: a connection is welcomed in
             // the new attempt, or hears the restart after its welcome.
             attempt = peers.attempt;

@@ -80,7 +80,7 @@ impl<M: Payload, W: Payload> Route<M, W> {
                 *attempt,
                 JobError::MasterLost {
                     reason: format!(
-                        "worker {} reached the master's node again, in attempt {attempt} (a master started again, or a gang restart it joins late): every worker starts over from the newest checkpoint",
+                        "worker {} reached the master's node in attempt {attempt} (a master started again, or a gang restart it joins late): every worker starts over from the newest checkpoint",
                         self.rank
                     ),
                 },

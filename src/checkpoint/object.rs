@@ -47,7 +47,7 @@ pub struct ObjectCheckpointStore {
     name: String,
     runtime: Arc<OwnRuntime>,
     /// Whether the store is one every host reaches (not a local directory or memory).
-    shared: bool,
+    outlives_host: bool,
 }
 
 /// The store's runtime, shut down without waiting when the last clone is dropped: the
@@ -119,13 +119,13 @@ impl ObjectCheckpointStore {
         let parsed = url::Url::parse(url).map_err(|e| refused(format!("not a URL: {e}")))?;
         let (store, prefix) = object_store::parse_url_opts(&parsed, options)
             .map_err(|e| refused(format!("not a store this build reaches: {e}")))?;
-        let shared = !matches!(parsed.scheme(), "file" | "memory");
+        let outlives_host = !matches!(parsed.scheme(), "file" | "memory");
         Self::build(
             Arc::from(store),
             prefix,
             keep,
             url.trim_end_matches('/').into(),
-            shared,
+            outlives_host,
         )
     }
 
@@ -134,7 +134,7 @@ impl ObjectCheckpointStore {
         prefix: Path,
         keep: usize,
         name: String,
-        shared: bool,
+        outlives_host: bool,
     ) -> Result<Self, CheckpointError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -149,7 +149,7 @@ impl ObjectCheckpointStore {
             keep: keep.max(1),
             name,
             runtime: Arc::new(OwnRuntime(Some(runtime))),
-            shared,
+            outlives_host,
         })
     }
 
@@ -239,7 +239,7 @@ impl ObjectCheckpointStore {
 
 impl CheckpointStore for ObjectCheckpointStore {
     fn outlives_host(&self) -> bool {
-        self.shared
+        self.outlives_host
     }
 
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {

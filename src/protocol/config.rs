@@ -78,8 +78,8 @@ pub(crate) struct NodeConfig {
     pub(crate) failure_grace: Duration,
     /// Every how many iterations the master saves a checkpoint; `None` without a store.
     pub(crate) checkpoint_every: Option<Iteration>,
-    /// How many workers of other processes keep a copy of each checkpoint; `None`: one,
-    /// where any worker is in another process.
+    /// How many workers of other processes keep a copy of each checkpoint; `None`: one
+    /// where a worker may be on another host ([`NodeConfig::replica_holders`]).
     pub(crate) checkpoint_replicas: Option<usize>,
     /// How many of the last iterations the job's report keeps in detail.
     pub(crate) report_iterations: usize,

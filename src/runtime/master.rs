@@ -119,7 +119,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 return Ok(None);
             }
         };
-        let resume = super::resume_from::<M>(checkpoint.clone(), &what, &self.resuming)?;
+        // Refused before the store keeps it; a copy is not cloned to be checked.
+        super::fit(&checkpoint, &what, &self.resuming)?;
         if let Some(store) = &self.store {
             match store.lock().save(&checkpoint) {
                 Ok(()) => tracing::info!(
@@ -135,6 +136,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 ),
             }
         }
+        let resume = super::resume_from::<M>(checkpoint, &what, &self.resuming)?;
         self.restart_from(self.attempt, Some(resume)).map(Some)
     }
 

@@ -303,14 +303,19 @@ pub(crate) fn resume<M: Payload>(
     resume_from(loaded.checkpoint, "the newest checkpoint", resuming).map(Some)
 }
 
-/// What the job resumes with from `c` (`what` names it in errors: the newest checkpoint
-/// of its store, or a worker's copy), refusing another job's or (unless the job
-/// re-shards) one of another shape.
-pub(crate) fn resume_from<M: Payload>(
-    mut c: Checkpoint,
-    what: &str,
-    resuming: &Resuming,
-) -> Result<Resume<M>, JobError> {
+/// How a checkpoint fits the job that would resume from it ([`fit`]).
+pub(crate) struct Fit {
+    /// It is committed and covers the job: the job ends at once with its result.
+    pub(crate) committed_end: bool,
+    /// The job re-shards: nothing of the old shards is given back.
+    pub(crate) resharded: bool,
+}
+
+/// Whether the job may resume from `c` (`what` names it in errors: the newest checkpoint
+/// of its store, or a worker's copy): another job's is refused, and (unless the job
+/// re-shards) one of another shape. It reads nothing, so it may be asked before `c` is
+/// kept anywhere.
+pub(crate) fn fit(c: &Checkpoint, what: &str, resuming: &Resuming) -> Result<Fit, JobError> {
     let job_id = &*resuming.job_id;
     if c.job_id != job_id {
         return Err(JobError::checkpoint(
@@ -324,7 +329,24 @@ pub(crate) fn resume_from<M: Payload>(
     // A job that finished and committed ends with its result whatever its input is now
     // (its commit may have moved it): only a checkpoint it goes on from must fit its shape.
     let committed_end = c.committed && (c.iteration >= resuming.iterations || c.halted.is_some());
-    if !committed_end && resuming.check(&c)? {
+    let resharded = !committed_end && resuming.check(c)?;
+    Ok(Fit {
+        committed_end,
+        resharded,
+    })
+}
+
+/// What the job resumes with from `c`, if it [`fit`]s.
+pub(crate) fn resume_from<M: Payload>(
+    mut c: Checkpoint,
+    what: &str,
+    resuming: &Resuming,
+) -> Result<Resume<M>, JobError> {
+    let Fit {
+        committed_end,
+        resharded,
+    } = fit(&c, what, resuming)?;
+    if resharded {
         // Re-sharded (none holds a state): nothing of the old shards is given back.
         c.workers.clear();
     }
@@ -336,7 +358,7 @@ pub(crate) fn resume_from<M: Payload>(
         JobError::checkpoint(message, Some(ErrorSource::new(e)))
     })?;
     tracing::info!(
-        job = job_id,
+        job = &*resuming.job_id,
         iteration = c.iteration,
         "resuming from {what}"
     );

@@ -1,7 +1,8 @@
 //! The route a transport's inbox delivers a worker's messages by: to the rank's current
 //! worker in an actor of its own, or — while its process replaces it in a gang restart
-//! (`ToWorker::Restart`, or a master's node of another attempt under a policy that
-//! restarts every worker) — held for the new one.
+//! (`ToWorker::Restart`, or a master's node reached again under a policy that restarts
+//! every worker) — held for the new one. It also keeps the copy of a checkpoint the
+//! master's node sends the rank, and offers it to each master's node its link reaches.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

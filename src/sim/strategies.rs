@@ -82,7 +82,8 @@ pub fn crash_point() -> impl Strategy<Value = CrashPoint> {
 /// One fault of a run of `workers` workers and `iterations` iterations: a worker's crash,
 /// a straggler, a duplicated, lost or delayed result, a crash of the master's process (in
 /// start-up, in an iteration at any point, a torn checkpoint write included, or in the
-/// drain), the loss of the master's host with its checkpoints, or a partition of the network between the master and a worker.
+/// drain), the loss of the master's host with its checkpoints, or a partition of the
+/// network between the master and a worker.
 pub fn fault(workers: usize, iterations: Iteration) -> impl Strategy<Value = Fault> {
     let rank = 0..workers.max(1);
     let iteration = 1..=iterations.max(1);

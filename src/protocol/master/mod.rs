@@ -584,9 +584,7 @@ impl<M, W> MasterNode<M, W> {
             }
             MasterDone::Restarted(Ok(resumed)) => {
                 tracing::info!(attempt = self.attempt(), resumed_from = ?resumed.from.map(|(i, _)| i), "the job starts over as a new attempt");
-                self.resumed = resumed.from;
-                self.restore = resumed.workers;
-                self.last = resumed.last;
+                self.resume_with(resumed);
                 self.master_ready(now, reach);
             }
             MasterDone::Adopted(Ok(resumed)) => {
@@ -595,9 +593,7 @@ impl<M, W> MasterNode<M, W> {
                 self.adopting = None;
                 if let Some(resumed) = resumed {
                     self.report.resumed_from = resumed.from.map(|(i, _)| i);
-                    self.resumed = resumed.from;
-                    self.restore = resumed.workers;
-                    self.last = resumed.last;
+                    self.resume_with(resumed);
                 }
                 self.master_ready(now, reach);
             }
@@ -636,7 +632,8 @@ impl<M, W> MasterNode<M, W> {
                     self.iterated(
                         now, iteration, tally, left_out, elapsed, result, halt, reach,
                     );
-                    // After the next iteration's broadcast: a copy holds no worker back.
+                    // After the next iteration's broadcast: a copy crosses while the
+                    // workers compute.
                     if let Some(replica) = replica.filter(|_| !self.ending()) {
                         self.replicate(replica, reach);
                     }
@@ -651,6 +648,14 @@ impl<M, W> MasterNode<M, W> {
             }
         }
         self.maybe_stop(now);
+    }
+
+    /// What the master's code resumed from is what the attempt starts from: its
+    /// checkpoint's iteration, the workers' saves, the master result.
+    fn resume_with(&mut self, resumed: Resumed<M>) {
+        self.resumed = resumed.from;
+        self.restore = resumed.workers;
+        self.last = resumed.last;
     }
 
     /// The coordinator's `on_finish` returned: the job completes, or fails with its error.

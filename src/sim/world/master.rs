@@ -301,9 +301,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 .push("work handed to the master while it was busy".into());
             return;
         };
-        let adopting = matches!(work, MasterWork::Adopt { .. });
         let done = task.run(work);
-        if let (true, MasterDone::Adopted(Ok(Some(resumed)))) = (adopting, &done) {
+        if let MasterDone::Adopted(Ok(Some(resumed))) = &done {
             self.stats.resumed_from_copies += 1;
             let from = resumed.from.map(|(i, _)| i);
             self.log(|| format!("the master resumes from a worker's copy of the checkpoint of iteration {from:?}"));
@@ -389,7 +388,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     }
 
     /// The master's host is lost: its checkpoint store with it (its process crashes
-    /// next). Where every worker runs in the master's process, their copies go too.
+    /// next, and with it the copies of workers it runs: `crash_master`).
     pub(super) fn lose_host(&mut self) {
         self.stats.hosts_lost += 1;
         self.log(|| "the master's host is lost, with its checkpoints".into());

@@ -90,6 +90,16 @@ struct Args {
     restart_all: u32,
 }
 
+/// What this run's job is beyond its settings: the data set and the learning rate. A
+/// checkpoint of other values is another job's, and no process of other values joins.
+#[derive(serde::Serialize)]
+struct Params {
+    rows: usize,
+    features: usize,
+    rate: f64,
+    seed: u64,
+}
+
 /// Prints the loss of each iteration above the progress bar.
 struct LossPrinter {
     bar: ProgressBar,
@@ -113,7 +123,8 @@ impl MasterInterceptor<Model, Gradient> for LossPrinter {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,superstep=info".into()),
         )
         .init();
     let args = Args::parse();
@@ -199,6 +210,12 @@ fn main() -> ExitCode {
     };
     let outcome = builder
         .job_id("logistic-regression")
+        .params(&Params {
+            rows: args.rows,
+            features: args.features,
+            rate: args.rate,
+            seed: args.seed,
+        })
         .iterations(args.iterations)
         // Sum the gradients as they arrive, in rank order: the master never holds one per
         // worker, and the sum is the same, bit for bit, as summing them all at the end.

@@ -49,7 +49,8 @@ impl MasterComputable for SumMaster {
 fn main() -> Result<(), JobError> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,superstep=info".into()),
         )
         .init();
     let numbers = 1_000_000;

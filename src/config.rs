@@ -499,12 +499,35 @@ impl JobConfig {
     }
 }
 
+/// The variables [`JobConfig::with_env`] reads.
+pub(crate) const JOB_VARS: [&str; 14] = [
+    "SUPERSTEP_WORKERS",
+    "SUPERSTEP_ITERATIONS",
+    "SUPERSTEP_PLACEMENT",
+    "SUPERSTEP_COMPUTE_THREADS",
+    "SUPERSTEP_STARTUP_TIMEOUT",
+    "SUPERSTEP_ITERATION_TIMEOUT",
+    "SUPERSTEP_SHUTDOWN_TIMEOUT",
+    "SUPERSTEP_SYNC_TIMEOUT",
+    "SUPERSTEP_FAILURE_GRACE",
+    "SUPERSTEP_AGGREGATION",
+    "SUPERSTEP_FAILURE_POLICY",
+    "SUPERSTEP_PROGRESS_INTERVAL",
+    "SUPERSTEP_RESHARD_ON_RESUME",
+    "SUPERSTEP_CHECKPOINT_REPLICAS",
+];
+
+/// Whether this process read the job-setting variables ([`JobConfig::with_env`]).
+pub(crate) static JOB_VARS_READ: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 impl JobConfig {
     /// These settings, with those the environment sets overriding them (the variables are
     /// in the [type's docs](JobConfig#from-the-environment)). An unset variable leaves
     /// its setting as it is; a value that does not parse is an error naming the variable
     /// and its value.
     pub fn with_env(self) -> Result<Self, ConfigError> {
+        JOB_VARS_READ.store(true, std::sync::atomic::Ordering::Relaxed);
         self.with_vars(|var| std::env::var(var).ok())
     }
 

@@ -220,8 +220,10 @@ pub mod events;
 mod ids;
 pub mod interceptor;
 mod job;
+mod log;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+mod params;
 mod payload;
 mod protocol;
 mod runtime;
@@ -243,10 +245,11 @@ pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
 pub use job::{Job, JobBuilder};
+pub use params::JobParams;
 pub use payload::{Element, Floats, Payload};
 pub use protocol::{
     Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobOutcome,
-    JobReport, MailCount, Recover, Recovered,
+    JobReport, MailCount, Recover, Recovered, ResumedFrom,
 };
 pub use runtime::Cancel;
 

@@ -143,7 +143,7 @@ fn a_job_that_fails_resumes_from_its_last_checkpoint_with_the_fault_free_result(
             *outcome.result, expected,
             "failing at {fail_at}, every {every}"
         );
-        assert_eq!(outcome.report.resumed_from, Some(resumed_from));
+        assert_eq!(outcome.report.resumed_from(), Some(resumed_from));
         assert_eq!(outcome.iterations, 12);
         let ran: Vec<_> = outcome
             .report
@@ -200,7 +200,7 @@ fn resuming_at_another_world_size_is_refused_naming_both_sizes() {
         assert!(matches!(err, JobError::Checkpoint { .. }), "{message}");
         assert!(
             message.contains(&format!(
-                "iteration 6 is of another shape: it was written by 3 workers, this job has {workers}"
+                "(iteration 6) is of another shape: it was written by 3 workers, this job has {workers}"
             )),
             "{message}"
         );
@@ -208,7 +208,7 @@ fn resuming_at_another_world_size_is_refused_naming_both_sizes() {
     }
     // Nothing was written over: the job at its own size still resumes.
     let outcome = job(master(None), store, 3).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(6));
+    assert_eq!(outcome.report.resumed_from(), Some(6));
     assert_eq!(*outcome.result, fault_free());
 }
 
@@ -272,7 +272,7 @@ fn a_job_resharded_over_another_input_gives_no_worker_a_state_of_the_old_shards(
     assert_eq!(restored.swap(0, Ordering::SeqCst), 3);
     // Re-sharded over another input: none does, though the world size is the same.
     let outcome = counting(120, 12, true).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(9));
+    assert_eq!(outcome.report.resumed_from(), Some(9));
     assert_eq!(restored.load(Ordering::SeqCst), 0);
 }
 
@@ -290,7 +290,7 @@ fn a_job_that_reshards_on_resume_goes_on_at_another_size_from_the_masters_state(
         .reshard_on_resume(true)
         .run()
         .unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(6));
+    assert_eq!(outcome.report.resumed_from(), Some(6));
     let sizes: Vec<usize> = [3; 6].into_iter().chain([2; 6]).collect();
     assert_eq!(*outcome.result, by_hand(&sizes));
     // Its checkpoints are of its own shape now.
@@ -304,7 +304,7 @@ fn a_failure_before_the_first_checkpoint_starts_over_instead_of_crashing() {
     job(master(Some(2)), store.clone(), 5).run().unwrap_err();
     assert!(store.checkpoints().is_empty());
     let outcome = job(master(None), store, 5).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, None);
+    assert_eq!(outcome.report.resumed_from(), None);
     // Every 5, and the last: a master started again after the end ends at once.
     assert_eq!(outcome.report.checkpoints, vec![5, 10, 12]);
     assert_eq!(*outcome.result, fault_free());
@@ -315,7 +315,7 @@ fn a_job_whose_checkpoint_covers_every_iteration_completes_at_once_with_its_resu
     let store = MemoryCheckpointStore::new();
     let first = job(master(None), store.clone(), 4).run().unwrap();
     let again = job(master(None), store, 4).run().unwrap();
-    assert_eq!(again.report.resumed_from, Some(12));
+    assert_eq!(again.report.resumed_from(), Some(12));
     assert!(again.report.iterations.is_empty());
     assert_eq!(again.result, first.result);
     assert_eq!(again.iterations, 12);
@@ -347,7 +347,7 @@ fn a_job_resumed_from_the_checkpoint_of_its_halt_completes_at_once_halted() {
         assert_eq!((first.iterations, first.report.halted_by), (6, Some(by)));
         assert_eq!(store.checkpoints().last().unwrap().halted, Some(by));
         let again = run(store);
-        assert_eq!(again.report.resumed_from, Some(6), "{by:?}");
+        assert_eq!(again.report.resumed_from(), Some(6), "{by:?}");
         assert!(again.report.iterations.is_empty(), "{by:?}");
         assert_eq!(again.result, first.result, "{by:?}");
         assert_eq!((again.iterations, again.report.halted_by), (6, Some(by)));
@@ -367,7 +367,7 @@ fn on_disk_a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
     let bytes = fs::read(newest).unwrap();
     fs::write(newest, &bytes[..bytes.len() - 3]).unwrap();
     let outcome = job(master(None), store(), 2).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(8));
+    assert_eq!(outcome.report.resumed_from(), Some(8));
     assert_eq!(*outcome.result, fault_free());
 }
 
@@ -393,6 +393,74 @@ fn checkpoints_of_another_job_are_refused_naming_both_jobs() {
     assert!(
         message.contains("someone-else") && message.contains("ckpt"),
         "{message}"
+    );
+}
+
+/// The parameters a program starts its job with.
+#[derive(serde::Serialize)]
+struct Args {
+    seed: u64,
+    rows: usize,
+}
+
+#[test]
+fn a_finished_job_of_other_parameters_is_refused_naming_the_parameter_and_the_directory() {
+    // The stale answer: a directory left by a run with `--seed 7`, finished; the run with
+    // `--seed 8` must not return seed 7's result.
+    let dir = tempfile::tempdir().unwrap();
+    let store = || FsCheckpointStore::new(dir.path(), 3).unwrap();
+    let with = |seed| job(master(None), store(), 4).params(&Args { seed, rows: 100 });
+    let first = with(7).run().unwrap();
+    let resumed = first.report.resumed.clone();
+    assert_eq!(resumed, None);
+    let err = with(8).run().unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, JobError::Checkpoint { .. }), "{message}");
+    assert!(
+        message.contains(&format!(
+            "the newest checkpoint in {} (iteration 12) was written by this job with other parameters: `seed` is 7 there and 8 in this job",
+            dir.path().display()
+        )),
+        "{message}"
+    );
+    // Without parameters, the job is one of other parameters too.
+    let bare = job(master(None), store(), 4).run().unwrap_err().to_string();
+    assert!(
+        bare.contains("`rows` is 100 there and (none) in this job"),
+        "{bare}"
+    );
+    // With seed 7's parameters, the job is seed 7's: it ends at once with its result, and
+    // its report says where it came from.
+    let again = with(7).run().unwrap();
+    assert_eq!(again.result, first.result);
+    let point = again.report.resumed.expect("resumed");
+    assert_eq!(point.iteration, 12);
+    assert!(point.finished);
+    assert_eq!(
+        point.source,
+        format!("the newest checkpoint in {}", dir.path().display())
+    );
+}
+
+#[test]
+fn an_unfinished_job_of_other_parameters_is_refused_and_its_checkpoint_kept() {
+    let store = MemoryCheckpointStore::new();
+    let with = |m, seed| job(m, store.clone(), 3).params(&Args { seed, rows: 10 });
+    // The master fails in iteration 8, after the checkpoint of 6.
+    with(master(Some(8)), 1).run().unwrap_err();
+    let err = with(master(None), 2).run().unwrap_err().to_string();
+    assert!(
+        err.contains("(iteration 6) was written by this job with other parameters: `seed` is 1 there and 2 in this job"),
+        "{err}"
+    );
+    // Nothing was written over: with its own parameters the job goes on from iteration 6.
+    let outcome = with(master(None), 1).run().unwrap();
+    assert_eq!(*outcome.result, fault_free());
+    let point = outcome.report.resumed.expect("resumed");
+    assert_eq!((point.iteration, point.finished), (6, false));
+    assert_eq!(
+        point.source,
+        "the newest checkpoint in memory (a MemoryCheckpointStore)"
     );
 }
 

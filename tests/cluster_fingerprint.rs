@@ -109,6 +109,29 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
 }
 
 #[test]
+fn a_process_started_with_other_parameters_is_refused_naming_the_parameter() {
+    #[derive(serde::Serialize)]
+    struct Args {
+        seed: u64,
+        rate: f64,
+    }
+    let (master, addr) = tcp_master::<u64, u64>(2, "params", |_| {});
+    let m = spawn(summing(5).params(&Args { seed: 7, rate: 0.5 }), master);
+    let one = spawn(
+        summing(5).params(&Args { seed: 8, rate: 0.5 }),
+        worker(1, 2, &addr, "params"),
+    );
+    let one = one.join().unwrap();
+    let err = one.0.as_ref().map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("`params.seed` is 8 there and 7 in the master's"),
+        "{err}"
+    );
+    assert_mismatch("rank 1", one, 1, "params.seed", "7", "8");
+    assert_mismatch("the master", m.join().unwrap(), 1, "params.seed", "7", "8");
+}
+
+#[test]
 fn a_process_that_connects_after_another_failed_the_job_hears_why_at_once() {
     let (master, addr) = tcp_master::<u64, u64>(3, "late", |_| {});
     let m = spawn(summing(5), master);

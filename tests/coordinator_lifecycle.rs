@@ -266,7 +266,7 @@ fn a_job_that_committed_and_is_started_again_ends_at_once_and_runs_no_hook_again
     let again = Heard::default();
     let resumed = committing(&store, &again).run().unwrap();
     assert_eq!(resumed.result, outcome.result);
-    assert_eq!(resumed.report.resumed_from, Some(2));
+    assert_eq!(resumed.report.resumed_from(), Some(2));
     assert!(resumed.report.iterations.is_empty());
     assert_eq!(again.entries(), Vec::<String>::new());
     // Its input since moved or changed (by its commit, say), it still ends with its result.
@@ -279,7 +279,7 @@ fn a_job_that_committed_and_is_started_again_ends_at_once_and_runs_no_hook_again
     // Run again with more iterations, it is another end: it goes on and commits it.
     let more = Heard::default();
     let longer = committing(&store, &more).iterations(3).run().unwrap();
-    assert_eq!(longer.report.resumed_from, Some(2));
+    assert_eq!(longer.report.resumed_from(), Some(2));
     assert_lifecycle(&more.entries(), 3);
     assert!(store.checkpoints().pop().unwrap().committed);
 }
@@ -352,7 +352,7 @@ fn over_tcp_a_master_started_again_after_its_commit_returns_at_once_without_work
         .run()
         .unwrap();
     assert_eq!(*outcome.result, 6);
-    assert_eq!(outcome.report.resumed_from, Some(2));
+    assert_eq!(outcome.report.resumed_from(), Some(2));
     assert_eq!(again.entries(), Vec::<String>::new());
 }
 

@@ -140,7 +140,7 @@ fn a_job_resumed_from_a_checkpoint_starts_from_it_not_from_init() {
         .run()
         .unwrap();
     assert_eq!(inits.load(Ordering::SeqCst), 1, "not called when resuming");
-    assert_eq!(resumed.report.resumed_from, Some(2));
+    assert_eq!(resumed.report.resumed_from(), Some(2));
     assert_eq!(
         *resumed.result,
         1000 + 4 * 3,

@@ -83,6 +83,9 @@ const GANG: [&str; 4] = [
     "gang-kill-master-compute",
 ];
 const GANG_BARRIER: [&str; 2] = ["gang-kill-in-collective", "gang-kill-master-barrier"];
+/// Under `RestartAll`, rank 2's process killed in its compute of iteration 3, launched
+/// without `--restarts`: no new process of it will come.
+const GANG_NO_RESTARTS: &str = "gang-kill-compute-without-restarts";
 /// Under `RestartAll`, a process killed by the test at a random point (`launch_killing`);
 /// every compute takes `SLOW_BY`, so that the job lasts long enough to be hit.
 const RANDOM_KILL: &str = "gang-random";
@@ -109,6 +112,9 @@ static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 /// Every rank makes a collective in iteration 3 and checks its sum; with the killer, rank 2
 /// dies inside it.
 const COLLECTIVE: &str = "collective";
+/// A fault-free job in barrier mode whose every rank makes the collective of iteration 3
+/// (its peers' connections in use): nothing goes wrong, and nothing is said at WARN.
+const QUIET: &str = "quiet-collective";
 const COLLECTIVE_KILLER: &str = "collective-killer";
 /// Where the master's checkpoints go, and the master's pid for a worker to kill it by.
 const CHECKPOINTS: &str = "SUPERSTEP_TEST_CHECKPOINTS";
@@ -420,6 +426,7 @@ fn child_process() {
         "kill-in-collective" if gang && env.restart_count == 0 => Some(COLLECTIVE_KILLER),
         "kill-in-collective" if gang => Some(COLLECTIVE),
         "random" => Some(SLOW),
+        QUIET => Some(COLLECTIVE),
         "die" => Some("die"),
         "freeze" => Some("freeze"),
         _ if env.restart_count > 0 => None,
@@ -432,6 +439,7 @@ fn child_process() {
         KILL_IN_COLLECTIVE => Some(KILL_IN_COLLECTIVE),
         KILL_MASTER_WIPED | KILL_MASTER_WIPED_ONE_HOST => Some(KILL_MASTER_WIPED),
         "kill-compute-then-master-wiped" if env.rank == 2 => Some("kill-compute"),
+        "kill-compute-without-restarts" => Some("kill-compute"),
         "kill-compute-then-master-wiped" => Some(KILL_MASTER_WIPED),
         _ => MASTER_KILLED.iter().copied().find(|&b| b == named),
     };
@@ -448,7 +456,10 @@ fn child_process() {
         .unwrap()
         .failure_policy(policy)
         .barrier_mode(
-            barrier || behaviour == KILL_MASTER_BARRIER || behaviour == KILL_IN_COLLECTIVE,
+            barrier
+                || behaviour == KILL_MASTER_BARRIER
+                || behaviour == KILL_IN_COLLECTIVE
+                || behaviour == QUIET,
         );
     assert_eq!(job.process_rank(), Some(env.rank));
     if matches!(named, KILL_MASTER_WIPED | "kill-compute-then-master-wiped") {
@@ -488,7 +499,7 @@ fn child_process() {
             "\nRESULT {}\nATTEMPT {} RESUMED {:?}",
             bits(&outcome.result),
             outcome.report.attempt,
-            outcome.report.resumed_from
+            outcome.report.resumed_from()
         ),
         Err(error) => {
             println!("\nFAILED {error}");
@@ -513,6 +524,8 @@ fn launch(n: usize, behaviour: &str) -> Output {
 fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) -> Output {
     let restarts = if behaviour == GANG_KILL_COMPUTE_THEN_MASTER_WIPED {
         "2"
+    } else if behaviour == GANG_NO_RESTARTS {
+        "0"
     } else if RECOVERED.contains(&behaviour)
         || MASTER_KILLED.contains(&behaviour)
         || behaviour == KILL_MASTER_AFTER_COMMIT
@@ -615,6 +628,24 @@ fn the_launchers_help_opens_with_what_it_does() {
         Some("Start N local processes of a superstep job binary as one cluster job"),
         "{help}"
     );
+}
+
+#[test]
+fn a_fault_free_job_of_four_processes_logs_no_warning_in_any_process() {
+    // The children log at WARN and above to their standard error, which the launcher
+    // prefixes with the rank: a line there is a warning of some process.
+    let expected = bits(&job(&data(), 4, None).run().unwrap().result);
+    for (run, behaviour) in ["normal", QUIET, "normal", QUIET, QUIET].iter().enumerate() {
+        let (_, stderr) = launched_to(&expected, 4, behaviour);
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(
+            warnings.is_empty(),
+            "run {run} ({behaviour}): {warnings:#?}"
+        );
+    }
 }
 
 #[test]
@@ -852,6 +883,32 @@ fn under_restart_all_every_worker_process_restarts_from_the_checkpoint_and_the_j
             "{behaviour}: a live worker process says its worker is replaced: {stderr}"
         );
     }
+}
+
+#[test]
+fn under_restart_all_a_process_lost_with_no_restarts_left_fails_the_job_at_once_naming_restarts() {
+    // Without the launcher's word, the master waited 30 minutes (the start-up timeout) for
+    // a new process of rank 2 that nothing would start.
+    let started = Instant::now();
+    let out = launch(3, GANG_NO_RESTARTS);
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let failed = line_of(&stdout, "[0] FAILED ").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        failed.starts_with("worker 2 was lost")
+            && failed.contains("no new process of it will come: its launcher has no restarts left")
+            && failed.contains("--restarts"),
+        "{failed}"
+    );
+    // The launcher says so too.
+    assert!(
+        stderr.contains("superstep-launch: rank 2 exited with signal")
+            && stderr.contains("it is not started again: no restarts left (--restarts 0)"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
 #[test]

@@ -55,7 +55,7 @@ fn fails_then_resumes(open: impl Fn() -> ObjectCheckpointStore) {
     let iterations: Vec<_> = objects.iter().map(|o| o.0).collect();
     assert_eq!(iterations, vec![2, 4], "{objects:?}");
     let outcome = job(open(), false).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert_eq!(outcome.report.resumed_from(), Some(4));
     assert_eq!(*outcome.result, expected);
     // Kept: the newest 2 (of 2, 4, 6, 8).
     let kept: Vec<_> = open().objects().unwrap().iter().map(|o| o.0).collect();

@@ -162,7 +162,9 @@ fn a_failing_schedule_shrinks_to_the_one_fault_that_matters_and_its_replay_finds
         .unwrap_or_else(|| panic!("no replay line in {message}"))
         .trim();
     assert!(
-        line.starts_with("SUPERSTEP_SIM_SEED=0 cargo test -p superstep --test sim_properties "),
+        line.starts_with("SUPERSTEP_SIM_SEED=0 cargo test -p superstep ")
+            && line.contains(" --test sim_properties ")
+            && line.contains(",proptest"),
         "{line}"
     );
     assert!(line.ends_with(" -- --exact"), "{line}");

@@ -318,9 +318,14 @@ fn a_failing_seed_is_reported_with_the_command_that_replays_it() {
         message.contains("seed 3 failed: seed three is rejected"),
         "{message}"
     );
-    assert!(
-        message.contains("SUPERSTEP_SIM_SEED=3 cargo test -p superstep --test simulation a_failing_seed_is_reported_with_the_command_that_replays_it -- --exact\n"),
-        "{message}"
+    let line = message
+        .lines()
+        .find(|l| l.contains("SUPERSTEP_SIM_SEED=3 cargo test"))
+        .unwrap_or_else(|| panic!("{message}"));
+    assert_replays(
+        line.trim(),
+        "SUPERSTEP_SIM_SEED=3",
+        "--test simulation a_failing_seed_is_reported_with_the_command_that_replays_it -- --exact",
     );
 }
 
@@ -412,11 +417,12 @@ fn try_check_returns_the_failing_seed_with_the_line_that_replays_it() {
     let run = failure.run().expect("a run failed");
     assert_eq!(run.seed, 4);
     assert_eq!(run.failure, "seed 4 is unlucky");
-    // The line runs as it is: this package, this test target, this test, exactly.
-    assert_eq!(
-        run.replay,
-        "SUPERSTEP_SIM_SEED=4 cargo test -p superstep --test simulation \
-         try_check_returns_the_failing_seed_with_the_line_that_replays_it -- --exact"
+    // The line runs as it is: this package, its profile and features, this test target,
+    // this test, exactly.
+    assert_replays(
+        &run.replay,
+        "SUPERSTEP_SIM_SEED=4",
+        "--test simulation try_check_returns_the_failing_seed_with_the_line_that_replays_it -- --exact",
     );
     // On a line of its own, so that a harness's period after the message is not on it.
     let text = failure.to_string();
@@ -1310,4 +1316,28 @@ fn a_partition_holds_a_collectives_pieces_until_it_heals_or_loses_the_peer_past_
         "{:?}",
         long.stats
     );
+}
+
+/// Asserts that `line` is the command that replays seed `seed` (`SUPERSTEP_SIM_SEED=…`) of
+/// this package as this test ran — its profile (`--release` when built so) and the features
+/// this target needs — and ends with `target`.
+fn assert_replays(line: &str, seed: &str, target: &str) {
+    let (command, rest) = line
+        .split_once(" --features ")
+        .unwrap_or_else(|| panic!("no features: {line}"));
+    let exe = std::env::current_exe().unwrap();
+    let release = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .and_then(|d| d.file_name())
+        == Some(std::ffi::OsStr::new("release"));
+    let profile = if release { " --release" } else { "" };
+    assert_eq!(
+        command,
+        format!("{seed} cargo test -p superstep{profile}"),
+        "{line}"
+    );
+    let (features, tail) = rest.split_once(' ').unwrap();
+    assert!(features.split(',').any(|f| f == "sim"), "{line}");
+    assert_eq!(tail, target, "{line}");
 }

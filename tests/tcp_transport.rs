@@ -822,7 +822,7 @@ fn a_rank_lost_with_no_launcher_is_said_at_warn_at_once_and_while_the_master_wai
         job,
         "WARN",
         "rank 2 lost; waiting up to",
-        "for a new process of rank 2 (started by your launcher or scheduler)",
+        "for a new process of rank 2, which only a launcher or scheduler starts",
     ]);
     assert!(
         said.len() >= 2,
@@ -901,7 +901,7 @@ fn a_master_started_again_after_its_job_ended_ends_at_once_with_the_final_result
     let started = std::time::Instant::now();
     let outcome = job(&store).transport(master).run().unwrap();
     assert_eq!(outcome.result, ended.result);
-    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert_eq!(outcome.report.resumed_from(), Some(4));
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "it waited {:?} for workers",

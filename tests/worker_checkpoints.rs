@@ -195,7 +195,7 @@ fn a_job_started_again_resumes_its_workers_from_the_newest_checkpoint() {
     );
     // Started again, it goes on from iteration 5 with what each worker saved in 4.
     let outcome = running(None, true).checkpoint(store, 2).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert_eq!(outcome.report.resumed_from(), Some(4));
     assert_eq!(*outcome.result, want);
 }
 
@@ -210,7 +210,7 @@ fn a_job_run_again_with_more_iterations_goes_on_from_its_last_with_every_workers
         .unwrap();
     assert_eq!(first.report.checkpoints, [3, 4]);
     let outcome = running(None, true).checkpoint(store, 3).run().unwrap();
-    assert_eq!(outcome.report.resumed_from, Some(4));
+    assert_eq!(outcome.report.resumed_from(), Some(4));
     assert_eq!(*outcome.result, want);
 }
 

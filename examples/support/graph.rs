@@ -144,8 +144,9 @@ impl Adjacency {
     }
 }
 
-/// The flags of the graph examples.
-#[derive(clap::Args, Debug)]
+/// The flags of the graph examples; all but the worker count are the job's parameters
+/// (`JobBuilder::params`): a checkpoint of another graph is another job's.
+#[derive(clap::Args, Debug, serde::Serialize)]
 pub struct GraphArgs {
     /// Vertices of the generated graph.
     #[arg(long, default_value_t = 1_000_000)]
@@ -155,6 +156,7 @@ pub struct GraphArgs {
     pub edges: usize,
     /// Workers, in memory (default: one per core; in a cluster job, one per process).
     #[arg(long)]
+    #[serde(skip)]
     pub workers: Option<usize>,
     /// Seed of the generated graph.
     #[arg(long, default_value_t = 7)]
@@ -200,6 +202,7 @@ where
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let builder = make(Arc::clone(&graph))
         .job_id(name)
+        .params(args)
         .workers(args.workers.unwrap_or(cores))
         .cluster_from_env()
         .map_err(|e| failed(e.to_string()))?;

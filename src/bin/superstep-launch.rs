@@ -5,8 +5,12 @@
 //! ```
 //!
 //! Each process gets `SUPERSTEP_RANK` (0..N), `SUPERSTEP_WORLD_SIZE` (N),
-//! `SUPERSTEP_MASTER_ADDR` (127.0.0.1 and a free port), `SUPERSTEP_JOB_ID` and a fresh
-//! `SUPERSTEP_SECRET`; rank 0 runs the master. Every line a process prints is prefixed with
+//! `SUPERSTEP_MASTER_ADDR` (127.0.0.1 and a free port), a fresh `SUPERSTEP_SECRET`, this
+//! launch's own `SUPERSTEP_RUN_ID` (a process of another launch is refused), how many
+//! restarts are left (`SUPERSTEP_RESTARTS_LEFT`: with none, a job that would wait for a
+//! new process of a dead one fails at once instead, naming `--restarts`), and
+//! `SUPERSTEP_JOB_ID` only if `--job-id` is given (the program's own name for its job
+//! counts otherwise); rank 0 runs the master. Every line a process prints is prefixed with
 //! its rank. The processes run in a process group of their own: Ctrl-C (or SIGTERM, SIGHUP)
 //! at the launcher is forwarded to every process as SIGINT, once; a second one kills them.
 //! The launcher exits with the master's (rank 0's) exit code — 128 + the signal if it died
@@ -48,9 +52,10 @@ struct Args {
     /// The master's port on 127.0.0.1 (default: a free one).
     #[arg(long)]
     port: Option<u16>,
-    /// The job id.
-    #[arg(long, default_value = "superstep")]
-    job_id: String,
+    /// The job id (SUPERSTEP_JOB_ID), for a program that does not name its job; one that
+    /// does must name it the same.
+    #[arg(long)]
+    job_id: Option<String>,
     /// How many times in all a dead process is started again (the master's included,
     /// which resumes from its newest checkpoint).
     #[arg(long, default_value_t = 0)]
@@ -133,25 +138,31 @@ fn main() -> ExitCode {
         eprintln!("superstep-launch: --reconnect-secs must be 0 or more");
         return ExitCode::from(2);
     }
+    // This launch's id (what keeps a process of another launch out), and its secret.
+    let run_id = format!("superstep-launch-{}", &secret()[..12]);
     let secret = secret();
     let (program, program_args) = args.command.split_first().expect("clap requires a command");
     // Workers wait for a master started again only when one may be.
     let reconnect = (args.restarts > 0
         && std::env::var_os("SUPERSTEP_RECONNECT_TIMEOUT").is_none())
     .then(|| args.reconnect_secs.to_string());
-    let start = |rank: usize, restart_count: u32| {
+    let start = |rank: usize, restart_count: u32, restarts_left: u32| {
         let mut command = Command::new(program);
         if let Some(secs) = &reconnect {
             command.env("SUPERSTEP_RECONNECT_TIMEOUT", secs);
+        }
+        if let Some(job_id) = &args.job_id {
+            command.env("SUPERSTEP_JOB_ID", job_id);
         }
         let mut child = command
             .args(program_args)
             .env("SUPERSTEP_RANK", rank.to_string())
             .env("SUPERSTEP_WORLD_SIZE", args.nproc.to_string())
             .env("SUPERSTEP_MASTER_ADDR", format!("127.0.0.1:{port}"))
-            .env("SUPERSTEP_JOB_ID", &args.job_id)
+            .env("SUPERSTEP_RUN_ID", &run_id)
             .env("SUPERSTEP_SECRET", &secret)
             .env("SUPERSTEP_RESTART_COUNT", restart_count.to_string())
+            .env("SUPERSTEP_RESTARTS_LEFT", restarts_left.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Their own group: a terminal's Ctrl-C reaches the launcher alone, which
@@ -167,7 +178,7 @@ fn main() -> ExitCode {
     let mut children = Vec::new();
     let mut pipes = Vec::new();
     for rank in 0..args.nproc {
-        match start(rank, 0) {
+        match start(rank, 0, args.restarts) {
             Ok((child, forwarding)) => {
                 pipes.extend(forwarding);
                 children.push(child);
@@ -206,7 +217,9 @@ fn main() -> ExitCode {
     let mut restart_counts = vec![0u32; args.nproc];
     let mut ended = vec![false; args.nproc];
     let master = 'wait: loop {
-        for rank in 0..args.nproc {
+        // The master last: a worker's death seen in the same pass is said before the
+        // master's end (which that death may have caused) ends the wait.
+        for rank in (0..args.nproc).rev() {
             if ended[rank] {
                 continue;
             }
@@ -224,17 +237,21 @@ fn main() -> ExitCode {
             // A master that exited on its own ended its job (a failed job's workers were
             // told): only one that died — killed by a signal — is started again.
             let master_exited = rank == 0 && status.signal().is_none();
-            if status.success()
-                || master_exited
-                || restarts_left == 0
-                || interrupts.load(Ordering::SeqCst) > 0
-            {
+            let interrupted = interrupts.load(Ordering::SeqCst) > 0;
+            if !(status.success() || master_exited || interrupted) && restarts_left == 0 {
+                // The job hears it too (SUPERSTEP_RESTARTS_LEFT): it waits for no new process.
+                eprintln!(
+                    "superstep-launch: rank {rank} exited with {status}; it is not started again: no restarts left (--restarts {})",
+                    args.restarts
+                );
+            }
+            if status.success() || master_exited || restarts_left == 0 || interrupted {
                 if rank == 0 {
                     break 'wait Ok(status);
                 }
                 continue;
             }
-            match start(rank, restart_counts[rank] + 1) {
+            match start(rank, restart_counts[rank] + 1, restarts_left - 1) {
                 Ok((child, forwarding)) => {
                     restarts_left -= 1;
                     restart_counts[rank] += 1;

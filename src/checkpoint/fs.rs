@@ -94,6 +94,10 @@ impl FsCheckpointStore {
 }
 
 impl CheckpointStore for FsCheckpointStore {
+    fn location(&self) -> String {
+        self.dir.display().to_string()
+    }
+
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = encode(checkpoint)?;
         let target = self.path_of(checkpoint.iteration);

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::params::JobParams;
 use crate::protocol::HaltedBy;
 
 use crate::ids::{Attempt, Iteration};
@@ -87,15 +88,29 @@ pub struct JobShape {
     /// (`rows 0..n`, files with their count, bytes and a checksum of their names, or
     /// `none`).
     pub input: String,
+    /// The job's own parameters ([`JobBuilder::params`](crate::JobBuilder::params)); `None`
+    /// in a checkpoint written before checkpoints recorded them. Unlike the world size
+    /// and the input, they are never re-sharded: a checkpoint of other parameters is
+    /// another job's.
+    #[serde(default)]
+    pub params: Option<JobParams>,
 }
 
 impl JobShape {
-    /// The shape of a job of `workers` workers over `input`.
+    /// The shape of a job of `workers` workers over `input`, with no parameters of its
+    /// own.
     pub fn new(workers: usize, input: Option<&crate::coordinator::Input>) -> Self {
         JobShape {
             workers,
             input: input.map_or_else(|| "none".to_string(), crate::coordinator::Input::describe),
+            params: Some(JobParams::default()),
         }
+    }
+
+    /// This shape, of a job given `params`.
+    pub fn with_params(mut self, params: JobParams) -> Self {
+        self.params = Some(params);
+        self
     }
 }
 
@@ -202,6 +217,12 @@ pub trait CheckpointStore: Send + 'static {
     fn outlives_host(&self) -> bool {
         false
     }
+
+    /// Where it keeps its checkpoints, as the job's messages name it: a directory, a URL.
+    /// The default names the store's type.
+    fn location(&self) -> String {
+        format!("a store of type {}", std::any::type_name::<Self>())
+    }
 }
 
 /// Checkpoints in memory, shared by its clones: a test can hand one clone to a job and
@@ -238,6 +259,10 @@ impl MemoryCheckpointStore {
 }
 
 impl CheckpointStore for MemoryCheckpointStore {
+    fn location(&self) -> String {
+        "memory (a MemoryCheckpointStore)".into()
+    }
+
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let mut saved = self.lock();
         // A checkpoint of the same iteration replaces the one there, as a file of the same

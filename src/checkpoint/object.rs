@@ -242,6 +242,10 @@ impl CheckpointStore for ObjectCheckpointStore {
         self.outlives_host
     }
 
+    fn location(&self) -> String {
+        self.name.clone()
+    }
+
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = encode(checkpoint)?;
         let location = self.location_of(checkpoint.iteration);

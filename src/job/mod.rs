@@ -14,6 +14,7 @@ use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
 use crate::ids::{Aggregation, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::params::JobParams;
 use crate::payload::{Element, Floats, Payload};
 use crate::protocol::{Combining, JobOutcome};
 use crate::runtime::{
@@ -62,6 +63,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             workers_set: false,
             rank: None,
             messages: None,
+            params: Ok(JobParams::default()),
         }
     }
 
@@ -80,7 +82,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
         let plan = &self.plan;
         runtime::fingerprint::<M, W>(
             &plan.config,
-            &crate::checkpoint::JobShape::new(plan.config.workers, plan.input.as_ref()),
+            &plan.shape(),
             runtime::combining(plan.combine.as_ref()),
             plan.messages,
         )
@@ -146,6 +148,8 @@ pub struct JobBuilder<M, W> {
     rank: Option<Rank>,
     /// The job's message type, when it has messages (`messages`).
     pub(crate) messages: Option<&'static str>,
+    /// The program's own parameters (`params`), or why they have no form.
+    pub(crate) params: Result<JobParams, ConfigError>,
 }
 
 impl<M: Payload, W: Payload> JobBuilder<M, W> {
@@ -173,6 +177,48 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// The job's id, for logs and spans. Default `"superstep"`.
     pub fn job_id(mut self, job_id: impl Into<String>) -> Self {
         self.config.job_id = job_id.into();
+        self
+    }
+
+    /// The program's own parameters of the job — a generated data set's seed and size, a
+    /// learning rate, a list of files: whatever the program was started with that makes
+    /// this run another job than one with other values. Any serde value; a struct's
+    /// fields are named ([`JobParams`]). Default: none.
+    ///
+    /// They are part of what the job is. Every process of the job must have the same
+    /// ones: over TCP a process with others is refused at its handshake, naming the
+    /// parameter and both values (its [`fingerprint`](Job::fingerprint) holds them as
+    /// `params.<field>`). Every checkpoint records them, and the job never resumes from a
+    /// checkpoint of other parameters: it fails at its start naming the parameter, both
+    /// values and where the checkpoint is, rather than answer with another job's result.
+    ///
+    /// ```
+    /// # use superstep::prelude::*;
+    /// use superstep::checkpoint::MemoryCheckpointStore;
+    /// # struct Sum; impl MasterComputable for Sum { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, c: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
+    /// #     Ok(Step::Continue(c.worker_results().iter().sum())) } }
+    /// # struct Seeded(u64); impl WorkerComputable for Seeded { type MasterResult = u64; type WorkerResult = u64;
+    /// #   fn compute(&mut self, _: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> { Ok(self.0) } }
+    /// #[derive(serde::Serialize)]
+    /// struct Args { seed: u64 }
+    ///
+    /// let store = MemoryCheckpointStore::new();
+    /// let job = |seed: u64| {
+    ///     Job::builder(Sum, move |_| Seeded(seed))
+    ///         .workers(2)
+    ///         .iterations(3)
+    ///         .params(&Args { seed })
+    ///         .checkpoint(store.clone(), 1)
+    /// };
+    /// assert_eq!(*job(7).run()?.result, 14);
+    /// // The store holds seed 7's job, finished: seed 8's is refused, not answered with 14.
+    /// let refused = job(8).run().unwrap_err().to_string();
+    /// assert!(refused.contains("`seed` is 7 there and 8 in this job"), "{refused}");
+    /// # Ok::<(), superstep::JobError>(())
+    /// ```
+    pub fn params(mut self, params: &impl Serialize) -> Self {
+        self.params = JobParams::of(params);
         self
     }
 
@@ -475,7 +521,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// let first = job(7).run()?; // saves after iterations 3 and 6, and the last, 7
     /// assert_eq!(first.report.checkpoints, vec![3, 6, 7]);
     /// let resumed = job(10).run()?; // runs 8..=10 from the checkpoint of 7
-    /// assert_eq!(resumed.report.resumed_from, Some(7));
+    /// assert_eq!(resumed.report.resumed_from(), Some(7));
     /// assert_eq!(*resumed.result, 20);
     /// # Ok::<(), superstep::JobError>(())
     /// ```
@@ -603,11 +649,12 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 return Err(ConfigError::new(
                     "job_id",
                     &self.config.job_id,
-                    &format!("must be the transport's job id `{id}` (from SUPERSTEP_JOB_ID, SLURM_JOB_ID or TcpSettings::job_id), or left unset to take it"),
+                    &format!("must be the transport's job id `{id}` (from SUPERSTEP_JOB_ID or TcpSettings::job_id; a scheduler's id, such as SLURM_JOB_ID, is the run id and never conflicts), or left unset to take it"),
                 ));
             }
         }
         self.config.validate()?;
+        let params = self.params?;
         check_messages(self.messages, &self.config)?;
         if let Some(c) = &self.checkpoint {
             check_checkpoint_every(c.every)?;
@@ -626,6 +673,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 input: self.input,
                 cancel: self.cancel,
                 messages: self.messages,
+                params,
                 transport: self
                     .transport
                     .unwrap_or_else(|| Box::new(MemoryTransport::new())),

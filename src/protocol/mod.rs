@@ -54,6 +54,7 @@ pub(crate) use recovery::{restarts_all, start_attempt};
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use report::{
     DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, MailCount, Recovered,
+    ResumedFrom,
 };
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};

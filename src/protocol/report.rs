@@ -119,9 +119,9 @@ pub struct JobReport {
     pub halted_by: Option<HaltedBy>,
     /// Messages the barrier dropped (stale, duplicate, from an unknown rank).
     pub drops: Drops,
-    /// The checkpoint's iteration the job resumed from, if it did: the first iteration
-    /// it ran is the one after.
-    pub resumed_from: Option<Iteration>,
+    /// The checkpoint the job resumed from, if it did: its iteration (the first the job
+    /// ran is the one after), where it was, and whether the job had finished there.
+    pub resumed: Option<ResumedFrom>,
     /// The iterations whose checkpoints were saved in this run.
     pub checkpoints: Vec<Iteration>,
     /// The worker failures the job recovered from under its failure policy
@@ -161,6 +161,26 @@ impl JobReport {
     pub fn iterating(&self) -> Duration {
         self.totals.elapsed.sum
     }
+
+    /// The iteration of the checkpoint the job resumed from, if it did
+    /// ([`resumed`](Self::resumed)).
+    pub fn resumed_from(&self) -> Option<Iteration> {
+        self.resumed.as_ref().map(|r| r.iteration)
+    }
+}
+
+/// The checkpoint a job resumed from ([`JobReport::resumed`]), as its master's log says
+/// at INFO when it resumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumedFrom {
+    /// The checkpoint's iteration: the job went on with the one after.
+    pub iteration: Iteration,
+    /// Where it was: `the newest checkpoint in <directory or URL>`, or `rank <r>'s copy
+    /// of the checkpoint of iteration <i>`.
+    pub source: String,
+    /// Whether the job had finished there (the checkpoint covers its iteration count, or
+    /// halted it): the job then ran nothing and returned the checkpoint's result.
+    pub finished: bool,
 }
 
 /// What a completed job returns.

@@ -275,6 +275,9 @@ impl CoordinatorSlot {
     /// there (and `on_error` when that fails). Called inside the job's system.
     pub(crate) async fn start(&self, coordination: Coordination) -> Result<(), JobError> {
         let arbiter = Arbiter::new();
+        // It logs where the job's thread does.
+        let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
+        arbiter.spawn_fn(move || crate::log::adopt(&dispatch));
         let addr = CoordinatorActor::start_in_arbiter(&arbiter.handle(), move |_| {
             CoordinatorActor(coordination)
         });

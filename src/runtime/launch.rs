@@ -68,6 +68,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         input,
         cancel,
         messages,
+        params,
     } = plan;
     // The settings every worker's node of this process runs by: the master's node's, as a
     // worker needs them.
@@ -75,7 +76,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let config = Arc::new(config);
     let job_id: Arc<str> = Arc::from(config.job_id.as_str());
     // The input described once (a file input's description reads each file's size).
-    let shape = JobShape::new(config.workers, input.as_ref());
+    let shape = JobShape::new(config.workers, input.as_ref()).with_params(params);
     let topology = transport.prepare(&LinkSpec {
         job_id: config.job_id.clone(),
         workers: config.workers,

@@ -14,8 +14,8 @@ use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
-    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Replica, Resumed, Save,
-    Tally, WorkerSave,
+    Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Replica, Resumed,
+    ResumedFrom, Save, Tally, WorkerSave,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -33,6 +33,8 @@ pub(crate) struct MasterTask<M, W> {
     restore: Option<Vec<u8>>,
     /// Whether the checkpoint resumed from halted the job.
     resumed_halt: Option<HaltedBy>,
+    /// The checkpoint resumed from, as the job's report says it.
+    resumed_point: Option<ResumedFrom>,
     /// What each worker saved in the checkpoint resumed from, by rank.
     resumed_workers: Vec<Option<Arc<WorkerSave>>>,
     /// Whether to keep the computable's state as it starts (`initial`), to start over
@@ -52,10 +54,10 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         resume: Option<Resume<M>>,
         attempt: Attempt,
     ) -> Self {
-        let (restore, resumed_halt, resumed_workers) =
+        let (restore, resumed_halt, resumed_workers, resumed_point) =
             match resume.map(|r| r.into_context(&mut ctx)) {
-                Some(r) => (Some(r.state), r.halted, r.workers),
-                None => (None, None, Vec::new()),
+                Some(r) => (Some(r.state), r.halted, r.workers, Some(r.point)),
+                None => (None, None, Vec::new(), None),
             };
         MasterTask {
             computable,
@@ -67,6 +69,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             restore,
             resumed_halt,
             resumed_workers,
+            resumed_point,
             keep_initial: false,
             initial: None,
             attempt,
@@ -150,7 +153,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let ctx = &self.ctx;
         let mut fresh = MasterContext::new(ctx.workers, Arc::clone(&ctx.job_id), ctx.iterations);
         fresh.end = ctx.end.clone();
-        let (from, state, workers) = match resumed {
+        let (from, state, workers, point) = match resumed {
             Some(resume) => {
                 let iteration = resume.iteration;
                 let restored = resume.into_context(&mut fresh);
@@ -158,9 +161,15 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     Some((iteration, restored.halted)),
                     restored.state,
                     restored.workers,
+                    Some(restored.point),
                 )
             }
-            None => (None, self.initial.clone().unwrap_or_default(), Vec::new()),
+            None => (
+                None,
+                self.initial.clone().unwrap_or_default(),
+                Vec::new(),
+                None,
+            ),
         };
         // The old context's results go under a guard: their `Drop` is user code.
         let old = std::mem::replace(&mut self.ctx, fresh);
@@ -172,6 +181,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
         Ok(Resumed {
             from,
+            point,
             last: self.ctx.last.clone(),
             workers,
         })
@@ -255,6 +265,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 .restore
                 .is_some()
                 .then_some((self.ctx.iteration, self.resumed_halt)),
+            point: self.resumed_point.clone(),
             last: self.ctx.last.clone(),
             workers: self.resumed_workers.clone(),
         }

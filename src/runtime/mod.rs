@@ -44,10 +44,11 @@ use crate::error::{Cause, ErrorSource, JobError};
 use crate::events::Events;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::params::JobParams;
 use crate::payload::Payload;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{Combining, HaltedBy, NodeConfig, WorkerSave, Workers};
+use crate::protocol::{Combining, HaltedBy, NodeConfig, ResumedFrom, WorkerSave, Workers};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 
@@ -96,9 +97,17 @@ pub(crate) struct Plan<M, W> {
     pub(crate) cancel: Option<Cancel>,
     /// The job's message type, when it has messages (`JobBuilder::messages`).
     pub(crate) messages: Option<&'static str>,
+    /// The program's own parameters (`JobBuilder::params`).
+    pub(crate) params: JobParams,
 }
 
 impl<M: Payload, W: Payload> Plan<M, W> {
+    /// What the job is as its checkpoints record it: its world size, input and
+    /// parameters (a file input's description reads each file's size).
+    pub(crate) fn shape(&self) -> JobShape {
+        JobShape::new(self.config.workers, self.input.as_ref()).with_params(self.params.clone())
+    }
+
     /// The settings the job's master's node runs by, its aggregation settled for its
     /// transport and its way of combining.
     pub(crate) fn node_config(&self) -> Result<NodeConfig, crate::error::ConfigError> {
@@ -146,6 +155,8 @@ pub(crate) struct Resume<M> {
     /// iterations (or halted it) and its commit was recorded. The job then ends at once
     /// with its result, and its coordinator does not run again.
     pub(crate) committed_end: bool,
+    /// What the job's report says of it.
+    pub(crate) point: ResumedFrom,
 }
 
 /// What a checkpoint gives the master's code beyond its context: the master computable's
@@ -154,6 +165,7 @@ pub(crate) struct Restored {
     pub(crate) state: Vec<u8>,
     pub(crate) halted: Option<HaltedBy>,
     pub(crate) workers: Vec<Option<Arc<WorkerSave>>>,
+    pub(crate) point: ResumedFrom,
 }
 
 impl<M> Resume<M> {
@@ -165,6 +177,7 @@ impl<M> Resume<M> {
             state: self.state,
             halted: self.halted,
             workers: self.workers.into_iter().map(|w| w.map(Arc::new)).collect(),
+            point: self.point,
         }
     }
 }
@@ -241,7 +254,7 @@ impl Resuming {
     /// Refuses a checkpoint of another shape than this job's, naming both — unless the
     /// job re-shards and the checkpoint holds no worker's state: then returns `true`, and
     /// each worker starts from its `init` on its new shard.
-    fn check(&self, c: &Checkpoint) -> Result<bool, JobError> {
+    fn check(&self, c: &Checkpoint, what: &str) -> Result<bool, JobError> {
         let (iteration, here) = (c.iteration, &self.shape);
         // A checkpoint from before checkpoints recorded their shape knows its world size
         // from the states it holds, if any.
@@ -270,11 +283,11 @@ impl Resuming {
         let holds_states = c.workers.iter().flatten().any(|save| !save.is_empty());
         let message = if !self.reshard {
             format!(
-                "the checkpoint of iteration {iteration} is of another shape: {differs}. Resume it with the job's old shape, set `reshard_on_resume` to go on re-sharded (each worker starting from its `init` on its new shard), or start afresh with another checkpoint directory"
+                "{what} (iteration {iteration}) is of another shape: {differs}. Resume it with the job's old shape, set `reshard_on_resume` to go on re-sharded (each worker starting from its `init` on its new shard), or start afresh with a checkpoint store of its own (another directory or URL)"
             )
         } else if holds_states {
             format!(
-                "the checkpoint of iteration {iteration} is of another shape ({differs}) and holds its workers' states, which belong to the old shards and cannot be re-sharded: resume it with the job's old shape, or start afresh with another checkpoint directory"
+                "{what} (iteration {iteration}) is of another shape ({differs}) and holds its workers' states, which belong to the old shards and cannot be re-sharded: resume it with the job's old shape, or start afresh with a checkpoint store of its own (another directory or URL)"
             )
         } else {
             tracing::warn!(
@@ -300,7 +313,8 @@ pub(crate) fn resume<M: Payload>(
     else {
         return Ok(None);
     };
-    resume_from(loaded.checkpoint, "the newest checkpoint", resuming).map(Some)
+    let what = format!("the newest checkpoint in {}", store.location());
+    resume_from(loaded.checkpoint, &what, resuming).map(Some)
 }
 
 /// How a checkpoint fits the job that would resume from it ([`fit`]).
@@ -320,16 +334,29 @@ pub(crate) fn fit(c: &Checkpoint, what: &str, resuming: &Resuming) -> Result<Fit
     if c.job_id != job_id {
         return Err(JobError::checkpoint(
             format!(
-                "{what} (iteration {}) belongs to job {:?}, not to this job {job_id:?}",
-                c.iteration, c.job_id
+                "{what} (iteration {}) belongs to job {:?}, not to this job {job_id:?}: give this job a checkpoint store of its own (another directory or URL), or run it as {:?} to resume it",
+                c.iteration, c.job_id, c.job_id
             ),
             None,
         ));
     }
+    // Another job's parameters make another job, finished or not, whatever its shape.
+    let theirs = c.shape.as_ref().and_then(|s| s.params.as_ref());
+    if let (Some(theirs), Some(ours)) = (theirs, resuming.shape.params.as_ref()) {
+        if let Some((field, there, here)) = theirs.first_difference(ours) {
+            return Err(JobError::checkpoint(
+                format!(
+                    "{what} (iteration {}) was written by this job with other parameters: `{field}` is {there} there and {here} in this job. Run it with the checkpoint's parameters to resume it, or give it a checkpoint store of its own (another directory or URL) to run afresh",
+                    c.iteration
+                ),
+                None,
+            ));
+        }
+    }
     // A job that finished and committed ends with its result whatever its input is now
     // (its commit may have moved it): only a checkpoint it goes on from must fit its shape.
     let committed_end = c.committed && (c.iteration >= resuming.iterations || c.halted.is_some());
-    let resharded = !committed_end && resuming.check(c)?;
+    let resharded = !committed_end && resuming.check(c, what)?;
     Ok(Fit {
         committed_end,
         resharded,
@@ -357,11 +384,28 @@ pub(crate) fn resume_from<M: Payload>(
         );
         JobError::checkpoint(message, Some(ErrorSource::new(e)))
     })?;
-    tracing::info!(
-        job = &*resuming.job_id,
-        iteration = c.iteration,
-        "resuming from {what}"
-    );
+    let finished = c.halted.is_some() || c.iteration >= resuming.iterations;
+    if finished {
+        tracing::info!(
+            job = &*resuming.job_id,
+            iteration = c.iteration,
+            "the job finished at iteration {} ({what}); returning its result",
+            c.iteration
+        );
+    } else {
+        tracing::info!(
+            job = &*resuming.job_id,
+            iteration = c.iteration,
+            "resuming from {what}, of iteration {}: the job goes on with iteration {}",
+            c.iteration,
+            c.iteration + 1
+        );
+    }
+    let point = ResumedFrom {
+        iteration: c.iteration,
+        source: what.to_string(),
+        finished,
+    };
     Ok(Resume {
         iteration: c.iteration,
         attempt: c.attempt,
@@ -370,6 +414,7 @@ pub(crate) fn resume_from<M: Payload>(
         halted: c.halted,
         workers: c.workers,
         committed_end,
+        point,
     })
 }
 
@@ -405,6 +450,7 @@ pub(crate) fn fingerprint<M, W>(
         .with("master result type", std::any::type_name::<M>())
         .with("worker result type", std::any::type_name::<W>())
         .with("message type", messages.unwrap_or("none"))
+        .with_params(shape.params.as_ref())
 }
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).
@@ -454,9 +500,16 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     let (tx, rx) = std::sync::mpsc::channel();
     // The job's span, a child of the caller's: every span of the job's work is under it.
     let span = tracing::info_span!("job", job = %config.job_id, workers = config.workers);
+    // The job's threads log where the caller does, or to standard error if nothing would
+    // hear them (`crate::log`); each thread it starts takes this one's.
+    let dispatch = crate::log::for_job();
+    tracing::dispatcher::with_default(&dispatch, || {
+        warn_of_unread_variables(|var| std::env::var_os(var).is_some())
+    });
     let thread = std::thread::Builder::new()
         .name(crate::config::thread_prefix(&config.job_id))
         .spawn(move || {
+            crate::log::adopt(&dispatch);
             let _job = span.entered();
             let exits = PoolExits::default();
             let (shutdown, grace) = (job_config.shutdown_timeout, job_config.failure_grace);
@@ -525,6 +578,48 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     }
 }
 
+/// Warns, once in a process, of each of superstep's variables that is set (`is_set`) but
+/// that nothing in this process read: the program never made the call that reads it,
+/// so it has no effect. Says which call would.
+fn warn_of_unread_variables(is_set: impl Fn(&str) -> bool) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        for (var, call) in unread_variables(is_set) {
+            tracing::warn!(
+                variable = var,
+                "{var} is set, but this program never called {call}, which reads it: it has no effect"
+            );
+        }
+    });
+}
+
+/// Each of superstep's variables set (`is_set`) that nothing read, with the call that reads
+/// it.
+fn unread_variables(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut unread = Vec::new();
+    if !crate::config::JOB_VARS_READ.load(Relaxed) {
+        let call = "JobBuilder::settings_from_env (or JobConfig::with_env)";
+        unread.extend(
+            crate::config::JOB_VARS
+                .into_iter()
+                .filter(|v| is_set(v))
+                .map(|v| (v, call)),
+        );
+    }
+    #[cfg(feature = "tcp")]
+    if !crate::transport::tcp::env::CLUSTER_VARS_READ.load(Relaxed) {
+        let call = "JobBuilder::cluster_from_env (or ClusterEnv::from_env)";
+        unread.extend(
+            crate::transport::tcp::env::CLUSTER_VARS
+                .into_iter()
+                .filter(|v| is_set(v))
+                .map(|v| (v, call)),
+        );
+    }
+    unread
+}
+
 /// Stops the coordinator's actor, and waits for its thread, when dropped.
 struct Closing(CoordinatorSlot);
 
@@ -561,18 +656,17 @@ pub(crate) async fn execute_async<M: Payload, W: Payload>(
     let (tx, rx) = oneshot::channel();
     // The job's span is a child of the caller's, here as with `run`.
     let caller = tracing::Span::current();
-    std::thread::Builder::new()
-        .name(format!(
-            "{}-run",
-            crate::config::thread_prefix(&plan.config.job_id)
-        ))
-        .spawn(move || {
+    // Logs where the caller does (`crate::log::spawn`).
+    crate::log::spawn(
+        format!("{}-run", crate::config::thread_prefix(&plan.config.job_id)),
+        move || {
             let _caller = caller.entered();
             let _ = tx.send(execute(plan));
-        })
-        .map_err(|e| JobError::Runtime {
-            message: format!("could not start the job's thread: {e}"),
-        })?;
+        },
+    )
+    .map_err(|e| JobError::Runtime {
+        message: format!("could not start the job's thread: {e}"),
+    })?;
     rx.await.unwrap_or_else(|_| {
         Err(JobError::Runtime {
             message: "the job's thread ended without an outcome".into(),

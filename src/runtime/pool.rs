@@ -20,9 +20,12 @@ impl ComputePool {
     pub(crate) fn new(threads: usize, job_id: &str, exits: &PoolExits) -> Result<Self, JobError> {
         let name = crate::config::thread_prefix(job_id);
         let counter = exits.clone();
+        // Its threads log where the job's thread does.
+        let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("{name}-compute-{i}"))
+            .start_handler(move |_| crate::log::adopt(&dispatch))
             // User code runs under `catch_unwind`; a panic that still escapes is a bug in
             // the runtime. Rayon's default would abort the whole process.
             .panic_handler(|payload| {
@@ -91,9 +94,7 @@ impl Executor {
         let exits = exits.clone();
         exits.expect(1);
         let counted = exits.clone();
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
+        crate::log::spawn(name, move || {
                 for work in rx {
                     // Units run under their own guards; this one keeps the thread alive.
                     if let Err(payload) = catch_unwind(AssertUnwindSafe(work)) {

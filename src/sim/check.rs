@@ -98,7 +98,9 @@ impl<M> SimRun<M> {
     /// `SUPERSTEP_SIM_SEED=4 cargo test -p app --release --test recovery my_test -- --exact`.
     /// The rest of the case comes back as it was made: the test's own schedule and
     /// settings, or — in a property test — the failing case proptest saved, which it runs
-    /// first. (Features are not known to the test: add the `--features` it ran with.)
+    /// first. A test of superstep itself gets the features it ran with (`--features
+    /// sim,…`); another package's features are not known to its tests: a test that needs
+    /// its own package's features needs them added.
     pub fn replay_command(&self) -> String {
         let exe = std::env::current_exe().ok();
         let package = std::env::var("CARGO_PKG_NAME").ok();
@@ -264,6 +266,13 @@ fn replay_line(
     if let Some(package) = package {
         line.push_str(&format!(" -p {package}"));
     }
+    // This crate's own tests need the features they ran with (their targets require
+    // them); another package's superstep has the features its manifest gives it.
+    let features = if package == Some(env!("CARGO_PKG_NAME")) {
+        own_features()
+    } else {
+        String::new()
+    };
     let dir = |p: Option<&std::path::Path>| {
         p.and_then(|p| p.file_name())
             .and_then(|n| n.to_str())
@@ -279,6 +288,7 @@ fn replay_line(
             Some("release") => line.push_str(" --release"),
             Some(other) => line.push_str(&format!(" --profile {other}")),
         }
+        line.push_str(&features);
         // A test binary is `<target>-<16 hex digits>`, in `deps/`.
         let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         let target = match stem.rsplit_once('-') {
@@ -300,6 +310,32 @@ fn replay_line(
         line.push_str(&format!(" {test} -- --exact"));
     }
     line
+}
+
+/// The features of this build of superstep beyond its default, as `cargo test` takes them:
+/// ` --features sim,…` (and ` --no-default-features` without the default `tcp`).
+fn own_features() -> String {
+    let features = [
+        ("sim", cfg!(feature = "sim")),
+        ("pipeline", cfg!(feature = "pipeline")),
+        ("proptest", cfg!(feature = "proptest")),
+        ("launcher", cfg!(feature = "launcher")),
+        ("metrics", cfg!(feature = "metrics")),
+        ("object-store", cfg!(feature = "object-store")),
+    ];
+    let on: Vec<&str> = features
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect();
+    let mut flags = String::new();
+    if !cfg!(feature = "tcp") {
+        flags.push_str(" --no-default-features");
+    }
+    if !on.is_empty() {
+        flags.push_str(&format!(" --features {}", on.join(",")));
+    }
+    flags
 }
 
 /// The schedule in `SUPERSTEP_SIM_SCHEDULE`, if set (and readable: an unreadable one is
@@ -376,5 +412,15 @@ mod tests {
             ),
             "SUPERSTEP_SIM_SEED=1 cargo test t -- --exact"
         );
+        // A test of superstep itself runs again with the features it ran with.
+        let own = Path::new("/w/target/debug/deps/simulation-0123456789abcdef");
+        assert_eq!(
+            replay_line(3, Some(own), Some("superstep"), Some("t")),
+            format!(
+                "SUPERSTEP_SIM_SEED=3 cargo test -p superstep{} --test simulation t -- --exact",
+                own_features()
+            )
+        );
+        assert!(own_features().contains(" --features sim"));
     }
 }

@@ -118,6 +118,7 @@ use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::ConfigError;
 use crate::ids::Iteration;
+use crate::params::JobParams;
 use crate::payload::Payload;
 use crate::runtime::{Combine, DynMaster, MasterHooks, WorkerFactory, WorkerHookFactory};
 use crate::JobBuilder;
@@ -149,6 +150,8 @@ pub struct Simulation<M, W> {
     worker_hooks: Vec<WorkerHookFactory<M, W>>,
     /// The job's input, sharded by each master's process as `run` shards it.
     input: Option<Input>,
+    /// The program's own parameters (`JobBuilder::params`), or why they have no form.
+    params: Result<JobParams, ConfigError>,
     /// The job's settings.
     job: Arc<JobConfig>,
     /// Every how many iterations the master saves a checkpoint (`JobBuilder::checkpoint`);
@@ -168,6 +171,7 @@ impl<M, W> Clone for Simulation<M, W> {
             combine: self.combine.clone(),
             worker_hooks: self.worker_hooks.clone(),
             input: self.input.clone(),
+            params: self.params.clone(),
             job: Arc::clone(&self.job),
             checkpoint_every: self.checkpoint_every,
             messages: self.messages,
@@ -239,6 +243,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             first.worker_hooks.clone(),
         );
         let input = first.input.clone();
+        let params = first.params.clone();
         let messages = first.messages;
         Simulation {
             master: Arc::new(move || {
@@ -253,6 +258,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             combine,
             worker_hooks,
             input,
+            params,
             job,
             checkpoint_every,
             messages,
@@ -277,6 +283,13 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// The job's settings, as the simulated runs use them (from its builder).
     pub fn settings(&self) -> &JobConfig {
         &self.job
+    }
+
+    /// What the job is as its checkpoints record it: its world size, input and
+    /// parameters, as the runtime's `Plan::shape` says it.
+    pub(crate) fn shape(&self) -> crate::checkpoint::JobShape {
+        crate::checkpoint::JobShape::new(self.job.workers, self.input.as_ref())
+            .with_params(self.params.clone().unwrap_or_default())
     }
 
     /// The settings the master's node runs by, checked and settled as a run settles them:

@@ -40,6 +40,10 @@ impl SimStore {
 }
 
 impl CheckpointStore for SimStore {
+    fn location(&self) -> String {
+        "the simulated store".into()
+    }
+
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = crate::checkpoint::encode(checkpoint)?;
         let mut plan = lock(&self.plan);

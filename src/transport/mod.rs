@@ -127,6 +127,15 @@ impl Fingerprint {
         self
     }
 
+    /// Adds the job's own parameters ([`JobParams`](crate::JobParams)), each as the field
+    /// `params.<name>`.
+    pub(crate) fn with_params(mut self, params: Option<&crate::JobParams>) -> Self {
+        for (name, value) in params.into_iter().flat_map(|p| p.fields()) {
+            self.0.push((format!("params.{name}"), value.to_string()));
+        }
+        self
+    }
+
     /// The value of the field `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.0
@@ -144,17 +153,7 @@ impl Fingerprint {
     /// differ: `(field, this value, the other's value)`; a field one side lacks reads
     /// `(none)`.
     pub fn first_difference(&self, other: &Fingerprint) -> Option<(String, String, String)> {
-        let none = "(none)";
-        let ours = self
-            .fields()
-            .map(|(n, v)| (n, v, other.get(n).unwrap_or(none)));
-        let theirs = other
-            .fields()
-            .filter(|(n, _)| self.get(n).is_none())
-            .map(|(n, v)| (n, none, v));
-        ours.chain(theirs)
-            .find(|(_, a, b)| a != b)
-            .map(|(n, a, b)| (n.to_string(), a.to_string(), b.to_string()))
+        crate::params::first_difference(&self.0, &other.0)
     }
 }
 
@@ -366,6 +365,14 @@ pub trait MasterLink<M>: Send + 'static {
     /// (`JobConfig::checkpoint_replicas`). The default: `None`.
     fn on_another_host(&self, rank: Rank) -> Option<bool> {
         let _ = rank;
+        None
+    }
+
+    /// Why no new process will take the place of one that dies, if the transport knows
+    /// none will (its launcher has no restarts left, or never starts one again): a worker
+    /// lost under a policy that would wait for a new process then fails the job at once,
+    /// with this said. The default: `None` (not known; the wait lasts its timeout).
+    fn no_new_process(&self) -> Option<String> {
         None
     }
 }

@@ -229,7 +229,7 @@ impl<M, W> MasterNode<M, W> {
             reports: vec![None; workers],
             reconnecting: None,
             report: JobReport {
-                resumed_from: resumed.from.map(|(i, _)| i),
+                resumed: resumed.point.clone(),
                 ..JobReport::default()
             },
             recent: VecDeque::new(),
@@ -592,7 +592,7 @@ impl<M, W> MasterNode<M, W> {
                 // any, is tried next.
                 self.adopting = None;
                 if let Some(resumed) = resumed {
-                    self.report.resumed_from = resumed.from.map(|(i, _)| i);
+                    self.report.resumed = resumed.point.clone();
                     self.resume_with(resumed);
                 }
                 self.master_ready(now, reach);

@@ -394,6 +394,6 @@ impl<M, W> MasterNode<M, W> {
             }
             OwnedEnding::Failed(error) => Err(error),
         };
-        self.actions.push_back(Action::Finished(outcome));
+        self.actions.push_back(Action::Finished(Box::new(outcome)));
     }
 }

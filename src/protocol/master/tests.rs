@@ -85,6 +85,7 @@ impl Harness {
             None,
             Resumed {
                 from: from.map(|i| (i, None)),
+                point: from.map(|iteration| point(iteration, "the newest checkpoint")),
                 last: from.map(|i| Arc::new(i as u32)),
                 workers: Vec::new(),
             },
@@ -121,6 +122,7 @@ impl Harness {
                         MasterWork::Start => MasterDone::Started(Ok(None)),
                         MasterWork::Restart(_) => MasterDone::Restarted(Ok(Resumed {
                             from: None,
+                            point: None,
                             last: None,
                             workers: Vec::new(),
                         })),
@@ -132,6 +134,7 @@ impl Harness {
                             let sound = replica.bytes[0] != DAMAGED;
                             MasterDone::Adopted(Ok(sound.then(|| Resumed {
                                 from: Some((iteration, None)),
+                                point: Some(point(iteration, "a worker's copy")),
                                 last: Some(Arc::new(iteration as u32)),
                                 workers: Vec::new(),
                             })))
@@ -157,7 +160,7 @@ impl Harness {
                     };
                     self.node.handle_master_done(self.t, done, &Connected);
                 }
-                Action::Finished(outcome) => self.finished = Some(outcome),
+                Action::Finished(outcome) => self.finished = Some(*outcome),
                 _ => {}
             }
         }
@@ -509,7 +512,7 @@ fn a_master_with_an_older_store_resumes_from_the_newest_copy_offered_before_its_
         "the job goes on after the copy's iteration, from its result: {:?}",
         h.sent
     );
-    assert_eq!(h.node.report.resumed_from, Some(4));
+    assert_eq!(h.node.report.resumed_from(), Some(4));
 }
 
 #[test]
@@ -566,5 +569,14 @@ fn a_damaged_copy_gives_way_to_the_next_newest_and_an_older_one_is_never_taken()
         "{:?}",
         h.sent
     );
-    assert_eq!(h.node.report.resumed_from, Some(4));
+    assert_eq!(h.node.report.resumed_from(), Some(4));
+}
+
+/// What a report says of a checkpoint resumed from in these tests.
+fn point(iteration: Iteration, source: &str) -> crate::protocol::ResumedFrom {
+    crate::protocol::ResumedFrom {
+        iteration,
+        source: source.into(),
+        finished: false,
+    }
 }

@@ -66,6 +66,8 @@ impl<M> Clone for OwnedEnding<M> {
 /// halted the job) and its master result. Empty when the attempt starts from scratch.
 pub(crate) struct Resumed<M> {
     pub(crate) from: Option<(Iteration, Option<HaltedBy>)>,
+    /// What the job's report says of the checkpoint resumed from.
+    pub(crate) point: Option<crate::protocol::ResumedFrom>,
     pub(crate) last: Option<Arc<M>>,
     /// What each worker saved in the checkpoint, by rank: each is sent its own before the
     /// attempt's first iteration ([`ToWorker::Restore`]).
@@ -164,6 +166,11 @@ pub(crate) trait Reach {
         let _ = rank;
         None
     }
+    /// Why no new process will take the place of one that dies, if none will (its
+    /// launcher has no restarts left, or starts none again). The default: not known.
+    fn no_new_process(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What the master's node asks its driver to do, in the order it must be done.
@@ -201,6 +208,7 @@ pub(crate) enum Action<M, W> {
     },
     /// Run the coordinator's `on_error` with the job's failure.
     CleanUp(JobError),
-    /// The job ended with this outcome: the node's last action.
-    Finished(Result<JobOutcome<M>, JobError>),
+    /// The job ended with this outcome: the node's last action (boxed: the report is
+    /// large, and the other actions are many).
+    Finished(Box<Result<JobOutcome<M>, JobError>>),
 }

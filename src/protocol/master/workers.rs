@@ -272,6 +272,21 @@ impl<M, W> MasterNode<M, W> {
         // it registered — restarts nothing more. A new process of the rank is waited for,
         // within the registration's timeout.
         if let Some(rank) = self.lost_elsewhere(&error) {
+            // A policy that would wait for a new process of the rank, which nothing will
+            // start: the job fails now, saying why, rather than wait out its timeout.
+            let waits = matches!(
+                self.recovery.policy(),
+                FailurePolicy::RestartWorker { .. } | FailurePolicy::RestartAll { .. }
+            );
+            if let (true, Some(why), JobError::WorkerLost { reason, .. }) =
+                (waits, reach.no_new_process(), &error)
+            {
+                let error = JobError::WorkerLost {
+                    rank,
+                    reason: format!("{reason}; {why}"),
+                };
+                return self.fail(now, error, reach);
+            }
             let registering = self
                 .gate
                 .waiting()
@@ -448,6 +463,6 @@ fn say_replacement_awaited(rank: Rank, left: Duration, during: Waiting) {
     tracing::warn!(
         rank,
         %during,
-        "rank {rank} lost; waiting up to {left:.0?} for a new process of rank {rank} (started by your launcher or scheduler)"
+        "rank {rank} lost; waiting up to {left:.0?} for a new process of rank {rank}, which only a launcher or scheduler starts (as rank {rank} of this job, with a restart count above 0: SUPERSTEP_RESTART_COUNT=1, say); the job fails when the wait ends"
     );
 }

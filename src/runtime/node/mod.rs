@@ -74,6 +74,9 @@ impl<M: 'static> Reach for LinkReach<'_, M> {
     fn on_another_host(&self, rank: Rank) -> Option<bool> {
         lock(self.0).on_another_host(rank)
     }
+    fn no_new_process(&self) -> Option<String> {
+        lock(self.0).no_new_process()
+    }
 }
 
 /// What the node actor is made of.
@@ -270,7 +273,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 // The receiver is gone only if the caller stopped waiting; nothing to tell
                 // then.
                 if let Some(outcome) = self.outcome.take() {
-                    let _ = outcome.send(result);
+                    let _ = outcome.send(*result);
                 }
                 ctx.stop();
             }

@@ -73,7 +73,7 @@ impl<M: Payload, W: Payload> Rescue<M, W> {
     ) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = std::sync::mpsc::channel::<Weak<Self>>();
         let look = threshold.max(Duration::from_micros(50));
-        let thread = std::thread::Builder::new().name(name).spawn(move || {
+        let thread = crate::log::spawn(name, move || {
             if let Ok(rescue) = rx.recv() {
                 rescuer(rescue, look);
             }

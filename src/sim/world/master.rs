@@ -37,8 +37,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// processes died before this one.
     pub(super) fn start_master(&mut self, restarted: u32) {
         let mut store = self.store.clone();
-        let shape = crate::checkpoint::JobShape::new(self.job.workers, self.sim.input.as_ref());
-        let resuming = crate::runtime::Resuming::new(&self.job, shape);
+        let resuming = crate::runtime::Resuming::new(&self.job, self.sim.shape());
         let resumed = match crate::runtime::resume::<M>(&mut store, &resuming) {
             Ok(resumed) => resumed,
             Err(error) => {
@@ -246,6 +245,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 }
             }
             Action::Finished(outcome) => {
+                let outcome = *outcome;
                 if let Some(master) = &self.master {
                     self.stats.drops += master.node.drops();
                     self.stats.lost = master.node.lost();

@@ -214,7 +214,14 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             .checkpoint_every
             .map_or(Ok(()), crate::job::check_checkpoint_every);
         let messages = crate::job::check_messages(sim.messages, &world.job);
-        if let Err(error) = world.job.validate().and(checkpoints).and(messages) {
+        let params = sim.params.as_ref().map(|_| ()).map_err(Clone::clone);
+        if let Err(error) = world
+            .job
+            .validate()
+            .and(checkpoints)
+            .and(messages)
+            .and(params)
+        {
             // Settings the runtime refuses fail the simulated job too.
             world.outcome = Some(Err(error.into()));
             return world;

@@ -402,6 +402,7 @@ impl<M: Payload, W: Payload> Client<M, W> {
             rank: s.rank,
             fingerprint: (*self.fingerprint).clone(),
             peer_addr,
+            restarts_left: s.restarts_left,
         };
         let frame = wire::encode(&hello, wire::HANDSHAKE_MAX_FRAME)
             .map_err(|e| lost("could not encode its hello")(e.to_string()))?;

@@ -15,7 +15,9 @@ use crate::transport::TransportError;
 /// | this process's rank | `SUPERSTEP_RANK`, `RANK` (torchrun), `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`, `JOB_COMPLETION_INDEX` (Kubernetes) |
 /// | the world size (workers) | `SUPERSTEP_WORLD_SIZE`, else the rank's launcher's: `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_STEP_NUM_TASKS` (which `srun` sets) or `SLURM_NTASKS` (a Kubernetes Indexed Job has none: set `SUPERSTEP_WORLD_SIZE`) |
 /// | the master's address | `SUPERSTEP_MASTER_ADDR` (`host:port`), else `MASTER_ADDR` (torchrun's) and `SUPERSTEP_MASTER_PORT` or `MASTER_PORT` |
-/// | the job id | `SUPERSTEP_JOB_ID`, `SLURM_JOB_ID`; default `superstep` |
+/// | the job id: the program's name for its job, which its checkpoints keep | `SUPERSTEP_JOB_ID`; default the job's own ([`JobBuilder::job_id`](crate::JobBuilder::job_id)) |
+/// | the run id: this run of the job, as its scheduler or launcher names it | `SUPERSTEP_RUN_ID`, else `SLURM_JOB_ID` (Slurm), `TORCHELASTIC_RUN_ID` (torchrun); default none |
+/// | how many more processes the launcher starts in the place of ones that die | `SUPERSTEP_RESTARTS_LEFT` (which `superstep-launch` sets); `srun` and `mpirun` start none within a run |
 /// | the shared secret | `SUPERSTEP_SECRET` (optional on loopback, required otherwise) |
 /// | where rank 0 listens | `SUPERSTEP_BIND`; default `127.0.0.1` and the master address's port |
 /// | how many times this process was started again | `SUPERSTEP_RESTART_COUNT`, else `TORCHELASTIC_RESTART_COUNT` + `SLURM_RESTART_COUNT` (those set); default 0 |
@@ -56,8 +58,17 @@ pub struct ClusterEnv {
     pub world_size: usize,
     /// The master's address, `host:port`.
     pub master_addr: String,
-    /// The job's id: peers of another job are refused.
+    /// The job's id (`SUPERSTEP_JOB_ID`), or [`TcpSettings::DEFAULT_JOB_ID`](super::TcpSettings::DEFAULT_JOB_ID)
+    /// when unset (the job's own then counts): peers of another job are refused.
     pub job_id: String,
+    /// The id of this run of the job, as its scheduler or launcher names it
+    /// (`SUPERSTEP_RUN_ID`, else Slurm's `SLURM_JOB_ID` or torchrun's
+    /// `TORCHELASTIC_RUN_ID`): processes of another run are refused. Never in conflict
+    /// with the job id, which names the job whatever run it is in.
+    pub run_id: Option<String>,
+    /// How many more processes the launcher starts in the place of ones that die
+    /// (`SUPERSTEP_RESTARTS_LEFT`, which `superstep-launch` sets), if it says.
+    pub restarts_left: Option<u32>,
     /// The shared secret, if any.
     pub secret: Option<Vec<u8>>,
     /// Where rank 0 listens, if not `127.0.0.1` and the master address's port.
@@ -151,6 +162,34 @@ const INTENT: [&str; 4] = [
     "MASTER_ADDR",
 ];
 
+/// The variables of superstep's own that [`ClusterEnv::from_env`] reads.
+pub(crate) const CLUSTER_VARS: [&str; 17] = [
+    "SUPERSTEP_RANK",
+    "SUPERSTEP_WORLD_SIZE",
+    "SUPERSTEP_MASTER_ADDR",
+    "SUPERSTEP_MASTER_PORT",
+    "SUPERSTEP_BIND",
+    "SUPERSTEP_JOB_ID",
+    "SUPERSTEP_RUN_ID",
+    "SUPERSTEP_SECRET",
+    "SUPERSTEP_RESTART_COUNT",
+    "SUPERSTEP_RESTARTS_LEFT",
+    "SUPERSTEP_CONNECT_TIMEOUT",
+    "SUPERSTEP_RECONNECT_TIMEOUT",
+    "SUPERSTEP_HEARTBEAT_INTERVAL",
+    "SUPERSTEP_HEARTBEAT_TIMEOUT",
+    "SUPERSTEP_HANDSHAKE_TIMEOUT",
+    "SUPERSTEP_MAX_FRAME",
+    "SUPERSTEP_PEER_PORT",
+];
+
+/// Whether this process read the cluster's variables ([`ClusterEnv::from_env`]).
+pub(crate) static CLUSTER_VARS_READ: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The variables that name this run of the job, the first set counting.
+const RUN_IDS: [&str; 3] = ["SUPERSTEP_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"];
+
 /// The restart counts launchers give, added when several are set.
 const RESTART_COUNTS: [&str; 2] = ["TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"];
 
@@ -159,6 +198,7 @@ impl ClusterEnv {
     /// cluster job (see [`ClusterEnv`] for when it is); an error names what is
     /// missing or wrong.
     pub fn from_env() -> Result<Option<Self>, TransportError> {
+        CLUSTER_VARS_READ.store(true, std::sync::atomic::Ordering::Relaxed);
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
@@ -240,8 +280,11 @@ impl ClusterEnv {
             master_addr,
             master_addr_from: from,
             job_id: get("SUPERSTEP_JOB_ID")
-                .or_else(|| get("SLURM_JOB_ID"))
                 .unwrap_or_else(|| super::TcpSettings::DEFAULT_JOB_ID.into()),
+            run_id: RUN_IDS.iter().find_map(|var| get(var)),
+            restarts_left: get("SUPERSTEP_RESTARTS_LEFT")
+                .map(|v| parse("SUPERSTEP_RESTARTS_LEFT", &v))
+                .transpose()?,
             secret: get("SUPERSTEP_SECRET").map(String::into_bytes),
             bind: get("SUPERSTEP_BIND"),
             restart_count,
@@ -485,7 +528,9 @@ mod tests {
             ("SUPERSTEP_MASTER_PORT", "29401"),
         ]);
         assert_eq!(own_port.master_addr, "node01:29401");
-        assert_eq!(torch.job_id, "4711");
+        // The scheduler's id names the run, never the job.
+        assert_eq!(torch.run_id.as_deref(), Some("4711"));
+        assert_eq!(torch.job_id, "superstep");
         let v6 = cluster(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
@@ -533,11 +578,12 @@ mod tests {
             (
                 slurm.rank,
                 slurm.world_size,
-                slurm.job_id.as_str(),
+                slurm.run_id.as_deref(),
                 slurm.launcher
             ),
-            (3, 8, "4711", "Slurm")
+            (3, 8, Some("4711"), "Slurm")
         );
+        assert_eq!(slurm.job_id, "superstep");
         assert_eq!(slurm.restart_count, 2);
         // Our own count wins over the launcher's.
         let own = cluster(&[

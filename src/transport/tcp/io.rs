@@ -30,22 +30,19 @@ impl IoThread {
         let (stop, _) = watch::channel(false);
         let (done, done_rx) = oneshot::channel::<()>();
         let drained = tracker.clone();
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let _ = done_rx.await;
-                    // Writers flush what is queued once `stop` is set; give them a moment.
-                    drained.close();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), drained.wait()).await;
-                });
-                // Dropping the runtime would wait for blocking work (a name lookup in a
-                // connect, say) however long it takes; bound it.
-                runtime.shutdown_timeout(Duration::from_secs(1));
-            })
-            .map_err(|e| {
-                TransportError::io(format!("cannot start the I/O thread: {e}"), Some(e))
-            })?;
+        // It logs where the thread that starts it (the job's) does.
+        let thread = crate::log::spawn(name, move || {
+            runtime.block_on(async move {
+                let _ = done_rx.await;
+                // Writers flush what is queued once `stop` is set; give them a moment.
+                drained.close();
+                let _ = tokio::time::timeout(Duration::from_secs(5), drained.wait()).await;
+            });
+            // Dropping the runtime would wait for blocking work (a name lookup in a
+            // connect, say) however long it takes; bound it.
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        })
+        .map_err(|e| TransportError::io(format!("cannot start the I/O thread: {e}"), Some(e)))?;
         Ok(IoThread {
             handle,
             tracker,

@@ -25,7 +25,7 @@
 mod admission;
 mod client;
 mod conn;
-mod env;
+pub(crate) mod env;
 mod io;
 mod lane;
 mod peer;
@@ -94,6 +94,26 @@ pub struct TcpSettings {
     /// that names another id than the job's is refused then.
     #[serde(default = "defaults::job_id")]
     pub job_id: String,
+    /// The id of this run of the job, as its scheduler or launcher names it (Slurm's job
+    /// id, torchrun's run id, `superstep-launch`'s): a process of another run is refused
+    /// at its handshake, naming both ids (it is a field of the job's fingerprint). It
+    /// plays another part than [`job_id`](Self::job_id), the program's name for its job,
+    /// which the job's checkpoints keep from run to run: the two never conflict.
+    /// Default: none.
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// How many more processes the launcher starts in the place of ones that die, if it
+    /// says (`SUPERSTEP_RESTARTS_LEFT`, which `superstep-launch` sets; the master's node
+    /// also learns it from each process the launcher started again). At 0 — and under
+    /// `srun` or `mpirun`, which start no process of a run again — a worker's process
+    /// lost under a policy that would wait for a new one fails the job at once, naming
+    /// the rank and why none will come. Default: not known (the wait lasts its timeout).
+    #[serde(default)]
+    pub restarts_left: Option<u32>,
+    /// Which launcher's variables gave this process its rank ([`ClusterEnv::launcher`]),
+    /// when the settings came from the environment.
+    #[serde(default)]
+    pub launcher: Option<String>,
     /// The shared secret every worker must prove it knows (an empty one counts as none).
     /// It authenticates workers to the master; it does not encrypt the traffic, nor prove
     /// the master to the workers: run jobs on a network you trust, or through a tunnel.
@@ -167,6 +187,9 @@ impl fmt::Debug for TcpSettings {
             .field("master_addr", &self.master_addr)
             .field("bind", &self.bind)
             .field("job_id", &self.job_id)
+            .field("run_id", &self.run_id)
+            .field("restarts_left", &self.restarts_left)
+            .field("launcher", &self.launcher)
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("max_frame", &self.max_frame)
             .field("handshake_timeout", &self.handshake_timeout)
@@ -229,6 +252,9 @@ impl TcpSettings {
             master_addr: master_addr.into(),
             bind: None,
             job_id: Self::DEFAULT_JOB_ID.into(),
+            run_id: None,
+            restarts_left: None,
+            launcher: None,
             master_addr_from: None,
             peer_port: None,
             secret: None,
@@ -246,6 +272,9 @@ impl TcpSettings {
     pub fn from_cluster(env: &ClusterEnv) -> Result<Self, TransportError> {
         let mut settings = TcpSettings::new(env.rank, env.world_size, env.master_addr.clone());
         settings.job_id = env.job_id.clone();
+        settings.run_id = env.run_id.clone();
+        settings.restarts_left = env.restarts_left;
+        settings.launcher = Some(env.launcher.to_string());
         settings.master_addr_from = Some(env.master_addr_from);
         settings.secret = env.secret.clone();
         settings.restart_count = env.restart_count;
@@ -472,7 +501,13 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
     }
 
     fn prepare(&mut self, spec: &LinkSpec) -> Result<Topology, TransportError> {
-        self.fingerprint = Arc::new(spec.fingerprint.clone());
+        // Every process of one run: a process of another run of the job is refused,
+        // naming both runs' ids (a side that names none reads `(none)`).
+        let mut fingerprint = spec.fingerprint.clone();
+        if let Some(run) = &self.settings.run_id {
+            fingerprint = fingerprint.with("run id", run);
+        }
+        self.fingerprint = Arc::new(fingerprint);
         // One id: the job's, unless these settings name another — which is a mistake.
         if self.settings.job_id == TcpSettings::DEFAULT_JOB_ID {
             Arc::make_mut(&mut self.settings).job_id = spec.job_id.clone();
@@ -552,6 +587,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
             remote: vec![None; world],
             ending: None,
             attempt,
+            restarts_left: self.settings.restarts_left,
         }));
         let refusals = Arc::new(Mutex::new(admission::Refusals::new(
             world,
@@ -574,6 +610,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         io.spawn(server.serve(listener).instrument(span));
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
+            launcher: self.settings.launcher.clone(),
             refusals,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
@@ -649,6 +686,9 @@ struct Peers {
     /// a connection (its `Done`, its loss) is of it. A gang restart's broadcast moves it
     /// on.
     attempt: Attempt,
+    /// How many more processes the launcher starts, as the newest process to say so said
+    /// (this one's settings, then each connecting process's hello): it only goes down.
+    restarts_left: Option<u32>,
 }
 
 impl Peers {
@@ -673,6 +713,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct TcpMasterLink<M> {
     peers: Shared,
+    /// The launcher that started this process, from its settings.
+    launcher: Option<String>,
     refusals: Arc<Mutex<admission::Refusals>>,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
@@ -744,6 +786,29 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
         peers
             .holds(rank)
             .then(|| peers.remote.get(rank).copied().flatten())?
+    }
+
+    fn no_new_process(&self) -> Option<String> {
+        let left = lock(&self.peers).restarts_left;
+        no_new_process(left, self.launcher.as_deref())
+    }
+}
+
+/// Why no new process will take the place of one that dies, from what the launcher said
+/// of its restarts (`left`) and which launcher it is: `None` when one may come.
+fn no_new_process(left: Option<u32>, launcher: Option<&str>) -> Option<String> {
+    match (left, launcher) {
+        (Some(0), _) => Some(
+            "no new process of it will come: its launcher has no restarts left (SUPERSTEP_RESTARTS_LEFT=0; `superstep-launch --restarts K` starts dead processes again K times)".into(),
+        ),
+        (Some(_), _) => None,
+        (None, Some("Slurm")) => Some(
+            "no new process of it will come: srun starts no task of a job step again (a requeue, `sbatch --requeue` or `scontrol requeue`, starts the whole job again)".into(),
+        ),
+        (None, Some(mpi @ ("Open MPI" | "PMI"))) => Some(format!(
+            "no new process of it will come: {mpi}'s launcher starts no process of a run again (a scheduler's requeue starts the whole job again)"
+        )),
+        (None, _) => None,
     }
 }
 

@@ -347,6 +347,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
             rank,
             fingerprint,
             peer_addr,
+            restarts_left,
         } = frames.handshake().await.map_err(|e| refused(None, e))?
         else {
             return Err(broken(None)("expected a hello first".into()));
@@ -442,6 +443,10 @@ impl<M: Payload, W: Payload> Server<M, W> {
         // Welcomed: the rank has connected (what the master's node waits for at start).
         let mut peers = lock(&self.peers);
         peers.ever[rank] = true;
+        // A process started again knows how many restarts its launcher has left now.
+        if let Some(left) = restarts_left {
+            peers.restarts_left = Some(peers.restarts_left.map_or(left, |l| l.min(left)));
+        }
         // Where its peers reach it: every worker is told every rank's address.
         if let Some(addr) = peer_addr {
             peers.addrs[rank] = Some(clip(&addr, 300));

@@ -45,6 +45,11 @@ pub(crate) enum Wire<M, W> {
         rank: Rank,
         fingerprint: Fingerprint,
         peer_addr: Option<String>,
+        /// How many more processes its launcher starts, if it said
+        /// (`TcpSettings::restarts_left`): a process started again knows a newer count
+        /// than the master's process.
+        #[serde(default)]
+        restarts_left: Option<u32>,
     },
     /// Master → worker: where every rank's peers reach it, as far as the master knows.
     PeerTable { addrs: Vec<Option<String>> },
@@ -501,6 +506,7 @@ mod tests {
             rank: 3,
             fingerprint: Fingerprint::default(),
             peer_addr: Some("10.0.0.3:41000".into()),
+            restarts_left: None,
         };
         let bytes = encode(&msg, 1 << 20).unwrap();
         assert_eq!(

@@ -210,7 +210,7 @@ impl Mesh {
     fn lose(&self, to: Rank, reason: String, quietly: bool) {
         lock(&self.out)[to] = Out::Gone(reason.clone());
         if !quietly {
-            tracing::warn!(peer = to, %reason, "peer lost");
+            say_lost(to, &reason);
             self.deliver(PeerEvent::Lost { rank: to, reason });
         }
     }
@@ -298,7 +298,8 @@ impl Mesh {
         drop(claim);
         if let Some(reason) = lost {
             let reason = format!("its connection to this worker from {from} {reason}");
-            tracing::warn!(peer = rank, %reason, "peer lost");
+            // Said where it matters (see `say_lost`).
+            say_lost(rank, &reason);
             self.deliver(PeerEvent::Lost { rank, reason });
         }
     }
@@ -751,6 +752,15 @@ impl PeerLink for Mesh {
             *self.inbox.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(inbox));
         }
     }
+}
+
+/// Says a peer's connection was lost, at DEBUG: a loss that matters is said where it does —
+/// the collective or message exchange that waited on the peer fails naming it, and the
+/// master's node loses the peer's worker (its own link) — while one that does not (a peer
+/// whose process ended with the job, before its goodbye was read) is no warning in a job
+/// that went well.
+fn say_lost(peer: Rank, reason: &str) {
+    tracing::debug!(peer, %reason, "peer lost");
 }
 
 #[cfg(test)]

@@ -90,6 +90,7 @@ pub enum Placement {
 /// | `SUPERSTEP_AGGREGATION` | [`aggregation`](JobConfig::aggregation): `auto`, `star`, `tree` or `ring` |
 /// | `SUPERSTEP_FAILURE_POLICY` | [`failure_policy`](JobConfig::failure_policy): `fail`, `continue_without`, `restart_worker:N`, `restart_all:N` |
 /// | `SUPERSTEP_PROGRESS_INTERVAL` | [`progress_interval`](JobConfig::progress_interval) |
+/// | `SUPERSTEP_CHECKPOINT_SLOW` | [`checkpoint_slow`](JobConfig::checkpoint_slow) |
 /// | `SUPERSTEP_RESHARD_ON_RESUME` | [`reshard_on_resume`](JobConfig::reshard_on_resume): `true` or `false` |
 /// | `SUPERSTEP_CHECKPOINT_REPLICAS` | [`checkpoint_replicas`](JobConfig::checkpoint_replicas): `auto` or a number |
 ///
@@ -107,8 +108,8 @@ pub struct JobConfig {
     /// `guagua.iteration.count` as its client sets it).
     pub iterations: Iteration,
     /// Halt the job when every worker votes to halt in an iteration (after the master has
-    /// computed that iteration), as Guagua's `guagua.worker.halt.enable`. Default off: only
-    /// the master halts.
+    /// computed that iteration) and, in a job with messages, no message is on its way, as
+    /// Guagua's `guagua.worker.halt.enable`. Default off: only the master halts.
     pub worker_halt: bool,
     /// How long start-up may take (`Duration::MAX` means no limit): every worker's `pre_application` and `init` (which loads
     /// its shard) until it registers — over a network, also until its process started and
@@ -221,6 +222,12 @@ pub struct JobConfig {
     /// with a filter: `RUST_LOG=superstep=warn`.)
     #[serde(with = "duration")]
     pub progress_interval: Duration,
+    /// How long a checkpoint's write may take before it is said at WARN, naming the store
+    /// — and again each time as long while it lasts. The master hands each checkpoint to a
+    /// writer of its own and goes on: a slow or paused store slows no iteration, but a
+    /// write that lasts this long means the newest checkpoint lags. Default 10 s.
+    #[serde(with = "duration")]
+    pub checkpoint_slow: Duration,
     /// The settings a document named, when this was read from one.
     #[serde(skip)]
     pub(crate) named: Named,
@@ -312,6 +319,7 @@ settings! {
     reshard_on_resume: bool,
     checkpoint_replicas: Option<usize>,
     progress_interval: Duration => "duration::some",
+    checkpoint_slow: Duration => "duration::some",
 }
 
 fn default_failure_grace() -> Duration {
@@ -343,6 +351,7 @@ impl Default for JobConfig {
             reshard_on_resume: false,
             checkpoint_replicas: None,
             progress_interval: Duration::from_secs(1),
+            checkpoint_slow: Duration::from_secs(10),
             named: Named::default(),
         }
     }
@@ -500,7 +509,7 @@ impl JobConfig {
 }
 
 /// The variables [`JobConfig::with_env`] reads.
-pub(crate) const JOB_VARS: [&str; 14] = [
+pub(crate) const JOB_VARS: [&str; 15] = [
     "SUPERSTEP_WORKERS",
     "SUPERSTEP_ITERATIONS",
     "SUPERSTEP_PLACEMENT",
@@ -515,6 +524,7 @@ pub(crate) const JOB_VARS: [&str; 14] = [
     "SUPERSTEP_PROGRESS_INTERVAL",
     "SUPERSTEP_RESHARD_ON_RESUME",
     "SUPERSTEP_CHECKPOINT_REPLICAS",
+    "SUPERSTEP_CHECKPOINT_SLOW",
 ];
 
 /// Whether this process read the job-setting variables ([`JobConfig::with_env`]).
@@ -608,6 +618,7 @@ impl JobConfig {
             ("SUPERSTEP_SYNC_TIMEOUT", &mut self.sync_timeout),
             ("SUPERSTEP_FAILURE_GRACE", &mut self.failure_grace),
             ("SUPERSTEP_PROGRESS_INTERVAL", &mut self.progress_interval),
+            ("SUPERSTEP_CHECKPOINT_SLOW", &mut self.checkpoint_slow),
         ] {
             if let Some(v) = get(var) {
                 *setting = time(var, &v)?;

@@ -239,7 +239,9 @@ pub enum Waiting {
 impl fmt::Display for Waiting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Waiting::Connection => f.write_str("start-up (connecting to the master)"),
+            Waiting::Connection => {
+                f.write_str("start-up (every worker's process connecting to the master's)")
+            }
             Waiting::Registration => f.write_str("registration"),
             Waiting::Iteration(i) => write!(f, "iteration {i}"),
             Waiting::Shutdown => f.write_str("shutdown"),
@@ -342,7 +344,7 @@ pub enum JobError {
     ///
     /// Remedy: every rank must make the same sync calls in the same order each iteration;
     /// the error names the ranks and the epoch.
-    #[error("barrier sync failed: {0}")]
+    #[error("{0}")]
     Sync(#[source] SyncError),
     /// A worker's connection was lost: it stopped sending (not even heartbeats) for longer
     /// than the failure detector allows, its connection closed, or it sent a frame that

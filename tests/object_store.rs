@@ -171,3 +171,82 @@ fn against_an_s3_compatible_server_a_job_resumes_from_its_checkpoints_and_a_miss
         "{message}"
     );
 }
+
+/// Stops (SIGSTOP) or continues (SIGCONT) moto's process: a store that stalls.
+fn signal(moto: &Moto, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &moto.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal}");
+}
+
+#[test]
+fn a_paused_s3_server_stalls_no_iteration_and_its_slow_write_is_said_while_it_lasts() {
+    let Some(moto) = Moto::start() else {
+        return;
+    };
+    moto.create_bucket("paused");
+    let open =
+        || ObjectCheckpointStore::from_url_opts("s3://paused/jobs/lr", moto.options(), 3).unwrap();
+    common::logs();
+    // The server is paused once iteration 2 completed (its checkpoint being written, or
+    // about to be), and continued once iteration 40 did: by the job's own progress, which a
+    // master that waited for the store could not make. A watchdog continues it after 60 s
+    // whatever happens, so that a job that stalls fails the test instead of hanging it.
+    let paused = Arc::new(AtomicBool::new(false));
+    let continued_by_job = Arc::new(AtomicBool::new(false));
+    let pid = moto.child.id().to_string();
+    let watchdog = {
+        let pid = pid.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(60));
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        })
+    };
+    let (on_pause, on_continue) = (Arc::clone(&paused), Arc::clone(&continued_by_job));
+    let moto_pid = pid.clone();
+    let outcome = job(open(), false)
+        .iterations(60)
+        .checkpoint(open(), 1)
+        .checkpoint_slow(Duration::from_millis(100))
+        .on_event(move |event| {
+            if let superstep::JobEvent::IterationCompleted(report) = event {
+                let kill = |s: &str| Command::new("kill").args([s, &moto_pid]).status();
+                if report.iteration == 2 && !on_pause.swap(true, Ordering::SeqCst) {
+                    kill("-STOP").unwrap();
+                }
+                if report.iteration == 40 {
+                    on_continue.store(true, Ordering::SeqCst);
+                    // Said once the job went on 38 iterations without its store.
+                    std::thread::sleep(Duration::from_millis(300));
+                    kill("-CONT").unwrap();
+                }
+            }
+        })
+        .run()
+        .unwrap();
+    drop(watchdog);
+    assert!(
+        continued_by_job.load(Ordering::SeqCst),
+        "the job did not go on while its store was paused"
+    );
+    signal(&moto, "-CONT");
+    assert_eq!(outcome.iterations, 60);
+    // The same result as a job whose store never stalled.
+    let expected_60 = {
+        let store = superstep::checkpoint::MemoryCheckpointStore::new();
+        *job(store, false).iterations(60).run().unwrap().result
+    };
+    assert_eq!(*outcome.result, expected_60);
+    // Said while it lasted, naming the store.
+    let said = common::lines_with(&[
+        "WARN",
+        "s3://paused/jobs/lr has been writing the checkpoint of iteration",
+        "the job goes on meanwhile",
+    ]);
+    assert!(!said.is_empty(), "{:?}", common::lines_with(&["WARN"]));
+    // Written as the job ended: its last checkpoint is the newest.
+    let newest = open().objects().unwrap().last().map(|o| o.0);
+    assert_eq!(newest, Some(60));
+}

@@ -238,7 +238,24 @@ fn a_gang_restart_fences_off_the_old_attempt_and_ends_with_the_fault_free_result
         master_crash: 0.03,
         ..Faults::network(0.1)
     });
-    sim.check(0..1000, ends_with(expected));
+    // A passing check says what it went through.
+    let checked = sim.check(0..1000, ends_with(expected));
+    let seeds = superstep::sim::seeds_to_run(0..1000);
+    assert_eq!(checked.seeds, seeds.end - seeds.start);
+    assert!(
+        checked.worker_crashes > 0
+            && checked.master_crashes > 0
+            && checked.new_attempts > 0
+            && checked.checkpoints > 0
+            && checked.rounds >= 10 * checked.seeds,
+        "{checked}"
+    );
+    let line = checked.to_string();
+    let start = format!(
+        "{} seeds: {} worker crashes, ",
+        checked.seeds, checked.worker_crashes
+    );
+    assert!(line.starts_with(&start), "{line}");
     let stale: u64 = (0..100).map(|s| sim.run(s).stats.drops.stale).sum();
     assert!(
         stale > 0,

@@ -219,7 +219,7 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("the secret is missing: the worker's process has none set"),
+        err.contains("the secret is missing: the connecting process has none set"),
         "{err}"
     );
     assert!(!err.contains("wrong secret"), "{err}");
@@ -230,7 +230,12 @@ fn bad_input_is_refused_with_a_reason_and_the_job_goes_on() {
     .join()
     .unwrap()
     .unwrap_err();
-    assert!(err.to_string().contains("wrong job id"), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "another job: the connecting process runs job \"another-job\", the one it reached job {job:?}"
+        )),
+        "{err}"
+    );
 
     // The real worker joins; a second worker of the same rank is refused.
     let real = worker_job(TcpTransport::new(settings(1, 2, &addr, job)).unwrap(), 30);
@@ -953,7 +958,7 @@ fn the_builders_job_id_is_the_one_the_tcp_transport_uses() {
     )
     .run()
     .unwrap_err();
-    assert!(err.to_string().contains("wrong job id"), "{err}");
+    assert!(err.to_string().contains("another job: "), "{err}");
     let worker = job(
         "cc",
         TcpTransport::new(settings(1, 2, &addr, unnamed)).unwrap(),

@@ -112,7 +112,11 @@ impl CheckpointStore for FsCheckpointStore {
         temp.persist(&target)
             .map_err(|e| CheckpointError::io(&target, e.error))?;
         sync_dir(&self.dir)?;
-        self.prune()
+        // Written: the older ones left behind are no failure of this save.
+        if let Err(error) = self.prune() {
+            said_prune_failed(checkpoint.iteration, &self.location(), &error);
+        }
+        Ok(())
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
@@ -122,6 +126,16 @@ impl CheckpointStore for FsCheckpointStore {
         });
         newest_readable(files.map(Ok))
     }
+}
+
+/// Says that the checkpoint of `iteration` was saved in `location` but that removing the
+/// older ones failed (they stay, and are removed by a later save).
+pub(crate) fn said_prune_failed(iteration: Iteration, location: &str, error: &CheckpointError) {
+    tracing::warn!(
+        iteration,
+        %error,
+        "the checkpoint of iteration {iteration} is saved in {location}; removing the older ones failed (a later save tries again)"
+    );
 }
 
 /// The newest checkpoint of `files` (newest first, each read lazily) that decodes, and the

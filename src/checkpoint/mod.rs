@@ -20,6 +20,7 @@
 mod fs;
 #[cfg(feature = "object-store")]
 mod object;
+mod writer;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ pub use fs::FsCheckpointStore;
 pub(crate) use fs::{decode, encode};
 #[cfg(feature = "object-store")]
 pub use object::ObjectCheckpointStore;
+pub(crate) use writer::Writer;
 
 /// The master's state after an iteration: what a restarted job resumes from.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]

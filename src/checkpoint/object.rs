@@ -251,7 +251,11 @@ impl CheckpointStore for ObjectCheckpointStore {
         let location = self.location_of(checkpoint.iteration);
         self.run(self.store.put(&location, bytes.into()))
             .map_err(|e| self.refused(&location, e))?;
-        self.prune()
+        // Written: the older ones left behind are no failure of this save.
+        if let Err(error) = self.prune() {
+            super::fs::said_prune_failed(checkpoint.iteration, &self.name, &error);
+        }
+        Ok(())
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
@@ -334,6 +338,8 @@ mod tests {
     struct Flaky {
         inner: InMemory,
         down: std::sync::atomic::AtomicBool,
+        /// Whether its deletes fail.
+        no_deletes: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Display for Flaky {
@@ -379,6 +385,17 @@ mod tests {
             &self,
             locations: futures_util::stream::BoxStream<'static, object_store::Result<Path>>,
         ) -> futures_util::stream::BoxStream<'static, object_store::Result<Path>> {
+            use futures_util::StreamExt;
+            if self.no_deletes.load(std::sync::atomic::Ordering::SeqCst) {
+                return locations
+                    .map(|_| {
+                        Err(object_store::Error::Generic {
+                            store: "Flaky",
+                            source: "403 AccessDenied: s3:DeleteObject".into(),
+                        })
+                    })
+                    .boxed();
+            }
             self.inner.delete_stream(locations)
         }
 
@@ -412,6 +429,7 @@ mod tests {
         let flaky = Arc::new(Flaky {
             inner: InMemory::new(),
             down: false.into(),
+            no_deletes: false.into(),
         });
         let mut store = ObjectCheckpointStore::new(flaky.clone(), "jobs/lr", 3).unwrap();
         store.save(&checkpoint(1)).unwrap();
@@ -506,5 +524,29 @@ mod tests {
         );
         let err = ObjectCheckpointStore::from_url("not a url", 2).unwrap_err();
         assert!(err.to_string().contains("not a URL"), "{err}");
+    }
+
+    #[test]
+    fn a_save_whose_older_ones_cannot_be_removed_is_saved_all_the_same() {
+        let flaky = Arc::new(Flaky {
+            inner: InMemory::new(),
+            down: false.into(),
+            no_deletes: true.into(),
+        });
+        let mut store = ObjectCheckpointStore::new(flaky.clone(), "jobs/lr", 2).unwrap();
+        for i in [1, 2, 3] {
+            // Not "checkpoint skipped": written, only the pruning failed.
+            store.save(&checkpoint(i)).unwrap();
+        }
+        let kept: Vec<_> = store.objects().unwrap().iter().map(|o| o.0).collect();
+        assert_eq!(kept, vec![1, 2, 3]);
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(3));
+        // Deletes back: the next save removes what the failed ones left.
+        flaky
+            .no_deletes
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        store.save(&checkpoint(4)).unwrap();
+        let kept: Vec<_> = store.objects().unwrap().iter().map(|o| o.0).collect();
+        assert_eq!(kept, vec![3, 4]);
     }
 }

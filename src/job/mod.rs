@@ -168,7 +168,10 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
-    /// Halt when every worker votes to halt in one iteration. Default off.
+    /// Halt when every worker votes to halt in one iteration
+    /// ([`WorkerContext::vote_halt`](crate::WorkerContext::vote_halt)) — and, in a job with
+    /// messages, no message is on its way (a message wakes the worker it is sent to).
+    /// Default off.
     pub fn worker_halt(mut self, enabled: bool) -> Self {
         self.config.worker_halt = enabled;
         self
@@ -346,6 +349,14 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// [`JobConfig::progress_interval`]). Default 1 s; zero logs every iteration.
     pub fn progress_interval(mut self, interval: Duration) -> Self {
         self.config.progress_interval = interval;
+        self
+    }
+
+    /// How long a checkpoint's write may take before it is said at WARN, naming the store,
+    /// and again each time as long while it lasts (see [`JobConfig::checkpoint_slow`]).
+    /// Default 10 s.
+    pub fn checkpoint_slow(mut self, after: Duration) -> Self {
+        self.config.checkpoint_slow = after;
         self
     }
 

@@ -122,7 +122,10 @@ pub struct JobReport {
     /// The checkpoint the job resumed from, if it did: its iteration (the first the job
     /// ran is the one after), where it was, and whether the job had finished there.
     pub resumed: Option<ResumedFrom>,
-    /// The iterations whose checkpoints were saved in this run.
+    /// The iterations whose checkpoints were saved in this run: handed to the writer that
+    /// writes them to the store while the job goes on (a write that then fails, or a
+    /// checkpoint a newer one replaced while the store was still writing, is said at
+    /// WARN).
     pub checkpoints: Vec<Iteration>,
     /// The worker failures the job recovered from under its failure policy
     /// ([`JobConfig::failure_policy`](crate::JobConfig::failure_policy)), in order: the

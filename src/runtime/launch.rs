@@ -140,7 +140,19 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     if topology.master {
         // Read before anything binds or starts: checkpoints that cannot be used fail the
         // job before a worker is told anything.
-        let store = checkpoint.map(|c| SharedStore::new(c.store));
+        // Written off the master's path, by a thread of their own.
+        let store = match checkpoint {
+            Some(c) => Some(SharedStore::writing(
+                c.store,
+                format!(
+                    "{}-checkpoints",
+                    crate::config::thread_prefix(&config.job_id)
+                ),
+                config.checkpoint_slow,
+                config.shutdown_timeout,
+            )?),
+            None => None,
+        };
         let resuming = Resuming::new(&config, shape);
         let resumed = match &store {
             Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,

@@ -89,7 +89,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     /// what it resumed from.
     fn restart(&mut self, attempt: Attempt) -> Result<Resumed<M>, JobError> {
         let resumed = match &self.store {
-            Some(store) => super::resume::<M>(store.lock().as_mut(), &self.resuming)?,
+            Some(store) => {
+                // The newest is the one handed over last: written before it is read.
+                store.flush();
+                super::resume::<M>(store.lock().as_mut(), &self.resuming)?
+            }
             None => None,
         };
         self.restart_from(attempt, resumed)
@@ -125,6 +129,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         // Refused before the store keeps it; a copy is not cloned to be checked.
         super::fit(&checkpoint, &what, &self.resuming)?;
         if let Some(store) = &self.store {
+            store.flush();
             match store.lock().save(&checkpoint) {
                 Ok(()) => tracing::info!(
                     rank = from,
@@ -371,39 +376,35 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Save::IfMasterHalts => halt,
             Save::No => false,
         };
-        let saved = if due {
-            self.save_checkpoint(iteration, &result, halted, saved)
+        let (checkpointed, replica) = if due {
+            self.save_checkpoint(iteration, &result, halted, saved, replicate)
         } else {
-            None
+            (false, None)
         };
-        let replica = saved.as_ref().filter(|_| replicate).and_then(|checkpoint| {
-            crate::checkpoint::encode(checkpoint)
-                .inspect_err(|error| tracing::warn!(iteration, %error, "no worker keeps a copy of this checkpoint"))
-                .ok()
-                .map(|bytes| Replica {
-                    iteration,
-                    bytes: Arc::new(bytes),
-                })
-        });
         Ok(Computed {
             result,
             halt,
-            checkpointed: saved.is_some(),
+            checkpointed,
             replica,
         })
     }
 
-    /// Saves a checkpoint of `iteration` (the node said one is due). One that cannot be
-    /// made or written is logged and skipped: the job goes on, and the one before stays.
-    /// Returns the checkpoint saved.
+    /// Saves a checkpoint of `iteration` (the node said one is due): hands it to the
+    /// store's writer, which writes it while the job goes on. One that cannot be made (or,
+    /// written in place, cannot be written) is logged and skipped: the job goes on, and
+    /// the one before stays. Returns whether it was saved (handed over), and its bytes
+    /// for the workers that keep copies if `replicate`.
     fn save_checkpoint(
         &mut self,
         iteration: Iteration,
         result: &M,
         halted: Option<HaltedBy>,
         workers: Vec<Option<WorkerSave>>,
-    ) -> Option<Checkpoint> {
-        let store = self.store.as_ref()?;
+        replicate: bool,
+    ) -> (bool, Option<Replica>) {
+        let Some(store) = self.store.as_ref() else {
+            return (false, None);
+        };
         let computable = &self.computable;
         let made = guarded(|| computable.save_state())
             .map_err(|cause| format!("save_state failed: {cause}"))
@@ -422,19 +423,34 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     committed: false,
                 })
             });
+        // The copy's bytes are the checkpoint's before it is handed over (no clone).
+        let mut replica = None;
         let saved = made.and_then(|c| {
-            store.lock().save(&c).map_err(|e| e.to_string())?;
-            Ok(c)
+            if replicate {
+                replica = crate::checkpoint::encode(&c)
+                    .inspect_err(|error| tracing::warn!(iteration, %error, "no worker keeps a copy of this checkpoint"))
+                    .ok()
+                    .map(|bytes| Replica {
+                        iteration,
+                        bytes: Arc::new(bytes),
+                    });
+            }
+            store.save(c)
         });
         match saved {
-            Ok(c) => {
-                tracing::debug!(iteration, "checkpoint saved");
-                Some(c)
-            }
+            Ok(()) => (true, replica),
             Err(error) => {
                 tracing::warn!(iteration, %error, "checkpoint skipped; the previous one stays");
-                None
+                (false, None)
             }
+        }
+    }
+
+    /// Waits until the checkpoints handed to the store's writer are written (as the job
+    /// ends: a job run again reads them).
+    pub(crate) fn flush_checkpoints(&self) {
+        if let Some(store) = &self.store {
+            store.flush();
         }
     }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::checkpoint::{Checkpoint, CheckpointStore, JobShape};
+use crate::checkpoint::{Checkpoint, CheckpointStore, JobShape, Writer};
 use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
 use crate::config::JobConfig;
@@ -185,15 +185,69 @@ impl<M> Resume<M> {
 /// The job's checkpoint store, shared by the master's code, which saves its checkpoints
 /// and reads them on a restart, and its coordinator, which records the job's commit in it.
 #[derive(Clone)]
-pub(crate) struct SharedStore(Arc<Mutex<Box<dyn CheckpointStore>>>);
+pub(crate) struct SharedStore {
+    store: Arc<Mutex<Box<dyn CheckpointStore>>>,
+    /// What writes the master's checkpoints off its path, and how long to wait for it
+    /// (the job's shutdown timeout); none in the simulator, where one thread decides
+    /// every order and a checkpoint is written where it is made.
+    writer: Option<(Arc<Writer>, std::time::Duration)>,
+}
 
 impl SharedStore {
+    /// A store written to in place, by whoever saves a checkpoint (the simulator's).
+    #[cfg(any(feature = "sim", test))]
     pub(crate) fn new(store: Box<dyn CheckpointStore>) -> Self {
-        SharedStore(Arc::new(Mutex::new(store)))
+        SharedStore {
+            store: Arc::new(Mutex::new(store)),
+            writer: None,
+        }
+    }
+
+    /// A store the job's checkpoints are written to by a thread of their own (named
+    /// `name`): the master hands each over and goes on. A write that lasts longer than
+    /// `slow` is said while it lasts; [`flush`](Self::flush) waits at most `bound`.
+    pub(crate) fn writing(
+        store: Box<dyn CheckpointStore>,
+        name: String,
+        slow: std::time::Duration,
+        bound: std::time::Duration,
+    ) -> Result<Self, JobError> {
+        let location = store.location();
+        let store = Arc::new(Mutex::new(store));
+        let writer = Writer::start(name, Arc::clone(&store), location, slow).map_err(|e| {
+            JobError::Runtime {
+                message: format!("could not start the thread that writes checkpoints: {e}"),
+            }
+        })?;
+        Ok(SharedStore {
+            store,
+            writer: Some((Arc::new(writer), bound)),
+        })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Box<dyn CheckpointStore>> {
-        lock(&self.0)
+        lock(&self.store)
+    }
+
+    /// Saves `checkpoint`: hands it to the writer (which says how the write went), or
+    /// writes it now (an error says why it was not).
+    pub(crate) fn save(&self, checkpoint: Checkpoint) -> Result<(), String> {
+        match &self.writer {
+            Some((writer, _)) => {
+                writer.write(checkpoint);
+                Ok(())
+            }
+            None => self.lock().save(&checkpoint).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Waits until every checkpoint handed over is written: before the store is read or
+    /// written in place again, and as the job ends. Bounded by the job's shutdown
+    /// timeout; a store that did not finish by then is said at WARN.
+    pub(crate) fn flush(&self) {
+        if let Some((writer, bound)) = &self.writer {
+            writer.flush(*bound);
+        }
     }
 
     /// Records that job `job_id` committed its output after `iteration`, its last: its
@@ -202,6 +256,7 @@ impl SharedStore {
     /// again would wait for its workers; that is logged. So is a failed write: the job
     /// committed all the same.
     pub(crate) fn record_commit(&self, job_id: &str, iteration: Iteration) {
+        self.flush();
         let mut store = self.lock();
         let newest = store.latest().map(|l| l.map(|l| l.checkpoint));
         let recorded = match newest {

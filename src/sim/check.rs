@@ -73,6 +73,68 @@ pub struct SimStats {
     pub longest_wait: std::time::Duration,
 }
 
+/// What a passing [`Simulation::check`] exercised, summed over its seeds, so that a run
+/// that passes can be read: how many seeds, and the faults and recoveries they went
+/// through (its `Display` is one line of them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Checked {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Workers that crashed.
+    pub worker_crashes: u64,
+    /// Times the master's process crashed.
+    pub master_crashes: u64,
+    /// Of those, times its host was lost with its checkpoints.
+    pub hosts_lost: u64,
+    /// Workers replaced (`FailurePolicy::RestartWorker`).
+    pub worker_restarts: u64,
+    /// Attempts started after the first (gang restarts and restarted masters).
+    pub new_attempts: u64,
+    /// Checkpoints saved.
+    pub checkpoints: u64,
+    /// Damaged checkpoints skipped for an older one.
+    pub skipped_checkpoints: u64,
+    /// Resumes from a worker's copy of a checkpoint.
+    pub resumed_from_copies: u64,
+    /// Iterations computed by the master, redone ones included.
+    pub rounds: u64,
+}
+
+impl Checked {
+    fn add(&mut self, stats: &SimStats) {
+        self.seeds += 1;
+        self.worker_crashes += u64::from(stats.worker_crashes);
+        self.master_crashes += u64::from(stats.master_crashes);
+        self.hosts_lost += u64::from(stats.hosts_lost);
+        self.worker_restarts += u64::from(stats.worker_restarts);
+        self.new_attempts += u64::from(stats.new_attempts);
+        self.checkpoints += u64::from(stats.checkpoints);
+        self.skipped_checkpoints += u64::from(stats.skipped_checkpoints);
+        self.resumed_from_copies += u64::from(stats.resumed_from_copies);
+        self.rounds += u64::from(stats.rounds);
+    }
+}
+
+impl std::fmt::Display for Checked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} seeds: {} worker crashes, {} master crashes ({} with their host), {} workers replaced, {} new attempts, {} checkpoints ({} damaged ones skipped, {} resumes from a worker's copy), {} rounds",
+            self.seeds,
+            self.worker_crashes,
+            self.master_crashes,
+            self.hosts_lost,
+            self.worker_restarts,
+            self.new_attempts,
+            self.checkpoints,
+            self.skipped_checkpoints,
+            self.resumed_from_copies,
+            self.rounds
+        )
+    }
+}
+
 /// One simulated run: its seed, how it ended, what happened, and any invariant it broke.
 #[derive(Debug)]
 pub struct SimRun<M> {
@@ -121,10 +183,16 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// Runs `seeds` (or only the seed in `SUPERSTEP_SIM_SEED`, or `0..SUPERSTEP_SIM_SEEDS`
     /// when set) and checks each run: it must break no invariant, and `property` must
     /// hold for it. On the first failure, panics with the seed, the end of its trace and
-    /// the command that replays it.
-    pub fn check(&self, seeds: Range<u64>, property: impl Fn(&SimRun<M>) -> Result<(), String>) {
-        if let Err(failure) = self.check_seeds(seeds_to_run(seeds), property) {
-            panic!("{failure}");
+    /// the command that replays it; when every seed passes, returns what they exercised
+    /// ([`Checked`]: a passing run can be read, `println!("{checked}")`).
+    pub fn check(
+        &self,
+        seeds: Range<u64>,
+        property: impl Fn(&SimRun<M>) -> Result<(), String>,
+    ) -> Checked {
+        match self.check_seeds(seeds_to_run(seeds), property) {
+            Ok(checked) => checked,
+            Err(failure) => panic!("{failure}"),
         }
     }
 
@@ -141,14 +209,16 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         seeds: Range<u64>,
         property: impl Fn(&SimRun<M>) -> Result<(), String>,
     ) -> Result<(), Box<SimFailure>> {
-        self.check_seeds(replayed_seed(seeds), property)
+        // `()`, not what it exercised: a property test's closure returns it as it is.
+        self.check_seeds(replayed_seed(seeds), property).map(drop)
     }
 
     fn check_seeds(
         &self,
         seeds: Range<u64>,
         property: impl Fn(&SimRun<M>) -> Result<(), String>,
-    ) -> Result<(), Box<SimFailure>> {
+    ) -> Result<Checked, Box<SimFailure>> {
+        let mut checked = Checked::default();
         if let Err(error) = self.node_config() {
             return Err(Box::new(SimFailure::Settings(error)));
         }
@@ -177,8 +247,9 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
                     replay: run.replay_command(),
                 })));
             }
+            checked.add(&run.stats);
         }
-        Ok(())
+        Ok(checked)
     }
 }
 

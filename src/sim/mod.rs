@@ -124,8 +124,8 @@ use crate::runtime::{Combine, DynMaster, MasterHooks, WorkerFactory, WorkerHookF
 use crate::JobBuilder;
 
 pub use check::{
-    seeds_to_run, RunFailure, SimFailure, SimOutcome, SimRun, SimStats, SCHEDULE_VAR, SEEDS_VAR,
-    SEED_VAR,
+    seeds_to_run, Checked, RunFailure, SimFailure, SimOutcome, SimRun, SimStats, SCHEDULE_VAR,
+    SEEDS_VAR, SEED_VAR,
 };
 pub use faults::{CrashPoint, Fault, Faults};
 use world::World;

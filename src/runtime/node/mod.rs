@@ -270,6 +270,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 return Carried::Waiting;
             }
             Action::Finished(result) => {
+                // The checkpoints handed to the store's writer are written before the job
+                // says it ended: a job run again reads them.
+                if let Some(task) = &self.task {
+                    task.flush_checkpoints();
+                }
                 // The receiver is gone only if the caller stopped waiting; nothing to tell
                 // then.
                 if let Some(outcome) = self.outcome.take() {

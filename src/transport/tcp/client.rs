@@ -9,7 +9,6 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmac::Mac;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -418,14 +417,13 @@ impl<M: Payload, W: Payload> Client<M, W> {
                 ))
             }
         };
-        // No secret: an empty proof, which says so (a master with one tells it is missing).
-        let mac = match s.secret.as_deref() {
-            Some(secret) => proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
-                .finalize()
-                .into_bytes()
-                .to_vec(),
-            None => Vec::new(),
-        };
+        let mac = proof_to_send(
+            s.secret.as_deref(),
+            &nonce,
+            &s.job_id,
+            s.rank,
+            &self.fingerprint,
+        );
         let frame = wire::encode(&Wire::<(), ()>::Proof { mac }, wire::HANDSHAKE_MAX_FRAME)
             .map_err(|e| lost("could not encode its proof")(e.to_string()))?;
         write_frame(writer, &frame)

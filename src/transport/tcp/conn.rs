@@ -256,6 +256,25 @@ pub(super) fn check_proof(
     }
 }
 
+/// The proof a connecting side sends in answer to `nonce`: the HMAC of [`proof`] with its
+/// secret — or, with none, an empty one, which says so (the side it reached tells a secret
+/// missing on one side as missing, [`check_proof`]).
+pub(super) fn proof_to_send(
+    secret: Option<&[u8]>,
+    nonce: &[u8; 32],
+    job_id: &str,
+    rank: Rank,
+    fingerprint: &Fingerprint,
+) -> Vec<u8> {
+    match secret {
+        Some(secret) => proof(secret, nonce, job_id, rank, fingerprint)
+            .finalize()
+            .into_bytes()
+            .to_vec(),
+        None => Vec::new(),
+    }
+}
+
 pub(super) fn proof(
     secret: &[u8],
     nonce: &[u8; 32],

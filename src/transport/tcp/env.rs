@@ -297,7 +297,7 @@ impl ClusterEnv {
                 .map(|v| parse("SUPERSTEP_MAX_FRAME", &v))
                 .transpose()?,
             peer_port: get("SUPERSTEP_PEER_PORT")
-                .map(|v| parse("SUPERSTEP_PEER_PORT", &v))
+                .map(|v| port("SUPERSTEP_PEER_PORT", &v))
                 .transpose()?,
             launcher: launcher.map_or("superstep", |l| l.name),
         }))
@@ -433,6 +433,18 @@ pub(crate) fn check_addr_port(addr: &str, lowest: u32) -> Result<u16, String> {
 fn seconds(var: &str, value: &str) -> Result<Duration, TransportError> {
     crate::config::parse_duration(value)
         .map_err(|why| TransportError::Env(format!("{var} = {value:?} {why}")))
+}
+
+/// A port in `var`: a number from 0 (one the system picks) to 65535.
+fn port(var: &str, value: &str) -> Result<u16, TransportError> {
+    match value.trim().parse::<u64>() {
+        Ok(n) => u16::try_from(n).map_err(|_| {
+            TransportError::Env(format!(
+                "{var} = {value:?} is not a port: a port is 0 to 65535"
+            ))
+        }),
+        Err(_) => parse(var, value),
+    }
 }
 
 fn parse<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, TransportError> {
@@ -760,6 +772,12 @@ mod tests {
         ]);
         assert!(
             err.contains("SUPERSTEP_RANK = \"x\" is not a number"),
+            "{err}"
+        );
+        // A number that is no port is told as such.
+        let err = with_addr(&[("SUPERSTEP_PEER_PORT", "70000")]);
+        assert!(
+            err.contains("SUPERSTEP_PEER_PORT = \"70000\" is not a port: a port is 0 to 65535"),
             "{err}"
         );
         let err = with_addr(&[("SUPERSTEP_RECONNECT_TIMEOUT", "-1")]);

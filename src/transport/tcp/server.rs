@@ -357,7 +357,8 @@ impl<M: Payload, W: Payload> Server<M, W> {
         let claimed = Some(rank);
         if job_id != s.job_id {
             let asked = clip(&job_id, 64);
-            return Err((claimed, Refusal::WrongJob { asked }));
+            let ours = s.job_id.clone();
+            return Err((claimed, Refusal::WrongJob { asked, ours }));
         }
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce)

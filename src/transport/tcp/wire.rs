@@ -108,10 +108,14 @@ pub(crate) enum Refusal {
     WrongJob {
         /// The job id it asked for.
         asked: String,
+        /// The job id of the side that refused it.
+        #[serde(default)]
+        ours: String,
     },
     /// The peer's proof of the secret did not verify.
     WrongSecret,
-    /// One side has no secret set and the other has one: `worker_has_none` says which.
+    /// One side has no secret set and the other has one: `worker_has_none` says whether
+    /// it is the connecting side (a worker reaching the master, or a peer).
     NoSecret { worker_has_none: bool },
     /// Another connection holds the rank.
     RankTaken { rank: Rank },
@@ -173,19 +177,20 @@ impl std::fmt::Display for Refusal {
                 f,
                 "its job differs from the master's in `{field}`: {worker} in the worker's process, {master} in the master's"
             ),
-            Refusal::WrongJob { asked } => {
-                write!(f, "wrong job id: the peer asked for {asked:?}")
-            }
+            Refusal::WrongJob { asked, ours } => write!(
+                f,
+                "another job: the connecting process runs job {asked:?}, the one it reached job {ours:?}"
+            ),
             Refusal::WrongSecret => f.write_str("wrong secret: its proof did not verify"),
             Refusal::NoSecret {
                 worker_has_none: true,
             } => f.write_str(
-                "the secret is missing: the worker's process has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the master's has one; set the same on every process",
+                "the secret is missing: the connecting process has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the one it reached has one; set the same on every process",
             ),
             Refusal::NoSecret {
                 worker_has_none: false,
             } => f.write_str(
-                "the secret is missing: the master's process has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the worker's has one; set the same on every process",
+                "the secret is missing: the process it reached has none set (SUPERSTEP_SECRET, TcpSettings::secret) and the connecting one has one; set the same on every process",
             ),
             Refusal::RankTaken { rank } => write!(f, "rank {rank} is already connected"),
             Refusal::Stopping => f.write_str("the master's node is stopping"),

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmac::Mac;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -331,7 +330,8 @@ impl Mesh {
         let claimed = Some(rank);
         if job_id != s.job_id {
             let asked = clip(&job_id, 64);
-            return Err((claimed, Refusal::WrongJob { asked }));
+            let ours = s.job_id.clone();
+            return Err((claimed, Refusal::WrongJob { asked, ours }));
         }
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce)
@@ -344,10 +344,12 @@ impl Mesh {
         let Wire::Proof { mac } = frames.handshake().await.map_err(|e| refused(claimed, e))? else {
             return Err(broken(claimed, "expected a proof of the secret".into()));
         };
-        let secret = s.secret.as_deref().unwrap_or_default();
-        proof(secret, &nonce, &job_id, rank, &fingerprint)
-            .verify_slice(&mac)
-            .map_err(|_| (claimed, Refusal::WrongSecret))?;
+        // The master's port's rule and words: a secret missing on one side is said so.
+        check_proof(s.secret.as_deref(), &mac, || {
+            let secret = s.secret.as_deref().unwrap_or_default();
+            proof(secret, &nonce, &job_id, rank, &fingerprint)
+        })
+        .map_err(|refusal| (claimed, refusal))?;
         if let Some((field, ours, theirs)) = self.fingerprint.first_difference(&fingerprint) {
             let (master, worker) = (clip(&ours, 200), clip(&theirs, 200));
             let field = clip(&field, 64);
@@ -635,11 +637,13 @@ impl Mesh {
         let Wire::Challenge { nonce } = answer(frames.handshake().await)? else {
             return Err(failed("it sent no challenge".into()));
         };
-        let secret = s.secret.as_deref().unwrap_or_default();
-        let mac = proof(secret, &nonce, &s.job_id, s.rank, &self.fingerprint)
-            .finalize()
-            .into_bytes()
-            .to_vec();
+        let mac = proof_to_send(
+            s.secret.as_deref(),
+            &nonce,
+            &s.job_id,
+            s.rank,
+            &self.fingerprint,
+        );
         write_frame(writer, &send(&Wire::Proof { mac })?)
             .await
             .map_err(|e| failed(e.to_string()))?;

@@ -83,10 +83,9 @@ fn greet_rank(
         Wire::Challenge { nonce } => nonce,
         other => return (stream, other),
     };
-    let mac = proof(secret, &nonce, job, 0, &fingerprint)
-        .finalize()
-        .into_bytes()
-        .to_vec();
+    // No secret (an empty one here): an empty proof, as a peer without one sends.
+    let secret = (!secret.is_empty()).then_some(secret);
+    let mac = proof_to_send(secret, &nonce, job, 0, &fingerprint);
     write(&mut stream, &Wire::Proof { mac });
     let answer = read(&mut stream);
     (stream, answer)
@@ -106,11 +105,21 @@ fn a_peer_of_another_job_attempt_or_secret_is_refused_saying_why() {
     assert_eq!(
         refusal(answer),
         Refusal::WrongJob {
-            asked: "another".into()
+            asked: "another".into(),
+            ours: "j".into()
         }
     );
     let (_, answer) = greet(&mesh, "j", 0, b"wrong");
     assert_eq!(refusal(answer), Refusal::WrongSecret);
+    // A peer with no secret (an empty proof) is told it is missing, as the master's port
+    // tells it.
+    let (_, answer) = greet(&mesh, "j", 0, b"");
+    assert_eq!(
+        refusal(answer),
+        Refusal::NoSecret {
+            worker_has_none: true
+        }
+    );
     let (_, answer) = greet(&mesh, "j", 3, SECRET);
     assert_eq!(
         refusal(answer),

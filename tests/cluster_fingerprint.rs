@@ -339,3 +339,27 @@ fn a_master_of_another_wire_protocol_version_is_final_for_the_worker() {
         &ours,
     );
 }
+
+#[test]
+fn a_long_parameter_is_fingerprinted_by_its_length_and_checksum() {
+    #[derive(serde::Serialize)]
+    struct Files {
+        files: Vec<String>,
+    }
+    let fingerprint = |files: &[String]| {
+        let files = Files {
+            files: files.to_vec(),
+        };
+        let job = summing(5).workers(2).params(&files).build().unwrap();
+        job.fingerprint().get("params.files").unwrap().to_string()
+    };
+    let mut files: Vec<String> = (0..5000)
+        .map(|i| format!("/data/part-{i:05}.csv"))
+        .collect();
+    let long = fingerprint(&files);
+    // A handshake stays well inside its 64 KiB: the list is told by its start, length and
+    // checksum.
+    assert!(long.len() < 200 && long.contains("CRC-32"), "{long}");
+    files[4000] = "/data/another.csv".into();
+    assert_ne!(fingerprint(&files), long);
+}

@@ -19,14 +19,18 @@ type Store = Arc<Mutex<Box<dyn CheckpointStore>>>;
 /// starts; but once the write in flight has lasted `slow`, the store is stalled: the
 /// newer checkpoint takes the waiting one's place (which is skipped, said at WARN) and the
 /// master goes on. So a store that keeps up gets every checkpoint, and one that stalls
-/// costs an iteration at most `slow` once. A write that lasts longer than `slow` is said
-/// at WARN, naming the store, and again each `slow` while it lasts. A write that fails is
-/// said at WARN; the store keeps the one before. [`flush`](Self::flush)
+/// holds the master at most `slow` per write it stalls on. A write that lasts longer than
+/// `slow` is said at WARN, naming the store, and again each `slow` while it lasts. A write
+/// that fails is said at WARN; the store keeps the one before. Dropped, the writer writes
+/// what was handed over within `bound`, and leaves a store that does not answer to its
+/// thread. [`flush`](Self::flush)
 /// waits until everything handed over is written: before the store is read again (a
 /// restart), before the job's commit is recorded, and as the job ends.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// How long a flush, and the writer's end, wait for the store.
+    bound: Duration,
 }
 
 struct Shared {
@@ -53,12 +57,13 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 
 impl Writer {
     /// Starts the writing thread (named `name`) for `store`, which keeps its checkpoints
-    /// at `location`.
+    /// at `location`; a flush waits at most `bound`.
     pub(crate) fn start(
         name: String,
         store: Store,
         location: String,
         slow: Duration,
+        bound: Duration,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
@@ -71,6 +76,7 @@ impl Writer {
         Ok(Writer {
             shared,
             thread: Mutex::new(Some(thread)),
+            bound,
         })
     }
 
@@ -129,9 +135,13 @@ impl Writer {
         shared.changed.notify_all();
     }
 
-    /// Waits until every checkpoint handed over is written (or failed), at most `bound`;
-    /// whether it was.
-    pub(crate) fn flush(&self, bound: Duration) -> bool {
+    /// Waits until every checkpoint handed over is written (or failed), at most the
+    /// writer's bound; whether it was.
+    pub(crate) fn flush(&self) -> bool {
+        self.flush_within(self.bound)
+    }
+
+    fn flush_within(&self, bound: Duration) -> bool {
         let shared = &*self.shared;
         let state = lock(shared);
         let (state, waited) = shared
@@ -153,13 +163,13 @@ impl Writer {
 }
 
 impl Drop for Writer {
-    /// Writes what was handed over, then ends the thread (a store that never answers is
-    /// left to its thread).
+    /// Writes what was handed over, then ends the thread — within the writer's bound: a
+    /// store that does not answer by then is left to its thread (said by the flush).
     fn drop(&mut self) {
         lock(&self.shared).closed = true;
         self.shared.changed.notify_all();
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = thread {
+        if let (true, Some(thread)) = (self.flush(), thread) {
             let _ = thread.join();
         }
     }
@@ -216,11 +226,13 @@ fn write_all(shared: &Shared, store: &Store) {
     }
 }
 
-/// Runs `write`, saying at WARN each `slow` while it lasts that it does.
+/// Runs `write`, saying at WARN each `slow` while it lasts that it does (from a thread
+/// that logs where this one does; without one, unsaid).
 fn watched<T: Send>(shared: &Shared, iteration: Iteration, write: impl FnOnce() -> T + Send) -> T {
     let (done, ended) = std::sync::mpsc::channel::<()>();
+    let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
     std::thread::scope(|scope| {
-        scope.spawn(move || {
+        let watch = move || {
             let started = Instant::now();
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                 ended.recv_timeout(shared.slow)
@@ -233,7 +245,12 @@ fn watched<T: Send>(shared: &Shared, iteration: Iteration, write: impl FnOnce() 
                     started.elapsed()
                 );
             }
-        });
+        };
+        let _ = std::thread::Builder::new()
+            .name("checkpoint-watch".into())
+            .spawn_scoped(scope, move || {
+                tracing::dispatcher::with_default(&dispatch, watch)
+            });
         let written = write();
         drop(done);
         written
@@ -276,7 +293,14 @@ mod tests {
             gate: Arc::clone(&gate),
         })));
         let slow = Duration::from_millis(200);
-        let writer = Writer::start("w".into(), store, "gated".into(), slow).unwrap();
+        let writer = Writer::start(
+            "w".into(),
+            store,
+            "gated".into(),
+            slow,
+            Duration::from_secs(10),
+        )
+        .unwrap();
         // The store holds every write; handing over 1, then 2 (which waits for 1's write),
         // returns at once.
         writer.write(checkpoint(1));
@@ -292,10 +316,13 @@ mod tests {
         assert!(state.writing.unwrap().1.elapsed() >= slow);
         assert_eq!(state.waiting.as_ref().map(|c| c.iteration), Some(3));
         drop(state);
-        assert!(!writer.flush(Duration::from_millis(50)), "still writing");
+        assert!(
+            !writer.flush_within(Duration::from_millis(50)),
+            "still writing"
+        );
         *gate.0.lock().unwrap() = true;
         gate.1.notify_all();
-        assert!(writer.flush(Duration::from_secs(10)));
+        assert!(writer.flush());
         let written: Vec<_> = memory.checkpoints().iter().map(|c| c.iteration).collect();
         assert_eq!(written, [1, 3], "2 gave way to 3");
     }
@@ -304,24 +331,45 @@ mod tests {
     fn a_store_that_keeps_up_gets_every_checkpoint() {
         let memory = MemoryCheckpointStore::new();
         let store: Store = Arc::new(Mutex::new(Box::new(memory.clone())));
-        let writer =
-            Writer::start("w".into(), store, "memory".into(), Duration::from_secs(60)).unwrap();
+        let long = Duration::from_secs(60);
+        let writer = Writer::start("w".into(), store, "memory".into(), long, long).unwrap();
         for i in 1..=50 {
             writer.write(checkpoint(i));
         }
-        assert!(writer.flush(Duration::from_secs(10)));
+        assert!(writer.flush());
         let written: Vec<_> = memory.checkpoints().iter().map(|c| c.iteration).collect();
         assert_eq!(written, (1..=50).collect::<Vec<_>>());
     }
 
     #[test]
     fn dropping_the_writer_writes_what_was_handed_over() {
+        let second = Duration::from_secs(1);
         let memory = MemoryCheckpointStore::new();
         let store: Store = Arc::new(Mutex::new(Box::new(memory.clone())));
-        let writer =
-            Writer::start("w".into(), store, "memory".into(), Duration::from_secs(1)).unwrap();
+        let writer = Writer::start("w".into(), store, "memory".into(), second, second).unwrap();
         writer.write(checkpoint(4));
         drop(writer);
         assert_eq!(memory.checkpoints().last().map(|c| c.iteration), Some(4));
+    }
+
+    #[test]
+    fn a_writer_whose_store_never_answers_ends_within_its_bound() {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let store: Store = Arc::new(Mutex::new(Box::new(Gated {
+            inner: MemoryCheckpointStore::new(),
+            gate: Arc::clone(&gate),
+        })));
+        let bound = Duration::from_millis(100);
+        let writer = Writer::start("w".into(), store, "gated".into(), bound, bound).unwrap();
+        writer.write(checkpoint(1));
+        let dropped = Instant::now();
+        drop(writer);
+        assert!(
+            dropped.elapsed() < Duration::from_secs(20),
+            "the drop waited for the store"
+        );
+        // Let the thread left to it end.
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
     }
 }

@@ -187,10 +187,10 @@ impl<M> Resume<M> {
 #[derive(Clone)]
 pub(crate) struct SharedStore {
     store: Arc<Mutex<Box<dyn CheckpointStore>>>,
-    /// What writes the master's checkpoints off its path, and how long to wait for it
-    /// (the job's shutdown timeout); none in the simulator, where one thread decides
-    /// every order and a checkpoint is written where it is made.
-    writer: Option<(Arc<Writer>, std::time::Duration)>,
+    /// What writes the master's checkpoints off its path (waited for at most the job's
+    /// shutdown timeout); none in the simulator, where one thread decides every order and
+    /// a checkpoint is written where it is made.
+    writer: Option<Arc<Writer>>,
 }
 
 impl SharedStore {
@@ -214,14 +214,15 @@ impl SharedStore {
     ) -> Result<Self, JobError> {
         let location = store.location();
         let store = Arc::new(Mutex::new(store));
-        let writer = Writer::start(name, Arc::clone(&store), location, slow).map_err(|e| {
-            JobError::Runtime {
-                message: format!("could not start the thread that writes checkpoints: {e}"),
-            }
-        })?;
+        let writer =
+            Writer::start(name, Arc::clone(&store), location, slow, bound).map_err(|e| {
+                JobError::Runtime {
+                    message: format!("could not start the thread that writes checkpoints: {e}"),
+                }
+            })?;
         Ok(SharedStore {
             store,
-            writer: Some((Arc::new(writer), bound)),
+            writer: Some(Arc::new(writer)),
         })
     }
 
@@ -233,7 +234,7 @@ impl SharedStore {
     /// writes it now (an error says why it was not).
     pub(crate) fn save(&self, checkpoint: Checkpoint) -> Result<(), String> {
         match &self.writer {
-            Some((writer, _)) => {
+            Some(writer) => {
                 writer.write(checkpoint);
                 Ok(())
             }
@@ -245,8 +246,8 @@ impl SharedStore {
     /// written in place again, and as the job ends. Bounded by the job's shutdown
     /// timeout; a store that did not finish by then is said at WARN.
     pub(crate) fn flush(&self) {
-        if let Some((writer, bound)) = &self.writer {
-            writer.flush(*bound);
+        if let Some(writer) = &self.writer {
+            writer.flush();
         }
     }
 

@@ -128,10 +128,18 @@ impl Fingerprint {
     }
 
     /// Adds the job's own parameters ([`JobParams`](crate::JobParams)), each as the field
-    /// `params.<name>`.
+    /// `params.<name>`. A long value (a list of files, say) is its beginning, its length
+    /// and its checksum, so that the handshake stays small (the checkpoints keep it whole).
     pub(crate) fn with_params(mut self, params: Option<&crate::JobParams>) -> Self {
         for (name, value) in params.into_iter().flat_map(|p| p.fields()) {
-            self.0.push((format!("params.{name}"), value.to_string()));
+            let value = if value.len() > 200 {
+                let head: String = value.chars().take(64).collect();
+                let crc = crc32fast::hash(value.as_bytes());
+                format!("{head}… ({} bytes, CRC-32 {crc:08x})", value.len())
+            } else {
+                value.to_string()
+            };
+            self.0.push((format!("params.{name}"), value));
         }
         self
     }
@@ -368,11 +376,13 @@ pub trait MasterLink<M>: Send + 'static {
         None
     }
 
-    /// Why no new process will take the place of one that dies, if the transport knows
-    /// none will (its launcher has no restarts left, or never starts one again): a worker
-    /// lost under a policy that would wait for a new process then fails the job at once,
-    /// with this said. The default: `None` (not known; the wait lasts its timeout).
-    fn no_new_process(&self) -> Option<String> {
+    /// Why no new process of `rank` will take the place of the one lost, if the
+    /// transport knows none will (its launcher has no restarts left, or never starts one
+    /// again, and the lost one will not reconnect): a worker lost under a policy that
+    /// would wait for a new process then fails the job at once, with this said. The
+    /// default: `None` (not known; the wait lasts its timeout).
+    fn no_new_process(&self, rank: Rank) -> Option<String> {
+        let _ = rank;
         None
     }
 }

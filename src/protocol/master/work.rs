@@ -166,9 +166,10 @@ pub(crate) trait Reach {
         let _ = rank;
         None
     }
-    /// Why no new process will take the place of one that dies, if none will (its
-    /// launcher has no restarts left, or starts none again). The default: not known.
-    fn no_new_process(&self) -> Option<String> {
+    /// Why no new process of `rank` will take the place of the one lost, if none will
+    /// (its launcher has no restarts left, or starts none again). The default: not known.
+    fn no_new_process(&self, rank: Rank) -> Option<String> {
+        let _ = rank;
         None
     }
 }

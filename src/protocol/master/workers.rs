@@ -279,7 +279,7 @@ impl<M, W> MasterNode<M, W> {
                 FailurePolicy::RestartWorker { .. } | FailurePolicy::RestartAll { .. }
             );
             if let (true, Some(why), JobError::WorkerLost { reason, .. }) =
-                (waits, reach.no_new_process(), &error)
+                (waits, reach.no_new_process(rank), &error)
             {
                 let error = JobError::WorkerLost {
                     rank,

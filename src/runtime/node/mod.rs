@@ -74,8 +74,8 @@ impl<M: 'static> Reach for LinkReach<'_, M> {
     fn on_another_host(&self, rank: Rank) -> Option<bool> {
         lock(self.0).on_another_host(rank)
     }
-    fn no_new_process(&self) -> Option<String> {
-        lock(self.0).no_new_process()
+    fn no_new_process(&self, rank: Rank) -> Option<String> {
+        lock(self.0).no_new_process(rank)
     }
 }
 

@@ -611,6 +611,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         Ok(Box::new(TcpMasterLink::<M> {
             peers,
             launcher: self.settings.launcher.clone(),
+            reconnect_timeout: self.settings.reconnect_timeout,
             refusals,
             max_frame: self.settings.max_frame,
             _types: PhantomData,
@@ -715,6 +716,9 @@ struct TcpMasterLink<M> {
     peers: Shared,
     /// The launcher that started this process, from its settings.
     launcher: Option<String>,
+    /// How long a worker that lost the master tries to reach it again (the settings'):
+    /// one that lives comes back within it.
+    reconnect_timeout: Duration,
     refusals: Arc<Mutex<admission::Refusals>>,
     max_frame: usize,
     _types: PhantomData<fn() -> M>,
@@ -788,20 +792,31 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
             .then(|| peers.remote.get(rank).copied().flatten())?
     }
 
-    fn no_new_process(&self) -> Option<String> {
-        let left = lock(&self.peers).restarts_left;
-        no_new_process(left, self.launcher.as_deref())
+    fn no_new_process(&self, rank: Rank) -> Option<String> {
+        let peers = lock(&self.peers);
+        // A new process of the rank is here already: its hello, which may have brought the
+        // count down, came before the old one's loss was heard.
+        if peers.holds(rank) {
+            return None;
+        }
+        let reconnects = !self.reconnect_timeout.is_zero();
+        no_new_process(peers.restarts_left, self.launcher.as_deref(), reconnects)
     }
 }
 
 /// Why no new process will take the place of one that dies, from what the launcher said
-/// of its restarts (`left`) and which launcher it is: `None` when one may come.
-fn no_new_process(left: Option<u32>, launcher: Option<&str>) -> Option<String> {
+/// of its restarts (`left`) and which launcher it is: `None` when one may come. Under a
+/// launcher that starts none again, a lost process that lives may still come back when
+/// workers reconnect (`reconnects`: across hosts, a connection may break under a live
+/// process); `superstep-launch`'s processes share one host, where only a process that
+/// ended loses its connection.
+fn no_new_process(left: Option<u32>, launcher: Option<&str>, reconnects: bool) -> Option<String> {
     match (left, launcher) {
         (Some(0), _) => Some(
             "no new process of it will come: its launcher has no restarts left (SUPERSTEP_RESTARTS_LEFT=0; `superstep-launch --restarts K` starts dead processes again K times)".into(),
         ),
         (Some(_), _) => None,
+        (None, _) if reconnects => None,
         (None, Some("Slurm")) => Some(
             "no new process of it will come: srun starts no task of a job step again (a requeue, `sbatch --requeue` or `scontrol requeue`, starts the whole job again)".into(),
         ),

@@ -74,3 +74,19 @@ fn a_connection_joins_two_hosts_when_its_ends_differ_and_are_not_both_loopback()
         "IPv4 mapped into IPv6"
     );
 }
+
+#[test]
+fn no_new_process_comes_without_restarts_left_or_under_srun_and_mpirun_without_reconnects() {
+    use super::no_new_process as none;
+    let left_none = none(Some(0), Some("superstep"), true).unwrap();
+    assert!(left_none.contains("no restarts left"), "{left_none}");
+    assert!(none(Some(2), Some("superstep"), false).is_none());
+    let srun = none(None, Some("Slurm"), false).unwrap();
+    assert!(srun.contains("srun starts no task"), "{srun}");
+    assert!(none(None, Some("Open MPI"), false).is_some());
+    // A lost process that lives may reconnect; torchrun and Kubernetes start new ones.
+    assert!(none(None, Some("Slurm"), true).is_none());
+    assert!(none(None, Some("torchrun"), false).is_none());
+    assert!(none(None, Some("Kubernetes"), false).is_none());
+    assert!(none(None, None, false).is_none());
+}

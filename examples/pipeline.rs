@@ -53,6 +53,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,superstep=info".into()),
         )
+        // Log lines on standard error, the results on standard output.
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     let workers = args.workers.unwrap_or_else(|| {

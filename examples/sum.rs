@@ -52,6 +52,8 @@ fn main() -> Result<(), JobError> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,superstep=info".into()),
         )
+        // Log lines on standard error, the results on standard output.
+        .with_writer(std::io::stderr)
         .init();
     let numbers = 1_000_000;
     let outcome = Job::builder(SumMaster, move |_rank| SumWorker {

@@ -110,6 +110,7 @@ pub(crate) struct Undecodable {
 
 impl Undecodable {
     /// A message `direction` that did not read as a `T`, for `message`.
+    #[cfg(any(feature = "tcp", feature = "sim"))]
     pub(crate) fn of<T>(direction: String, message: String) -> Self {
         Undecodable {
             direction,
@@ -130,6 +131,7 @@ impl Undecodable {
 }
 
 /// `msg` as the receiving side of a wire gets it, sent `direction`: encoded and decoded.
+#[cfg(feature = "sim")]
 pub(crate) fn through_wire<T: Serialize + DeserializeOwned>(
     msg: T,
     direction: impl FnOnce() -> String,

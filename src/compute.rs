@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::coordinator::{Attachment, MalformedRows, RowCounts, Shard};
 use crate::error::SyncError;
 use crate::error::{BoxError, JobError};
-use crate::ids::{Attempt, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{Attempt, CallAt, Epoch, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
 use crate::protocol::{Gathered, SyncResult, ToMaster, WorkerConfig};
 use crate::transport::{PeerEvent, PeerLink};
@@ -245,6 +245,8 @@ pub struct WorkerContext<M, W> {
     pub(crate) halt_vote: bool,
     /// This rank's count of sync calls so far: the epoch of its next call.
     pub(crate) epoch: Epoch,
+    /// The epoch of the iteration's first call: calls are named by their number in it.
+    pub(crate) iteration_epoch: Epoch,
     pub(crate) sync: Option<SyncLink<W>>,
     /// This worker's part of the input, if the job has one.
     pub(crate) shard: Option<Shard>,
@@ -410,6 +412,7 @@ impl<M, W> WorkerContext<M, W> {
             result: None,
             halt_vote: false,
             epoch: 0,
+            iteration_epoch: 0,
             sync: None,
             shard: None,
             rows: RowCounts::default(),
@@ -625,17 +628,42 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + ToOwned + ?Sized,
         T::Owned: DeserializeOwned,
     {
-        let bytes = crate::codec::to_vec(message).map_err(|e| SyncError::Codec(e.to_string()))?;
+        let rank = self.rank;
+        let bytes = crate::codec::to_vec(message).map_err(|e| {
+            SyncError::Codec(format!(
+                "rank {rank}'s all_gather message, a {}, does not encode: {e}",
+                std::any::type_name::<T>()
+            ))
+        })?;
         self.gather(bytes, wait)
             .await?
             .iter()
-            .map(|m| crate::codec::from_slice(m).map_err(|e| SyncError::Codec(e.to_string())))
+            .enumerate()
+            .map(|(from, m)| {
+                crate::codec::from_slice(m).map_err(|e| {
+                    SyncError::Codec(format!(
+                        "rank {from}'s all_gather message does not decode as {} on rank {rank}: {e}",
+                        std::any::type_name::<T::Owned>()
+                    ))
+                })
+            })
             .collect()
     }
 
     /// How many sync calls this rank has made: the epoch of its next call.
     pub fn sync_epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// Enters `iteration`: its calls are numbered from 1.
+    pub(crate) fn enter_iteration(&mut self, iteration: Iteration) {
+        self.iteration = iteration;
+        self.iteration_epoch = self.epoch;
+    }
+
+    /// Where this rank's call of `epoch` stands in the iteration.
+    pub(crate) fn call_at(&self, epoch: Epoch) -> CallAt {
+        CallAt::of(self.iteration, self.iteration_epoch, epoch)
     }
 
     /// Makes sync call `kind` with `message` and waits for the master's node's answer.
@@ -649,9 +677,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
             awaitable()?;
         }
         let rank = self.rank;
-        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(kind))?;
         if self.iteration == 0 {
-            return Err(SyncError::OutsideCompute);
+            return Err(SyncError::OutsideCompute(kind));
         }
         if let Some(e) = sync.failure() {
             return Err(e);

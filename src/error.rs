@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{CollectiveCall, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{CallAt, CollectiveCall, CollectiveKind, Epoch, Iteration, Rank, SyncKind};
 
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -131,6 +131,9 @@ pub enum CauseKind {
 pub struct Cause {
     kind: CauseKind,
     message: String,
+    /// A mistake in the program ([`Cause::is_mistake`]).
+    #[serde(default)]
+    mistake: bool,
     #[serde(skip)]
     source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
@@ -138,9 +141,11 @@ pub struct Cause {
 impl Cause {
     /// A cause from an error returned by user code.
     pub fn from_error(error: BoxError) -> Self {
+        let mistake = is_mistake(&*error);
         Cause {
             kind: CauseKind::Error,
             message: error.to_string(),
+            mistake,
             source: Some(Arc::from(error)),
         }
     }
@@ -157,6 +162,7 @@ impl Cause {
         Cause {
             kind: CauseKind::Panic,
             message,
+            mistake: false,
             source: None,
         }
     }
@@ -166,6 +172,7 @@ impl Cause {
         Cause {
             kind,
             message: message.into(),
+            mistake: false,
             source: None,
         }
     }
@@ -184,6 +191,31 @@ impl Cause {
     pub fn is_panic(&self) -> bool {
         self.kind == CauseKind::Panic
     }
+
+    /// Whether the code broke a rule every attempt would break again — its ranks made
+    /// different sync calls or collectives, it called one where it cannot, it sent a
+    /// message the job cannot carry ([`SyncError::is_mistake`],
+    /// [`MessageError`]) — so that no failure policy runs it again: the job fails at
+    /// once. Found in the error's chain of sources; it crosses a network with the message.
+    pub fn is_mistake(&self) -> bool {
+        self.mistake
+    }
+}
+
+/// Whether `error`, or an error in its chain of sources, is a mistake in the program
+/// ([`Cause::is_mistake`]).
+fn is_mistake(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(error);
+    while let Some(e) = at {
+        if e.downcast_ref::<SyncError>()
+            .is_some_and(SyncError::is_mistake)
+            || e.downcast_ref::<MessageError>().is_some()
+        {
+            return true;
+        }
+        at = e.source();
+    }
+    false
 }
 
 impl fmt::Display for Cause {
@@ -441,7 +473,9 @@ pub enum JobError {
     /// checks every message this way in debug builds (see
     /// [`MemoryTransport::wire_check`](crate::transport::MemoryTransport::wire_check)), so
     /// such a type fails the job's own unit tests; over TCP, run one build everywhere.
-    #[error("could not decode a message {direction} as `{type_name}` (from {peer}): {message}")]
+    #[error(
+        "a message {direction} does not survive the wire as `{type_name}` (from {peer}): {message}"
+    )]
     Decode {
         /// Which way the message went: `worker 2 → master`, `master → worker 2`.
         direction: String,
@@ -476,22 +510,22 @@ pub enum JobError {
 #[derive(Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum SyncError {
-    /// Ranks made different calls in one epoch. Every rank must call the same method in the
-    /// same order.
-    #[error("different sync calls in epoch {epoch}: {}; every rank must make the same calls in the same order", Calls(.calls))]
+    /// Ranks made different calls as the same call of an iteration. Every rank must call
+    /// the same method in the same order.
+    #[error("different calls at {at}: {}; every rank must make the same sync calls and collectives in the same order", Calls(.calls))]
     Mismatch {
-        /// The epoch.
-        epoch: Epoch,
+        /// Where the call stands.
+        at: CallAt,
         /// Who called what, in rank order.
         calls: Vec<(Rank, SyncKind)>,
     },
     /// Not every rank made the call of this epoch within the sync timeout, counted from the
     /// epoch's first arrival. (A rank that returned from compute without the call is not
     /// waited for: that is [`SyncError::Unmatched`], at once.)
-    #[error("epoch {epoch} ({kind}) timed out after {waited:?} from its first arrival: rank(s) {missing:?} did not arrive")]
+    #[error("{kind} ({at}) timed out after {waited:?} from its first arrival: rank(s) {missing:?} did not make it")]
     TimedOut {
-        /// The epoch.
-        epoch: Epoch,
+        /// Where the call stands.
+        at: CallAt,
         /// The call the others made.
         kind: SyncKind,
         /// The ranks that did not arrive.
@@ -501,21 +535,19 @@ pub enum SyncError {
     },
     /// Ranks returned from their compute without making the call that others made in this
     /// epoch: the others would wait for them forever, so the epoch fails at once.
-    #[error("rank(s) {returned:?} returned from compute in iteration {iteration} without making call {epoch} ({kind}) that rank(s) {waiting:?} made")]
+    #[error("rank(s) {returned:?} returned from compute without making {kind} ({at}) that rank(s) {waiting:?} made")]
     Unmatched {
-        /// The epoch.
-        epoch: Epoch,
+        /// Where the call stands.
+        at: CallAt,
         /// The call the others made.
         kind: SyncKind,
-        /// The iteration.
-        iteration: Iteration,
         /// The ranks that returned without the call.
         returned: Vec<Rank>,
         /// The ranks that made it.
         waiting: Vec<Rank>,
     },
     /// The call's epoch is not the barrier's: the rank is out of step.
-    #[error("rank {rank} called in epoch {epoch}, but the barrier is at epoch {current}")]
+    #[error("rank {rank} is out of step: it made its sync call {epoch} of the attempt (`WorkerContext::sync_epoch`, counted from 0) while the others are at {current}")]
     StaleEpoch {
         /// The rank.
         rank: Rank,
@@ -527,17 +559,18 @@ pub enum SyncError {
     /// The job failed (this is its first failure): every waiting rank is released.
     #[error("the job failed: {0}")]
     JobFailed(#[source] Box<JobError>),
-    /// `barrier()` or `all_gather()` was called outside `compute` (in `init`): sync calls
-    /// meet per iteration, so only compute may make them.
-    #[error("barrier() and all_gather() can only be called from compute, not from init")]
-    OutsideCompute,
-    /// `barrier()` or `all_gather()` was called in a job without barrier mode. Remedy:
-    /// build the job with `barrier_mode(true)`, which gives every worker a thread of its
-    /// own so that ranks can wait for each other.
-    #[error("barrier() and all_gather() need a job built with barrier_mode(true)")]
-    NotEnabled,
-    /// A message could not be encoded or decoded.
-    #[error("could not encode or decode an all_gather message: {0}")]
+    /// A sync call or a collective (the one named) was made outside `compute` (in
+    /// `init`): they meet per iteration, so only compute may make them.
+    #[error("{0} was called in init: sync calls and collectives meet per iteration, so only compute can make them")]
+    OutsideCompute(SyncKind),
+    /// A sync call or a collective (the one named) was made in a job without barrier
+    /// mode. Remedy: build the job with `barrier_mode(true)`, which gives every worker a
+    /// thread of its own so that ranks can wait for each other.
+    #[error("{0} needs a job built with barrier_mode(true), which gives every worker a thread of its own so that ranks can wait for each other")]
+    NotEnabled(SyncKind),
+    /// A value of a sync call or a collective could not be encoded or decoded: the text
+    /// names the call, the value's type and the rank it came from.
+    #[error("{0}")]
     Codec(String),
     /// No answer came from the barrier (it is gone, or much slower than its timeout).
     #[error("no answer from the barrier within {0:?}")]
@@ -547,14 +580,14 @@ pub enum SyncError {
     /// make the same collective calls, with values of the same length, in the same order.
     #[error("{}", CallsDiffer::new(*.rank, .call, *.peer, .peer_call))]
     CollectiveMismatch {
-        /// The rank that noticed.
+        /// A rank that made one of the calls.
         rank: Rank,
         /// Its call.
-        call: CollectiveCall,
-        /// The rank whose piece it received.
+        call: Box<CollectiveCall>,
+        /// A rank that made the other.
         peer: Rank,
         /// The peer's call.
-        peer_call: CollectiveCall,
+        peer_call: Box<CollectiveCall>,
     },
     /// A collective's peers did not send what it waits for within the sync timeout,
     /// counted from the call.
@@ -634,6 +667,24 @@ pub enum SyncError {
     NoTimer,
 }
 
+impl SyncError {
+    /// Whether this is a mistake in the program rather than a fault: ranks that made
+    /// different calls, a call made where it cannot be, a rank that is not there. Another
+    /// attempt would make it again, so it fails the job at once under every policy.
+    pub fn is_mistake(&self) -> bool {
+        matches!(
+            self,
+            SyncError::Mismatch { .. }
+                | SyncError::CollectiveMismatch { .. }
+                | SyncError::Unmatched { .. }
+                | SyncError::OutsideCompute(_)
+                | SyncError::NotEnabled(_)
+                | SyncError::NoSuchRank { .. }
+                | SyncError::NothingToBroadcast(_)
+        )
+    }
+}
+
 /// Two ranks' collective calls, said by what differs: only the length, or the calls.
 struct CallsDiffer<'a> {
     rank: Rank,
@@ -649,6 +700,15 @@ impl<'a> CallsDiffer<'a> {
         peer: Rank,
         peer_call: &'a CollectiveCall,
     ) -> Self {
+        // In rank order, whichever rank noticed: every rank says it alike.
+        if peer < rank {
+            return CallsDiffer {
+                rank: peer,
+                call: peer_call,
+                peer: rank,
+                peer_call: call,
+            };
+        }
         CallsDiffer {
             rank,
             call,
@@ -668,14 +728,14 @@ impl fmt::Display for CallsDiffer<'_> {
         if same_but_len {
             write!(
                 f,
-                "collective {}: rank {} called {} with {} element(s), rank {} with {}; every rank must pass a value of the same length",
-                call.seq, self.rank, call.kind, call.len, self.peer, peer_call.len
+                "different collectives at {}: rank {} called {} with {} element(s), rank {} with {}; every rank must pass a value of the same length",
+                call.at, self.rank, call.kind, call.len, self.peer, peer_call.len
             )
         } else {
             write!(
                 f,
-                "collective {}: rank {} called {}, rank {} called {}; every rank must make the same collective calls in the same order",
-                call.seq, self.rank, call, self.peer, peer_call
+                "different collectives at {}: rank {} called {}, rank {} called {}; every rank must make the same collective calls in the same order",
+                call.at, self.rank, Called(call), self.peer, Called(peer_call)
             )
         }
     }
@@ -716,6 +776,24 @@ pub enum MessageError {
     /// A message sent outside `compute` (in `init`): messages belong to a superstep.
     #[error("messages are sent in compute, not in init: they belong to a superstep")]
     OutsideCompute,
+}
+
+/// A call as a mismatch names it: what it is, without the place the message names once.
+struct Called<'a>(&'a CollectiveCall);
+
+impl fmt::Display for Called<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let call = self.0;
+        if call.chunk == 0 || call.kind == CollectiveKind::Messages {
+            // Known by its kind alone (a broadcast's receiver), or the superstep's messages.
+            return write!(f, "{}", call.kind);
+        }
+        write!(
+            f,
+            "{} of {} element(s) by {}",
+            call.kind, call.len, call.algorithm
+        )
+    }
 }
 
 struct Calls<'a>(&'a [(Rank, SyncKind)]);

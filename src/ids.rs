@@ -19,6 +19,34 @@ pub type Attempt = u32;
 /// n-th call of every other.
 pub type Epoch = u64;
 
+/// Where a sync call or a collective stands, as every message names it: the iteration it
+/// was made in, and its number among that iteration's sync calls and collectives, counted
+/// from 1 (the same on every rank: the n-th call of each meets the n-th of every other).
+/// Displayed `call 2 of iteration 5`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct CallAt {
+    /// The iteration the call was made in.
+    pub iteration: Iteration,
+    /// The call's number among the iteration's, from 1.
+    pub call: u64,
+}
+
+impl CallAt {
+    /// The call of `epoch` in an iteration whose first call had `first`.
+    pub(crate) fn of(iteration: Iteration, first: Epoch, epoch: Epoch) -> Self {
+        CallAt {
+            iteration,
+            call: epoch.saturating_sub(first) + 1,
+        }
+    }
+}
+
+impl fmt::Display for CallAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "call {} of iteration {}", self.call, self.iteration)
+    }
+}
+
 /// Which sync call a rank made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SyncKind {
@@ -93,6 +121,8 @@ pub enum CollectiveKind {
 impl fmt::Display for CollectiveKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // The user's own fold: the call that makes it.
+            CollectiveKind::AllReduce(ReduceOp::Fold) => f.write_str("all_reduce_with"),
             CollectiveKind::AllReduce(op) => write!(f, "all_reduce({op})"),
             CollectiveKind::ReduceScatter(op) => write!(f, "reduce_scatter({op})"),
             CollectiveKind::Reduce { root, op } => write!(f, "reduce({op}) to rank {root}"),
@@ -135,8 +165,11 @@ impl fmt::Display for Algorithm {
 /// collectives, what it is, how many elements, and how they travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CollectiveCall {
-    /// The call's number, counted per rank from 0 (as sync calls' epochs are).
+    /// The call's epoch: its number, counted per rank from 0 over the attempt (as sync
+    /// calls' are), by which pieces find their call.
     pub seq: u64,
+    /// Where it stands in its iteration, as messages name it.
+    pub at: CallAt,
     /// What was called.
     pub kind: CollectiveKind,
     /// How many elements the value has (1 for a value that is not split).
@@ -152,12 +185,16 @@ impl fmt::Display for CollectiveCall {
         if self.kind == CollectiveKind::Messages {
             // One piece from each rank to each other: no algorithm to name, and its
             // length is the ranks' pairs.
-            return write!(f, "the superstep's messages (collective {})", self.seq);
+            return write!(f, "the superstep's messages ({})", self.at);
+        }
+        if self.chunk == 0 {
+            // Known by its kind alone: a broadcast's receiver before its first piece.
+            return write!(f, "{} ({})", self.kind, self.at);
         }
         write!(
             f,
-            "{} of {} element(s) by {} (collective {})",
-            self.kind, self.len, self.algorithm, self.seq
+            "{} of {} element(s) by {} ({})",
+            self.kind, self.len, self.algorithm, self.at
         )
     }
 }

@@ -240,7 +240,7 @@ pub use error::{
     SyncError, Waiting,
 };
 pub use events::JobEvent;
-pub use ids::{Aggregation, Attempt, Epoch, Iteration, Rank, SyncKind};
+pub use ids::{Aggregation, Attempt, CallAt, Epoch, Iteration, Rank, SyncKind};
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{barrier_job, summing_master, FnWorker};
 use superstep::prelude::*;
+use superstep::{CallAt, SyncError, SyncKind};
 use superstep::{Phase, Placement};
-use superstep::{SyncError, SyncKind};
 
 /// Longer still, for the waits these tests are not about.
 const NEVER: Duration = Duration::from_secs(3600);
@@ -136,7 +136,10 @@ fn mixed_calls_fail_every_rank_of_that_epoch_saying_which_rank_called_what() {
     .run()
     .unwrap_err();
     let expected = SyncError::Mismatch {
-        epoch: 0,
+        at: CallAt {
+            iteration: 1,
+            call: 1,
+        },
         calls: vec![
             (0, SyncKind::Barrier),
             (1, SyncKind::Barrier),
@@ -182,15 +185,26 @@ fn a_timeout_from_the_first_arrival_names_the_ranks_that_did_not_arrive_and_the_
     .unwrap_err();
     match &err {
         JobError::Sync(SyncError::TimedOut {
-            epoch,
+            at,
             kind,
             missing,
             waited,
         }) => {
             assert_eq!(
-                (*epoch, *kind),
-                (1, SyncKind::Barrier),
-                "the second call of every rank"
+                (*at, *kind),
+                (
+                    CallAt {
+                        iteration: 2,
+                        call: 1
+                    },
+                    SyncKind::Barrier
+                ),
+                "the first call of iteration 2 (the second of every rank)"
+            );
+            assert!(
+                err.to_string()
+                    .starts_with("barrier() (call 1 of iteration 2) timed out after"),
+                "{err}"
             );
             assert_eq!(missing, &vec![1]);
             assert!(*waited >= Duration::from_millis(300));
@@ -228,13 +242,18 @@ fn a_rank_that_returns_without_the_call_the_others_made_is_named_at_once() {
     .unwrap_err();
     match err {
         JobError::Sync(SyncError::Unmatched {
-            epoch,
-            kind,
-            iteration,
-            returned,
-            ..
+            at, kind, returned, ..
         }) => {
-            assert_eq!((epoch, kind, iteration), (1, SyncKind::Barrier, 2));
+            assert_eq!(
+                (at, kind),
+                (
+                    CallAt {
+                        iteration: 2,
+                        call: 1
+                    },
+                    SyncKind::Barrier
+                )
+            );
             assert_eq!(returned, vec![3]);
         }
         other => panic!("unexpected {other:?}"),
@@ -306,7 +325,7 @@ fn a_sync_call_outside_barrier_mode_fails_at_once_with_a_clear_error() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .ends_with("barrier() and all_gather() need a job built with barrier_mode(true)"),
+            .ends_with("barrier() needs a job built with barrier_mode(true), which gives every worker a thread of its own so that ranks can wait for each other"),
         "{err}"
     );
 }
@@ -358,7 +377,12 @@ fn with_the_default_sync_timeout_an_iteration_timeout_still_names_who_did_not_ar
     .unwrap_err();
     match err {
         JobError::Sync(SyncError::TimedOut {
-            epoch: 0, missing, ..
+            at: CallAt {
+                iteration: 1,
+                call: 1,
+            },
+            missing,
+            ..
         }) => assert_eq!(missing, vec![2]),
         other => panic!("unexpected {other:?}"),
     }
@@ -385,7 +409,7 @@ fn a_sync_call_in_init_is_refused_with_a_clear_error() {
         .unwrap_err();
     assert!(
         matches!(err, JobError::Worker { phase: Phase::Init, ref cause, .. }
-            if cause.message() == SyncError::OutsideCompute.to_string()),
+            if cause.message() == SyncError::OutsideCompute(SyncKind::Barrier).to_string()),
         "{err:?}"
     );
 }

@@ -50,6 +50,30 @@ const INHERITED: [&str; 14] = [
 /// Kills the processes still running when dropped: a failed assertion leaves none behind.
 struct Processes(Vec<Child>);
 
+impl Processes {
+    /// Waits for every process to end (within two minutes); whether each succeeded, and
+    /// its standard output and error, in rank order.
+    fn ended(mut self) -> Vec<(bool, String)> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.0.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+            assert!(Instant::now() < deadline, "the processes did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::mem::take(&mut self.0)
+            .into_iter()
+            .map(|child| {
+                let out = child.wait_with_output().unwrap();
+                let text = format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                (out.status.success(), text)
+            })
+            .collect()
+    }
+}
+
 impl Drop for Processes {
     fn drop(&mut self) {
         for child in &mut self.0 {
@@ -80,24 +104,9 @@ fn run(world: usize, vars: impl Fn(usize) -> Vec<(String, String)>, args: &[&str
             .stderr(Stdio::piped());
         processes.0.push(command.spawn().unwrap());
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while processes
-        .0
-        .iter_mut()
-        .any(|c| c.try_wait().unwrap().is_none())
-    {
-        assert!(Instant::now() < deadline, "the processes did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let mut outputs = Vec::new();
-    for child in std::mem::take(&mut processes.0) {
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "rank {}: {text}", outputs.len());
+    for (success, text) in processes.ended() {
+        assert!(success, "rank {}: {text}", outputs.len());
         outputs.push(text);
     }
     outputs
@@ -241,4 +250,46 @@ fn a_process_of_another_run_is_refused_naming_both_run_ids() {
         said.contains("`run id` is 4243 there and 4242 in the master's"),
         "{said}"
     );
+}
+
+/// Two processes started with other parameters (`--seed`): the worker's is refused at its
+/// handshake naming the parameter, both end failed, and the master's says so at ERROR —
+/// with no warning of a wait for the refused process on top.
+#[test]
+fn a_process_refused_for_other_parameters_fails_the_job_without_waits_said_at_warn() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut processes = Processes(Vec::new());
+    for (rank, seed) in [(0, "7"), (1, "8")] {
+        let mut command = Command::new(example());
+        for var in INHERITED {
+            command.env_remove(var);
+        }
+        command
+            .env("SUPERSTEP_RANK", rank.to_string())
+            .env("SUPERSTEP_WORLD_SIZE", "2")
+            .env("SUPERSTEP_MASTER_ADDR", &addr)
+            .env("SUPERSTEP_SECRET", "change-me")
+            .args(["--rows", "2000", "--features", "4", "--iterations", "5"])
+            .args(["--seed", seed])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        processes.0.push(command.spawn().unwrap());
+    }
+    let mut outputs = Vec::new();
+    for (success, output) in processes.ended() {
+        assert!(!success, "rank {} succeeded: {output}", outputs.len());
+        // The example's log lines and its failure are on its standard error.
+        outputs.push(output);
+    }
+    let refusal = "`params.seed` is 8 there and 7 in the master's";
+    for (rank, output) in outputs.iter().enumerate() {
+        assert!(output.contains(refusal), "rank {rank}: {output}");
+        let warnings: Vec<&str> = output
+            .lines()
+            .filter(|l| l.contains("WARN"))
+            // The refusal itself, as the master's node turned the connection away.
+            .filter(|l| !l.contains("refused a connection"))
+            .collect();
+        assert!(warnings.is_empty(), "rank {rank}: {warnings:#?}");
+    }
 }

@@ -106,7 +106,8 @@ fn errors_print_as_sentences_under_debug() {
     .unwrap_err();
     let text = sync.to_string();
     assert!(
-        text.contains("need a job built with barrier_mode(true)"),
+        text.starts_with("barrier() needs a job built with barrier_mode(true)")
+            || text.contains(": barrier() needs a job built with barrier_mode(true)"),
         "{text}"
     );
     assert!(!text.contains("NotEnabled"), "{text}");

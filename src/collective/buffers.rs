@@ -24,6 +24,11 @@ pub(crate) trait Carried: Buffer {
 
     /// A part a peer sent encoded.
     fn decode(bytes: Bytes) -> Result<Self::Part, String>;
+
+    /// What a part holds, as an error that it does not decode names it.
+    fn what() -> String {
+        "its elements".to_owned()
+    }
 }
 
 /// [`Carried::encode`] of a part encoded as it is.
@@ -237,6 +242,10 @@ impl<T: Clone, F: Fn(&mut T, T)> Buffer for Whole<T, F> {
 }
 
 impl<T: Clone + Serialize + DeserializeOwned, F: Fn(&mut T, T)> Carried for Whole<T, F> {
+    fn what() -> String {
+        format!("its value of type {}", std::any::type_name::<T>())
+    }
+
     fn encode(part: Vec<T>) -> Result<Bytes, String> {
         encode_as_is(&part)
     }

@@ -83,6 +83,10 @@ impl<T, F: Fn(&mut T, T)> Buffer for Once<T, F> {
 }
 
 impl<T: Serialize + DeserializeOwned, F: Fn(&mut T, T)> Carried for Once<T, F> {
+    fn what() -> String {
+        format!("its value of type {}", std::any::type_name::<T>())
+    }
+
     fn encode(part: Vec<T>) -> Result<Bytes, String> {
         encode_as_is(&part)
     }

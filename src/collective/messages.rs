@@ -267,7 +267,7 @@ where
                 }
                 let bytes = encode_as_is(&batch).map_err(|e| {
                     SyncError::Codec(format!(
-                        "a message of type {} does not encode: {e}",
+                        "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
                         std::any::type_name::<G>()
                     ))
                 })?;
@@ -344,6 +344,10 @@ impl<G: Serialize + DeserializeOwned> Carried for Bags<G> {
             Bag::Encoded(bytes) => Ok(bytes),
             Bag::Values(batch) => encode_as_is(&batch),
         }
+    }
+
+    fn what() -> String {
+        format!("its messages of type {}", std::any::type_name::<G>())
     }
 
     fn decode(bytes: Bytes) -> Result<Bag<G>, String> {

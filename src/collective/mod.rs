@@ -34,7 +34,7 @@ pub(crate) mod messages;
 pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
-use crate::protocol::{segment, Buffer, Exchange, PeerBody, PeerMessage, Piece};
+use crate::protocol::{segment, Buffer, CallShape, Exchange, PeerBody, PeerMessage, Piece};
 use crate::transport::{PeerEvent, TransportError};
 pub(crate) use buffers::fold_into;
 use buffers::{Carried, Elements, Whole};
@@ -75,17 +75,6 @@ const SMALL: usize = 64 * 1024;
 /// within 3%, 2 MiB 25% more.
 const CHUNK: usize = 64 * 1024;
 
-/// What a rank's call is beyond its kind, as it tells the master's node (`None`: a
-/// broadcast's receiver, which learns it from the first piece). Every rank gets every
-/// rank's back with the node's answer, and fails the call when two differ — so a rank
-/// whose part is done at once (an empty value) does not return a wrong answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-struct Shape {
-    len: u64,
-    algorithm: Algorithm,
-    chunk: u64,
-}
-
 /// How a rank's `all_gather` message reaches the master's node: small ones (and every
 /// one where the ranks share a process, or cannot reach each other) as the bytes
 /// themselves, which ride on the call the node checks and come back in its answer; a
@@ -105,6 +94,16 @@ enum Start<B: Buffer> {
         kind: CollectiveKind,
         make: fn(&CollectiveCall) -> Result<B, String>,
     },
+}
+
+impl<B: Buffer> Start<B> {
+    /// What was called.
+    fn kind(&self) -> CollectiveKind {
+        match self {
+            Start::Known(exchange) => exchange.call().kind,
+            Start::Awaited { kind, .. } => *kind,
+        }
+    }
 }
 
 impl<M, W: 'static> WorkerContext<M, W> {
@@ -292,8 +291,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
             let Some(value) = value else {
                 return Err(SyncError::NothingToBroadcast(from));
             };
-            let mut bytes =
-                crate::codec::to_vec(value).map_err(|e| SyncError::Codec(e.to_string()))?;
+            let mut bytes = crate::codec::to_vec(value).map_err(|e| {
+                SyncError::Codec(format!(
+                    "rank {from}'s value to broadcast, a {}, does not encode: {e}",
+                    std::any::type_name::<T>()
+                ))
+            })?;
             let algorithm = if bytes.len() < SMALL {
                 Algorithm::Tree
             } else {
@@ -306,7 +309,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
         } else {
             self.broadcast_received(kind, wait).await?
         };
-        crate::codec::from_slice(&bytes).map_err(|e| SyncError::Codec(e.to_string()))
+        crate::codec::from_slice(&bytes).map_err(|e| {
+            SyncError::Codec(format!(
+                "the value rank {from} broadcast does not decode as {} on rank {}: {e}",
+                std::any::type_name::<T>(),
+                self.rank
+            ))
+        })
     }
 
     /// Every rank's `value` folded by `fold` (which must be associative), for any serde
@@ -383,7 +392,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
         } else {
             (Gathered::Here(bytes), Vec::new())
         };
-        let sent = crate::codec::to_vec(&sent).map_err(|e| SyncError::Codec(e.to_string()))?;
+        let sent = crate::codec::to_vec(&sent).map_err(|e| {
+            SyncError::Codec(format!(
+                "rank {rank}'s all_gather message does not encode: {e}"
+            ))
+        })?;
         let epoch = self.epoch;
         let answer = self.sync_call_in(SyncKind::AllGather, sent, wait).await?;
         if answer.len() != workers {
@@ -403,7 +416,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 }
                 Err(e) => {
                     return Err(SyncError::Codec(format!(
-                        "rank {from}'s all_gather message: {e}"
+                        "rank {from}'s all_gather message does not decode on rank {rank}: {e}"
                     )))
                 }
             }
@@ -417,6 +430,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         ring[rank] = own;
         let call = CollectiveCall {
             seq: epoch,
+            at: self.call_at(epoch),
             kind: CollectiveKind::AllGather,
             len: workers as u64,
             algorithm: Algorithm::Ring,
@@ -511,19 +525,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Carried,
         B::Part: Send + 'static,
     {
-        let shape = Shape {
+        let shape = CallShape {
             len: buffer.len() as u64,
             algorithm,
             chunk,
         };
         let epoch = self.start_collective(kind, Some(shape), wait)?;
-        let call = CollectiveCall {
-            seq: epoch,
-            kind,
-            len: shape.len,
-            algorithm,
-            chunk,
-        };
+        let call = CallShape::call(Some(shape), epoch, self.call_at(epoch), kind);
         let values = self.peers_take_values();
         let exchange = exchange(call, self.workers, self.rank, buffer, values);
         self.drive(epoch, Start::Known(Box::new(exchange)), false, wait)
@@ -540,7 +548,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     fn start_collective(
         &mut self,
         kind: CollectiveKind,
-        shape: Option<Shape>,
+        shape: Option<CallShape>,
         wait: Wait,
     ) -> Result<Epoch, SyncError> {
         if wait == Wait::Await {
@@ -555,9 +563,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 });
             }
         }
-        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+        let called = SyncKind::Collective(kind);
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
         if self.iteration == 0 {
-            return Err(SyncError::OutsideCompute);
+            return Err(SyncError::OutsideCompute(called));
         }
         if let Some(e) = sync.failure() {
             return Err(e);
@@ -592,7 +601,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let span = tracing::debug_span!("collective", rank = self.rank, epoch);
         in_span(span, async move {
             let (rank, workers) = (self.rank, self.workers);
-            let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled)?;
+            let called = SyncKind::Collective(start.kind());
+            let at = self.call_at(epoch);
+            let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
             let peers = match &sync.peers {
                 Ok(peers) => std::sync::Arc::clone(peers),
                 Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
@@ -600,7 +611,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
             let values = peers.carries_values();
             let (early, lost) = sync.take_early(epoch);
             if let Some((peer, reason)) = lost {
-                return Err(SyncError::PeerLost { rank, peer, reason });
+                let lost = SyncError::PeerLost { rank, peer, reason };
+                return Err(after_loss(sync, epoch, released, wait, lost).await);
             }
             let mut start = start;
             let mut released = released;
@@ -646,24 +658,35 @@ impl<M, W: 'static> WorkerContext<M, W> {
                             body: if values {
                                 PeerBody::Value(Box::new(piece.part))
                             } else {
-                                PeerBody::Encoded(B::encode(piece.part).map_err(SyncError::Codec)?)
+                                PeerBody::Encoded(B::encode(piece.part).map_err(|e| {
+                                    SyncError::Codec(format!(
+                                        "rank {rank}'s part of {} for rank {to} does not encode: {e}",
+                                        piece.call
+                                    ))
+                                })?)
                             },
                         };
                         let call = msg.call;
-                        peers.send(to, msg).map_err(|e| match e {
-                            TransportError::TooLarge { bytes, limit } => SyncError::TooLarge {
-                                rank,
-                                call,
-                                peer: to,
-                                bytes,
-                                limit,
-                            },
-                            e => SyncError::PeerLost {
-                                rank,
-                                peer: to,
-                                reason: e.to_string(),
-                            },
-                        })?;
+                        match peers.send(to, msg) {
+                            Ok(()) => {}
+                            Err(TransportError::TooLarge { bytes, limit }) => {
+                                return Err(SyncError::TooLarge {
+                                    rank,
+                                    call,
+                                    peer: to,
+                                    bytes,
+                                    limit,
+                                })
+                            }
+                            Err(e) => {
+                                let lost = SyncError::PeerLost {
+                                    rank,
+                                    peer: to,
+                                    reason: e.to_string(),
+                                };
+                                return Err(after_loss(sync, epoch, released, wait, lost).await);
+                            }
+                        }
                     }
                 }
                 // Done, once the master's node said every rank made the call too: a rank whose
@@ -691,16 +714,15 @@ impl<M, W: 'static> WorkerContext<M, W> {
                             reason: reason.clone(),
                         };
                         sync.early.push(PeerEvent::Lost { rank: peer, reason });
-                        return Err(lost);
+                        return Err(after_loss(sync, epoch, released, wait, lost).await);
                     }
                     Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
                     // The master's node found the call broken: another call on some rank, a
                     // rank that returned without it, or one that did not make it in time.
                     Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
-                    // Every rank made the call (its values may still be on their way): the
-                    // same one, to the length?
-                    Ok(Incoming::Answer(answered, Ok(shapes))) if answered == epoch => {
-                        same_shapes(epoch, &start, &shapes)?;
+                    // Every rank made the call, the same to the length (the node compared
+                    // them); its values may still be on their way.
+                    Ok(Incoming::Answer(answered, Ok(_))) if answered == epoch => {
                         released = true;
                     }
                     // The answer to an earlier call; or the job failed.
@@ -720,7 +742,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                                     CollectiveKind::Broadcast { root } => vec![*root],
                                     _ => Vec::new(),
                                 };
-                                (awaited(epoch, *kind), root)
+                                (CallShape::call(None, epoch, at, *kind), root)
                             }
                         };
                         let waited = started.elapsed();
@@ -752,50 +774,37 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 }
 
-/// Checks every rank's call of `epoch`, as the master's node gathered them (`shapes`, in
-/// rank order), against the others: the first two that differ fail the call, on every rank
-/// alike. Ranks that did not know theirs (a broadcast's receivers) are not compared.
-fn same_shapes<B: Buffer>(
+/// How long a rank that lost a peer in a call the master's node has not released yet
+/// waits for the node's word on it.
+const LOSS_GRACE: Duration = Duration::from_secs(1);
+
+/// A peer lost during call `epoch`, before the master's node released it: the node's word
+/// on the call, when it comes within [`LOSS_GRACE`] and says the program broke the rules
+/// (another call on some rank, whose process then ended), is what this rank's call fails
+/// with — the loss is its consequence. Any other word, or none, leaves the loss.
+async fn after_loss<W>(
+    sync: &mut crate::compute::SyncLink<W>,
     epoch: Epoch,
-    start: &Start<B>,
-    shapes: &[Vec<u8>],
-) -> Result<(), SyncError> {
-    let kind = match start {
-        Start::Known(exchange) => exchange.call().kind,
-        Start::Awaited { kind, .. } => *kind,
-    };
-    let mut first: Option<(Rank, Shape)> = None;
-    for (other, bytes) in shapes.iter().enumerate() {
-        let Ok(Some(shape)) = crate::codec::from_slice::<Option<Shape>>(bytes) else {
-            continue;
-        };
-        let call = |r: Rank, s: Shape| {
-            (
-                r,
-                CollectiveCall {
-                    seq: epoch,
-                    kind,
-                    len: s.len,
-                    algorithm: s.algorithm,
-                    chunk: s.chunk,
-                },
-            )
-        };
-        match first {
-            None => first = Some((other, shape)),
-            Some((r, s)) if s != shape => {
-                let ((a, call_a), (b, call_b)) = (call(r, s), call(other, shape));
-                return Err(SyncError::CollectiveMismatch {
-                    rank: a,
-                    call: call_a,
-                    peer: b,
-                    peer_call: call_b,
-                });
+    released: bool,
+    wait: Wait,
+    lost: SyncError,
+) -> SyncError {
+    if released {
+        return lost;
+    }
+    let until = Instant::now() + LOSS_GRACE.min(sync.config.sync_patience);
+    loop {
+        match sync.next(wait, Some(until)).await {
+            Ok(Incoming::Answer(answered, Err(e))) if answered == epoch && e.is_mistake() => {
+                return e
             }
-            Some(_) => {}
+            Ok(Incoming::Answer(answered, _)) if answered == epoch => return lost,
+            Ok(Incoming::Answer(..)) if sync.failure().is_some() => return lost,
+            Ok(Incoming::Answer(..)) => {}
+            Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
+            Err(_) => return lost,
         }
     }
-    Ok(())
 }
 
 /// Whether the peers a rank reaches through `sync` take pieces as values (in one
@@ -803,17 +812,6 @@ fn same_shapes<B: Buffer>(
 fn takes_values<W>(sync: &Option<crate::compute::SyncLink<W>>) -> bool {
     let peers = sync.as_ref().and_then(|s| s.peers.as_ref().ok());
     peers.is_some_and(|p| p.carries_values())
-}
-
-/// A call known only by its kind (a broadcast still waiting for its first piece).
-fn awaited(seq: Epoch, kind: CollectiveKind) -> CollectiveCall {
-    CollectiveCall {
-        seq,
-        kind,
-        len: 0,
-        algorithm: Algorithm::Tree,
-        chunk: 0,
-    }
 }
 
 /// The way an `all_reduce` of `values` takes: recursive doubling below [`SMALL`] bytes,
@@ -858,9 +856,18 @@ where
         peer: m.from,
         reason,
     };
+    // Another call's piece is a mismatch whatever its bytes: said before they are read.
+    if m.call != *exchange.call() {
+        return Err(SyncError::CollectiveMismatch {
+            rank,
+            call: Box::new(*exchange.call()),
+            peer: m.from,
+            peer_call: Box::new(m.call),
+        });
+    }
     let part = match m.body {
         PeerBody::Encoded(bytes) => {
-            B::decode(bytes).map_err(|e| bad(format!("its elements do not decode: {e}")))?
+            B::decode(bytes).map_err(|e| bad(format!("{} do not decode: {e}", B::what())))?
         }
         PeerBody::Value(value) => *value
             .downcast::<B::Part>()

@@ -42,6 +42,7 @@ use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::segment;
+pub(crate) use collective::CallShape;
 pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
 pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
@@ -315,6 +316,44 @@ impl<W> ToMaster<W> {
     /// encoding).
     pub fn carries_result(&self) -> bool {
         matches!(self, ToMaster::Result(_))
+    }
+}
+
+/// A message as the wire check names what it carries when that does not survive the
+/// wire: the user's type, and which value of it.
+pub(crate) trait Carrying {
+    /// The type of the user's value it carries, and which value it is (`the master result
+    /// of iteration 2`).
+    fn carried(&self) -> (&'static str, String);
+}
+
+impl<M> Carrying for ToWorker<M> {
+    fn carried(&self) -> (&'static str, String) {
+        let what = match self {
+            ToWorker::Iterate { iteration, .. } => {
+                format!(
+                    "the master result of iteration {}",
+                    iteration.saturating_sub(1)
+                )
+            }
+            ToWorker::Finish { iterations, .. } => {
+                format!("the final master result (iteration {iterations})")
+            }
+            _ => return (std::any::type_name::<Self>(), "a message".to_owned()),
+        };
+        (std::any::type_name::<M>(), what)
+    }
+}
+
+impl<W> Carrying for ToMaster<W> {
+    fn carried(&self) -> (&'static str, String) {
+        match self {
+            ToMaster::Result(report) => (
+                std::any::type_name::<W>(),
+                format!("its result of iteration {}", report.iteration),
+            ),
+            _ => (std::any::type_name::<Self>(), "a message".to_owned()),
+        }
     }
 }
 

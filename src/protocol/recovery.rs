@@ -176,6 +176,9 @@ impl Recovery {
             JobError::Worker {
                 rank, phase, cause, ..
             } => match phase {
+                // A mistake in the program (ranks that made different collectives, say):
+                // every attempt would make it again.
+                _ if cause.is_mistake() => None,
                 Phase::PreApplication
                 | Phase::Init
                 | Phase::PreIteration
@@ -391,5 +394,70 @@ mod tests {
             cause: Cause::from_error("x".into()),
         };
         assert!(matches!(r.on_failure(late), Some(Recover::Fail(_))));
+    }
+
+    /// A compute that returned `error`, wrapped as a user's error type would wrap it.
+    fn returned(error: crate::error::SyncError) -> JobError {
+        #[derive(Debug, thiserror::Error)]
+        #[error("step failed")]
+        struct Wrapped(#[source] crate::error::SyncError);
+        JobError::Worker {
+            rank: 1,
+            iteration: 2,
+            phase: Phase::Compute,
+            cause: Cause::from_error(Box::new(Wrapped(error))),
+        }
+    }
+
+    #[test]
+    fn a_mistake_in_the_program_fails_at_once_under_every_policy_and_a_fault_does_not() {
+        use crate::error::SyncError;
+        use crate::ids::{CallAt, CollectiveKind, ReduceOp, SyncKind};
+        let call = crate::protocol::CallShape::call(
+            None,
+            0,
+            CallAt::default(),
+            CollectiveKind::AllReduce(ReduceOp::Sum),
+        );
+        let mismatch = SyncError::CollectiveMismatch {
+            rank: 0,
+            call: Box::new(call),
+            peer: 1,
+            peer_call: Box::new(call),
+        };
+        let lost = SyncError::PeerLost {
+            rank: 1,
+            peer: 0,
+            reason: "closed".into(),
+        };
+        let policies = [
+            FailurePolicy::RestartWorker { max_restarts: 9 },
+            FailurePolicy::RestartAll { max_attempts: 9 },
+            FailurePolicy::ContinueWithout,
+        ];
+        for policy in policies {
+            for mistake in [mismatch.clone(), SyncError::NotEnabled(SyncKind::Barrier)] {
+                let mut r = Recovery::new(policy, 3, 1, 0);
+                assert!(
+                    matches!(
+                        r.on_failure(returned(mistake.clone())),
+                        Some(Recover::Fail(_))
+                    ),
+                    "{policy:?}: {mistake}"
+                );
+            }
+            let mut r = Recovery::new(policy, 3, 1, 0);
+            assert!(
+                !matches!(r.on_failure(returned(lost.clone())), Some(Recover::Fail(_))),
+                "{policy:?}: a lost peer is a fault"
+            );
+        }
+        // The mark crosses a network with the message.
+        let JobError::Worker { cause, .. } = returned(mismatch) else {
+            unreachable!()
+        };
+        let carried: Cause =
+            crate::codec::from_slice(&crate::codec::to_vec(&cause).unwrap()).unwrap();
+        assert!(carried.is_mistake());
     }
 }

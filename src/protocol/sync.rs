@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::JobError;
 use crate::error::SyncError;
-use crate::ids::{Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{CallAt, Epoch, Iteration, Rank, SyncKind};
+use crate::protocol::CallShape;
 
 /// What a sync call gets back: every rank's message in rank order (empty ones for
 /// `barrier()`), shared by every rank's answer, or the error that ended the epoch.
@@ -36,6 +37,8 @@ pub struct SyncState {
     timeout: Duration,
     epoch: Epoch,
     iteration: Iteration,
+    /// The epoch of the iteration's first call: calls are named by their number in it.
+    iteration_epoch: Epoch,
     kind: Option<SyncKind>,
     calls: Vec<Option<(SyncKind, Vec<u8>)>>,
     arrived: usize,
@@ -52,6 +55,7 @@ impl SyncState {
             timeout,
             epoch: 0,
             iteration: 0,
+            iteration_epoch: 0,
             kind: None,
             calls: vec![None; workers],
             arrived: 0,
@@ -75,6 +79,7 @@ impl SyncState {
     /// An iteration opened: every rank computes again.
     pub fn new_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;
+        self.iteration_epoch = self.epoch;
         self.returned.iter_mut().for_each(|r| *r = false);
     }
 
@@ -122,22 +127,10 @@ impl SyncState {
         if self.first_arrival.is_none() {
             self.first_arrival = Some(now);
         }
-        match self.kind {
-            None => self.kind = Some(kind),
-            Some(first) if first != kind => {
-                let calls = self
-                    .calls
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(r, c)| c.as_ref().map(|(k, _)| (r, *k)))
-                    .collect();
-                return self.fail(SyncError::Mismatch {
-                    epoch: self.epoch,
-                    calls,
-                });
-            }
-            Some(_) => {}
+        if let Some(differ) = self.differs(rank) {
+            return self.fail(differ);
         }
+        self.kind.get_or_insert(kind);
         if let Some(unmatched) = self.unmatched() {
             return self.fail(unmatched);
         }
@@ -217,7 +210,7 @@ impl SyncState {
             .collect();
         let waited = now.saturating_duration_since(self.first_arrival.unwrap_or(now));
         self.fail(SyncError::TimedOut {
-            epoch: self.epoch,
+            at: self.at(),
             kind: self.kind.unwrap_or(SyncKind::Barrier),
             missing,
             waited,
@@ -235,13 +228,71 @@ impl SyncState {
             return None;
         }
         Some(SyncError::Unmatched {
-            epoch: self.epoch,
+            at: self.at(),
             kind,
-            iteration: self.iteration,
             returned,
             waiting: (0..self.workers)
                 .filter(|&r| self.calls[r].is_some())
                 .collect(),
+        })
+    }
+
+    /// Where the call gathering stands in its iteration.
+    fn at(&self) -> CallAt {
+        CallAt::of(self.iteration, self.iteration_epoch, self.epoch)
+    }
+
+    /// Whether `rank`'s call, just arrived, differs from those that came before: another
+    /// kind than the first's, or — collectives — another call (root, length, way) than the
+    /// first whose shape is known. Two collectives are named as calls, the two ranks in
+    /// rank order; other calls by every rank's kind.
+    fn differs(&self, rank: Rank) -> Option<SyncError> {
+        let (kind, message) = self.calls[rank].as_ref()?;
+        let others = || {
+            self.calls
+                .iter()
+                .enumerate()
+                .filter(move |(r, _)| *r != rank)
+                .filter_map(|(r, c)| c.as_ref().map(|c| (r, c)))
+        };
+        let (first, (first_kind, first_message)) = others().next()?;
+        let (SyncKind::Collective(mine), SyncKind::Collective(theirs)) = (kind, first_kind) else {
+            if kind == first_kind {
+                return None;
+            }
+            let calls = self
+                .calls
+                .iter()
+                .enumerate()
+                .filter_map(|(r, c)| c.as_ref().map(|(k, _)| (r, *k)))
+                .collect();
+            return Some(SyncError::Mismatch {
+                at: self.at(),
+                calls,
+            });
+        };
+        let (other, other_kind, other_shape) = if mine != theirs {
+            (first, *theirs, shape_of(first_message))
+        } else {
+            let shape = shape_of(message)?;
+            others()
+                .find_map(|(r, (k, m))| match k {
+                    SyncKind::Collective(k) => shape_of(m).map(|s| (r, *k, Some(s))),
+                    _ => None,
+                })
+                .filter(|(_, _, theirs)| *theirs != Some(shape))?
+        };
+        let call = |kind, shape| CallShape::call(shape, self.epoch, self.at(), kind);
+        let mut a = (rank, call(*mine, shape_of(message)));
+        let mut b = (other, call(other_kind, other_shape));
+        if a.0 > b.0 {
+            std::mem::swap(&mut a, &mut b);
+        }
+        Some(SyncError::CollectiveMismatch {
+            rank: a.0,
+            call: Box::new(a.1),
+            peer: b.0,
+            peer_call: Box::new(b.1),
         })
     }
 
@@ -268,9 +319,17 @@ impl SyncState {
     }
 }
 
+/// The shape a collective's call carries, where the rank knew it.
+fn shape_of(message: &[u8]) -> Option<CallShape> {
+    crate::codec::from_slice::<Option<CallShape>>(message)
+        .ok()
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::{Algorithm, CollectiveKind, ReduceOp};
 
     const T: Duration = Duration::from_secs(10);
 
@@ -307,23 +366,108 @@ mod tests {
     fn mixed_calls_fail_every_rank_of_the_epoch_naming_who_called_what() {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, T);
+        s.new_iteration(1);
         s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
         let step = s.on_call(t0, 2, 0, SyncKind::AllGather, vec![]);
         let error = SyncError::Mismatch {
-            epoch: 0,
+            at: CallAt {
+                iteration: 1,
+                call: 1,
+            },
             calls: vec![(0, SyncKind::Barrier), (2, SyncKind::AllGather)],
         };
         assert_eq!(step.failed, Some(error.clone()));
         assert_eq!(step.replies.len(), 2);
         assert_eq!(
             error.to_string(),
-            "different sync calls in epoch 0: rank 0 called barrier(), rank 2 called all_gather(); every rank must make the same calls in the same order"
+            "different calls at call 1 of iteration 1: rank 0 called barrier(), rank 2 called all_gather(); every rank must make the same sync calls and collectives in the same order"
         );
         let late = s.on_call(t0, 1, 0, SyncKind::Barrier, vec![]);
         assert_eq!(
             late.replies,
             vec![(1, 0, Err(error))],
             "later calls get the failure"
+        );
+    }
+
+    fn collective(kind: CollectiveKind, len: Option<u64>) -> (SyncKind, Vec<u8>) {
+        let shape = len.map(|len| CallShape {
+            len,
+            algorithm: Algorithm::Doubling,
+            chunk: 8192,
+        });
+        (
+            SyncKind::Collective(kind),
+            crate::codec::to_vec(&shape).unwrap(),
+        )
+    }
+
+    #[test]
+    fn collectives_that_differ_fail_at_once_as_a_collective_mismatch_naming_both_calls() {
+        let t0 = Instant::now();
+        let sum = CollectiveKind::AllReduce(ReduceOp::Sum);
+        // Another length, on the second arrival: both ranks named in rank order.
+        let mut s = SyncState::new(3, T);
+        s.new_iteration(2);
+        let (k, m) = collective(sum, Some(5));
+        assert_eq!(s.on_call(t0, 2, 0, k, m), SyncStep::default());
+        let (k, m) = collective(sum, Some(4));
+        let step = s.on_call(t0, 0, 0, k, m);
+        let error = step.failed.expect("the length differs");
+        assert_eq!(step.replies.len(), 2, "both waiting ranks are answered");
+        assert_eq!(
+            error.to_string(),
+            "different collectives at call 1 of iteration 2: rank 0 called all_reduce(sum) with 4 element(s), rank 2 with 5; every rank must pass a value of the same length"
+        );
+        assert!(error.is_mistake());
+        // Another collective: a broadcast's receiver (no shape) against an all_reduce.
+        let mut s = SyncState::new(3, T);
+        s.new_iteration(1);
+        let (k, m) = collective(CollectiveKind::Broadcast { root: 0 }, None);
+        s.on_call(t0, 1, 0, k, m);
+        let (k, m) = collective(sum, Some(1));
+        let error = s.on_call(t0, 2, 0, k, m).failed.expect("the kinds differ");
+        assert_eq!(
+            error.to_string(),
+            "different collectives at call 1 of iteration 1: rank 1 called broadcast from rank 0, rank 2 called all_reduce(sum) of 1 element(s) by recursive doubling; every rank must make the same collective calls in the same order"
+        );
+        // A broadcast's root and receivers are one call.
+        let mut s = SyncState::new(3, T);
+        s.new_iteration(1);
+        let bcast = CollectiveKind::Broadcast { root: 1 };
+        for (rank, len) in [(0, None), (1, Some(9)), (2, None)] {
+            let (k, m) = collective(bcast, len);
+            assert_eq!(s.on_call(t0, rank, 0, k, m).failed, None, "rank {rank}");
+        }
+        assert_eq!(s.epoch(), 1, "the broadcast met");
+    }
+
+    #[test]
+    fn calls_are_numbered_from_1_in_each_iteration() {
+        let t0 = Instant::now();
+        let mut s = SyncState::new(2, T);
+        s.new_iteration(1);
+        for epoch in 0..3 {
+            s.on_call(t0, 0, epoch, SyncKind::Barrier, vec![]);
+            s.on_call(t0, 1, epoch, SyncKind::Barrier, vec![]);
+        }
+        s.new_iteration(2);
+        s.on_call(t0, 0, 3, SyncKind::Barrier, vec![]);
+        s.on_call(t0, 1, 3, SyncKind::Barrier, vec![]);
+        s.on_call(t0, 0, 4, SyncKind::Barrier, vec![]);
+        let error = s.on_call(t0, 1, 4, SyncKind::AllGather, vec![]).failed;
+        assert!(
+            matches!(
+                error,
+                Some(SyncError::Mismatch {
+                    at: CallAt {
+                        iteration: 2,
+                        call: 2
+                    },
+                    ..
+                })
+            ),
+            "{error:?}"
         );
     }
 
@@ -341,7 +485,9 @@ mod tests {
         let step = s.handle_timeout(t1 + T);
         match step.failed {
             Some(SyncError::TimedOut {
-                epoch: 0, missing, ..
+                at: CallAt { call: 1, .. },
+                missing,
+                ..
             }) => {
                 assert_eq!(missing, vec![0, 2]);
             }
@@ -373,7 +519,7 @@ mod tests {
         assert!(s.is_gathering());
         let step = s.expire(t0 + T);
         assert!(
-            matches!(step.failed, Some(SyncError::TimedOut { epoch: 0, ref missing, .. }) if missing == &vec![0, 1])
+            matches!(step.failed, Some(SyncError::TimedOut { at: CallAt { call: 1, .. }, ref missing, .. }) if missing == &vec![0, 1])
         );
     }
 
@@ -388,9 +534,11 @@ mod tests {
         assert_eq!(
             step.failed,
             Some(SyncError::Unmatched {
-                epoch: 0,
+                at: CallAt {
+                    iteration: 4,
+                    call: 1,
+                },
                 kind: SyncKind::Barrier,
-                iteration: 4,
                 returned: vec![1],
                 waiting: vec![0],
             })

@@ -409,8 +409,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let made = guarded(|| computable.save_state())
             .map_err(|cause| format!("save_state failed: {cause}"))
             .and_then(|master_state| {
-                let master_result = crate::codec::to_vec(result)
-                    .map_err(|e| format!("the master result could not be encoded: {e}"))?;
+                let master_result = crate::codec::to_vec(result).map_err(|e| {
+                    format!(
+                        "the master result of iteration {iteration}, a {}, does not encode: {e}",
+                        std::any::type_name::<M>()
+                    )
+                })?;
                 Ok(Checkpoint {
                     job_id: self.ctx.job_id.to_string(),
                     iteration,

@@ -200,7 +200,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         let _span = tracing::debug_span!(parent: &self.parent, "compute", rank, iteration, attempt)
             .entered();
         let started = self.clock;
-        self.ctx.iteration = iteration;
+        self.ctx.enter_iteration(iteration);
         if let Some(saved) = restore {
             self.restore(&saved)?;
         }

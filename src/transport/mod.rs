@@ -62,16 +62,27 @@ impl InProcess {
 /// `ToWorker::carries_result`, `ToMaster::carries_result`) and `wire_check` is on: encoded
 /// and decoded again.
 #[inline]
-pub(crate) fn wire_checked<T: serde::Serialize + serde::de::DeserializeOwned>(
+pub(crate) fn wire_checked<T>(
     wire_check: bool,
     carries: bool,
     msg: T,
     direction: impl FnOnce() -> String,
-) -> Result<T, TransportError> {
+) -> Result<T, TransportError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + crate::protocol::Carrying,
+{
     if !(wire_check && carries) {
         return Ok(msg);
     }
-    Ok(crate::codec::through_wire(msg, direction)?)
+    // Named by what it carries: the user's type, and which value of it.
+    crate::codec::round_trip(&msg).map_err(|message| {
+        let (type_name, what) = msg.carried();
+        TransportError::Undecodable {
+            direction: format!("{}, {what},", direction()),
+            type_name: type_name.to_owned(),
+            message,
+        }
+    })
 }
 
 /// Where a transport delivers incoming messages. Cheap to call from any thread; never

@@ -32,7 +32,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SyncError;
-use crate::ids::{Attempt, CollectiveCall, Rank};
+use crate::ids::{Algorithm, Attempt, CallAt, CollectiveCall, CollectiveKind, Epoch, Rank};
 
 #[cfg(test)]
 use plan::effective;
@@ -65,6 +65,48 @@ pub trait Buffer {
     /// Folds `part` with the elements in `range`: `part` before them when `part_first`
     /// (it holds lower ranks' values), after them otherwise.
     fn fold(&mut self, range: Range<usize>, part: Self::Part, part_first: bool);
+}
+
+/// What a rank's collective call is beyond its kind, as it tells the master's node with
+/// the call (`None`: a broadcast's receiver, which learns it from the first piece). The
+/// node compares every rank's, and fails the call on every rank at once when two differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CallShape {
+    /// How many elements the value has.
+    pub(crate) len: u64,
+    /// How the values travel.
+    pub(crate) algorithm: Algorithm,
+    /// How many elements travel in one piece.
+    pub(crate) chunk: u64,
+}
+
+impl CallShape {
+    /// The call of `kind` with this shape (`None`: known by its kind alone) as call `seq`,
+    /// at `at`.
+    pub(crate) fn call(
+        shape: Option<CallShape>,
+        seq: Epoch,
+        at: CallAt,
+        kind: CollectiveKind,
+    ) -> CollectiveCall {
+        let CallShape {
+            len,
+            algorithm,
+            chunk,
+        } = shape.unwrap_or(CallShape {
+            len: 0,
+            algorithm: Algorithm::Tree,
+            chunk: 0,
+        });
+        CollectiveCall {
+            seq,
+            at,
+            kind,
+            len,
+            algorithm,
+            chunk,
+        }
+    }
 }
 
 /// A piece of a collective on its way from one rank to another.
@@ -221,9 +263,9 @@ impl<B: Buffer> Exchange<B> {
         if piece.call != self.call {
             return Err(SyncError::CollectiveMismatch {
                 rank: self.rank,
-                call: self.call,
+                call: Box::new(self.call),
                 peer: from,
-                peer_call: piece.call,
+                peer_call: Box::new(piece.call),
             });
         }
         let Some(&at) = self.receives.get(&(from, piece.step)) else {

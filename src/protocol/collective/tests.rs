@@ -84,6 +84,10 @@ fn input(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize) -> Words {
 fn call(kind: CollectiveKind, algorithm: Algorithm, len: usize, chunk: u64) -> CollectiveCall {
     CollectiveCall {
         seq: 7,
+        at: crate::ids::CallAt {
+            iteration: 3,
+            call: 2,
+        },
         kind,
         len: len as u64,
         algorithm,
@@ -385,8 +389,8 @@ fn a_different_call_is_refused_naming_both_ranks_and_calls() {
     };
     assert_eq!(
         refused(CollectiveCall { len: 12, ..ours }),
-        "collective 7: rank 1 called all_reduce(sum) with 10 element(s), rank 0 with 12; \
-         every rank must pass a value of the same length"
+        "different collectives at call 2 of iteration 3: rank 0 called all_reduce(sum) with 12 \
+         element(s), rank 1 with 10; every rank must pass a value of the same length"
     );
     let broadcast = CollectiveKind::Broadcast { root: 2 };
     assert_eq!(
@@ -394,8 +398,8 @@ fn a_different_call_is_refused_naming_both_ranks_and_calls() {
             kind: broadcast,
             ..ours
         }),
-        "collective 7: rank 1 called all_reduce(sum) of 10 element(s) by ring (collective 7), \
-         rank 0 called broadcast from rank 2 of 10 element(s) by ring (collective 7); every \
+        "different collectives at call 2 of iteration 3: rank 0 called broadcast from rank 2 of \
+         10 element(s) by ring, rank 1 called all_reduce(sum) of 10 element(s) by ring; every \
          rank must make the same collective calls in the same order"
     );
 }
@@ -418,7 +422,7 @@ fn a_piece_that_does_not_fit_is_refused_naming_the_peer_and_what_does_not_fit() 
     };
     assert_eq!(
         refused(&mut exchange, 2, piece(0, 0, 2)),
-        "rank 1 got a piece of all_reduce(sum) of 9 element(s) by ring (collective 7) from \
+        "rank 1 got a piece of all_reduce(sum) of 9 element(s) by ring (call 2 of iteration 3) from \
          rank 2 that does not fit it: rank 2 sends nothing at step 0 to rank 1"
     );
     assert!(refused(&mut exchange, 0, piece(0, 2, 2)).ends_with("step 0 has no chunk 2"));

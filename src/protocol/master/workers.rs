@@ -58,11 +58,26 @@ impl<M, W> MasterNode<M, W> {
             return;
         }
         let quiet = matches!(during, Waiting::Iteration(_)) && waited < timeout / 2;
-        if quiet {
+        if self.failed_ending() {
+            // A failed job's short grace for its workers to end: the failure was said at
+            // ERROR; the ranks it waits for are most often the failure's own.
+            tracing::debug!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
+        } else if quiet {
             tracing::info!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
         } else {
             tracing::warn!(%during, ?missing, "waiting {waited:.0?} of {timeout:?} in {during} for worker(s) {missing:?}");
         }
+    }
+
+    /// Whether the job is ending with a failure.
+    fn failed_ending(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Ending {
+                ending: OwnedEnding::Failed(_),
+                ..
+            }
+        )
     }
 
     /// The job ends: a rank that the master's node cannot reach any more (its connection
@@ -231,10 +246,21 @@ impl<M, W> MasterNode<M, W> {
                                 "the job failed; worker(s) {here:?} still run user code after the failure grace and are left to end on their own threads"
                             );
                         }
-                        if !away.is_empty() {
+                        // A process still connected that says nothing is odd; one not
+                        // connected (refused, gone: most often the failure's own) is not:
+                        // the job's failure was said at ERROR.
+                        let (silent, gone): (Vec<Rank>, Vec<Rank>) =
+                            away.into_iter().partition(|&r| reach.is_connected(r));
+                        if !silent.is_empty() {
                             tracing::warn!(
-                                ranks = ?away,
-                                "the job failed; the process(es) of worker(s) {away:?} did not say they ended within the failure grace: not waited for"
+                                ranks = ?silent,
+                                "the job failed; the process(es) of worker(s) {silent:?} did not say they ended within the failure grace: not waited for"
+                            );
+                        }
+                        if !gone.is_empty() {
+                            tracing::debug!(
+                                ranks = ?gone,
+                                "the job failed; the process(es) of worker(s) {gone:?}, not connected, did not say they ended within the failure grace: not waited for"
                             );
                         }
                     }

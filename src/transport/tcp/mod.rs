@@ -583,6 +583,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         let peers = Arc::new(Mutex::new(Peers {
             conns: vec![None; world],
             ever: vec![false; world],
+            closing: vec![false; world],
             addrs: vec![None; world],
             remote: vec![None; world],
             ending: None,
@@ -676,6 +677,9 @@ struct Peers {
     conns: Vec<Option<Arc<Lane>>>,
     /// By rank: whether it ever connected.
     ever: Vec<bool>,
+    /// By rank: whether its connection ended and its loss is on its way to the master's
+    /// node (the rank stays claimed until then, so a new process's hello comes after it).
+    closing: Vec<bool>,
     /// By rank: where its peers reach it, as its hello said.
     addrs: Vec<Option<String>>,
     /// By rank: whether its connection came from another host than the master's
@@ -795,8 +799,9 @@ impl<M: Payload> MasterLink<M> for TcpMasterLink<M> {
     fn no_new_process(&self, rank: Rank) -> Option<String> {
         let peers = lock(&self.peers);
         // A new process of the rank is here already: its hello, which may have brought the
-        // count down, came before the old one's loss was heard.
-        if peers.holds(rank) {
+        // count down, came before the old one's loss was heard. (The lost one's own
+        // connection, still claimed while its loss is told, is no new process.)
+        if peers.holds(rank) && !peers.closing[rank] {
             return None;
         }
         let reconnects = !self.reconnect_timeout.is_zero();

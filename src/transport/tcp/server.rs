@@ -38,6 +38,7 @@ impl Drop for Claim {
         let mut peers = lock(&self.peers);
         peers.conns[self.rank] = None;
         peers.remote[self.rank] = None;
+        peers.closing[self.rank] = false;
     }
 }
 
@@ -238,6 +239,8 @@ impl<M: Payload, W: Payload> Server<M, W> {
                 ReadError::Lost(reason) => JobError::WorkerLost { rank, reason },
             };
             tracing::warn!(rank, %peer, %error, "worker lost");
+            // Not a connection of the rank any more, for whoever hears of the loss.
+            lock(&self.peers).closing[rank] = true;
             (self.inbox)(Envelope {
                 from: rank,
                 msg: ToMaster::Failed {

@@ -27,7 +27,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 
 const HEADER: usize = 4 + 2;
 
@@ -529,6 +529,7 @@ mod tests {
     fn a_piece_written_in_two_parts_is_the_frame_of_its_message_and_reads_back_without_a_copy() {
         let call = CollectiveCall {
             seq: 3,
+            at: Default::default(),
             kind: crate::ids::CollectiveKind::AllGather,
             len: 9,
             algorithm: crate::ids::Algorithm::Ring,

@@ -247,6 +247,9 @@ pub struct WorkerContext<M, W> {
     pub(crate) epoch: Epoch,
     /// The epoch of the iteration's first call: calls are named by their number in it.
     pub(crate) iteration_epoch: Epoch,
+    /// Whether a sync call or collective of this worker failed as a mistake in the
+    /// program: its compute's failure then is one ([`Cause::is_mistake`]).
+    pub(crate) mistake: bool,
     pub(crate) sync: Option<SyncLink<W>>,
     /// This worker's part of the input, if the job has one.
     pub(crate) shard: Option<Shard>,
@@ -413,6 +416,7 @@ impl<M, W> WorkerContext<M, W> {
             halt_vote: false,
             epoch: 0,
             iteration_epoch: 0,
+            mistake: false,
             sync: None,
             shard: None,
             rows: RowCounts::default(),
@@ -673,6 +677,21 @@ impl<M, W: 'static> WorkerContext<M, W> {
         message: Vec<u8>,
         wait: Wait,
     ) -> SyncResult {
+        let result = self.sync_call_made(kind, message, wait).await;
+        self.note(result)
+    }
+
+    /// Notes whether `result` is a mistake in the program ([`SyncError::is_mistake`]), so
+    /// that the compute's failure is one however the code wraps or words the error.
+    pub(crate) fn note<T>(&mut self, result: Result<T, SyncError>) -> Result<T, SyncError> {
+        if result.as_ref().is_err_and(SyncError::is_mistake) {
+            self.mistake = true;
+        }
+        result
+    }
+
+    /// [`sync_call_in`](Self::sync_call_in), its failure not noted yet.
+    async fn sync_call_made(&mut self, kind: SyncKind, message: Vec<u8>, wait: Wait) -> SyncResult {
         if wait == Wait::Await {
             awaitable()?;
         }

@@ -125,8 +125,8 @@ pub enum CauseKind {
 /// Why user code failed: its error message or panic message.
 ///
 /// In-process, the original error is kept and returned by
-/// [`source`](std::error::Error::source); over a network only the kind and the message
-/// travel.
+/// [`source`](std::error::Error::source); over a network only the kind, the message and
+/// whether it is a mistake in the program ([`Cause::is_mistake`]) travel.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct Cause {
     kind: CauseKind,
@@ -194,11 +194,22 @@ impl Cause {
 
     /// Whether the code broke a rule every attempt would break again — its ranks made
     /// different sync calls or collectives, it called one where it cannot, it sent a
-    /// message the job cannot carry ([`SyncError::is_mistake`],
-    /// [`MessageError`]) — so that no failure policy runs it again: the job fails at
-    /// once. Found in the error's chain of sources; it crosses a network with the message.
+    /// message to a rank the job does not have or of another type than the job's
+    /// ([`SyncError::is_mistake`], [`MessageError`]) — so that no failure policy runs it
+    /// again: the job fails at once. Found in the error's chain of sources, and set for any
+    /// failure of a compute after one of its sync calls or collectives failed so, however
+    /// the code wrapped the error; it crosses a network with the message.
     pub fn is_mistake(&self) -> bool {
         self.mistake
+    }
+}
+
+impl Cause {
+    /// This cause, as a mistake in the program: the code failed after a sync call or
+    /// collective broke the job's rules.
+    pub(crate) fn mistaken(mut self) -> Self {
+        self.mistake = true;
+        self
     }
 }
 
@@ -725,17 +736,30 @@ impl fmt::Display for CallsDiffer<'_> {
             len: peer_call.len,
             ..*call
         } == *peer_call;
+        let same_but_chunk = CollectiveCall {
+            chunk: peer_call.chunk,
+            ..*call
+        } == *peer_call;
         if same_but_len {
             write!(
                 f,
                 "different collectives at {}: rank {} called {} with {} element(s), rank {} with {}; every rank must pass a value of the same length",
                 call.at, self.rank, call.kind, call.len, self.peer, peer_call.len
             )
+        } else if same_but_chunk && call.chunk != 0 && peer_call.chunk != 0 {
+            // Pieces of as many bytes hold other numbers of elements: another element type.
+            write!(
+                f,
+                "different collectives at {}: rank {} called {} in pieces of {} element(s), rank {} in pieces of {}: values of another element type; every rank must pass values of the same type",
+                call.at, self.rank, Called(call), call.chunk, self.peer, peer_call.chunk
+            )
         } else {
             write!(
                 f,
-                "different collectives at {}: rank {} called {}, rank {} called {}; every rank must make the same collective calls in the same order",
-                call.at, self.rank, Called(call), self.peer, Called(peer_call)
+                "different collectives at {}: {}, {}; every rank must make the same collective calls in the same order",
+                call.at,
+                Made(self.rank, &SyncKind::Collective(call.kind), Some(call)),
+                Made(self.peer, &SyncKind::Collective(peer_call.kind), Some(peer_call)),
             )
         }
     }
@@ -796,6 +820,31 @@ impl fmt::Display for Called<'_> {
     }
 }
 
+/// What a rank did, as a mismatch names it: the call it made (`call`: the whole call, where
+/// it is known), or — for the calls the runtime makes once compute returned, the
+/// superstep's messages and the fold of results among the workers — that it returned.
+struct Made<'a>(Rank, &'a SyncKind, Option<&'a CollectiveCall>);
+
+impl fmt::Display for Made<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Made(rank, kind, call) = *self;
+        match kind {
+            SyncKind::Collective(CollectiveKind::Messages) => write!(
+                f,
+                "rank {rank} returned from compute (the superstep's messages were to go next)"
+            ),
+            SyncKind::Collective(CollectiveKind::Reduce { .. }) => write!(
+                f,
+                "rank {rank} returned from compute (its result's fold among the workers was to go next)"
+            ),
+            _ => match call {
+                Some(call) => write!(f, "rank {rank} called {}", Called(call)),
+                None => write!(f, "rank {rank} called {kind}"),
+            },
+        }
+    }
+}
+
 struct Calls<'a>(&'a [(Rank, SyncKind)]);
 impl fmt::Display for Calls<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -803,7 +852,7 @@ impl fmt::Display for Calls<'_> {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            write!(f, "rank {rank} called {kind}")?;
+            write!(f, "{}", Made(*rank, kind, None))?;
         }
         Ok(())
     }

@@ -517,3 +517,79 @@ fn a_rank_that_never_calls_is_named_by_every_waiting_rank_across_processes() {
     }
     assert!(results.len() >= 3, "{results:?}");
 }
+
+#[test]
+fn a_mistake_wrapped_as_text_still_fails_at_once() {
+    // The compute words the error itself: no `SyncError` is left in its chain.
+    let computes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&computes);
+    let err = Job::builder(summing_master(), move |_| {
+        let counted = Arc::clone(&counted);
+        worker(move |ctx| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum)
+                .map_err(|e| format!("my step: {e}"))?;
+            Ok(0)
+        })
+    })
+    .workers(2)
+    .iterations(2)
+    .failure_policy(FailurePolicy::RestartWorker { max_restarts: 5 })
+    .run()
+    .unwrap_err();
+    let JobError::Worker { cause, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(cause.is_mistake(), "{err}");
+    assert!(
+        cause
+            .message()
+            .starts_with("my step: all_reduce(sum) needs"),
+        "{err}"
+    );
+    assert!(computes.load(Ordering::SeqCst) <= 2, "{err}: ran again");
+}
+
+#[test]
+fn a_call_against_the_runtimes_own_says_the_other_rank_returned_from_compute() {
+    let err = job(2, 1, |rank| {
+        worker(move |ctx| {
+            if rank == 1 {
+                ctx.barrier()?;
+            }
+            Ok(0)
+        })
+    })
+    .messages::<u64>()
+    .run()
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 0 returned from compute (the superstep's messages were to go next)"),
+        "{text}"
+    );
+    assert!(text.contains("rank 1 called barrier()"), "{text}");
+}
+
+#[test]
+fn values_of_another_element_type_are_named_as_such() {
+    let err = job(2, 1, |rank| {
+        worker(move |ctx| {
+            if rank == 0 {
+                ctx.all_reduce(&mut Floats::from(vec![1.0f32; 4]), Op::Sum)?;
+            } else {
+                ctx.all_reduce(&mut Floats::from(vec![1.0f64; 4]), Op::Sum)?;
+            }
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "values of another element type; every rank must pass values of the same type"
+        ),
+        "{text}"
+    );
+}

@@ -286,6 +286,20 @@ impl<M, W: 'static> WorkerContext<M, W> {
     where
         T: Serialize + DeserializeOwned,
     {
+        let result = self.broadcast_made(from, value, wait).await;
+        self.note(result)
+    }
+
+    /// [`broadcast_in`](Self::broadcast_in), its failure not noted yet.
+    async fn broadcast_made<T>(
+        &mut self,
+        from: Rank,
+        value: Option<&T>,
+        wait: Wait,
+    ) -> Result<T, SyncError>
+    where
+        T: Serialize + DeserializeOwned,
+    {
         let kind = CollectiveKind::Broadcast { root: from };
         let bytes = if self.rank == from {
             let Some(value) = value else {
@@ -514,6 +528,25 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Runs `kind` on `buffer` with this rank's peers, waiting as `wait` says.
     async fn collective_in<B>(
+        &mut self,
+        kind: CollectiveKind,
+        algorithm: Algorithm,
+        chunk: u64,
+        buffer: B,
+        wait: Wait,
+    ) -> Result<B, SyncError>
+    where
+        B: Carried,
+        B::Part: Send + 'static,
+    {
+        let result = self
+            .collective_made(kind, algorithm, chunk, buffer, wait)
+            .await;
+        self.note(result)
+    }
+
+    /// [`collective_in`](Self::collective_in), its failure not noted yet.
+    async fn collective_made<B>(
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
@@ -799,7 +832,9 @@ async fn after_loss<W>(
                 return e
             }
             Ok(Incoming::Answer(answered, _)) if answered == epoch => return lost,
-            Ok(Incoming::Answer(..)) if sync.failure().is_some() => return lost,
+            Ok(Incoming::Answer(..)) if sync.failure().is_some() => {
+                return sync.failure().filter(SyncError::is_mistake).unwrap_or(lost)
+            }
             Ok(Incoming::Answer(..)) => {}
             Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
             Err(_) => return lost,

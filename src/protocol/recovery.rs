@@ -9,7 +9,10 @@ use crate::ids::{Attempt, Rank};
 /// during start-up or an iteration, or it is lost (its process killed, its heartbeats gone).
 ///
 /// A failure of the master, of a combiner, of configuration or in the end of the job
-/// (`post_application`) always fails the job: there is nothing to replace.
+/// (`post_application`) always fails the job: there is nothing to replace. So does a
+/// mistake in the program ([`Cause::is_mistake`](crate::Cause::is_mistake): ranks that made
+/// different sync calls or collectives, a call outside compute or barrier mode, a message
+/// to a rank the job does not have): another attempt would make it again.
 ///
 /// In a settings document a policy is named as its variant (in either case), with its
 /// field where it has one; in the environment (`SUPERSTEP_FAILURE_POLICY`, read by

@@ -100,6 +100,13 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     }
 
     fn fail(&self, phase: Phase, cause: Cause) -> JobError {
+        // After a sync call or collective that broke the job's rules, the failure is the
+        // program's, whatever error the code made of it.
+        let cause = if self.ctx.mistake {
+            cause.mistaken()
+        } else {
+            cause
+        };
         JobError::Worker {
             rank: self.ctx.rank,
             iteration: self.ctx.iteration,

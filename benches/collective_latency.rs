@@ -1,0 +1,96 @@
+//! The cost of one small call inside compute, in memory and in barrier mode: an iteration
+//! of four workers that make no call (the round alone, the baseline measured in the same
+//! run), one `barrier()`, or one `all_reduce` of a single `f64` — the call a training loop
+//! makes for a loss or a count.
+//!
+//! ```text
+//! cargo bench --bench collective_latency
+//! ```
+
+#[path = "support/trivial.rs"]
+#[allow(dead_code)] // its worker is the iteration benches'
+mod trivial;
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use superstep::collective::Op;
+use superstep::prelude::*;
+use trivial::Fold;
+
+/// Iterations run and not counted, so the measured ones are in their steady state.
+const WARMUP: u64 = 20;
+
+/// What each worker's compute calls.
+#[derive(Clone, Copy)]
+enum Call {
+    None,
+    Barrier,
+    AllReduce,
+}
+
+struct Caller {
+    rank: u64,
+    call: Call,
+}
+
+impl WorkerComputable for Caller {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        match self.call {
+            Call::None => {}
+            Call::Barrier => ctx.barrier()?,
+            Call::AllReduce => {
+                let mut loss = Floats::from(vec![self.rank as f64]);
+                ctx.all_reduce(&mut loss, Op::Sum)?;
+                std::hint::black_box(&loss);
+            }
+        }
+        Ok(ctx.last_master_result().copied().unwrap_or(0) + self.rank)
+    }
+}
+
+/// The measured iterations' time, each from its broadcast to its master result.
+fn iterating(workers: usize, call: Call, iters: u64) -> Duration {
+    let outcome = Job::builder(Fold, move |rank| Caller {
+        rank: rank as u64,
+        call,
+    })
+    .workers(workers)
+    .barrier_mode(true)
+    .iterations(iters + WARMUP)
+    .report_iterations((iters + WARMUP) as usize)
+    .run()
+    .expect("the job runs");
+    outcome
+        .report
+        .iterations
+        .iter()
+        .skip(WARMUP as usize)
+        .map(|i| i.elapsed)
+        .sum()
+}
+
+fn in_memory(c: &mut Criterion) {
+    let mut group = c.benchmark_group("collective/memory");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    let workers = 4;
+    for (name, call) in [
+        ("round_alone", Call::None),
+        ("barrier", Call::Barrier),
+        ("all_reduce_8_bytes", Call::AllReduce),
+    ] {
+        group.bench_with_input(BenchmarkId::new(name, workers), &workers, |b, &n| {
+            b.iter_custom(|iters| iterating(n, call, iters))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, in_memory);
+criterion_main!(benches);

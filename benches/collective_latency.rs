@@ -7,6 +7,8 @@
 //! cargo bench --bench collective_latency
 //! ```
 
+#[path = "support/timing.rs"]
+mod timing;
 #[path = "support/trivial.rs"]
 #[allow(dead_code)] // its worker is the iteration benches'
 mod trivial;
@@ -16,10 +18,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use superstep::collective::Op;
 use superstep::prelude::*;
+use timing::{measured, WARMUP};
 use trivial::Fold;
-
-/// Iterations run and not counted, so the measured ones are in their steady state.
-const WARMUP: u64 = 20;
 
 /// What each worker's compute calls.
 #[derive(Clone, Copy)]
@@ -64,13 +64,7 @@ fn iterating(workers: usize, call: Call, iters: u64) -> Duration {
     .report_iterations((iters + WARMUP) as usize)
     .run()
     .expect("the job runs");
-    outcome
-        .report
-        .iterations
-        .iter()
-        .skip(WARMUP as usize)
-        .map(|i| i.elapsed)
-        .sum()
+    measured(&outcome)
 }
 
 fn in_memory(c: &mut Criterion) {

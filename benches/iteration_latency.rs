@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 #[path = "support/tcp.rs"]
 mod tcp;
+#[path = "support/timing.rs"]
+mod timing;
 #[path = "support/trivial.rs"]
 mod trivial;
 
@@ -21,10 +23,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use superstep::prelude::*;
 use superstep::JobOutcome;
 use tcp::run_over_tcp;
+use timing::{measured, WARMUP};
 use trivial::{Echo, Fold};
-
-/// Iterations run and not counted, so the measured ones are in their steady state.
-const WARMUP: u64 = 20;
 
 /// The measured iterations' time: each from its broadcast to its master result.
 fn iterating(outcome: &JobOutcome<u64>) -> Duration {
@@ -33,13 +33,7 @@ fn iterating(outcome: &JobOutcome<u64>) -> Duration {
         outcome.iterations,
         "the report keeps every iteration (report_iterations)"
     );
-    outcome
-        .report
-        .iterations
-        .iter()
-        .skip(WARMUP as usize)
-        .map(|i| i.elapsed)
-        .sum()
+    measured(outcome)
 }
 
 fn superstep_memory(workers: usize, iters: u64) -> Duration {

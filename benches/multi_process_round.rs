@@ -15,16 +15,16 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/timing.rs"]
+mod timing;
 #[path = "support/trivial.rs"]
 mod trivial;
 
 use criterion::{BenchmarkId, Criterion};
 use superstep::prelude::*;
 use superstep::transport::TcpTransport;
+use timing::{measured, WARMUP};
 use trivial::{Echo, Fold};
-
-/// Iterations run and not counted, so the measured ones are in their steady state.
-const WARMUP: u64 = 20;
 
 const ROLE: &str = "SUPERSTEP_BENCH_ROLE";
 const ITERS: &str = "SUPERSTEP_BENCH_ITERS";
@@ -52,13 +52,7 @@ fn superstep_rank() {
         .transport(transport)
         .run()
         .expect("the job runs");
-    let measured: Duration = outcome
-        .report
-        .iterations
-        .iter()
-        .skip(WARMUP as usize)
-        .map(|i| i.elapsed)
-        .sum();
+    let measured = measured(&outcome);
     if !outcome.report.iterations.is_empty() {
         println!("ELAPSED_NS {}", measured.as_nanos());
     }

@@ -1,10 +1,16 @@
 """The crate's import rules, checked on its source (outside test modules):
 
-- no two modules import each other, directly or around a circle (modules are the crate's
-  top-level ones, and the files of runtime/, protocol/, sim/ and transport/tcp/);
+- no two modules import each other, directly or around a circle. A module is a file
+  (`foo.rs`, or `foo/mod.rs` for `foo`); a module may use its ancestors' items (a
+  parent is the room its children share), so only edges to a module that is not an
+  ancestor make a circle — two siblings that import each other do;
+- every import names the module an item lives in: no `crate::Item` through the crate
+  root's re-exports (those are for users);
 - protocol/ imports nothing of the crate but ids, error, codec and itself.
 
-Prints what breaks a rule and exits 1; `-v` prints the whole graph.
+Paths are read from `use` trees (braces expanded) and from paths in code, and resolved
+as Rust resolves them: `crate::`, `super::` (from a `mod.rs`, the parent of the
+directory), `self::`. Prints what breaks a rule and exits 1; `-v` prints the graph.
 """
 import pathlib
 import re
@@ -18,59 +24,113 @@ def module_of(path):
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "mod":
         parts = parts[:-1]
-    return "::".join(parts) if parts != ["lib"] else "lib"
+    if parts in (["lib"], ["main"]) or parts[0] == "bin":
+        return None
+    return tuple(parts)
 
 
-def unit(module):
-    parts = module.split("::")
-    if parts[0] in ("runtime", "protocol", "sim") and len(parts) > 1:
-        return "::".join(parts[:2])
-    if parts[:2] == ["transport", "tcp"] and len(parts) > 2:
-        return "::".join(parts[:3])
-    return parts[0]
+MODULES = {m for m in (module_of(p) for p in ROOT.rglob("*.rs")) if m}
 
 
-def exists(u):
-    base = ROOT / u.replace("::", "/")
-    return base.with_suffix(".rs").exists() or (base / "mod.rs").exists()
+def expand(tree):
+    """The paths a `use` tree names: `a::{b, c::{d, e}}` gives a::b, a::c::d, a::c::e."""
+    tree = re.sub(r"\s+", "", tree)
+    depth, start = 0, None
+    for i, ch in enumerate(tree):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                prefix, inner, rest = tree[:start], tree[start + 1 : i], tree[i + 1 :]
+                parts, depth2, last = [], 0, 0
+                for j, c in enumerate(inner):
+                    depth2 += c == "{"
+                    depth2 -= c == "}"
+                    if c == "," and depth2 == 0:
+                        parts.append(inner[last:j])
+                        last = j + 1
+                parts.append(inner[last:])
+                out = []
+                for part in filter(None, parts):
+                    for sub in expand(part):
+                        out.append(prefix + sub if sub != "self" else prefix.rstrip(":"))
+                return out
+    return [re.sub(r"\bas\b.*", "", tree)]
 
 
-def resolve(path):
-    """The module a path names: its longest prefix that is a file (an item of a module
-    named by the module)."""
-    parts = path.split("::")
-    while parts and not exists("::".join(parts)):
+def absolute(module, path):
+    """The crate-absolute segments of `path` as written in `module` (None if it is not
+    a path into the crate)."""
+    segs = [s for s in path.split("::") if s]
+    if not segs:
+        return None
+    if segs[0] == "crate":
+        return segs[1:]
+    base = list(module)
+    if segs[0] in ("super", "self"):
+        while segs and segs[0] in ("super", "self"):
+            if segs.pop(0) == "super":
+                if not base:
+                    return None
+                base.pop()
+        return base + segs
+    return None
+
+
+def target(segs):
+    """The module an absolute path names: its longest prefix that is a module."""
+    parts = list(segs)
+    while parts and tuple(parts) not in MODULES:
         parts.pop()
-    return unit("::".join(parts)) if parts else None
+    return tuple(parts) if parts else None
 
 
-edges = {}
-for path in ROOT.rglob("*.rs"):
-    if path.name == "tests.rs":
+def ancestor(a, b):
+    """Is `a` an ancestor of `b`?"""
+    return len(a) < len(b) and b[: len(a)] == a
+
+
+def name(m):
+    return "::".join(m)
+
+
+edges, broken = {}, []
+for path in sorted(ROOT.rglob("*.rs")):
+    module = module_of(path)
+    if module is None or path.name == "tests.rs":
         continue
     text = path.read_text()
     test_module = re.search(r"#\[cfg\(test\)\]\s*mod tests", text)
     if test_module:
         text = text[: test_module.start()]
     text = re.sub(r"//.*", "", text)
-    module = module_of(path)
-    u = unit(module)
-    base = module.split("::")
-    if path.name != "mod.rs":
-        base = base[:-1]
-    targets = {resolve(ref) for ref in re.findall(r"crate::([a-z_]+(?:::[a-z_]+)*)", text)}
-    targets |= {
-        resolve("::".join(base + ref.split("::")))
-        for ref in re.findall(r"\bsuper::([a-z_]+(?:::[a-z_]+)*)", text)
-    }
-    edges.setdefault(u, set()).update(t for t in targets if t and t != u)
+    paths = []
+    for tree in re.findall(r"\buse\s+([^;]+);", text):
+        paths += expand(tree)
+    text_without_uses = re.sub(r"\buse\s+[^;]+;", "", text)
+    paths += re.findall(r"\b(?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+", text_without_uses)
+    for p in paths:
+        segs = absolute(module, p)
+        if segs is None:
+            continue
+        if p.split("::")[0] == "crate" and segs and tuple(segs[:1]) not in MODULES:
+            line = f"{path.relative_to(ROOT)}: `crate::{segs[0]}` goes through the crate root; name the module `{segs[0]}` is in"
+            if line not in broken:
+                broken.append(line)
+            continue
+        t = target(segs)
+        if t is None or t == module or ancestor(t, module):
+            continue
+        edges.setdefault(module, set()).add(t)
 
-broken = []
 for u, targets in sorted(edges.items()):
-    if u.split("::")[0] == "protocol":
+    if u[0] == "protocol":
         for t in sorted(targets):
-            if t.split("::")[0] not in PROTOCOL_MAY_IMPORT | {"protocol"}:
-                broken.append(f"{u} imports {t}: protocol may import only {sorted(PROTOCOL_MAY_IMPORT)}")
+            if t[0] not in PROTOCOL_MAY_IMPORT | {"protocol"}:
+                broken.append(f"{name(u)} imports {name(t)}: protocol may import only {sorted(PROTOCOL_MAY_IMPORT)}")
 
 # Circles: Tarjan's strongly connected components.
 index, low, stack, on_stack, counter = {}, {}, [], set(), [0]
@@ -97,7 +157,7 @@ def connect(v):
             if w == v:
                 break
         if len(component) > 1:
-            broken.append("import circle: " + " <-> ".join(sorted(component)))
+            broken.append("import circle: " + " <-> ".join(sorted(name(c) for c in component)))
 
 
 for v in list(edges):
@@ -106,7 +166,7 @@ for v in list(edges):
 
 if "-v" in sys.argv:
     for u in sorted(edges):
-        print(u, "->", " ".join(sorted(edges[u])))
+        print(name(u), "->", " ".join(sorted(name(t) for t in edges[u])))
 for line in broken:
     print(line)
 sys.exit(1 if broken else 0)

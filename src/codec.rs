@@ -120,8 +120,8 @@ impl Undecodable {
     }
 
     /// The job's failure for it, where it came from `peer`.
-    pub(crate) fn sent_by(self, peer: impl Into<String>) -> crate::JobError {
-        crate::JobError::Decode {
+    pub(crate) fn sent_by(self, peer: impl Into<String>) -> crate::error::JobError {
+        crate::error::JobError::Decode {
             direction: self.direction,
             type_name: self.type_name,
             peer: peer.into(),

@@ -37,10 +37,10 @@ pub struct JobParams(Vec<(String, String)>);
 impl JobParams {
     /// The parameters `value` holds, flattened into named fields. A value whose serde form
     /// has no JSON form (a map whose keys are not strings or numbers, say) is a
-    /// [`ConfigError`](crate::ConfigError) naming `params`.
-    pub fn of(value: &impl Serialize) -> Result<Self, crate::ConfigError> {
+    /// [`ConfigError`](crate::error::ConfigError) naming `params`.
+    pub fn of(value: &impl Serialize) -> Result<Self, crate::error::ConfigError> {
         let json = serde_json::to_value(value).map_err(|e| {
-            crate::ConfigError::new(
+            crate::error::ConfigError::new(
                 "params",
                 std::any::type_name_of_val(value),
                 &format!("must have a JSON form (a struct, map, list or value): {e}"),

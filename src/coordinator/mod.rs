@@ -258,7 +258,7 @@ impl Composite {
             })) {
                 Ok(Ok(())) => continue,
                 Ok(Err(e)) => e,
-                Err(panic) => crate::Cause::from_panic(panic).to_string().into(),
+                Err(panic) => crate::error::Cause::from_panic(panic).to_string().into(),
             };
             tracing::warn!(error = %failed, "a coordinator's on_error failed");
             first.get_or_insert(failed);

@@ -302,7 +302,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// A worker in this process is replaced by a new actor of the same rank; one in
     /// another process by a process that connects again with its rank (see
     /// `superstep-launch --restarts`).
-    pub fn failure_policy(mut self, policy: crate::FailurePolicy) -> Self {
+    pub fn failure_policy(mut self, policy: crate::protocol::FailurePolicy) -> Self {
         self.config.failure_policy = policy;
         self
     }
@@ -881,22 +881,28 @@ impl<M: Payload, W: Payload> WorkerComputable for WithMail<M, W> {
     type MasterResult = M;
     type WorkerResult = W;
 
-    fn init(&mut self, ctx: &mut crate::WorkerContext<M, W>) -> Result<(), crate::BoxError> {
+    fn init(
+        &mut self,
+        ctx: &mut crate::compute::WorkerContext<M, W>,
+    ) -> Result<(), crate::error::BoxError> {
         if ctx.mail.is_none() {
             ctx.mail = Some((self.make)(ctx.workers));
         }
         self.inner.init(ctx)
     }
 
-    fn compute(&mut self, ctx: &mut crate::WorkerContext<M, W>) -> Result<W, crate::BoxError> {
+    fn compute(
+        &mut self,
+        ctx: &mut crate::compute::WorkerContext<M, W>,
+    ) -> Result<W, crate::error::BoxError> {
         self.inner.compute(ctx)
     }
 
-    fn save_state(&self) -> Result<Vec<u8>, crate::BoxError> {
+    fn save_state(&self) -> Result<Vec<u8>, crate::error::BoxError> {
         self.inner.save_state()
     }
 
-    fn restore_state(&mut self, state: &[u8]) -> Result<(), crate::BoxError> {
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), crate::error::BoxError> {
         self.inner.restore_state(state)
     }
 }

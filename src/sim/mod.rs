@@ -118,10 +118,10 @@ use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::ConfigError;
 use crate::ids::Iteration;
+use crate::job::JobBuilder;
 use crate::params::JobParams;
 use crate::payload::Payload;
 use crate::runtime::{Combine, DynMaster, MasterHooks, WorkerFactory, WorkerHookFactory};
-use crate::JobBuilder;
 
 pub use check::{
     seeds_to_run, Checked, RunFailure, SimFailure, SimOutcome, SimRun, SimStats, SCHEDULE_VAR,
@@ -129,6 +129,11 @@ pub use check::{
 };
 pub use faults::{CrashPoint, Fault, Faults};
 use world::World;
+
+/// A lock that a panic while it was held does not poison for the rest of the run.
+fn lock<T>(task: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    task.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// What one master's process is made of: the master's code, its interceptors, the job's
 /// coordinator.

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::world::lock;
+use super::lock;
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use crate::ids::Iteration;
 

@@ -63,9 +63,9 @@ use super::Simulation;
 use super::{CrashPoint, Fault};
 use crate::checkpoint::MemoryCheckpointStore;
 use crate::ids::Iteration;
+use crate::job::JobBuilder;
 use crate::payload::Payload;
 use crate::protocol::FailurePolicy;
-use crate::JobBuilder;
 
 /// Where in an iteration the master's process crashes.
 pub fn crash_point() -> impl Strategy<Value = CrashPoint> {

@@ -138,10 +138,10 @@ impl Fingerprint {
         self
     }
 
-    /// Adds the job's own parameters ([`JobParams`](crate::JobParams)), each as the field
+    /// Adds the job's own parameters ([`JobParams`](crate::params::JobParams)), each as the field
     /// `params.<name>`. A long value (a list of files, say) is its beginning, its length
     /// and its checksum, so that the handshake stays small (the checkpoints keep it whole).
-    pub(crate) fn with_params(mut self, params: Option<&crate::JobParams>) -> Self {
+    pub(crate) fn with_params(mut self, params: Option<&crate::params::JobParams>) -> Self {
         for (name, value) in params.into_iter().flat_map(|p| p.fields()) {
             let value = if value.len() > 200 {
                 let head: String = value.chars().take(64).collect();
@@ -241,7 +241,7 @@ pub enum TransportError {
         message: String,
         /// The operating system's error, when there is one: `source()`.
         #[source]
-        source: Option<crate::ErrorSource>,
+        source: Option<crate::error::ErrorSource>,
     },
     /// Binding to an address other than loopback without a shared secret is refused.
     #[error(
@@ -296,7 +296,7 @@ impl TransportError {
     pub(crate) fn io(message: impl Into<String>, error: Option<std::io::Error>) -> Self {
         TransportError::Io {
             message: message.into(),
-            source: error.map(crate::ErrorSource::new),
+            source: error.map(crate::error::ErrorSource::new),
         }
     }
 }
@@ -311,7 +311,7 @@ impl From<crate::codec::Undecodable> for TransportError {
     }
 }
 
-impl From<TransportError> for crate::JobError {
+impl From<TransportError> for crate::error::JobError {
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::Undecodable {
@@ -324,7 +324,10 @@ impl From<TransportError> for crate::JobError {
                 message,
             }
             .sent_by("this process"),
-            e => crate::JobError::transport(e.to_string(), Some(crate::ErrorSource::new(e))),
+            e => crate::error::JobError::transport(
+                e.to_string(),
+                Some(crate::error::ErrorSource::new(e)),
+            ),
         }
     }
 }
@@ -334,7 +337,7 @@ impl From<TransportError> for Unsent {
         match e {
             TransportError::Replaced { .. } => Unsent::Replaced,
             e @ TransportError::Undecodable { .. } => Unsent::Undecodable(e.into()),
-            e => Unsent::Failed(crate::ErrorSource::new(e)),
+            e => Unsent::Failed(crate::error::ErrorSource::new(e)),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! a broadcast handed to every worker in rank order, and what they send gathered into the
 //! node actor's inbox, taken by the node as one batch.
 
-use super::rescue::Rescue;
+use super::rescue::{homeward, HostedArm, HostedHome, HostedStopped, Rescue};
 use super::*;
 use crate::runtime::local::lock_cell;
 
@@ -12,37 +12,6 @@ pub(super) struct Gathered;
 
 impl Message for Gathered {
     type Result = ();
-}
-
-/// A hosted worker's unit of work came back from the pool.
-pub(super) struct HostedHome<M, W> {
-    pub(super) rank: Rank,
-    pub(super) generation: u64,
-    pub(super) done: WorkerDone<M, W>,
-}
-
-impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
-    type Result = ();
-}
-
-/// Where a hosted worker's unit of work done on the pool comes home: the node actor's
-/// mailbox, or back to the caller when the actor is gone.
-pub(super) fn homeward<M: Payload, W: Payload>(
-    addr: actix::Addr<NodeActor<M, W>>,
-    rank: Rank,
-    generation: u64,
-) -> Homeward<M, W> {
-    Box::new(move |done| {
-        match addr.try_send(HostedHome {
-            rank,
-            generation,
-            done,
-        }) {
-            Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
-            // An unbounded mailbox is never full.
-            _ => Ok(()),
-        }
-    })
 }
 
 /// The node actor as the host of one of its workers.
@@ -340,18 +309,6 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     }
 }
 
-/// A hosted worker's driver asks for its timer, from a thread other than the node
-/// actor's (a rank rescued to the pool).
-pub(super) struct HostedArm {
-    pub(super) rank: Rank,
-    pub(super) generation: u64,
-    pub(super) after: Duration,
-}
-
-impl Message for HostedArm {
-    type Result = ();
-}
-
 impl<M: Payload, W: Payload> Handler<HostedArm> for NodeActor<M, W> {
     type Result = ();
 
@@ -368,16 +325,6 @@ impl<M: Payload, W: Payload> Handler<HostedArm> for NodeActor<M, W> {
             act.settle(ctx);
         });
     }
-}
-
-/// A hosted worker stopped on a thread other than the node actor's.
-pub(super) struct HostedStopped {
-    pub(super) rank: Rank,
-    pub(super) generation: u64,
-}
-
-impl Message for HostedStopped {
-    type Result = ();
 }
 
 impl<M: Payload, W: Payload> Handler<HostedStopped> for NodeActor<M, W> {

@@ -14,9 +14,8 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::runtime::lock;
 use std::time::{Duration, Instant};
 
-use actix::Addr;
+use actix::{Addr, Message};
 
-use super::hosting::{HostedArm, HostedStopped};
 use super::NodeActor;
 use crate::ids::Rank;
 use crate::payload::Payload;
@@ -24,8 +23,61 @@ use crate::protocol::{Envelope, ToMaster, ToWorker};
 use crate::runtime::arrivals::Arrivals;
 use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
-use crate::runtime::worker::{Homeward, Host};
+use crate::runtime::worker::{Homeward, Host, WorkDone as WorkerDone};
 use crate::transport::TransportError;
+
+/// A hosted worker's unit of work came back from the pool.
+pub(super) struct HostedHome<M, W> {
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+    pub(super) done: WorkerDone<M, W>,
+}
+
+impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
+    type Result = ();
+}
+
+/// Where a hosted worker's unit of work done on the pool comes home: the node actor's
+/// mailbox, or back to the caller when the actor is gone.
+pub(super) fn homeward<M: Payload, W: Payload>(
+    addr: actix::Addr<NodeActor<M, W>>,
+    rank: Rank,
+    generation: u64,
+) -> Homeward<M, W> {
+    Box::new(move |done| {
+        match addr.try_send(HostedHome {
+            rank,
+            generation,
+            done,
+        }) {
+            Err(actix::dev::SendError::Closed(HostedHome { done, .. })) => Err(done),
+            // An unbounded mailbox is never full.
+            _ => Ok(()),
+        }
+    })
+}
+
+/// A hosted worker's driver asks for its timer, from a thread other than the node
+/// actor's (a rank rescued to the pool).
+pub(super) struct HostedArm {
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+    pub(super) after: Duration,
+}
+
+impl Message for HostedArm {
+    type Result = ();
+}
+
+/// A hosted worker stopped on a thread other than the node actor's.
+pub(super) struct HostedStopped {
+    pub(super) rank: Rank,
+    pub(super) generation: u64,
+}
+
+impl Message for HostedStopped {
+    type Result = ();
+}
 
 /// How long the rescuer keeps looking after the last round before it parks: rounds that
 /// follow each other closely never wake it.
@@ -255,7 +307,7 @@ impl<M: Payload, W: Payload> Host<M, W> for PoolHost<M, W> {
     }
 
     fn homeward(&mut self) -> Homeward<M, W> {
-        super::hosting::homeward(self.home.clone(), self.rank, self.generation)
+        homeward(self.home.clone(), self.rank, self.generation)
     }
 
     fn arm(&mut self, after: Duration) {

@@ -17,6 +17,7 @@ use crate::protocol::{
 use crate::runtime::coordination::Coordination;
 use crate::runtime::master::MasterTask;
 use crate::runtime::{MasterParts, SharedStore};
+use crate::sim::lock;
 use crate::sim::{store::WriteCrash, CrashPoint};
 
 /// The master's process: the node the runtime drives, and the master's code as the

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::lock;
 use super::store::SimStore;
 use super::{Fault, SimOutcome, SimRun, SimStats, Simulation};
 use crate::config::JobConfig;
@@ -120,11 +121,6 @@ enum Event<M, W> {
         generation: Generation,
         event: crate::transport::PeerEvent,
     },
-}
-
-/// A lock that a panic while it was held does not poison for the rest of the run.
-pub(super) fn lock<T>(task: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    task.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One run: the processes, the network, the clock, the store, and what the run found.

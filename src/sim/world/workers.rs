@@ -17,6 +17,7 @@ use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerN
 use crate::runtime::sync_calls::SyncAnswers;
 use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::OwnedEnding;
+use crate::sim::lock;
 use crate::transport::{PeerLink, TransportError};
 
 /// A worker's process.

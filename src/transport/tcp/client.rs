@@ -25,9 +25,6 @@ use crate::payload::Payload;
 use crate::protocol::{ToMaster, ToWorker};
 use crate::transport::{Fingerprint, Inbox};
 
-/// The attempt a worker starts in, until a master's node tells it another.
-pub(super) const FIRST_ATTEMPT: Attempt = 0;
-
 /// A worker's connection to the master's node.
 pub(super) struct Client<M, W> {
     pub(super) settings: Arc<TcpSettings>,

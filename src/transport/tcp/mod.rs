@@ -641,9 +641,7 @@ impl<M: Payload, W: Payload> Transport<M, W> for TcpTransport<M, W> {
         };
         let (lane, rx) = Lane::new();
         let said_done = Arc::new(AtomicBool::new(false));
-        let attempt = Arc::new(AtomicU32::new(
-            self.attempt.unwrap_or(client::FIRST_ATTEMPT),
-        ));
+        let attempt = Arc::new(AtomicU32::new(self.attempt.unwrap_or(FIRST_ATTEMPT)));
         let client = client::Client::<M, W> {
             settings: Arc::clone(&self.settings),
             target,
@@ -709,6 +707,9 @@ impl Peers {
 }
 
 type Shared = Arc<Mutex<Peers>>;
+
+/// The attempt a worker starts in, until a master's node tells it another.
+const FIRST_ATTEMPT: Attempt = 0;
 
 /// Locks `mutex`, also when a thread panicked holding it: what it guards stays usable
 /// (each change under it is a single assignment).

@@ -105,7 +105,7 @@ impl Mesh {
         Ok(Arc::new_cyclic(|me| Mesh {
             settings: Arc::clone(settings),
             fingerprint,
-            attempt: AtomicU32::new(super::client::FIRST_ATTEMPT),
+            attempt: AtomicU32::new(super::FIRST_ATTEMPT),
             me: Weak::clone(me),
             local,
             listener: Mutex::new(Some(listener)),

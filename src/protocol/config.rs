@@ -274,6 +274,7 @@ impl NodeConfig {
     pub(crate) fn worker(&self) -> WorkerConfig {
         WorkerConfig {
             failure_ends_job: self.failure_ends_job(),
+            gang: super::restarts_all(self.policy, self.barrier_mode),
             barrier_mode: self.barrier_mode,
             failure_grace: self.failure_grace,
             shutdown_timeout: self.shutdown_timeout,
@@ -309,6 +310,9 @@ pub(crate) struct WorkerConfig {
     /// Whether the worker's own failure ends the job (`FailurePolicy::Fail`): its process
     /// then knows at once, on the thread that failed.
     pub(crate) failure_ends_job: bool,
+    /// Whether a worker's failure restarts every worker (a gang restart): a worker's link
+    /// that reaches a master's node again starts its worker over too.
+    pub(crate) gang: bool,
     /// Whether the job runs in barrier mode: a worker's sync calls cannot be carried over
     /// to a master started again.
     pub(crate) barrier_mode: bool,

@@ -30,6 +30,7 @@ mod schedule;
 mod sync;
 mod worker;
 mod worker_node;
+mod worker_process;
 mod worker_report;
 
 use std::fmt;
@@ -44,7 +45,7 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 pub(crate) use collective::segment;
 pub(crate) use collective::CallShape;
 pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
-pub(crate) use config::{abort_ends_job, Combining, NodeConfig, Save, WorkerConfig, Workers};
+pub(crate) use config::{Combining, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
 pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
@@ -62,6 +63,7 @@ pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Step, Work, Worked, WorkerAction, WorkerNode};
+pub(crate) use worker_process::{LinkId, ProcessAction, WorkerProcess};
 pub use worker_report::{
     Attachment, AttachmentError, Rejected, RowCounts, WorkerReport, MAX_RECORDED_REJECTS,
 };

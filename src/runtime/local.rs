@@ -5,14 +5,14 @@
 //! — when the transport runs the whole job in this process ([`Transport::in_process`]) —
 //! hosted by the master's node actor, which steps its driver directly ([`Hosted`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::{Addr, AsyncContext, Context};
 
 use super::arrivals::Arrivals;
 use super::pool::{guarded, ComputePool, Executor, Placer, PoolExits};
-use super::route::{OnRestart, ReplicaSlot, Route, RouteState};
+use super::route::{OnRestart, Routes};
 use super::watch::Watch;
 use super::worker::{EndingReport, WorkerDriver};
 use super::worker_actor::WorkerActor;
@@ -24,7 +24,7 @@ use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
-use crate::protocol::{abort_ends_job, Envelope, ToMaster, ToWorker, WorkerConfig};
+use crate::protocol::{Envelope, ToMaster, ToWorker, WorkerConfig};
 use crate::transport::{MemoryMesh, PeerLink, Transport, TransportError, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank
@@ -48,10 +48,9 @@ pub(crate) struct LocalWorkers<M: Payload, W: Payload> {
     /// The workers of this process as each other's peers, for collectives, when every
     /// worker is here.
     mesh: Option<Arc<MemoryMesh>>,
-    /// By rank: the copy of a checkpoint this process keeps for the master's node, which
-    /// outlives the rank's workers and routes (each route offers it when its link reaches
-    /// a master).
-    replicas: Arc<[Arc<ReplicaSlot>]>,
+    /// Where the links of this process's workers reached through the transport deliver
+    /// (and the copies of a checkpoint the process keeps for the master's node).
+    routes: Arc<Routes<M, W>>,
 }
 
 /// Where a hosted worker lives.
@@ -81,24 +80,23 @@ enum Slot<M: Payload, W: Payload> {
 }
 
 /// A worker in an actor of its own, reached through the transport: its address, the
-/// attempt it was made in, its link, and the route its transport's inbox delivers by
-/// (both kept by the worker that replaces it in a gang restart).
+/// attempt it was made in, and its link (kept by the worker that replaces it in a gang
+/// restart).
 struct Linked<M: Payload, W: Payload> {
     addr: Addr<WorkerActor<M, W>>,
     attempt: Attempt,
     link: Arc<dyn WorkerLink<W>>,
-    route: Arc<Route<M, W>>,
 }
 
 /// How a new worker reaches the master's node.
-enum Linking<M: Payload, W: Payload> {
+enum Linking<W: Payload> {
     /// A link of its own, the rank's first.
     Connect,
     /// A link of its own that closes the old worker's (`Transport::reconnect_worker`).
     Reconnect,
-    /// The old worker's link and route (a gang restart: the link's messages of the old
-    /// attempt are stale to the master's node).
-    Reuse(Arc<dyn WorkerLink<W>>, Arc<Route<M, W>>),
+    /// The old worker's link (a gang restart: the link's messages of the old attempt are
+    /// stale to the master's node).
+    Reuse(Arc<dyn WorkerLink<W>>),
 }
 
 /// A hosted worker replaced, and the message that tells it to stop.
@@ -149,7 +147,12 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             cells: (0..n).map(|_| Mutex::new(None)).collect(),
             fresh: Vec::new(),
             generations: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            replicas: (0..n).map(|_| Arc::new(Mutex::new(None))).collect(),
+            routes: Arc::new(Routes::new(
+                n,
+                Arc::clone(&parts.worker_config),
+                Arc::clone(&parts.on_restart),
+                parts.end.clone(),
+            )),
             mesh: parts
                 .transport
                 .in_process()
@@ -335,11 +338,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let Some(Slot::Actor(old)) = self.slots.get(rank) else {
             return Ok(());
         };
-        if old.route.pending() != Some(attempt) {
+        if self.routes.pending(rank) != Some(attempt) {
             return Ok(());
         }
-        let (link, route) = (Arc::clone(&old.link), Arc::clone(&old.route));
-        let made = self.spawn(rank, attempt, Linking::Reuse(link, Arc::clone(&route)));
+        let link = Arc::clone(&old.link);
+        let made = self.spawn(rank, attempt, Linking::Reuse(link));
         // Told to stop also when its replacement could not be made: this process fails
         // then. (An actor is told at once: nothing comes back to step.)
         let _ = self.retire(rank, cause);
@@ -348,7 +351,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 // (Overtaken while it was made by a newer restart, it is made again for
                 // that one next, and told to stop then.)
                 if let Made::Actor(new) = &made {
-                    if route.install(&new.addr, attempt) {
+                    if self.routes.replaced(rank, attempt, &new.addr) {
                         tracing::debug!(rank, attempt, "worker made again for the new attempt");
                     }
                 }
@@ -399,7 +402,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         &mut self,
         rank: Rank,
         attempt: Attempt,
-        linking: Linking<M, W>,
+        linking: Linking<W>,
     ) -> Result<Made<M, W>, JobError> {
         let parts = &mut self.parts;
         let (factory, hooks) = (&parts.factory, &parts.hooks);
@@ -416,7 +419,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
         let config = Arc::clone(&parts.config);
         let worker_ctx = Context::<WorkerActor<M, W>>::new();
         let reconnect = matches!(linking, Linking::Reconnect);
-        let (link, generation, route): (Arc<dyn WorkerLink<W>>, u64, _) = match &parts.host {
+        let (link, generation): (Arc<dyn WorkerLink<W>>, u64) = match &parts.host {
             Some(node) => {
                 // A new connection of the rank: the old one's link is closed from now on —
                 // under the arrivals' lock, so that none of its sync calls is being
@@ -430,51 +433,27 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                     node: Arc::clone(node),
                     wire_check: parts.transport.in_process().is_some_and(|p| p.wire_check),
                 };
-                (Arc::new(link), generation, None)
+                (Arc::new(link), generation)
             }
             None => {
                 let generation = self.generations[rank].fetch_add(1, Ordering::AcqRel) + 1;
-                let (link, route) = match linking {
-                    Linking::Reuse(link, route) => (link, route),
+                let link = match linking {
+                    Linking::Reuse(link) => link,
                     Linking::Connect | Linking::Reconnect => {
-                        let route = Arc::new(Route {
-                            rank,
-                            gang: crate::protocol::restarts_all(
-                                config.failure_policy,
-                                config.barrier_mode,
-                            ),
-                            state: Mutex::new(RouteState::To {
-                                addr: worker_ctx.address(),
-                                attempt,
-                            }),
-                            on_restart: Arc::clone(&parts.on_restart),
-                            replica: Arc::clone(&self.replicas[rank]),
-                            link: OnceLock::new(),
-                            connections: AtomicU32::new(0),
-                        });
-                        let (end, to) = (parts.end.clone(), Arc::clone(&route));
-                        let inbox = Box::new(move |msg: ToWorker<M>| {
-                            // The job's failure: this process hears of it here, on the
-                            // transport's thread, even while user code holds the job's.
-                            if let Some(error) = abort_ends_job(rank, &msg) {
-                                end.end(error);
-                            }
-                            to.deliver(msg)
-                        });
+                        let id = self.routes.linked(rank, attempt, worker_ctx.address());
+                        let routes = Arc::clone(&self.routes);
+                        let inbox = Box::new(move |msg: ToWorker<M>| routes.deliver(rank, id, msg));
                         let link = if reconnect {
                             parts.transport.reconnect_worker(rank, inbox)?
                         } else {
                             parts.transport.connect_worker(rank, inbox)?
                         };
                         let link: Arc<dyn WorkerLink<W>> = Arc::from(link);
-                        // (The first `Connected` may come before this, and a copy kept is
-                        // then not offered on it: only a master started again needs it,
-                        // which a later connection reaches.)
-                        let _ = route.link.set(Arc::downgrade(&link));
-                        (link, route)
+                        self.routes.link_made(rank, Arc::downgrade(&link));
+                        link
                     }
                 };
-                (link, generation, Some(route))
+                (link, generation)
             }
         };
         let mut ctx = super::worker_context(
@@ -552,13 +531,11 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
             })));
         }
         let addr = worker_ctx.address();
-        let route = route.expect("a worker reached through the transport has a route");
         worker_ctx.run(WorkerActor::new(driver, Arc::clone(&link)));
         Ok(Made::Actor(Linked {
             addr,
             attempt,
             link,
-            route,
         }))
     }
 }

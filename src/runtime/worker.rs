@@ -239,8 +239,8 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
                 WorkerAction::Verdict(error) => {
                     // (The process's `JobEnd` is not set here: an abort may only retire
                     // this worker. For a job's failure it is set by the master's node
-                    // (`Action::EndJob`) in its own process, and by the transport's inbox
-                    // (`protocol::abort_ends_job`) in another.)
+                    // (`Action::EndJob`) in its own process, and by the worker process
+                    // (`ProcessAction::EndJob`) in another.)
                     let _ = self.heard.set(error.clone());
                     if let Some(sync) = &self.sync_answers {
                         sync.end(&error);

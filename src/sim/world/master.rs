@@ -414,7 +414,6 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             for rank in 0..self.nodes.len() {
                 self.settle(rank, &JobError::Cancelled);
                 self.nodes[rank].alive = false;
-                self.replicas[rank] = None;
             }
         }
         let after = Duration::from_micros(self.rng.random_range(20_000..100_000));

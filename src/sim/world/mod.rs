@@ -30,7 +30,7 @@ use crate::coordinator::Shard;
 use crate::error::JobError;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::payload::Payload;
-use crate::protocol::{NodeConfig, Replica, ToMaster, ToWorker, Worked, WorkerConfig};
+use crate::protocol::{NodeConfig, ToMaster, ToWorker, Worked, WorkerConfig};
 
 use clock::Clock;
 use master::MasterProcess;
@@ -159,9 +159,6 @@ pub(super) struct World<'s, M: Payload, W: Payload> {
     cuts: Vec<Option<(Duration, Duration, Generation)>>,
     /// Each rank's shard of the job's input, as the master's process sharded it.
     shards: Option<Arc<Vec<Shard>>>,
-    /// Per rank: the copy of a checkpoint its process keeps for the master
-    /// (`ToWorker::Replica`); lost with the process.
-    replicas: Vec<Option<Replica>>,
 }
 
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
@@ -204,7 +201,6 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             cuts: vec![None; workers],
             peer_arrivals: vec![vec![Duration::ZERO; workers]; workers],
             shards: None,
-            replicas: vec![None; workers],
         };
         let checkpoints = sim
             .checkpoint_every
@@ -364,20 +360,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                     return;
                 }
                 self.stats.messages += 1;
-                // The process's inbox hears the job's failure (as the runtime's does).
-                if let Some(error) = crate::protocol::abort_ends_job(rank, &msg) {
-                    self.nodes[rank].end.end(error);
-                }
-                // The process keeps the copy of a checkpoint, as the runtime's does.
-                if let ToWorker::Replica(replica) = msg {
+                if let ToWorker::Replica(replica) = &msg {
                     let iteration = replica.iteration;
-                    self.log(|| format!("worker {rank}'s process keeps the copy of the checkpoint of iteration {iteration}"));
-                    self.replicas[rank] = Some(replica);
-                    return;
+                    self.log(|| format!("worker {rank}'s process gets a copy of the checkpoint of iteration {iteration}"));
                 }
-                let now = self.clock.instant();
-                self.nodes[rank].worker.handle_message(now, msg);
-                self.drive_worker(rank);
+                self.reach_process(rank, msg);
             }
             Event::Computed {
                 rank,
@@ -509,15 +496,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let attempt = m.node.attempt();
                 self.nodes[rank].master = self.master_generation;
                 self.log(|| format!("worker {rank} reaches the master again (attempt {attempt})"));
-                // The copy its process keeps goes first, before the worker registers.
-                if let Some(replica) = self.replicas[rank].clone() {
-                    self.send_to_master(rank, ToMaster::Replica(replica));
-                }
-                // As a worker's transport tells it after each handshake.
-                let connected = ToWorker::<M>::Connected { attempt };
-                let now = self.clock.instant();
-                self.nodes[rank].worker.handle_message(now, connected);
-                self.drive_worker(rank);
+                // As a worker's transport tells its process after each handshake.
+                self.reach_process(rank, ToWorker::Connected { attempt });
             }
         }
     }

@@ -14,6 +14,7 @@ use crate::compute::JobEnd;
 use crate::compute::SyncSender;
 use crate::protocol::PeerMessage;
 use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerNode};
+use crate::protocol::{LinkId, ProcessAction, WorkerProcess};
 use crate::runtime::sync_calls::SyncAnswers;
 use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::OwnedEnding;
@@ -23,6 +24,12 @@ use crate::transport::{PeerLink, TransportError};
 /// A worker's process.
 pub(super) struct Node<M, W> {
     pub(super) generation: Generation,
+    /// The process as the runtime's drives it (`runtime/route.rs`): every rule of what
+    /// its link brings — the copy of a checkpoint it keeps, a gang restart, the job's
+    /// failure — is its. It dies with the process.
+    pub(super) process: WorkerProcess<M>,
+    /// The worker's link to the master's node, as the process numbers it.
+    pub(super) link: LinkId,
     /// The master's generation it is connected to.
     pub(super) master: Generation,
     pub(super) alive: bool,
@@ -197,8 +204,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             Arc::clone(&config),
         )
         .folding(self.sim.combine.as_ref().map(|c| Arc::clone(&c.among)));
+        let mut process = WorkerProcess::new(self.job.workers, Arc::clone(&config));
+        let link = process.linked(rank, attempt);
         Node {
             generation,
+            process,
+            link,
             master: self.master_generation,
             alive: true,
             worker: WorkerNode::new(rank, attempt, config),
@@ -223,11 +234,58 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             // same attempt (on a fresh host, without the checkpoint it would count on)
             // is registered with anew.
             let attempt = self.nodes[rank].worker.attempt();
-            let now = self.clock.instant();
-            let connected = ToWorker::Connected { attempt };
-            self.nodes[rank].worker.handle_message(now, connected);
+            return self.reach_process(rank, ToWorker::Connected { attempt });
         }
         self.drive_worker(rank);
+    }
+
+    /// What the link of `rank`'s process brings, as its process takes it.
+    pub(super) fn reach_process(&mut self, rank: Rank, msg: ToWorker<M>) {
+        let node = &mut self.nodes[rank];
+        node.process.handle_message(rank, node.link, msg);
+        self.carry_process(rank);
+    }
+
+    /// Carries out what the process of `rank` asks, in order, as `runtime/route.rs` does.
+    fn carry_process(&mut self, rank: Rank) {
+        while let Some(action) = self.nodes[rank].process.poll_action() {
+            match action {
+                ProcessAction::Deliver { rank, msg } => {
+                    let now = self.clock.instant();
+                    self.nodes[rank].worker.handle_message(now, msg);
+                    self.drive_worker(rank);
+                }
+                ProcessAction::EndJob(error) => self.nodes[rank].end.end(&error),
+                ProcessAction::Offer { rank, replica } => {
+                    self.send_to_master(rank, ToMaster::Replica(replica));
+                }
+                ProcessAction::Replace { rank, attempt, .. } => {
+                    self.restart_in_process(rank, attempt)
+                }
+            }
+            if !self.is_current(rank, self.nodes[rank].generation) {
+                return;
+            }
+        }
+    }
+
+    /// A new worker of `rank` in `attempt` in the same process, on the same link (a gang
+    /// restart its process carries out): the old one stops; the new one starts and takes
+    /// what its process held for it.
+    fn restart_in_process(&mut self, rank: Rank, attempt: Attempt) {
+        self.settle(rank, &JobError::Cancelled);
+        let generation = self.nodes[rank].generation + 1;
+        let mut new = self.spawn(rank, generation, attempt);
+        let old = &mut self.nodes[rank];
+        std::mem::swap(&mut new.process, &mut old.process);
+        new.link = old.link;
+        new.master = old.master;
+        self.nodes[rank] = new;
+        self.nodes[rank].worker.start();
+        self.drive_worker(rank);
+        if self.nodes[rank].process.handle_replaced(rank, attempt) {
+            self.carry_process(rank);
+        }
     }
 
     /// A new process for `rank`, in the place of the old one (which stops).
@@ -606,8 +664,6 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let node = &mut self.nodes[rank];
         node.alive = false;
         let generation = node.generation;
-        // The copy of a checkpoint its process kept dies with it.
-        self.replicas[rank] = None;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));
         let master = self.master_generation;

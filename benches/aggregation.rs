@@ -187,7 +187,7 @@ fn superstep_fold(ranks: usize, aggregation: Aggregation, iters: u64) -> Duratio
         .report_iterations((iters + WARMUP) as usize)
         .barrier_mode(true)
         .aggregation(aggregation)
-        .combine_by(superstep::collective::Op::Sum)
+        .combine_by(superstep::collective::ReduceOp::Sum)
     };
     measured(&run_over_tcp(ranks, job))
 }

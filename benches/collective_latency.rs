@@ -16,7 +16,7 @@ mod trivial;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use superstep::collective::Op;
+use superstep::collective::ReduceOp;
 use superstep::prelude::*;
 use timing::{measured, WARMUP};
 use trivial::Fold;
@@ -44,7 +44,7 @@ impl WorkerComputable for Caller {
             Call::Barrier => ctx.barrier()?,
             Call::AllReduce => {
                 let mut loss = Floats::from(vec![self.rank as f64]);
-                ctx.all_reduce(&mut loss, Op::Sum)?;
+                ctx.all_reduce(&mut loss, ReduceOp::Sum)?;
                 std::hint::black_box(&loss);
             }
         }

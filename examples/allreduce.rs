@@ -9,7 +9,7 @@
 //!   sum to every worker with the next iteration — everything through rank 0; the time
 //!   is the master's round, from one sum to the next.
 //! - `--mode fold`: each worker returns its values and the job combines them
-//!   (`combine_by(Op::Sum)`) with the default aggregation: across processes the workers
+//!   (`combine_by(ReduceOp::Sum)`) with the default aggregation: across processes the workers
 //!   fold them along the ring of ranks, chunk by chunk, and the last rank sends the sum on
 //!   to rank 0, whose process runs the master; the master checks it and sends a small
 //!   result back. In one process, the master folds. The time is the master's round, from one fold to the next.
@@ -28,7 +28,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use superstep::collective::Op;
+use superstep::collective::ReduceOp;
 use superstep::prelude::*;
 
 #[derive(Parser, Debug)]
@@ -93,7 +93,7 @@ impl WorkerComputable for Rank {
         match self.mode {
             Mode::AllReduce => {
                 let started = Instant::now();
-                ctx.all_reduce(&mut values, Op::Sum)?;
+                ctx.all_reduce(&mut values, ReduceOp::Sum)?;
                 let took = started.elapsed().as_secs_f64() * 1e3;
                 check(&values, ctx.workers())?;
                 Ok(Floats::from(vec![took]))
@@ -212,7 +212,7 @@ fn main() -> ExitCode {
         .job_id("allreduce")
         .workers(args.workers);
     if mode == Mode::Fold {
-        job = job.combine_by(Op::Sum);
+        job = job.combine_by(ReduceOp::Sum);
     }
     let job = job.cluster_from_env();
     let job = match job {

@@ -213,7 +213,7 @@ pub trait MasterComputable: Send + 'static {
 }
 
 /// A job's messages as a worker's context holds them: its mailbox, of the job's message
-/// type (`collective::messages::Mailbox`), behind the context's untyped methods.
+/// type (`messages::Mailbox`), behind the context's untyped methods.
 pub(crate) trait Post<M, W>: Send {
     fn as_any(&self) -> &dyn std::any::Any;
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;

@@ -68,17 +68,18 @@ impl fmt::Display for SyncKind {
     }
 }
 
-/// How a collective combines the ranks' values.
+/// How [`all_reduce`](crate::WorkerContext::all_reduce),
+/// [`reduce_scatter`](crate::WorkerContext::reduce_scatter) and a job's
+/// [`combine_by`](crate::JobBuilder::combine_by) combine the ranks' values, element by
+/// element.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ReduceOp {
-    /// Element by element, the sum.
+    /// The sum (integers wrap around).
     Sum,
-    /// Element by element, the least.
+    /// The least (for floats, as `f64::min`: a NaN gives way to a number).
     Min,
-    /// Element by element, the greatest.
+    /// The greatest (for floats, as `f64::max`).
     Max,
-    /// The user's own fold.
-    Fold,
 }
 
 impl fmt::Display for ReduceOp {
@@ -87,7 +88,6 @@ impl fmt::Display for ReduceOp {
             ReduceOp::Sum => "sum",
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
-            ReduceOp::Fold => "a fold",
         })
     }
 }
@@ -95,16 +95,20 @@ impl fmt::Display for ReduceOp {
 /// Which collective a rank called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CollectiveKind {
-    /// Every rank ends with every rank's values combined.
-    AllReduce(ReduceOp),
-    /// Every rank ends with its own segment of every rank's values combined.
-    ReduceScatter(ReduceOp),
+    /// Every rank ends with every rank's values combined, element by element by the op,
+    /// or (`None`) by the user's own fold
+    /// ([`all_reduce_with`](crate::WorkerContext::all_reduce_with)).
+    AllReduce(Option<ReduceOp>),
+    /// Every rank ends with its own segment of every rank's values combined, element by
+    /// element by the op (`None`: by a fold of the user's).
+    ReduceScatter(Option<ReduceOp>),
     /// One rank ends with every rank's values combined.
     Reduce {
         /// The rank that ends with the result.
         root: Rank,
-        /// How values are combined.
-        op: ReduceOp,
+        /// How values are combined: element by element by the op, or (`None`) by the
+        /// job's fold of whole results.
+        op: Option<ReduceOp>,
     },
     /// Every rank ends with one rank's value.
     Broadcast {
@@ -122,10 +126,14 @@ impl fmt::Display for CollectiveKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             // The user's own fold: the call that makes it.
-            CollectiveKind::AllReduce(ReduceOp::Fold) => f.write_str("all_reduce_with"),
-            CollectiveKind::AllReduce(op) => write!(f, "all_reduce({op})"),
-            CollectiveKind::ReduceScatter(op) => write!(f, "reduce_scatter({op})"),
-            CollectiveKind::Reduce { root, op } => write!(f, "reduce({op}) to rank {root}"),
+            CollectiveKind::AllReduce(None) => f.write_str("all_reduce_with"),
+            CollectiveKind::AllReduce(Some(op)) => write!(f, "all_reduce({op})"),
+            CollectiveKind::ReduceScatter(Some(op)) => write!(f, "reduce_scatter({op})"),
+            CollectiveKind::ReduceScatter(None) => f.write_str("reduce_scatter by a fold"),
+            CollectiveKind::Reduce { root, op: Some(op) } => {
+                write!(f, "reduce({op}) to rank {root}")
+            }
+            CollectiveKind::Reduce { root, op: None } => write!(f, "reduce(a fold) to rank {root}"),
             CollectiveKind::Broadcast { root } => write!(f, "broadcast from rank {root}"),
             CollectiveKind::AllGather => f.write_str("all_gather"),
             CollectiveKind::Messages => f.write_str("messages"),

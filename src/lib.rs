@@ -221,6 +221,7 @@ mod ids;
 pub mod interceptor;
 mod job;
 mod log;
+mod messages;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod params;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use superstep::collective::{FoldRoute, Op};
+use superstep::collective::{FoldRoute, ReduceOp};
 use superstep::prelude::*;
 
 /// Rank `rank`'s result in iteration `i` after the master result `last`: numbers of very
@@ -91,7 +91,7 @@ fn the_ring_fold_among_workers_gives_the_stars_result_to_the_bit() {
     // 40,000 elements: five chunks, so the ring is a pipeline.
     let (workers, len) = (5, 40_000);
     let star = job(workers, len, Aggregation::Star)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap();
     assert!(star
@@ -100,7 +100,7 @@ fn the_ring_fold_among_workers_gives_the_stars_result_to_the_bit() {
         .iter()
         .all(|i| i.aggregation == FoldRoute::Star));
     let ring = job(workers, len, Aggregation::Ring)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap();
     assert_eq!(bits(&ring.result), bits(&star.result));
@@ -121,7 +121,7 @@ fn the_ring_fold_among_workers_gives_the_stars_result_to_the_bit() {
     // The tree groups the ranks otherwise: a float sum's bits may differ, never its sum
     // of exact numbers.
     let tree = job(workers, len, Aggregation::Tree)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap();
     assert!(tree
@@ -196,7 +196,7 @@ fn the_workers_votes_halt_the_job_when_results_fold_among_them() {
     .barrier_mode(true)
     .worker_halt(true)
     .aggregation(Aggregation::Ring)
-    .combine_by(Op::Sum)
+    .combine_by(ReduceOp::Sum)
     .run()
     .unwrap();
     assert_eq!((outcome.iterations, outcome.halted), (2, true));
@@ -228,7 +228,7 @@ fn a_fold_that_panics_among_the_workers_fails_the_job_naming_the_worker_and_the_
 fn settings_that_cannot_fold_among_the_workers_fail_naming_the_setting() {
     let error = job(3, 10, Aggregation::Ring)
         .barrier_mode(false)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap_err();
     assert!(
@@ -244,7 +244,7 @@ fn settings_that_cannot_fold_among_the_workers_fail_naming_the_setting() {
     );
     // In one process `Auto` is the star: results are handed over, not copied.
     let outcome = job(3, 100_000, Aggregation::Auto)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap();
     assert!(outcome
@@ -260,13 +260,13 @@ fn across_processes_auto_folds_along_the_ring_once_results_are_large() {
     let workers = 4;
     for (len, large) in [(100, false), (20_000, true)] {
         let star = job(workers, len, Aggregation::Star)
-            .combine_by(Op::Sum)
+            .combine_by(ReduceOp::Sum)
             .run()
             .unwrap();
         let outcomes = common::over_tcp(workers, "aggregation", move |_, transport| {
             job(workers, len, Aggregation::Auto)
                 .iteration_timeout(std::time::Duration::from_secs(60))
-                .combine_by(Op::Sum)
+                .combine_by(ReduceOp::Sum)
                 .transport(transport)
                 .run()
         });
@@ -302,12 +302,13 @@ fn the_simulator_folds_among_workers_as_the_runtime_does_and_recovers_under_faul
     use superstep::sim::{Faults, Simulation};
     let (workers, len) = (4, 3_000);
     let star = job(workers, len, Aggregation::Star)
-        .combine_by(Op::Sum)
+        .combine_by(ReduceOp::Sum)
         .run()
         .unwrap();
     for aggregation in [Aggregation::Ring, Aggregation::Tree] {
         let fault_free =
-            Simulation::from_job(move || job(workers, len, aggregation).combine_by(Op::Sum)).run(0);
+            Simulation::from_job(move || job(workers, len, aggregation).combine_by(ReduceOp::Sum))
+                .run(0);
         assert!(
             fault_free.violations.is_empty(),
             "{:?}",
@@ -323,7 +324,7 @@ fn the_simulator_folds_among_workers_as_the_runtime_does_and_recovers_under_faul
         // ends with the fault-free result.
         let faulty = Simulation::from_job(move || {
             job(workers, len, aggregation)
-                .combine_by(Op::Sum)
+                .combine_by(ReduceOp::Sum)
                 .failure_policy(FailurePolicy::RestartAll { max_attempts: 100 })
         })
         .faults(Faults::all(0.05));
@@ -339,7 +340,11 @@ fn the_simulator_folds_among_workers_as_the_runtime_does_and_recovers_under_faul
 #[test]
 fn a_process_whose_element_wise_fold_has_another_op_is_refused_naming_both() {
     let outcomes = common::over_tcp(3, "aggregation-op", move |rank, transport| {
-        let op = if rank == 2 { Op::Max } else { Op::Sum };
+        let op = if rank == 2 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
         job(3, 10, Aggregation::Auto)
             .combine_by(op)
             .transport(transport)

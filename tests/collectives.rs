@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{barrier_job as job, summing_master, FnWorker, PATIENT};
-use superstep::collective::{Algorithm, CollectiveKind, Op, ReduceOp};
+use superstep::collective::{Algorithm, CollectiveKind, ReduceOp};
 use superstep::prelude::*;
 use superstep::transport::MemoryTransport;
 use superstep::{CallAt, SyncKind};
@@ -62,7 +62,7 @@ fn all_reduce_gives_every_rank_the_sum_min_and_max_small_and_large_on_any_number
                 let record = record.clone();
                 worker(move |ctx| {
                     let i = ctx.iteration();
-                    for op in [Op::Sum, Op::Min, Op::Max] {
+                    for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
                         let mut v = Floats::from(values(rank, i, len));
                         ctx.all_reduce(&mut v, op)?;
                         record.push(rank, i * 10 + op as u64, &v);
@@ -108,7 +108,7 @@ fn all_reduce_by_the_chain_sums_floats_bit_for_bit_as_the_master_folds_results()
         let record = record.clone();
         worker(move |ctx| {
             let mut v: Floats = (0..len).map(|e| value(rank, e)).collect();
-            ctx.all_reduce_by(&mut v, Op::Sum, Algorithm::Chain)?;
+            ctx.all_reduce_by(&mut v, ReduceOp::Sum, Algorithm::Chain)?;
             record.push(rank, 0, &v);
             Ok(0)
         })
@@ -140,7 +140,7 @@ fn reduce_scatter_gives_each_rank_its_segment_of_the_sum() {
     job(workers, 1, move |rank| {
         let record = record.clone();
         worker(move |ctx| {
-            let mine = ctx.reduce_scatter(Floats::from(values(rank, 1, len)), Op::Sum)?;
+            let mine = ctx.reduce_scatter(Floats::from(values(rank, 1, len)), ReduceOp::Sum)?;
             assert_eq!(mine.len(), ctx.segment(len).len());
             record.push(rank, 0, &mine);
             Ok(0)
@@ -220,7 +220,7 @@ fn a_rank_that_makes_another_call_fails_the_job_naming_the_calls_that_differ() {
             if rank == 1 {
                 ctx.barrier()?;
             } else {
-                ctx.all_reduce(&mut Floats::from(vec![1.0; 8]), Op::Sum)?;
+                ctx.all_reduce(&mut Floats::from(vec![1.0; 8]), ReduceOp::Sum)?;
             }
             Ok(0)
         })
@@ -229,7 +229,7 @@ fn a_rank_that_makes_another_call_fails_the_job_naming_the_calls_that_differ() {
     .unwrap_err();
     // The calls the master's node had met when two differed: two, or all three when they
     // came together.
-    let all_reduce = SyncKind::Collective(CollectiveKind::AllReduce(ReduceOp::Sum));
+    let all_reduce = SyncKind::Collective(CollectiveKind::AllReduce(Some(ReduceOp::Sum)));
     let JobError::Sync(SyncError::Mismatch {
         at: CallAt {
             iteration: 1,
@@ -256,7 +256,7 @@ fn a_rank_that_passes_another_length_fails_the_job_naming_both_ranks_and_lengths
     let err = job(2, 1, |rank| {
         worker(move |ctx| {
             let mut v = Floats::from(vec![1.0; 10 + rank]);
-            ctx.all_reduce(&mut v, Op::Sum)?;
+            ctx.all_reduce(&mut v, ReduceOp::Sum)?;
             Ok(0)
         })
     })
@@ -281,7 +281,7 @@ fn a_rank_whose_part_is_done_at_once_still_fails_with_the_others_on_another_leng
         let seen = Arc::clone(&seen);
         worker(move |ctx| {
             let len = if rank == 2 { 0 } else { 4 };
-            let result = ctx.all_reduce(&mut Floats::from(vec![1.0; len]), Op::Sum);
+            let result = ctx.all_reduce(&mut Floats::from(vec![1.0; len]), ReduceOp::Sum);
             seen.lock().unwrap().push((rank, result.clone()));
             result?;
             Ok(0)
@@ -330,7 +330,7 @@ fn a_rank_that_returns_without_the_call_fails_the_others_at_once_naming_it() {
     let err = job(4, 1, |rank| {
         worker(move |ctx| {
             if rank != 2 {
-                ctx.all_reduce(&mut Floats::from(vec![1.0; 1000]), Op::Sum)?;
+                ctx.all_reduce(&mut Floats::from(vec![1.0; 1000]), ReduceOp::Sum)?;
             }
             Ok(0)
         })
@@ -351,7 +351,7 @@ fn a_rank_that_returns_without_the_call_fails_the_others_at_once_naming_it() {
 fn a_collective_outside_barrier_mode_or_in_init_says_what_it_needs() {
     let err = Job::builder(summing_master(), |_| {
         worker(|ctx| {
-            ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum)?;
+            ctx.all_reduce(&mut Floats::from(vec![1.0]), ReduceOp::Sum)?;
             Ok(0)
         })
     })
@@ -379,7 +379,7 @@ fn checking(
             let mut checked = 0;
             for len in [100, 50_000] {
                 let mut v = Floats::from(values(rank, i, len));
-                ctx.all_reduce(&mut v, Op::Sum)?;
+                ctx.all_reduce(&mut v, ReduceOp::Sum)?;
                 let all: Vec<Vec<f64>> = (0..workers).map(|r| values(r, i, len)).collect();
                 let want: Vec<f64> = (0..len).map(|e| all.iter().map(|v| v[e]).sum()).collect();
                 if *v != want {
@@ -505,16 +505,16 @@ fn awaiting(
             };
             for len in [100, 50_000] {
                 let mut v = Floats::from(values(rank, i, len));
-                ctx.all_reduce_async(&mut v, Op::Sum).await?;
+                ctx.all_reduce_async(&mut v, ReduceOp::Sum).await?;
                 let mut chained = Floats::from(values(rank, i, len));
-                ctx.all_reduce_by_async(&mut chained, Op::Sum, Algorithm::Chain)
+                ctx.all_reduce_by_async(&mut chained, ReduceOp::Sum, Algorithm::Chain)
                     .await?;
                 if *v != all(len) || *chained != all(len) {
                     return Err(format!("rank {rank}: a wrong sum of {len} elements").into());
                 }
             }
             let mine = ctx
-                .reduce_scatter_async(Floats::from(values(rank, i, 1_000)), Op::Sum)
+                .reduce_scatter_async(Floats::from(values(rank, i, 1_000)), ReduceOp::Sum)
                 .await?;
             if *mine != all(1_000)[ctx.segment(1_000)] {
                 return Err(format!("rank {rank}: a wrong segment").into());

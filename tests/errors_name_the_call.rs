@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{barrier_job as job, summing_master, FnWorker, PATIENT};
-use superstep::collective::Op;
+use superstep::collective::ReduceOp;
 use superstep::prelude::*;
 use superstep::transport::MemoryTransport;
 use superstep::{CallAt, SyncKind};
@@ -42,7 +42,7 @@ fn broadcast_against_all_reduce(
             let result = if rank == 0 {
                 ctx.broadcast(0, Some(&"hello".to_owned())).map(drop)
             } else {
-                ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum)
+                ctx.all_reduce(&mut Floats::from(vec![1.0]), ReduceOp::Sum)
             };
             results.lock().unwrap().push((rank, result.clone()));
             result?;
@@ -141,7 +141,7 @@ fn another_length_fails_the_job_at_once_under_every_policy() {
                 counted.fetch_add(1, Ordering::SeqCst);
                 ctx.barrier()?;
                 let mut v = Floats::from(vec![1.0; 4 + rank / 2]);
-                ctx.all_reduce(&mut v, Op::Sum)?;
+                ctx.all_reduce(&mut v, ReduceOp::Sum)?;
                 Ok(0)
             })
         })
@@ -211,7 +211,7 @@ fn a_call_without_barrier_mode_or_in_init_names_the_call_made() {
         (|ctx| ctx.barrier(), "barrier()"),
         (|ctx| ctx.all_gather(&1u64).map(drop), "all_gather()"),
         (
-            |ctx| ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum),
+            |ctx| ctx.all_reduce(&mut Floats::from(vec![1.0]), ReduceOp::Sum),
             "all_reduce(sum)",
         ),
         (
@@ -257,7 +257,7 @@ impl WorkerComputable for CallsInInit {
     type WorkerResult = u64;
 
     fn init(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<(), BoxError> {
-        ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Max)?;
+        ctx.all_reduce(&mut Floats::from(vec![1.0]), ReduceOp::Max)?;
         Ok(())
     }
 
@@ -462,7 +462,7 @@ fn one_rank_late(results: &Results) -> JobBuilder<u64, u64> {
             if rank == 3 {
                 std::thread::sleep(Duration::from_millis(1500));
             }
-            let r = ctx.all_reduce(&mut Floats::from(vec![1.0; 4]), Op::Sum);
+            let r = ctx.all_reduce(&mut Floats::from(vec![1.0; 4]), ReduceOp::Sum);
             each.lock().unwrap().push((rank, r.clone()));
             r?;
             Ok(0)
@@ -527,7 +527,7 @@ fn a_mistake_wrapped_as_text_still_fails_at_once() {
         let counted = Arc::clone(&counted);
         worker(move |ctx| {
             counted.fetch_add(1, Ordering::SeqCst);
-            ctx.all_reduce(&mut Floats::from(vec![1.0]), Op::Sum)
+            ctx.all_reduce(&mut Floats::from(vec![1.0]), ReduceOp::Sum)
                 .map_err(|e| format!("my step: {e}"))?;
             Ok(0)
         })
@@ -576,9 +576,9 @@ fn values_of_another_element_type_are_named_as_such() {
     let err = job(2, 1, |rank| {
         worker(move |ctx| {
             if rank == 0 {
-                ctx.all_reduce(&mut Floats::from(vec![1.0f32; 4]), Op::Sum)?;
+                ctx.all_reduce(&mut Floats::from(vec![1.0f32; 4]), ReduceOp::Sum)?;
             } else {
-                ctx.all_reduce(&mut Floats::from(vec![1.0f64; 4]), Op::Sum)?;
+                ctx.all_reduce(&mut Floats::from(vec![1.0f64; 4]), ReduceOp::Sum)?;
             }
             Ok(0)
         })

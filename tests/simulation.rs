@@ -1213,13 +1213,13 @@ impl WorkerComputable for Collecting {
     type WorkerResult = u64;
 
     fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
-        use superstep::collective::Op;
+        use superstep::collective::ReduceOp;
         let (rank, workers) = (ctx.rank(), ctx.workers());
         let last = ctx.last_master_result().copied().unwrap_or(1) % 1_000;
         let mut small = collected(rank, last, 10);
-        ctx.all_reduce(&mut small, Op::Sum)?;
+        ctx.all_reduce(&mut small, ReduceOp::Sum)?;
         let mut large = collected(rank, last, 20_000);
-        ctx.all_reduce(&mut large, Op::Sum)?;
+        ctx.all_reduce(&mut large, ReduceOp::Sum)?;
         let root = last as usize % workers;
         let told: u64 = ctx.broadcast(root, (rank == root).then_some(&mix(last, 7)))?;
         let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;

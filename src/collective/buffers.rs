@@ -1,5 +1,5 @@
 //! The values a collective runs on, as the exchange sees them (`Buffer`), and how their
-//! parts cross between processes (`Carried`): elements folded by an `Op` (`Elements`,
+//! parts cross between processes (`Carried`): elements folded by an `ReduceOp` (`Elements`,
 //! whose parts travel as one block of bytes, copied once each way), and values of any
 //! serde type folded whole by the user's fold (`Whole`).
 
@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::Op;
+use crate::ids::ReduceOp;
 use crate::payload::{Element, Floats};
 use crate::protocol::Buffer;
 
@@ -32,14 +32,14 @@ pub(crate) trait Carried: Buffer {
 }
 
 /// [`Carried::encode`] of a part encoded as it is.
-pub(super) fn encode_as_is<P: Serialize>(part: &P) -> Result<Bytes, String> {
+pub(crate) fn encode_as_is<P: Serialize>(part: &P) -> Result<Bytes, String> {
     crate::codec::to_vec(part)
         .map(Bytes::from)
         .map_err(|e| e.to_string())
 }
 
 /// [`Carried::decode`] of a part encoded as it is.
-pub(super) fn decode_as_is<P: DeserializeOwned>(bytes: &[u8]) -> Result<P, String> {
+pub(crate) fn decode_as_is<P: DeserializeOwned>(bytes: &[u8]) -> Result<P, String> {
     crate::codec::from_slice(bytes).map_err(|e| e.to_string())
 }
 
@@ -47,14 +47,14 @@ pub(super) fn decode_as_is<P: DeserializeOwned>(bytes: &[u8]) -> Result<P, Strin
 /// `Vec<T>`, for a broadcast received).
 pub(super) struct Elements<V, T> {
     pub(super) values: V,
-    op: Op,
+    op: ReduceOp,
     /// Whether parts are made encoded (see [`Chunk`]).
     encoded: bool,
     _element: std::marker::PhantomData<T>,
 }
 
 impl<V: AsMut<[T]>, T: Element> Elements<V, T> {
-    pub(super) fn new(values: V, op: Op) -> Self {
+    pub(super) fn new(values: V, op: ReduceOp) -> Self {
         Elements {
             values,
             op,
@@ -155,7 +155,7 @@ impl<V: AsRef<[T]> + AsMut<[T]>, T: Element> Buffer for Elements<V, T> {
 pub(crate) fn fold_into<T: Element>(
     own: &mut [T],
     got: impl Iterator<Item = T>,
-    op: Op,
+    op: ReduceOp,
     got_first: bool,
 ) {
     fn each<T: Copy>(own: &mut [T], got: impl Iterator<Item = T>, f: impl Fn(T, T) -> T) {
@@ -164,12 +164,12 @@ pub(crate) fn fold_into<T: Element>(
         }
     }
     match (op, got_first) {
-        (Op::Sum, true) => each(own, got, |o, g| g.sum(o)),
-        (Op::Sum, false) => each(own, got, |o, g| o.sum(g)),
-        (Op::Min, true) => each(own, got, |o, g| g.least(o)),
-        (Op::Min, false) => each(own, got, |o, g| o.least(g)),
-        (Op::Max, true) => each(own, got, |o, g| g.greatest(o)),
-        (Op::Max, false) => each(own, got, |o, g| o.greatest(g)),
+        (ReduceOp::Sum, true) => each(own, got, |o, g| g.sum(o)),
+        (ReduceOp::Sum, false) => each(own, got, |o, g| o.sum(g)),
+        (ReduceOp::Min, true) => each(own, got, |o, g| g.least(o)),
+        (ReduceOp::Min, false) => each(own, got, |o, g| o.least(g)),
+        (ReduceOp::Max, true) => each(own, got, |o, g| g.greatest(o)),
+        (ReduceOp::Max, false) => each(own, got, |o, g| o.greatest(g)),
     }
 }
 
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn an_encoded_part_is_put_and_folded_as_its_elements_from_any_alignment() {
         let sent = [1.5f64, -2.25, 1e300, f64::MIN_POSITIVE, 0.0, 7.0];
-        let mut from = Elements::new(sent.to_vec(), Op::Sum);
+        let mut from = Elements::new(sent.to_vec(), ReduceOp::Sum);
         from.travel_encoded();
         let part = from.part(1..5);
         let bytes = <Elements<Vec<f64>, f64>>::encode(part).unwrap();
@@ -278,12 +278,12 @@ mod tests {
             let bytes = Bytes::from(frame).slice(offset..);
             let got = <Elements<Vec<f64>, f64>>::decode(bytes.clone()).unwrap();
             assert_eq!(<Elements<Vec<f64>, f64>>::part_len(&got), 4);
-            let mut into = Elements::new(vec![0.0; 6], Op::Sum);
+            let mut into = Elements::new(vec![0.0; 6], ReduceOp::Sum);
             into.put(2..6, got);
             assert_eq!(into.values[..2], [0.0, 0.0]);
             assert_eq!(into.values[2..], sent[1..5], "offset {offset}");
             let got = <Elements<Vec<f64>, f64>>::decode(bytes).unwrap();
-            let mut into = Elements::new(vec![1.0; 4], Op::Sum);
+            let mut into = Elements::new(vec![1.0; 4], ReduceOp::Sum);
             into.fold(0..4, got, true);
             let expected: Vec<f64> = sent[1..5].iter().map(|x| x + 1.0).collect();
             assert_eq!(into.values, expected, "offset {offset}");
@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(err, "12 bytes is not a whole number of f64s");
         let list = crate::codec::to_vec(&vec![1.0f64, 2.0]).unwrap();
         let got = F::decode(Bytes::from(list)).unwrap();
-        let mut into = Elements::new(vec![0.0; 2], Op::Sum);
+        let mut into = Elements::new(vec![0.0; 2], ReduceOp::Sum);
         into.put(0..2, got);
         assert_eq!(into.values, [1.0, 2.0]);
         assert!(F::decode(Bytes::from_static(&[0xc1])).is_err());

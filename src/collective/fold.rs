@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::buffers::{decode_as_is, encode_as_is, Carried, Elements};
-use super::{chunk_of, Op};
+use super::chunk_of;
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
 use crate::ids::{Algorithm, CollectiveKind, FoldRoute, ReduceOp};
@@ -111,10 +111,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let Some(root) = route.root() else {
             return Ok(Share::Own(result));
         };
-        let kind = CollectiveKind::Reduce {
-            root,
-            op: ReduceOp::Fold,
-        };
+        let kind = CollectiveKind::Reduce { root, op: None };
         let buffer = Once {
             value: RefCell::new(Some(result)),
             fold,
@@ -133,12 +130,12 @@ impl<M, T: Element> WorkerContext<M, Floats<T>> {
         &mut self,
         mut result: Floats<T>,
         route: FoldRoute,
-        op: Op,
+        op: ReduceOp,
     ) -> Result<Share<Floats<T>>, SyncError> {
         let Some(root) = route.root() else {
             return Ok(Share::Own(result));
         };
-        let kind = CollectiveKind::Reduce { root, op: op.id() };
+        let kind = CollectiveKind::Reduce { root, op: Some(op) };
         let buffer = Elements::new(&mut result.0[..], op);
         self.collective(kind, algorithm(route), chunk_of::<T>(), buffer)?;
         Ok(if self.rank == root {

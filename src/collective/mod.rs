@@ -27,9 +27,8 @@ use serde::Serialize;
 
 use crate::compute::{awaitable, block, in_span, Incoming, Wait, WorkerContext};
 use crate::error::SyncError;
-mod buffers;
+pub(crate) mod buffers;
 mod fold;
-pub(crate) mod messages;
 
 pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
@@ -39,29 +38,6 @@ use crate::transport::{PeerEvent, TransportError};
 pub(crate) use buffers::fold_into;
 use buffers::{Carried, Elements, Whole};
 pub(crate) use fold::FoldAmong;
-
-/// How [`all_reduce`](WorkerContext::all_reduce) and
-/// [`reduce_scatter`](WorkerContext::reduce_scatter) combine the ranks' values, element by
-/// element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// The sum (integers wrap around).
-    Sum,
-    /// The least (for floats, as `f64::min`: a NaN gives way to a number).
-    Min,
-    /// The greatest (for floats, as `f64::max`).
-    Max,
-}
-
-impl Op {
-    pub(crate) fn id(self) -> ReduceOp {
-        match self {
-            Op::Sum => ReduceOp::Sum,
-            Op::Min => ReduceOp::Min,
-            Op::Max => ReduceOp::Max,
-        }
-    }
-}
 
 /// Below this many bytes a value takes the latency-optimal way (log₂(ranks) steps),
 /// above it the ring.
@@ -81,7 +57,7 @@ const CHUNK: usize = 64 * 1024;
 /// large one across processes as its length alone, its bytes going around the ring of
 /// ranks once the answer says every rank made the call.
 #[derive(Debug, Serialize, serde::Deserialize)]
-enum Gathered {
+enum GatherRoute {
     Here(Vec<u8>),
     Ring(u64),
 }
@@ -113,10 +89,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
     ///
     /// ```no_run
     /// # use superstep::prelude::*;
-    /// # use superstep::collective::Op;
+    /// # use superstep::collective::ReduceOp;
     /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
     /// let mut gradient = Floats::from(vec![0.5; 1 << 20]);
-    /// ctx.all_reduce(&mut gradient, Op::Sum)?;
+    /// ctx.all_reduce(&mut gradient, ReduceOp::Sum)?;
     /// # Ok(()) }
     /// ```
     ///
@@ -127,7 +103,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub fn all_reduce<T: Element>(
         &mut self,
         values: &mut Floats<T>,
-        op: Op,
+        op: ReduceOp,
     ) -> Result<(), SyncError> {
         let algorithm = by_size(values);
         block(self.all_reduce_in(values, op, algorithm, Wait::Block))
@@ -142,20 +118,20 @@ impl<M, W: 'static> WorkerContext<M, W> {
     ///
     /// ```no_run
     /// # use superstep::prelude::*;
-    /// # use superstep::collective::Op;
+    /// # use superstep::collective::ReduceOp;
     /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
     /// let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     /// let mut gradient = Floats::from(vec![0.5; 1 << 20]);
     /// runtime.block_on(async {
     ///     // Sums with the peers while this thread also serves other tasks.
-    ///     ctx.all_reduce_async(&mut gradient, Op::Sum).await
+    ///     ctx.all_reduce_async(&mut gradient, ReduceOp::Sum).await
     /// })?;
     /// # Ok(()) }
     /// ```
     pub async fn all_reduce_async<T: Element>(
         &mut self,
         values: &mut Floats<T>,
-        op: Op,
+        op: ReduceOp,
     ) -> Result<(), SyncError> {
         let algorithm = by_size(values);
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
@@ -169,7 +145,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub fn all_reduce_by<T: Element>(
         &mut self,
         values: &mut Floats<T>,
-        op: Op,
+        op: ReduceOp,
         algorithm: Algorithm,
     ) -> Result<(), SyncError> {
         block(self.all_reduce_in(values, op, algorithm, Wait::Block))
@@ -180,7 +156,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub async fn all_reduce_by_async<T: Element>(
         &mut self,
         values: &mut Floats<T>,
-        op: Op,
+        op: ReduceOp,
         algorithm: Algorithm,
     ) -> Result<(), SyncError> {
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
@@ -189,11 +165,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
     async fn all_reduce_in<T: Element>(
         &mut self,
         values: &mut Floats<T>,
-        op: Op,
+        op: ReduceOp,
         algorithm: Algorithm,
         wait: Wait,
     ) -> Result<(), SyncError> {
-        let kind = CollectiveKind::AllReduce(op.id());
+        let kind = CollectiveKind::AllReduce(Some(op));
         let chunk = chunk_of::<T>();
         let buffer = Elements::new(&mut values.0[..], op);
         self.collective_in(kind, algorithm, chunk, buffer, wait)
@@ -208,7 +184,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub fn reduce_scatter<T: Element>(
         &mut self,
         values: Floats<T>,
-        op: Op,
+        op: ReduceOp,
     ) -> Result<Floats<T>, SyncError> {
         block(self.reduce_scatter_in(values, op, Wait::Block))
     }
@@ -218,7 +194,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub async fn reduce_scatter_async<T: Element>(
         &mut self,
         values: Floats<T>,
-        op: Op,
+        op: ReduceOp,
     ) -> Result<Floats<T>, SyncError> {
         self.reduce_scatter_in(values, op, Wait::Await).await
     }
@@ -226,10 +202,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
     async fn reduce_scatter_in<T: Element>(
         &mut self,
         mut values: Floats<T>,
-        op: Op,
+        op: ReduceOp,
         wait: Wait,
     ) -> Result<Floats<T>, SyncError> {
-        let kind = CollectiveKind::ReduceScatter(op.id());
+        let kind = CollectiveKind::ReduceScatter(Some(op));
         let range = self.segment(values.len());
         let buffer = Elements::new(&mut values.0[..], op);
         self.collective_in(kind, Algorithm::Ring, chunk_of::<T>(), buffer, wait)
@@ -316,7 +292,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             } else {
                 Algorithm::Ring
             };
-            let buffer = Elements::new(&mut bytes[..], Op::Sum);
+            let buffer = Elements::new(&mut bytes[..], ReduceOp::Sum);
             self.collective_in(kind, algorithm, CHUNK as u64, buffer, wait)
                 .await?;
             bytes
@@ -371,7 +347,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         T: Serialize + DeserializeOwned + Clone + Send + 'static,
         F: Fn(&mut T, T),
     {
-        let kind = CollectiveKind::AllReduce(ReduceOp::Fold);
+        let kind = CollectiveKind::AllReduce(None);
         let buffer = Whole {
             value: vec![value],
             fold,
@@ -387,7 +363,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 
     /// Every rank's encoded `all_gather` message of this epoch, in rank order (see
-    /// [`Gathered`]). Around the ring, each rank sends and receives every other rank's
+    /// [`GatherRoute`]). Around the ring, each rank sends and receives every other rank's
     /// message once: (ranks − 1) messages, the least an all-gather can move, and no rank
     /// carries more than that.
     pub(crate) async fn gather(
@@ -402,9 +378,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 .is_ok_and(|peers| peers.spans_processes())
         });
         let (sent, own) = if far && bytes.len() >= SMALL {
-            (Gathered::Ring(bytes.len() as u64), bytes)
+            (GatherRoute::Ring(bytes.len() as u64), bytes)
         } else {
-            (Gathered::Here(bytes), Vec::new())
+            (GatherRoute::Here(bytes), Vec::new())
         };
         let sent = crate::codec::to_vec(&sent).map_err(|e| {
             SyncError::Codec(format!(
@@ -422,9 +398,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let mut rows = Vec::with_capacity(answer.len());
         let mut around = Vec::new();
         for (from, entry) in answer.iter().enumerate() {
-            match crate::codec::from_slice::<Gathered>(entry) {
-                Ok(Gathered::Here(bytes)) => rows.push(bytes),
-                Ok(Gathered::Ring(len)) => {
+            match crate::codec::from_slice::<GatherRoute>(entry) {
+                Ok(GatherRoute::Here(bytes)) => rows.push(bytes),
+                Ok(GatherRoute::Ring(len)) => {
                     around.push((from, len));
                     rows.push(Vec::new());
                 }
@@ -504,7 +480,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 .try_reserve_exact(len)
                 .map_err(|_| format!("{len} bytes could not be allocated"))?;
             bytes.resize(len, 0);
-            Ok(Elements::new(bytes, Op::Sum))
+            Ok(Elements::new(bytes, ReduceOp::Sum))
         }
         let epoch = self.start_collective(kind, None, wait)?;
         let start = Start::Awaited { kind, make: zeros };
@@ -573,7 +549,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Whether this rank's peers take pieces as values (in one process), rather than
     /// encoded.
-    fn peers_take_values(&self) -> bool {
+    pub(crate) fn peers_take_values(&self) -> bool {
         takes_values(&self.sync)
     }
 
@@ -844,7 +820,7 @@ async fn after_loss<W>(
 
 /// Whether the peers a rank reaches through `sync` take pieces as values (in one
 /// process), rather than encoded.
-fn takes_values<W>(sync: &Option<crate::compute::SyncLink<W>>) -> bool {
+pub(crate) fn takes_values<W>(sync: &Option<crate::compute::SyncLink<W>>) -> bool {
     let peers = sync.as_ref().and_then(|s| s.peers.as_ref().ok());
     peers.is_some_and(|p| p.carries_values())
 }

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointStore;
-use crate::collective::messages::{ByKey, Combiner, Mailbox, MakePost};
-use crate::collective::Op;
+use crate::collective::ReduceOp;
 use crate::compute::{MasterComputable, WorkerComputable};
 use crate::config::{JobConfig, Placement};
 use crate::coordinator::{Coordinator, Input, MalformedRows};
@@ -14,6 +13,7 @@ use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
 use crate::ids::{Aggregation, Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
+use crate::messages::{ByKey, Mailbox, MakePost, MessageCombiner};
 use crate::params::JobParams;
 use crate::payload::{Element, Floats, Payload};
 use crate::protocol::{Combining, JobOutcome};
@@ -712,7 +712,7 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
     ///
     /// ```
     /// # use superstep::prelude::*;
-    /// use superstep::collective::Op;
+    /// use superstep::collective::ReduceOp;
     /// # struct Total;
     /// # impl MasterComputable for Total {
     /// #     type MasterResult = f64;
@@ -734,12 +734,12 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
     ///     .iterations(2)
     ///     .barrier_mode(true)
     ///     .aggregation(Aggregation::Ring)
-    ///     .combine_by(Op::Sum)
+    ///     .combine_by(ReduceOp::Sum)
     ///     .run()?;
     /// assert_eq!(*outcome.result, 12.0); // (0 + 1 + 2) × 4
     /// # Ok::<(), superstep::JobError>(())
     /// ```
-    pub fn combine_by(mut self, op: Op) -> Self {
+    pub fn combine_by(mut self, op: ReduceOp) -> Self {
         self.combine = Some(Combine {
             fold: Arc::new(move |fold: &mut Floats<T>, next: Floats<T>| {
                 assert!(
@@ -751,7 +751,7 @@ impl<M: Payload, T: Element> JobBuilder<M, Floats<T>> {
                 crate::collective::fold_into(fold, next.0.into_iter(), op, false);
             }),
             among: Arc::new(move |ctx, result, route| ctx.fold_elements(result, route, op)),
-            combining: Combining::Elementwise(op.id()),
+            combining: Combining::Elementwise(op),
         });
         self
     }
@@ -845,12 +845,12 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         G: Serialize + DeserializeOwned + Send + 'static,
         K: std::hash::Hash + Eq + Send + 'static,
     {
-        let combiner: Arc<dyn Combiner<G>> = Arc::new(ByKey::new(key, fold));
+        let combiner: Arc<dyn MessageCombiner<G>> = Arc::new(ByKey::new(key, fold));
         self.mailing(Some(combiner))
     }
 
     /// Makes every worker with a mailbox of `G`, combined by `combiner`.
-    fn mailing<G>(mut self, combiner: Option<Arc<dyn Combiner<G>>>) -> Self
+    fn mailing<G>(mut self, combiner: Option<Arc<dyn MessageCombiner<G>>>) -> Self
     where
         G: Serialize + DeserializeOwned + Send + 'static,
     {

@@ -62,7 +62,7 @@ pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
-pub(crate) use worker_node::{Step, Work, Worked, WorkerAction, WorkerNode};
+pub(crate) use worker_node::{Assignment, Work, Worked, WorkerAction, WorkerNode};
 pub(crate) use worker_process::{LinkId, ProcessAction, WorkerProcess};
 pub use worker_report::{
     Attachment, AttachmentError, Rejected, RowCounts, WorkerReport, MAX_RECORDED_REJECTS,

@@ -420,7 +420,7 @@ mod tests {
             None,
             0,
             CallAt::default(),
-            CollectiveKind::AllReduce(ReduceOp::Sum),
+            CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
         );
         let mismatch = SyncError::CollectiveMismatch {
             rank: 0,

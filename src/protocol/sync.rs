@@ -405,7 +405,7 @@ mod tests {
     #[test]
     fn collectives_that_differ_fail_at_once_as_a_collective_mismatch_naming_both_calls() {
         let t0 = Instant::now();
-        let sum = CollectiveKind::AllReduce(ReduceOp::Sum);
+        let sum = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
         // Another length, on the second arrival: both ranks named in rank order.
         let mut s = SyncState::new(3, T);
         s.new_iteration(2);

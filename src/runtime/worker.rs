@@ -39,7 +39,7 @@ pub(crate) type Ended<M> = (Rank, u64, OwnedEnding<M>);
 
 /// A unit of a worker's code, back from the pool: handed to the worker's driver with
 /// [`WorkerDriver::handle_done`].
-pub(crate) struct WorkDone<M, W> {
+pub(crate) struct WorkerHome<M, W> {
     pub(crate) task: Box<WorkerTask<M, W>>,
     pub(crate) worked: Worked<W>,
 }
@@ -47,7 +47,7 @@ pub(crate) struct WorkDone<M, W> {
 /// How a unit of work done away gets home: called on the thread it ran on. It gives the
 /// work back when nobody takes it (the worker is gone).
 pub(crate) type Homeward<M, W> =
-    Box<dyn FnOnce(WorkDone<M, W>) -> Result<(), WorkDone<M, W>> + Send>;
+    Box<dyn FnOnce(WorkerHome<M, W>) -> Result<(), WorkerHome<M, W>> + Send>;
 
 /// Where a worker's driver lives: its own actor (a worker reached through a transport), or
 /// the master's node actor (a worker of the node's own process, stepped directly).
@@ -161,7 +161,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
     }
 
     /// A unit of work came back from the pool.
-    pub(crate) fn handle_done(&mut self, done: WorkDone<M, W>, host: &mut impl Host<M, W>) {
+    pub(crate) fn handle_done(&mut self, done: WorkerHome<M, W>, host: &mut impl Host<M, W>) {
         self.task = Some(done.task);
         let now = host.now();
         self.worked(now, done.worked);
@@ -295,7 +295,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             let (heard, end) = (Arc::clone(&self.heard), self.end.clone());
             self.executor.spawn(move || {
                 let worked = task.run(work);
-                if let Err(WorkDone { mut task, .. }) = home(WorkDone { task, worked }) {
+                if let Err(WorkerHome { mut task, .. }) = home(WorkerHome { task, worked }) {
                     stop_given_up(&mut task, heard.get().cloned(), &end);
                 }
             });

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
-use super::worker::{Homeward, Host, WorkDone, WorkerDriver};
+use super::worker::{Homeward, Host, WorkerDriver, WorkerHome};
 use crate::payload::Payload;
 use crate::protocol::{ToMaster, ToWorker};
 use crate::transport::{TransportError, WorkerLink};
@@ -81,7 +81,7 @@ impl<M: Payload, W: Payload> Handler<ToWorker<M>> for WorkerActor<M, W> {
 }
 
 /// A unit of work came back from the pool.
-struct Home<M, W>(WorkDone<M, W>);
+struct Home<M, W>(WorkerHome<M, W>);
 
 impl<M: 'static, W: 'static> Message for Home<M, W> {
     type Result = ();

@@ -16,7 +16,7 @@ use crate::ids::{Attempt, FoldRoute, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
-    MailCount, Report, Share, Step, ToMaster, Work, Worked, WorkerConfig, WorkerSave,
+    Assignment, MailCount, Report, Share, ToMaster, Work, Worked, WorkerConfig, WorkerSave,
 };
 
 /// A worker's user code and context: moved to the pool and back as one value, so it is
@@ -195,8 +195,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         guarded(|| computable.init(ctx)).map_err(|c| self.fail(Phase::Init, c))
     }
 
-    fn iterate(&mut self, step: Step<M>) -> Result<Report<W>, JobError> {
-        let Step {
+    fn iterate(&mut self, step: Assignment<M>) -> Result<Report<W>, JobError> {
+        let Assignment {
             iteration,
             last,
             fold,

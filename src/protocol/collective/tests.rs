@@ -172,12 +172,9 @@ const ALGORITHMS: [Algorithm; 4] = [
 fn kinds(ranks: usize, root: usize) -> Vec<CollectiveKind> {
     let root = root % ranks;
     vec![
-        CollectiveKind::AllReduce(ReduceOp::Fold),
-        CollectiveKind::ReduceScatter(ReduceOp::Fold),
-        CollectiveKind::Reduce {
-            root,
-            op: ReduceOp::Fold,
-        },
+        CollectiveKind::AllReduce(None),
+        CollectiveKind::ReduceScatter(None),
+        CollectiveKind::Reduce { root, op: None },
         CollectiveKind::Broadcast { root },
         CollectiveKind::AllGather,
     ]
@@ -338,7 +335,7 @@ proptest! {
             .map(|e| values.iter().skip(1).fold(values[0][e], |acc, v| acc + v[e]))
             .collect();
         let inputs = values.iter().cloned().map(sums).collect();
-        let kind = CollectiveKind::AllReduce(ReduceOp::Sum);
+        let kind = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
         let results = run(call(kind, Algorithm::Chain, 9, chunk), inputs, seed);
         for result in results {
             let bits: Vec<u64> = result.values.iter().map(|x| x.to_bits()).collect();
@@ -357,7 +354,7 @@ proptest! {
         from in 0usize..6,
         other_len in any::<bool>(),
     ) {
-        let kind = CollectiveKind::AllReduce(ReduceOp::Fold);
+        let kind = CollectiveKind::AllReduce(None);
         let mut ours = call(kind, Algorithm::Ring, 8, 2);
         let mut exchange = Exchange::new(ours, 4, 1, input(kind, 4, 1, 8));
         while exchange.poll_send().is_some() {}
@@ -375,7 +372,7 @@ proptest! {
 
 #[test]
 fn a_different_call_is_refused_naming_both_ranks_and_calls() {
-    let kind = CollectiveKind::AllReduce(ReduceOp::Sum);
+    let kind = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
     let ours = call(kind, Algorithm::Ring, 10, 4);
     let mut exchange = Exchange::new(ours, 3, 1, sums(vec![0.0; 10]));
     let mut refused = |theirs: CollectiveCall| {
@@ -406,7 +403,7 @@ fn a_different_call_is_refused_naming_both_ranks_and_calls() {
 
 #[test]
 fn a_piece_that_does_not_fit_is_refused_naming_the_peer_and_what_does_not_fit() {
-    let kind = CollectiveKind::AllReduce(ReduceOp::Sum);
+    let kind = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
     let ours = call(kind, Algorithm::Ring, 9, 2);
     // Rank 1 of 3 receives from rank 0: segments of 3 elements, chunks of 2.
     let mut exchange = Exchange::new(ours, 3, 1, sums(vec![1.0; 9]));
@@ -438,7 +435,7 @@ fn a_piece_that_does_not_fit_is_refused_naming_the_peer_and_what_does_not_fit() 
 fn a_ring_all_reduce_moves_about_twice_the_value_through_each_rank() {
     // The bandwidth-optimal bound: 2 (n − 1) / n of the value out of each rank.
     let (ranks, len) = (8, 8000);
-    let kind = CollectiveKind::AllReduce(ReduceOp::Sum);
+    let kind = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
     for rank in 0..ranks {
         let sent: usize = plan::plan(kind, Algorithm::Ring, ranks, rank, len)
             .iter()

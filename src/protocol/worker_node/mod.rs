@@ -31,12 +31,12 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank};
 pub(crate) enum Work<M> {
     Start,
     /// An iteration.
-    Iterate(Step<M>),
+    Iterate(Assignment<M>),
     Stop(OwnedEnding<M>),
 }
 
 /// One iteration for a worker's code to compute, as the master's `Iterate` says it.
-pub(crate) struct Step<M> {
+pub(crate) struct Assignment<M> {
     pub(crate) iteration: Iteration,
     /// The master result of the iteration before.
     pub(crate) last: Option<Arc<M>>,
@@ -197,7 +197,7 @@ enum Code {
 enum Queued<M> {
     /// The newest iteration that arrived meanwhile: a straggler the job went on without
     /// skips to it, past any iteration it missed.
-    Iterate(Step<M>),
+    Iterate(Assignment<M>),
     /// The worker's stop.
     Stop(OwnedEnding<M>),
 }
@@ -315,7 +315,7 @@ impl<M, W> WorkerNode<M, W> {
                 else {
                     return;
                 };
-                let step = Step {
+                let step = Assignment {
                     iteration,
                     last,
                     fold,
@@ -324,7 +324,7 @@ impl<M, W> WorkerNode<M, W> {
                 };
                 if matches!(self.code, Code::Home) {
                     self.iterate(step);
-                } else if let Some(Queued::Iterate(Step {
+                } else if let Some(Queued::Iterate(Assignment {
                     iteration: skipped, ..
                 })) = self.queued.replace(Queued::Iterate(step))
                 {
@@ -494,7 +494,7 @@ impl<M, W> WorkerNode<M, W> {
 
     /// Computes `step`, with what the checkpoint the attempt resumes from holds for this
     /// worker if it was not restored yet.
-    fn iterate(&mut self, mut step: Step<M>) {
+    fn iterate(&mut self, mut step: Assignment<M>) {
         step.restore = self.restore.take();
         self.dispatch(Work::Iterate(step));
     }

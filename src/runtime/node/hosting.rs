@@ -8,9 +8,9 @@ use super::*;
 use crate::runtime::local::lock_cell;
 
 /// The hosted workers' messages wait in the inbox: the node takes them as one batch.
-pub(super) struct Gathered;
+pub(super) struct TakeInbox;
 
-impl Message for Gathered {
+impl Message for TakeInbox {
     type Result = ();
 }
 
@@ -335,10 +335,10 @@ impl<M: Payload, W: Payload> Handler<HostedStopped> for NodeActor<M, W> {
     }
 }
 
-impl<M: Payload, W: Payload> Handler<Gathered> for NodeActor<M, W> {
+impl<M: Payload, W: Payload> Handler<TakeInbox> for NodeActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, _: Gathered, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: TakeInbox, ctx: &mut Context<Self>) {
         self.gathering = false;
         self.settle(ctx);
     }
@@ -359,7 +359,7 @@ impl<M: Payload, W: Payload> Handler<HostedHome<M, W>> for NodeActor<M, W> {
                 driver.handle_done(done, host)
             }
         });
-        if let Some(WorkerDone { mut task, .. }) = done {
+        if let Some(WorkerHome { mut task, .. }) = done {
             // The worker ended without it (the job failed, and gave up on this code after
             // its grace): the code's interceptors still see the end, on the pool.
             let end = self.end.clone();

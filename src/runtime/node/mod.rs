@@ -18,7 +18,7 @@ use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
 use super::watch::{Watch, Who};
-use super::worker::{Homeward, Host, WorkDone as WorkerDone, WorkerDriver};
+use super::worker::{Homeward, Host, WorkerDriver, WorkerHome};
 use super::worker_task::stop_given_up;
 use super::Cancel;
 use crate::compute::JobEnd;
@@ -36,15 +36,15 @@ use crate::transport::{wire_checked, MasterLink, TransportError};
 mod hosting;
 mod rescue;
 
-use hosting::Gathered;
+use hosting::TakeInbox;
 
 /// The master's code is back from the pool with what it did.
-struct WorkDone<M, W> {
+struct MasterHome<M, W> {
     task: Box<MasterTask<M, W>>,
     done: MasterDone<M>,
 }
 
-impl<M: 'static, W: 'static> Message for WorkDone<M, W> {
+impl<M: 'static, W: 'static> Message for MasterHome<M, W> {
     type Result = ();
 }
 
@@ -104,7 +104,7 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
 
 /// Whether an action was carried out, or waits for the coordinator's actor.
 #[derive(PartialEq, Eq)]
-enum Carried {
+enum ActionState {
     Done,
     Waiting,
 }
@@ -131,7 +131,7 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     /// by the node as one batch, stamped with one clock read, in a buffer reused every
     /// round.
     inbox: Vec<Envelope<ToMaster<W>>>,
-    /// Whether a batch is due ([`Gathered`] is queued).
+    /// Whether a batch is due ([`TakeInbox`] is queued).
     gathering: bool,
     /// While a broadcast is handed to the hosted workers: when the last unit of work run
     /// inline ended — the next one's start, so that a round reads the clock once per
@@ -190,7 +190,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     /// then drives on.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         while let Some(action) = self.node.poll_action() {
-            if self.carry_out(ctx, action) == Carried::Waiting {
+            if self.carry_out(ctx, action) == ActionState::Waiting {
                 break;
             }
         }
@@ -198,11 +198,11 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         // of inline code yields to the event loop (timers, other messages) before the next.
         if !self.inbox.is_empty() && !self.gathering {
             self.gathering = true;
-            ctx.notify(Gathered);
+            ctx.notify(TakeInbox);
         }
     }
 
-    fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) -> Carried {
+    fn carry_out(&mut self, ctx: &mut Context<Self>, action: Action<M, W>) -> ActionState {
         match action {
             Action::Send { to, msg } if self.local.is_hosted(to) => self.deliver(ctx, to, msg),
             Action::Send { to, msg } => self.send(Some(to), msg),
@@ -259,7 +259,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                     act.node.handle_committed(Instant::now(), result);
                     act.drive(ctx);
                 }));
-                return Carried::Waiting;
+                return ActionState::Waiting;
             }
             Action::CleanUp(error) => {
                 let coordination = self.coordination.clone();
@@ -267,7 +267,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 // `run` returns after `on_error` did: the job's outcome waits for it.
                 let cleaning = async move { coordination.fail(Some(attempt), error).await };
                 ctx.wait(cleaning.into_actor(self).map(|(), act, ctx| act.drive(ctx)));
-                return Carried::Waiting;
+                return ActionState::Waiting;
             }
             Action::Finished(result) => {
                 // The checkpoints handed to the store's writer are written before the job
@@ -283,7 +283,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 ctx.stop();
             }
         }
-        Carried::Done
+        ActionState::Done
     }
 
     /// Something done for the node failed: the node decides what follows.
@@ -347,7 +347,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             let addr = ctx.address();
             self.pool.spawn(move || {
                 let done = task.run(work);
-                addr.do_send(WorkDone { task, done });
+                addr.do_send(MasterHome { task, done });
             });
         }
     }
@@ -427,10 +427,10 @@ impl<M: Payload, W: Payload> Handler<RestartLinked> for NodeActor<M, W> {
     }
 }
 
-impl<M: Payload, W: Payload> Handler<WorkDone<M, W>> for NodeActor<M, W> {
+impl<M: Payload, W: Payload> Handler<MasterHome<M, W>> for NodeActor<M, W> {
     type Result = ();
 
-    fn handle(&mut self, msg: WorkDone<M, W>, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: MasterHome<M, W>, ctx: &mut Context<Self>) {
         self.task = Some(msg.task);
         self.master_done(msg.done);
         self.drive(ctx);

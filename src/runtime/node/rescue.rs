@@ -23,14 +23,14 @@ use crate::protocol::{Envelope, ToMaster, ToWorker};
 use crate::runtime::arrivals::Arrivals;
 use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
-use crate::runtime::worker::{Homeward, Host, WorkDone as WorkerDone};
+use crate::runtime::worker::{Homeward, Host, WorkerHome};
 use crate::transport::TransportError;
 
 /// A hosted worker's unit of work came back from the pool.
 pub(super) struct HostedHome<M, W> {
     pub(super) rank: Rank,
     pub(super) generation: u64,
-    pub(super) done: WorkerDone<M, W>,
+    pub(super) done: WorkerHome<M, W>,
 }
 
 impl<M: 'static, W: 'static> Message for HostedHome<M, W> {

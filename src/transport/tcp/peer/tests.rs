@@ -145,7 +145,7 @@ fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_name
     let call = CollectiveCall {
         seq: 4,
         at: Default::default(),
-        kind: CollectiveKind::AllReduce(ReduceOp::Sum),
+        kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
         len: 3,
         algorithm: Algorithm::Ring,
         chunk: 8,

@@ -29,7 +29,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::buffers::{decode_as_is, encode_as_is, Carried};
+use crate::collective::buffers::{decode_as_is, encode_as_is, Carried};
 use crate::compute::{Post, WorkerContext};
 use crate::error::{MessageError, SyncError};
 use crate::ids::{Algorithm, CollectiveKind, Rank};
@@ -40,7 +40,7 @@ use crate::protocol::{Buffer, MailCount};
 pub(crate) type MakePost<M, W> = Arc<dyn Fn(usize) -> Box<dyn Post<M, W>> + Send + Sync>;
 
 /// How messages with one key to one rank fold into one.
-pub(crate) trait Combiner<G>: Send + Sync {
+pub(crate) trait MessageCombiner<G>: Send + Sync {
     /// An empty batch for one rank.
     fn batch(&self) -> Box<dyn Batch<G>>;
     /// Every sender's batch, in rank order, folded into one list: each key once, where it
@@ -123,7 +123,7 @@ where
     }
 }
 
-impl<G, Key, K, F> Combiner<G> for ByKey<K, F>
+impl<G, Key, K, F> MessageCombiner<G> for ByKey<K, F>
 where
     G: Send + 'static,
     Key: Hash + Eq + Send + 'static,
@@ -165,11 +165,11 @@ pub(crate) struct Mailbox<G> {
     encoded: bool,
     inbox: Vec<G>,
     sent: u64,
-    combiner: Option<Arc<dyn Combiner<G>>>,
+    combiner: Option<Arc<dyn MessageCombiner<G>>>,
 }
 
 impl<G: Send + 'static> Mailbox<G> {
-    pub(crate) fn new(workers: usize, combiner: Option<Arc<dyn Combiner<G>>>) -> Self {
+    pub(crate) fn new(workers: usize, combiner: Option<Arc<dyn MessageCombiner<G>>>) -> Self {
         Mailbox {
             out: Vec::new(),
             workers,
@@ -378,7 +378,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let sync = &self.sync;
         let mailbox = outbox::<M, W, G>(&mut self.mail, self.iteration)?;
         let mut sent = 0;
-        let batches = mailbox.batches(|| !super::takes_values(sync));
+        let batches = mailbox.batches(|| !crate::collective::takes_values(sync));
         for (to, message) in messages {
             let Some(batch) = batches.get_mut(to) else {
                 mailbox.sent += sent;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::coordinator::MalformedRows;
 use crate::error::ConfigError;
 use crate::ids::{Aggregation, Iteration};
-use crate::protocol::{FailurePolicy, NodeConfig};
+use crate::protocol::{Deployment, FailurePolicy, NodeConfig};
 
 /// Where user compute runs.
 ///
@@ -473,9 +473,18 @@ impl JobConfig {
         quorum(self.min_workers_ratio, self.workers)
     }
 
-    /// The settings the master's node runs by, with a checkpoint every `checkpoint_every`
-    /// iterations (`None`: the job keeps none): built once when the job starts.
-    pub(crate) fn node_config(&self, checkpoint_every: Option<Iteration>) -> NodeConfig {
+    /// The settings each node of the job runs by, where it runs as `deployment` says: the
+    /// job's settings, the store's place, and its aggregation settled for where its workers
+    /// are and its way of combining (an aggregation that cannot fold there is an error).
+    /// Built once when the job starts.
+    pub(crate) fn node_config(&self, deployment: &Deployment) -> Result<NodeConfig, ConfigError> {
+        let mut config = self.unsettled_node_config(deployment);
+        config.settle_aggregation(deployment.combining, deployment.workers)?;
+        Ok(config)
+    }
+
+    /// As [`node_config`](Self::node_config), the aggregation as it was set.
+    pub(crate) fn unsettled_node_config(&self, deployment: &Deployment) -> NodeConfig {
         NodeConfig {
             job_id: self.job_id.clone(),
             workers: self.workers,
@@ -491,8 +500,9 @@ impl JobConfig {
             shutdown_timeout: self.shutdown_timeout,
             sync_timeout: self.sync_timeout,
             failure_grace: NodeConfig::grace(self.failure_grace, self.shutdown_timeout),
-            checkpoint_every,
+            checkpoint_every: deployment.checkpoint_every,
             checkpoint_replicas: self.checkpoint_replicas,
+            store_outlives_host: deployment.store_outlives_host,
             report_iterations: self.report_iterations,
             progress_interval: self.progress_interval,
         }

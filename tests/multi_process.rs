@@ -198,6 +198,13 @@ impl MasterComputable for FaultyMaster {
             std::fs::create_dir(&dir).unwrap();
             kill_self();
         }
+        if self.fault == Some("kill-master-torn-checkpoint") && self.iteration > KILL_MASTER_AT {
+            // Checkpoints are written off the iteration's path: the job goes no further
+            // until the write of `KILL_MASTER_AT`'s, which kills this process, is done —
+            // its kill comes while the job runs, never after its workers were told the end.
+            std::thread::sleep(Duration::from_secs(60));
+            panic!("the torn checkpoint's write never killed the master's process");
+        }
         if self.fault == Some("kill-in-flight") && self.iteration == 3 {
             // The job goes no further than iteration 3 until rank 2's first process is
             // dead: its kill comes while the job runs, never after it ended.

@@ -94,7 +94,7 @@ fn a_job_without_a_subscriber_says_its_progress_recovery_resume_and_failure() {
     for line in [
         " INFO superstep::protocol::master::progress: iteration 1 completed in ",
         " WARN superstep::protocol::master::workers: recovering from a worker's failure cause=worker 1 failed in compute at iteration 2: its disk is gone",
-        " INFO superstep::runtime: the job finished at iteration 4 (the newest checkpoint in memory (a MemoryCheckpointStore)); returning its result",
+        " INFO superstep::checkpoint::resume: the job finished at iteration 4 (the newest checkpoint in memory (a MemoryCheckpointStore)); returning its result",
         "ERROR superstep::protocol::master::rounds: job failed error=worker 1 failed in compute at iteration 2: its disk is gone",
     ] {
         assert!(said.contains(line), "no line with {line:?} in:\n{said}");

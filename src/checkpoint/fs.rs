@@ -4,17 +4,10 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::format::{decode, encode, file_name, iteration_of};
 use super::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use crate::ids::Iteration;
 
-/// The first bytes of every checkpoint file.
-const MAGIC: &[u8; 6] = b"SSCKPT";
-/// The layout of the file after the magic; bumped when it changes.
-const FORMAT: u16 = 1;
-/// Magic, format, checksum, body length.
-const HEADER: usize = 6 + 2 + 4 + 8;
-const PREFIX: &str = "checkpoint-";
-const SUFFIX: &str = ".ssck";
 const TEMP_PREFIX: &str = ".checkpoint-";
 
 /// Checkpoints as files in one directory: `checkpoint-<iteration>.ssck`.
@@ -185,77 +178,9 @@ fn sync_dir(_dir: &Path) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// The name of the checkpoint of `iteration`, as a file or an object:
-/// `checkpoint-<iteration>.ssck`, the iteration zero-padded so that names sort as
-/// iterations do.
-pub(crate) fn file_name(iteration: Iteration) -> String {
-    format!("{PREFIX}{iteration:020}{SUFFIX}")
-}
-
-/// The iteration of a checkpoint's file or object name; `None` for another name.
-pub(crate) fn iteration_of(name: &str) -> Option<Iteration> {
-    name.strip_prefix(PREFIX)?
-        .strip_suffix(SUFFIX)?
-        .parse()
-        .ok()
-}
-
-/// A checkpoint as its file holds it: a header (magic, format, checksum, length) and the
-/// encoded body.
-pub(crate) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
-    let body =
-        crate::codec::to_vec(checkpoint).map_err(|e| CheckpointError::Encode(e.to_string()))?;
-    let mut bytes = Vec::with_capacity(HEADER + body.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&FORMAT.to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&body);
-    Ok(bytes)
-}
-
-/// A checkpoint from its file's bytes (`path` names them in errors), its header and
-/// checksum checked.
-pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
-    let corrupt = |reason: String| CheckpointError::Corrupt {
-        path: path.to_path_buf(),
-        reason,
-    };
-    if bytes.len() < HEADER {
-        return Err(corrupt(format!(
-            "{} bytes, shorter than the {HEADER}-byte header",
-            bytes.len()
-        )));
-    }
-    let (header, body) = bytes.split_at(HEADER);
-    if &header[..6] != MAGIC {
-        return Err(corrupt("not a checkpoint file (wrong magic)".into()));
-    }
-    let format = u16::from_le_bytes([header[6], header[7]]);
-    if format != FORMAT {
-        return Err(corrupt(format!(
-            "format {format}, this version reads format {FORMAT}"
-        )));
-    }
-    let crc = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    let len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
-    if len != body.len() as u64 {
-        return Err(corrupt(format!(
-            "the header says {len} bytes of body, the file has {}",
-            body.len()
-        )));
-    }
-    let actual = crc32fast::hash(body);
-    if actual != crc {
-        return Err(corrupt(format!(
-            "checksum {actual:08x}, the header says {crc:08x}"
-        )));
-    }
-    crate::codec::from_slice(body).map_err(|e| corrupt(format!("undecodable body: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::format::HEADER;
     use super::super::tests::checkpoint;
     use super::*;
 
@@ -347,16 +272,5 @@ mod tests {
         assert_eq!(names.len(), 2, "no temporary file left behind: {names:?}");
         fs::remove_dir(store.path_of(2)).unwrap();
         assert_eq!(store.latest().unwrap().unwrap().checkpoint, checkpoint(1));
-    }
-
-    #[test]
-    fn a_checkpoint_from_a_newer_format_is_refused_not_misread() {
-        let (_dir, mut store) = store(2);
-        store.save(&checkpoint(1)).unwrap();
-        let mut bytes = fs::read(store.path_of(1)).unwrap();
-        bytes[6] = 9;
-        fs::write(store.path_of(1), &bytes).unwrap();
-        let err = decode(&store.path_of(1), &bytes).unwrap_err();
-        assert!(err.to_string().contains("format 9"), "{err}");
     }
 }

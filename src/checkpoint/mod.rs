@@ -17,9 +17,11 @@
 //! empty, resumes from the newest copy its workers offer as they reconnect, checked as a
 //! file of its own store is.
 
+mod format;
 mod fs;
 #[cfg(feature = "object-store")]
 mod object;
+mod resume;
 mod writer;
 
 use std::fmt;
@@ -34,12 +36,13 @@ use crate::protocol::HaltedBy;
 use crate::ids::{Attempt, Iteration};
 
 pub use crate::protocol::WorkerSave;
+pub(crate) use format::{decode, encode};
 #[cfg(feature = "sim")]
 pub(crate) use fs::newest_readable;
 pub use fs::FsCheckpointStore;
-pub(crate) use fs::{decode, encode};
 #[cfg(feature = "object-store")]
 pub use object::ObjectCheckpointStore;
+pub(crate) use resume::{fit, resume, resume_from, Resume, Resuming};
 pub(crate) use writer::Writer;
 
 /// The master's state after an iteration: what a restarted job resumes from.

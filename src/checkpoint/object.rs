@@ -9,7 +9,8 @@ use futures_util::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::fs::{encode, file_name, iteration_of, newest_readable};
+use super::format::{encode, file_name, iteration_of};
+use super::fs::newest_readable;
 use super::{Checkpoint, CheckpointError, CheckpointStore, Loaded};
 use crate::ids::Iteration;
 

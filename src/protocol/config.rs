@@ -51,6 +51,34 @@ pub(crate) enum Workers {
     Apart,
 }
 
+/// What the nodes' settings take from where a job runs, beside the job's own settings:
+/// its checkpoint store, its way of combining results and where its workers are. The
+/// runtime and the simulator each say it, and build the settings the same way from it
+/// (`JobConfig::node_config`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deployment {
+    /// Every how many iterations the master saves a checkpoint; `None` without a store.
+    pub(crate) checkpoint_every: Option<Iteration>,
+    /// Whether the checkpoint store outlives the master's host (an object store): its
+    /// checkpoints then need no copies on the workers unless the job asks for them.
+    pub(crate) store_outlives_host: bool,
+    pub(crate) combining: Combining,
+    pub(crate) workers: Workers,
+}
+
+#[cfg(test)]
+impl Deployment {
+    /// A job without checkpoints whose workers run in one process, combining nothing.
+    pub(crate) fn in_memory() -> Self {
+        Deployment {
+            checkpoint_every: None,
+            store_outlives_host: false,
+            combining: Combining::No,
+            workers: Workers::Together,
+        }
+    }
+}
+
 /// The master's node's settings, as the job's settings give them.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NodeConfig {
@@ -81,6 +109,8 @@ pub(crate) struct NodeConfig {
     /// How many workers of other processes keep a copy of each checkpoint; `None`: one
     /// where a worker may be on another host ([`NodeConfig::replica_holders`]).
     pub(crate) checkpoint_replicas: Option<usize>,
+    /// Whether the checkpoint store outlives the master's host ([`Deployment`]).
+    pub(crate) store_outlives_host: bool,
     /// How many of the last iterations the job's report keeps in detail.
     pub(crate) report_iterations: usize,
     /// How often a completed iteration is logged at INFO (zero: every one).
@@ -233,8 +263,8 @@ impl NodeConfig {
     /// not `local` (its worker runs in the master's process, whose copy would go with it),
     /// those on another host first (`elsewhere`: `None` when not known), then the others,
     /// each in rank order; the first `checkpoint_replicas` of them — by default one when
-    /// one may be on another host, none when every one is known to be on the master's. None
-    /// in a job without checkpoints.
+    /// one may be on another host, none when every one is known to be on the master's or
+    /// the store outlives the master's host. None in a job without checkpoints.
     pub(crate) fn replica_holders(
         &self,
         local: &[bool],
@@ -252,7 +282,9 @@ impl NodeConfig {
         let away = holders
             .iter()
             .any(|&(elsewhere, _)| elsewhere != Some(false));
-        let count = self.checkpoint_replicas.unwrap_or(usize::from(away));
+        let count = self
+            .checkpoint_replicas
+            .unwrap_or(usize::from(away && !self.store_outlives_host));
         holders
             .into_iter()
             .take(count)
@@ -361,6 +393,7 @@ impl NodeConfig {
             failure_grace: Duration::from_millis(250),
             checkpoint_every: None,
             checkpoint_replicas: None,
+            store_outlives_host: false,
             report_iterations: 1000,
             progress_interval: Duration::from_secs(1),
         }
@@ -396,6 +429,35 @@ mod tests {
             ..config()
         };
         assert_eq!(none.checkpoint(3, true), Save::No);
+    }
+
+    #[test]
+    fn a_store_that_outlives_the_host_needs_no_copies_unless_asked() {
+        let outliving = NodeConfig {
+            store_outlives_host: true,
+            ..config()
+        };
+        let local = [true, false, false, false];
+        let elsewhere = |rank| Some(rank == 3);
+        assert!(outliving
+            .replica_holders(&local, |_| true, elsewhere)
+            .is_empty());
+        let asked = NodeConfig {
+            checkpoint_replicas: Some(1),
+            ..outliving
+        };
+        assert_eq!(asked.replica_holders(&local, |_| true, elsewhere), [3]);
+        // Built from a job's settings where the store outlives the host, as the runtime
+        // and the simulator build them.
+        let job = crate::JobConfig::default();
+        let deployment = Deployment {
+            store_outlives_host: true,
+            checkpoint_every: Some(2),
+            ..Deployment::in_memory()
+        };
+        let built = job.node_config(&deployment).unwrap();
+        assert!(built.store_outlives_host);
+        assert_eq!(built.checkpoint_every, Some(2));
     }
 
     #[test]
@@ -476,7 +538,7 @@ mod tests {
             sync_timeout: secs(2),
             ..crate::JobConfig::default()
         };
-        let w = job.node_config(None).worker();
+        let w = job.unsettled_node_config(&Deployment::in_memory()).worker();
         assert_eq!(w.failure_grace, secs(1));
         assert_eq!(w.sync_patience, secs(7));
         let unbounded = NodeConfig {

@@ -17,11 +17,8 @@ use super::node::{NodeActor, NodeParts, RestartLinked};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::route::OnRestart;
 use super::watch::Watch;
-use super::{
-    fingerprint, resume, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, Resume, Resuming,
-    SharedStore,
-};
-use crate::checkpoint::JobShape;
+use super::{fingerprint, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, SharedStore};
+use crate::checkpoint::{resume, JobShape, Resume, Resuming};
 use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::JobInfo;
 use crate::error::JobError;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pool::guarded;
-use super::{DynMaster, MasterHooks, Resume, Resuming, SharedStore};
+use super::{DynMaster, MasterHooks, SharedStore};
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::{Resume, Resuming};
 use crate::compute::MasterContext;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, Iteration, Rank};
@@ -92,7 +93,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             Some(store) => {
                 // The newest is the one handed over last: written before it is read.
                 store.flush();
-                super::resume::<M>(store.lock().as_mut(), &self.resuming)?
+                crate::checkpoint::resume::<M>(store.lock().as_mut(), &self.resuming)?
             }
             None => None,
         };
@@ -127,7 +128,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             }
         };
         // Refused before the store keeps it; a copy is not cloned to be checked.
-        super::fit(&checkpoint, &what, &self.resuming)?;
+        crate::checkpoint::fit(&checkpoint, &what, &self.resuming)?;
         if let Some(store) = &self.store {
             store.flush();
             match store.lock().save(&checkpoint) {
@@ -144,7 +145,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 ),
             }
         }
-        let resume = super::resume_from::<M>(checkpoint, &what, &self.resuming)?;
+        let resume = crate::checkpoint::resume_from::<M>(checkpoint, &what, &self.resuming)?;
         self.restart_from(self.attempt, Some(resume)).map(Some)
     }
 

@@ -37,18 +37,18 @@ use tokio::sync::oneshot;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore, JobShape, Writer};
 use crate::collective::FoldAmong;
-use crate::compute::{JobEnd, MasterComputable, MasterContext, WorkerComputable};
+use crate::compute::{JobEnd, MasterComputable, WorkerComputable};
 use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
-use crate::error::{Cause, ErrorSource, JobError};
+use crate::error::{Cause, JobError};
 use crate::events::Events;
-use crate::ids::{Attempt, Iteration, Rank};
+use crate::ids::{Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::params::JobParams;
 use crate::payload::Payload;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
-use crate::protocol::{Combining, HaltedBy, NodeConfig, ResumedFrom, WorkerSave, Workers};
+use crate::protocol::{Combining, Deployment, NodeConfig, Workers};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::Cancel;
 
@@ -111,17 +111,6 @@ impl<M: Payload, W: Payload> Plan<M, W> {
     /// The settings the job's master's node runs by, its aggregation settled for its
     /// transport and its way of combining.
     pub(crate) fn node_config(&self) -> Result<NodeConfig, crate::error::ConfigError> {
-        let mut config = self
-            .config
-            .node_config(self.checkpoint.as_ref().map(|c| c.every));
-        // A store that outlives the master's host needs no copies unless asked for.
-        if self
-            .checkpoint
-            .as_ref()
-            .is_some_and(|c| c.store.outlives_host())
-        {
-            config.checkpoint_replicas.get_or_insert(0);
-        }
         let workers = if self.transport.in_process().is_some() {
             Workers::Together
         } else if self.transport.connects_peers() {
@@ -129,8 +118,15 @@ impl<M: Payload, W: Payload> Plan<M, W> {
         } else {
             Workers::Apart
         };
-        config.settle_aggregation(combining(self.combine.as_ref()), workers)?;
-        Ok(config)
+        self.config.node_config(&Deployment {
+            checkpoint_every: self.checkpoint.as_ref().map(|c| c.every),
+            store_outlives_host: self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.store.outlives_host()),
+            combining: combining(self.combine.as_ref()),
+            workers,
+        })
     }
 }
 
@@ -138,48 +134,6 @@ impl<M: Payload, W: Payload> Plan<M, W> {
 pub(crate) struct Checkpointing {
     pub(crate) store: Box<dyn CheckpointStore>,
     pub(crate) every: Iteration,
-}
-
-/// What a job resumes from: the newest usable checkpoint, decoded.
-pub(crate) struct Resume<M> {
-    pub(crate) iteration: Iteration,
-    /// The attempt that wrote the checkpoint.
-    pub(crate) attempt: Attempt,
-    pub(crate) last: Arc<M>,
-    pub(crate) state: Vec<u8>,
-    /// Whether the checkpoint's iteration halted the job.
-    pub(crate) halted: Option<HaltedBy>,
-    /// What each worker saved, by rank.
-    pub(crate) workers: Vec<Option<WorkerSave>>,
-    /// Whether the job finished and committed with this checkpoint: it covers the job's
-    /// iterations (or halted it) and its commit was recorded. The job then ends at once
-    /// with its result, and its coordinator does not run again.
-    pub(crate) committed_end: bool,
-    /// What the job's report says of it.
-    pub(crate) point: ResumedFrom,
-}
-
-/// What a checkpoint gives the master's code beyond its context: the master computable's
-/// state, whether the checkpoint's iteration halted, and what each worker saved.
-pub(crate) struct Restored {
-    pub(crate) state: Vec<u8>,
-    pub(crate) halted: Option<HaltedBy>,
-    pub(crate) workers: Vec<Option<Arc<WorkerSave>>>,
-    pub(crate) point: ResumedFrom,
-}
-
-impl<M> Resume<M> {
-    /// Puts the checkpoint's iteration and master result into `ctx`; returns the rest.
-    pub(crate) fn into_context<W>(self, ctx: &mut MasterContext<M, W>) -> Restored {
-        ctx.iteration = self.iteration;
-        ctx.last = Some(self.last);
-        Restored {
-            state: self.state,
-            halted: self.halted,
-            workers: self.workers.into_iter().map(|w| w.map(Arc::new)).collect(),
-            point: self.point,
-        }
-    }
 }
 
 /// The job's checkpoint store, shared by the master's code, which saves its checkpoints
@@ -283,195 +237,6 @@ impl SharedStore {
             ),
         }
     }
-}
-
-/// What a checkpoint must agree with for a job to resume from it: the job's id and
-/// shape, and whether the job may resume at another shape (re-sharding its input).
-#[derive(Debug, Clone)]
-pub(crate) struct Resuming {
-    pub(crate) job_id: Arc<str>,
-    pub(crate) shape: JobShape,
-    pub(crate) reshard: bool,
-    /// The job's iteration count: a committed checkpoint that covers it ends the job.
-    pub(crate) iterations: Iteration,
-}
-
-impl Resuming {
-    /// The rules of a job of `config` whose shape is `shape`.
-    pub(crate) fn new(config: &JobConfig, shape: JobShape) -> Self {
-        Resuming {
-            job_id: Arc::from(config.job_id.as_str()),
-            shape,
-            reshard: config.reshard_on_resume,
-            iterations: config.iterations,
-        }
-    }
-
-    /// Refuses a checkpoint of another shape than this job's, naming both — unless the
-    /// job re-shards and the checkpoint holds no worker's state: then returns `true`, and
-    /// each worker starts from its `init` on its new shard.
-    fn check(&self, c: &Checkpoint, what: &str) -> Result<bool, JobError> {
-        let (iteration, here) = (c.iteration, &self.shape);
-        // A checkpoint from before checkpoints recorded their shape knows its world size
-        // from the states it holds, if any.
-        let (workers, input) = match &c.shape {
-            Some(shape) => (Some(shape.workers), Some(shape.input.as_str())),
-            None => ((!c.workers.is_empty()).then_some(c.workers.len()), None),
-        };
-        let mut differs = Vec::new();
-        if let Some(workers) = workers.filter(|w| *w != here.workers) {
-            differs.push(format!(
-                "it was written by {}, this job has {}",
-                crate::error::counted(workers, "worker"),
-                here.workers
-            ));
-        }
-        if let Some(input) = input.filter(|i| *i != here.input) {
-            differs.push(format!(
-                "its input was {input}, this job's is {}",
-                here.input
-            ));
-        }
-        if differs.is_empty() {
-            return Ok(false);
-        }
-        let differs = differs.join("; ");
-        let holds_states = c.workers.iter().flatten().any(|save| !save.is_empty());
-        let message = if !self.reshard {
-            format!(
-                "{what} (iteration {iteration}) is of another shape: {differs}. Resume it with the job's old shape, set `reshard_on_resume` to go on re-sharded (each worker starting from its `init` on its new shard), or start afresh with a checkpoint store of its own (another directory or URL)"
-            )
-        } else if holds_states {
-            format!(
-                "{what} (iteration {iteration}) is of another shape ({differs}) and holds its workers' states, which belong to the old shards and cannot be re-sharded: resume it with the job's old shape, or start afresh with a checkpoint store of its own (another directory or URL)"
-            )
-        } else {
-            tracing::warn!(
-                job = %self.job_id,
-                iteration,
-                "resuming from a checkpoint of another shape ({differs}): re-sharded, each worker starts from its init on its new shard"
-            );
-            return Ok(true);
-        };
-        Err(JobError::checkpoint(message, None))
-    }
-}
-
-/// Reads the newest usable checkpoint of the job, if any, refusing one of another job or
-/// (unless the job re-shards) of another shape.
-pub(crate) fn resume<M: Payload>(
-    store: &mut dyn CheckpointStore,
-    resuming: &Resuming,
-) -> Result<Option<Resume<M>>, JobError> {
-    let Some(loaded) = store
-        .latest()
-        .map_err(|e| JobError::checkpoint(e.to_string(), Some(ErrorSource::new(e))))?
-    else {
-        return Ok(None);
-    };
-    let what = format!("the newest checkpoint in {}", store.location());
-    resume_from(loaded.checkpoint, &what, resuming).map(Some)
-}
-
-/// How a checkpoint fits the job that would resume from it ([`fit`]).
-pub(crate) struct Fit {
-    /// It is committed and covers the job: the job ends at once with its result.
-    pub(crate) committed_end: bool,
-    /// The job re-shards: nothing of the old shards is given back.
-    pub(crate) resharded: bool,
-}
-
-/// Whether the job may resume from `c` (`what` names it in errors: the newest checkpoint
-/// of its store, or a worker's copy): another job's is refused, and (unless the job
-/// re-shards) one of another shape. It reads nothing, so it may be asked before `c` is
-/// kept anywhere.
-pub(crate) fn fit(c: &Checkpoint, what: &str, resuming: &Resuming) -> Result<Fit, JobError> {
-    let job_id = &*resuming.job_id;
-    if c.job_id != job_id {
-        return Err(JobError::checkpoint(
-            format!(
-                "{what} (iteration {}) belongs to job {:?}, not to this job {job_id:?}: give this job a checkpoint store of its own (another directory or URL), or run it as {:?} to resume it",
-                c.iteration, c.job_id, c.job_id
-            ),
-            None,
-        ));
-    }
-    // Another job's parameters make another job, finished or not, whatever its shape.
-    let theirs = c.shape.as_ref().and_then(|s| s.params.as_ref());
-    if let (Some(theirs), Some(ours)) = (theirs, resuming.shape.params.as_ref()) {
-        if let Some((field, there, here)) = theirs.first_difference(ours) {
-            return Err(JobError::checkpoint(
-                format!(
-                    "{what} (iteration {}) was written by this job with other parameters: `{field}` is {there} there and {here} in this job. Run it with the checkpoint's parameters to resume it, or give it a checkpoint store of its own (another directory or URL) to run afresh",
-                    c.iteration
-                ),
-                None,
-            ));
-        }
-    }
-    // A job that finished and committed ends with its result whatever its input is now
-    // (its commit may have moved it): only a checkpoint it goes on from must fit its shape.
-    let committed_end = c.committed && (c.iteration >= resuming.iterations || c.halted.is_some());
-    let resharded = !committed_end && resuming.check(c, what)?;
-    Ok(Fit {
-        committed_end,
-        resharded,
-    })
-}
-
-/// What the job resumes with from `c`, if it [`fit`]s.
-pub(crate) fn resume_from<M: Payload>(
-    mut c: Checkpoint,
-    what: &str,
-    resuming: &Resuming,
-) -> Result<Resume<M>, JobError> {
-    let Fit {
-        committed_end,
-        resharded,
-    } = fit(&c, what, resuming)?;
-    if resharded {
-        // Re-sharded (none holds a state): nothing of the old shards is given back.
-        c.workers.clear();
-    }
-    let last: M = crate::codec::from_slice(&c.master_result).map_err(|e| {
-        let message = format!(
-            "the master result of the checkpoint of iteration {} cannot be decoded as this job's: {e}",
-            c.iteration
-        );
-        JobError::checkpoint(message, Some(ErrorSource::new(e)))
-    })?;
-    let finished = c.halted.is_some() || c.iteration >= resuming.iterations;
-    if finished {
-        tracing::info!(
-            job = &*resuming.job_id,
-            iteration = c.iteration,
-            "the job finished at iteration {} ({what}); returning its result",
-            c.iteration
-        );
-    } else {
-        tracing::info!(
-            job = &*resuming.job_id,
-            iteration = c.iteration,
-            "resuming from {what}, of iteration {}: the job goes on with iteration {}",
-            c.iteration,
-            c.iteration + 1
-        );
-    }
-    let point = ResumedFrom {
-        iteration: c.iteration,
-        source: what.to_string(),
-        finished,
-    };
-    Ok(Resume {
-        iteration: c.iteration,
-        attempt: c.attempt,
-        last: Arc::new(last),
-        state: c.master_state,
-        halted: c.halted,
-        workers: c.workers,
-        committed_end,
-        point,
-    })
 }
 
 /// What every process of this job must agree on: the crate's version (another wire

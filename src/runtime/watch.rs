@@ -149,7 +149,7 @@ mod tests {
             iteration_timeout: Duration::from_millis(1),
             ..crate::JobConfig::default()
         }
-        .node_config(None);
+        .unsettled_node_config(&crate::protocol::Deployment::in_memory());
         let watch = Watch::new();
         assert_eq!(watch.overdue(&config), None);
         watch.enter(Who::Worker(4), Waiting::Iteration(9));

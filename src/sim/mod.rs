@@ -162,6 +162,9 @@ pub struct Simulation<M, W> {
     /// Every how many iterations the master saves a checkpoint (`JobBuilder::checkpoint`);
     /// to the simulator's store, which survives the master's crashes.
     checkpoint_every: Option<Iteration>,
+    /// Whether the job's own checkpoint store outlives the master's host: the simulated
+    /// store is then never lost with it.
+    store_outlives_host: bool,
     /// The job's message type, when it has messages (`JobBuilder::messages`).
     messages: Option<&'static str>,
     faults: Faults,
@@ -179,6 +182,7 @@ impl<M, W> Clone for Simulation<M, W> {
             params: self.params.clone(),
             job: Arc::clone(&self.job),
             checkpoint_every: self.checkpoint_every,
+            store_outlives_host: self.store_outlives_host,
             messages: self.messages,
             faults: self.faults,
             schedule: self.schedule.clone(),
@@ -242,6 +246,10 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
         let first = make();
         let job = Arc::new(first.config.clone());
         let checkpoint_every = first.checkpoint.as_ref().map(|c| c.every);
+        let store_outlives_host = first
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| c.store.outlives_host());
         let (workers, combine, worker_hooks) = (
             Arc::clone(&first.workers),
             first.combine.clone(),
@@ -266,6 +274,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             params,
             job,
             checkpoint_every,
+            store_outlives_host,
             messages,
             faults: Faults::none(),
             schedule: Vec::new(),
@@ -303,16 +312,26 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// master's process.
     pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
         self.job.validate()?;
-        let mut config = self.job.node_config(self.checkpoint_every);
-        let combining = crate::runtime::combining(self.combine.as_ref());
+        self.job.node_config(&self.deployment())
+    }
+
+    /// Where the job runs, as the simulator models it: its workers processes of their own
+    /// connected to each other, as over TCP — but under `RestartAll` (and `RestartWorker`
+    /// in barrier mode), where they run in the master's process; the job's own store's
+    /// place (an object store outlives the master's host; another is lost with it).
+    pub(crate) fn deployment(&self) -> crate::protocol::Deployment {
         let workers =
             if crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode) {
                 crate::protocol::Workers::Together
             } else {
                 crate::protocol::Workers::Connected
             };
-        config.settle_aggregation(combining, workers)?;
-        Ok(config)
+        crate::protocol::Deployment {
+            checkpoint_every: self.checkpoint_every,
+            store_outlives_host: self.store_outlives_host,
+            combining: crate::runtime::combining(self.combine.as_ref()),
+            workers,
+        }
     }
 
     /// Runs the job once with `seed`.

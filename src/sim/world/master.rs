@@ -38,8 +38,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// processes died before this one.
     pub(super) fn start_master(&mut self, restarted: u32) {
         let mut store = self.store.clone();
-        let resuming = crate::runtime::Resuming::new(&self.job, self.sim.shape());
-        let resumed = match crate::runtime::resume::<M>(&mut store, &resuming) {
+        let resuming = crate::checkpoint::Resuming::new(&self.job, self.sim.shape());
+        let resumed = match crate::checkpoint::resume::<M>(&mut store, &resuming) {
             Ok(resumed) => resumed,
             Err(error) => {
                 self.log(|| format!("the master cannot resume: {error}"));
@@ -388,10 +388,17 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             && self.chance(self.sim.faults.master_crash)
     }
 
-    /// The master's host is lost: its checkpoint store with it (its process crashes
-    /// next, and with it the copies of workers it runs: `crash_master`).
+    /// The master's host is lost: its checkpoint store with it, unless the store outlives
+    /// it (its process crashes next, and with it the copies of workers it runs:
+    /// `crash_master`).
     pub(super) fn lose_host(&mut self) {
         self.stats.hosts_lost += 1;
+        if self.node_config.store_outlives_host {
+            self.log(|| {
+                "the master's host is lost; its checkpoints are in a store that outlives it".into()
+            });
+            return;
+        }
         self.log(|| "the master's host is lost, with its checkpoints".into());
         lock(&self.store.files).clear();
     }

@@ -169,7 +169,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         // made directly (`run`) of settings that do not settle runs by them as they are.
         let node_config = Arc::new(
             sim.node_config()
-                .unwrap_or_else(|_| job.node_config(sim.checkpoint_every)),
+                .unwrap_or_else(|_| job.unsettled_node_config(&sim.deployment())),
         );
         let workers = job.workers;
         let worker_config = Arc::new(WorkerConfig {

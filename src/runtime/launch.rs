@@ -1,7 +1,8 @@
-//! Starting a job: the checkpoint read and the attempt chosen, the master's node bound,
-//! the coordinator started, this process's workers started, and the node built and driven
-//! (in the master's process); in a process without the master, its workers' endings are
-//! its outcome.
+//! Starting a job, in named steps: the transport prepared (`launch`); in the master's
+//! process, its side opened — the checkpoint read, the attempt chosen, the master's link
+//! bound, the coordinator started (`open_master`); this process's workers started; then
+//! the master's node built and driven (`master_process`, `NodeActor`) or, in a process
+//! without the master, its workers' endings made its outcome (`workers_outcome`).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -17,16 +18,19 @@ use super::node::{NodeActor, NodeParts, RestartLinked};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::route::OnRestart;
 use super::watch::Watch;
-use super::{fingerprint, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, SharedStore};
+use super::{
+    fingerprint, Checkpointing, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, SharedStore,
+};
 use crate::checkpoint::{resume, JobShape, Resume, Resuming};
 use crate::compute::{JobEnd, MasterContext};
-use crate::coordinator::JobInfo;
+use crate::config::JobConfig;
+use crate::coordinator::{Coordinator, JobInfo};
 use crate::error::JobError;
-use crate::ids::Attempt;
+use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{start_attempt, Combiner, MasterNode, NodeConfig, NodeSettings, ToWorker};
 use crate::protocol::{JobOutcome, JobReport};
-use crate::transport::LinkSpec;
+use crate::transport::{LinkSpec, Transport};
 
 /// What the job's thread shares with the thread that called `run` (its watchdog).
 #[derive(Clone)]
@@ -105,7 +109,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     )?);
     let (outcome_tx, outcome_rx) = oneshot::channel();
 
-    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ended_tx, ended_rx) = tokio::sync::mpsc::unbounded_channel();
     let local_ranks = topology.workers.clone();
     // Every process shards alike: each of its workers takes its own.
     let shards =
@@ -114,7 +118,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     let node_ctx = Context::<NodeActor<M, W>>::new();
     // A gang restart replaces a worker reached through the transport in its own process:
     // the master's node actor does it in the master's, the loop below in another.
-    let (restarts_tx, mut restarts_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (restarts_tx, restarts_rx) = tokio::sync::mpsc::unbounded_channel();
     let on_restart: OnRestart = if topology.master {
         let node = node_ctx.address();
         Arc::new(move |rank, attempt, cause| {
@@ -130,77 +134,29 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         })
     };
     let arrivals = Arrivals::new(node_ctx.address().recipient());
-    let mut bound = None;
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).
-    let mut attempt = 0;
-    if topology.master {
-        // Read before anything binds or starts: checkpoints that cannot be used fail the
-        // job before a worker is told anything.
-        // Written off the master's path, by a thread of their own.
-        let store = match checkpoint {
-            Some(c) => Some(SharedStore::writing(
-                c.store,
-                format!(
-                    "{}-checkpoints",
-                    crate::config::thread_prefix(&config.job_id)
-                ),
-                config.checkpoint_slow,
-                config.shutdown_timeout,
-            )?),
-            None => None,
-        };
-        let resuming = Resuming::new(&config, shape);
-        let resumed = match &store {
-            Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,
-            None => None,
-        };
-        attempt = start_attempt(topology.restarted, resumed.as_ref().map(|r| r.attempt));
-        if topology.restarted > 0 {
-            tracing::warn!(
-                restarted = topology.restarted,
-                attempt,
-                resumed_from = ?resumed.as_ref().map(|r| r.iteration),
-                "the master's process was started again; the job goes on as a new attempt"
-            );
-        }
-        let inbox = Arc::clone(&arrivals);
-        let (rules, heard) = (Arc::clone(&node_config), job.end.clone());
-        let link: Box<dyn crate::transport::MasterLink<M>> = if in_process.is_some() {
-            Box::new(HostedMasterLink)
-        } else {
-            transport.bind_master(
-                attempt,
-                Box::new(move |env| {
-                    // A worker's failure that ends the job: this process hears of it here, on
-                    // the transport's thread, even while user code holds the job's.
-                    if let Some(error) = rules.ends_job_at_once(attempt, &env) {
-                        heard.end(&error);
-                    }
-                    inbox.deliver(env)
-                }),
-            )?
-        };
-        // Before any worker of this process starts, and before any iteration anywhere.
-        // A job that committed ends with its result: its coordinator runs no hook again.
-        let committed = resumed
-            .as_ref()
-            .filter(|r| r.committed_end)
-            .map(|r| r.iteration);
-        if let (Some(iteration), Some(_)) = (committed, &coordinator) {
-            tracing::info!(
-                iteration,
-                "the job committed after iteration {iteration}: it ends with its result, and its coordinator does not run again"
-            );
-            coordinator = None;
-        }
-        if let Some(coordinator) = coordinator.take() {
-            let info = JobInfo::new(config.job_id.clone(), config.workers, attempt);
-            let coordination = Coordination::new(coordinator, info).recording(store.clone());
-            job.coordination.start(coordination).await?;
-        }
-        bound = Some((link, store, resuming, resumed));
-    }
+    let (bound, attempt) = if topology.master {
+        let side = open_master(
+            MasterOpening {
+                config: &config,
+                node_config: &node_config,
+                job: &job,
+                transport: transport.as_mut(),
+                hosted: in_process.is_some(),
+                restarted: topology.restarted,
+                arrivals: &arrivals,
+            },
+            checkpoint,
+            shape,
+            &mut coordinator,
+        )
+        .await?;
+        let attempt = side.attempt;
+        (Some(side), attempt)
+    } else {
+        (None, 0)
+    };
     let mut local = LocalWorkers::new(LocalParts {
         config: Arc::clone(&config),
         worker_config,
@@ -224,23 +180,20 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             return Err(error);
         }
     }
-    if let Some((link, store, resuming, resumed)) = bound {
+    if let Some(MasterSide {
+        link,
+        store,
+        resuming,
+        resumed,
+        ..
+    }) = bound
+    {
         let link = Arc::new(std::sync::Mutex::new(link));
-        let abort_link = Arc::clone(&link);
         // (Hosted workers share the job's thread, held by the code the watchdog gives up
         // on: what reaches them is the process's `JobEnd`, set already.)
-        let _ = in_process.is_none().then(|| {
-            job.abort.set(Box::new(move |error: &JobError| {
-                let link = abort_link.lock().unwrap_or_else(|e| e.into_inner());
-                let msg = ToWorker::Abort {
-                    attempt,
-                    error: error.clone(),
-                };
-                if let Err(e) = link.broadcast(msg) {
-                    tracing::warn!(error = %e, "could not tell the workers the job failed");
-                }
-            }))
-        });
+        if in_process.is_none() {
+            let _ = job.abort.set(abort_all(Arc::clone(&link), attempt));
+        }
         let (task, node) = master_process(
             MasterParts {
                 master,
@@ -287,59 +240,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         });
     };
     drop(pool);
-    // A process without the master: its outcome is how its workers saw the job end. A
-    // failed worker's process ends, and a new one joins in its place — except in a gang
-    // restart, where this process replaces each of its workers, as the master's node asks.
-    let mut running: Vec<usize> = local_ranks.clone();
-    let mut outcome = None;
-    while !running.is_empty() {
-        let (rank, ending) = tokio::select! {
-            Some((rank, attempt, cause)) = restarts_rx.recv() => {
-                if let Err(error) = local.restart_linked(rank, attempt, &cause) {
-                    running.retain(|&r| r != rank);
-                    outcome = Some(Err(error));
-                }
-                continue;
-            }
-            ended = ended_rx.recv() => match ended {
-                Some((rank, generation, ending)) if local.is_current(rank, generation) => (rank, ending),
-                Some((rank, _, _)) => {
-                    tracing::debug!(rank, "a worker replaced in a gang restart ended");
-                    continue;
-                }
-                None => return Err(JobError::Runtime {
-                    message: "a worker stopped without an ending".into(),
-                }),
-            },
-        };
-        running.retain(|&r| r != rank);
-        tracing::debug!(rank, "local worker ended");
-        outcome = Some(match (outcome, ending) {
-            (Some(Err(first)), _) => Err(first),
-            (_, OwnedEnding::Failed(error)) => Err(error),
-            (
-                _,
-                OwnedEnding::Completed {
-                    iterations,
-                    halted,
-                    last,
-                },
-            ) => Ok(JobOutcome {
-                result: last,
-                iterations,
-                halted,
-                report: JobReport {
-                    elapsed: started.elapsed(),
-                    ..JobReport::default()
-                },
-            }),
-        });
-    }
-    outcome.unwrap_or_else(|| {
-        Err(JobError::Runtime {
-            message: "this process runs neither the master nor any worker".into(),
-        })
-    })
+    workers_outcome(local, local_ranks, restarts_rx, ended_rx, started).await
 }
 
 /// What the master's process is made of, once its checkpoint is read and its attempt
@@ -395,4 +296,189 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
     let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now)
         .measuring_folds(crate::codec::encoded_len::<W>);
     (task, node)
+}
+
+/// What a process that runs the master opens before any of its workers starts.
+struct MasterOpening<'a, M: Payload, W: Payload> {
+    config: &'a Arc<JobConfig>,
+    node_config: &'a Arc<NodeConfig>,
+    job: &'a Shared,
+    transport: &'a mut dyn Transport<M, W>,
+    /// Whether the node actor hosts every worker (a transport that runs the job here).
+    hosted: bool,
+    /// How many times the master's process was started before (`Topology::restarted`).
+    restarted: u32,
+    arrivals: &'a Arc<Arrivals<W>>,
+}
+
+/// The master's side of its process, open: its link to the workers, its store, the rules
+/// and the checkpoint it resumes by, the attempt it runs.
+struct MasterSide<M> {
+    link: Box<dyn crate::transport::MasterLink<M>>,
+    store: Option<SharedStore>,
+    resuming: Resuming,
+    resumed: Option<Resume<M>>,
+    attempt: Attempt,
+}
+
+/// Opens the master's side: reads the newest usable checkpoint (before anything binds or
+/// starts: checkpoints that cannot be used fail the job before a worker is told
+/// anything), chooses the attempt, binds the master's link, and starts the coordinator —
+/// unless the job committed, which ends with its result and runs no hook again.
+async fn open_master<M: Payload, W: Payload>(
+    o: MasterOpening<'_, M, W>,
+    checkpoint: Option<Checkpointing>,
+    shape: JobShape,
+    coordinator: &mut Option<Box<dyn Coordinator>>,
+) -> Result<MasterSide<M>, JobError> {
+    // Read before anything binds or starts: checkpoints that cannot be used fail the
+    // job before a worker is told anything.
+    // Written off the master's path, by a thread of their own.
+    let store = match checkpoint {
+        Some(c) => Some(SharedStore::writing(
+            c.store,
+            format!(
+                "{}-checkpoints",
+                crate::config::thread_prefix(&o.config.job_id)
+            ),
+            o.config.checkpoint_slow,
+            o.config.shutdown_timeout,
+        )?),
+        None => None,
+    };
+    let resuming = Resuming::new(o.config, shape);
+    let resumed = match &store {
+        Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,
+        None => None,
+    };
+    let attempt = start_attempt(o.restarted, resumed.as_ref().map(|r| r.attempt));
+    if o.restarted > 0 {
+        tracing::warn!(
+            restarted = o.restarted,
+            attempt,
+            resumed_from = ?resumed.as_ref().map(|r| r.iteration),
+            "the master's process was started again; the job goes on as a new attempt"
+        );
+    }
+    let inbox = Arc::clone(o.arrivals);
+    let (rules, heard) = (Arc::clone(o.node_config), o.job.end.clone());
+    let link: Box<dyn crate::transport::MasterLink<M>> = if o.hosted {
+        Box::new(HostedMasterLink)
+    } else {
+        o.transport.bind_master(
+            attempt,
+            Box::new(move |env| {
+                // A worker's failure that ends the job: this process hears of it here, on
+                // the transport's thread, even while user code holds the job's.
+                if let Some(error) = rules.ends_job_at_once(attempt, &env) {
+                    heard.end(&error);
+                }
+                inbox.deliver(env)
+            }),
+        )?
+    };
+    // Before any worker of this process starts, and before any iteration anywhere.
+    // A job that committed ends with its result: its coordinator runs no hook again.
+    let committed = resumed
+        .as_ref()
+        .filter(|r| r.committed_end)
+        .map(|r| r.iteration);
+    if let (Some(iteration), Some(_)) = (committed, &coordinator) {
+        tracing::info!(
+            iteration,
+            "the job committed after iteration {iteration}: it ends with its result, and its coordinator does not run again"
+        );
+        *coordinator = None;
+    }
+    if let Some(coordinator) = coordinator.take() {
+        let info = JobInfo::new(o.config.job_id.clone(), o.config.workers, attempt);
+        let coordination = Coordination::new(coordinator, info).recording(store.clone());
+        o.job.coordination.start(coordination).await?;
+    }
+    Ok(MasterSide {
+        link,
+        store,
+        resuming,
+        resumed,
+        attempt,
+    })
+}
+
+/// What the watchdog does when it gives up on a failed job held up by user code: tells
+/// every worker on `link` that the job failed, in `attempt`.
+fn abort_all<M: Payload>(
+    link: Arc<std::sync::Mutex<Box<dyn crate::transport::MasterLink<M>>>>,
+    attempt: Attempt,
+) -> AbortAll {
+    Box::new(move |error: &JobError| {
+        let link = link.lock().unwrap_or_else(|e| e.into_inner());
+        let msg = ToWorker::Abort {
+            attempt,
+            error: error.clone(),
+        };
+        if let Err(e) = link.broadcast(msg) {
+            tracing::warn!(error = %e, "could not tell the workers the job failed");
+        }
+    })
+}
+
+/// A process without the master: its outcome is how its workers saw the job end. A
+/// failed worker's process ends, and a new one joins in its place — except in a gang
+/// restart, where this process replaces each of its workers, as the master's node asks.
+async fn workers_outcome<M: Payload, W: Payload>(
+    mut local: LocalWorkers<M, W>,
+    mut running: Vec<Rank>,
+    mut restarts_rx: tokio::sync::mpsc::UnboundedReceiver<(Rank, Attempt, JobError)>,
+    mut ended_rx: tokio::sync::mpsc::UnboundedReceiver<super::worker::Ended<M>>,
+    started: Instant,
+) -> Result<JobOutcome<M>, JobError> {
+    let mut outcome = None;
+    while !running.is_empty() {
+        let (rank, ending) = tokio::select! {
+            Some((rank, attempt, cause)) = restarts_rx.recv() => {
+                if let Err(error) = local.restart_linked(rank, attempt, &cause) {
+                    running.retain(|&r| r != rank);
+                    outcome = Some(Err(error));
+                }
+                continue;
+            }
+            ended = ended_rx.recv() => match ended {
+                Some((rank, generation, ending)) if local.is_current(rank, generation) => (rank, ending),
+                Some((rank, _, _)) => {
+                    tracing::debug!(rank, "a worker replaced in a gang restart ended");
+                    continue;
+                }
+                None => return Err(JobError::Runtime {
+                    message: "a worker stopped without an ending".into(),
+                }),
+            },
+        };
+        running.retain(|&r| r != rank);
+        tracing::debug!(rank, "local worker ended");
+        outcome = Some(match (outcome, ending) {
+            (Some(Err(first)), _) => Err(first),
+            (_, OwnedEnding::Failed(error)) => Err(error),
+            (
+                _,
+                OwnedEnding::Completed {
+                    iterations,
+                    halted,
+                    last,
+                },
+            ) => Ok(JobOutcome {
+                result: last,
+                iterations,
+                halted,
+                report: JobReport {
+                    elapsed: started.elapsed(),
+                    ..JobReport::default()
+                },
+            }),
+        });
+    }
+    outcome.unwrap_or_else(|| {
+        Err(JobError::Runtime {
+            message: "this process runs neither the master nor any worker".into(),
+        })
+    })
 }

@@ -248,6 +248,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
 
     /// Carries out what the process of `rank` asks, in order, as `runtime/route.rs` does.
     fn carry_process(&mut self, rank: Rank) {
+        // What a process asked dies with it: a delivery may crash it, or replace it.
+        let generation = self.nodes[rank].generation;
         while let Some(action) = self.nodes[rank].process.poll_action() {
             match action {
                 ProcessAction::Deliver { rank, msg } => {
@@ -263,7 +265,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     self.restart_in_process(rank, attempt)
                 }
             }
-            if !self.is_current(rank, self.nodes[rank].generation) {
+            if !self.is_current(rank, generation) {
                 return;
             }
         }

@@ -861,11 +861,13 @@ impl<W> SyncLink<W> {
 
     /// Keeps what a peer sent for call `epoch` or a later one (the pieces of an
     /// `all_gather` that goes around the ring may come before the master's node's answer
-    /// that starts it), and word of a lost peer; drops pieces of earlier calls and of
-    /// other attempts.
+    /// that starts it), and word of a lost peer; drops pieces of earlier calls, and
+    /// pieces and losses of other attempts (a connection of the attempt this worker
+    /// replaced, found lost after the gang restart, is no loss of its).
     pub(crate) fn keep_early(&mut self, event: PeerEvent, epoch: Epoch) {
         match &event {
             PeerEvent::Message(m) if m.attempt != self.attempt || m.call.seq < epoch => {}
+            PeerEvent::Lost { attempt, .. } if *attempt != self.attempt => {}
             _ => self.early.push(event),
         }
     }
@@ -884,11 +886,19 @@ impl<W> SyncLink<W> {
             match event {
                 PeerEvent::Message(m) if m.call.seq == epoch => pieces.push(m),
                 PeerEvent::Message(m) if m.call.seq < epoch => {}
-                PeerEvent::Lost { rank, reason } => {
+                PeerEvent::Lost {
+                    rank,
+                    attempt,
+                    reason,
+                } => {
                     if lost.is_none() {
                         lost = Some((rank, reason.clone()));
                     }
-                    kept.push(PeerEvent::Lost { rank, reason });
+                    kept.push(PeerEvent::Lost {
+                        rank,
+                        attempt,
+                        reason,
+                    });
                 }
                 other => kept.push(other),
             }

@@ -101,6 +101,7 @@ fn a_process_started_with_another_world_size_is_refused_and_the_job_fails_at_onc
     }
     one.send(superstep::dev::ToMaster::Done {
         attempt: 0,
+        awaits_word: false,
         rows: Default::default(),
         attachments: Vec::new(),
     })
@@ -301,6 +302,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
     }
     link.send(ToMaster::Done {
         attempt: 0,
+        awaits_word: false,
         rows: Default::default(),
         attachments: Vec::new(),
     })

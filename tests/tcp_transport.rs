@@ -459,6 +459,11 @@ fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_re
 
     // A new master's node on the same address, as a process started again would bind it.
     let (_second, _link, from_worker) = bare_master(&addr, 3);
+    // The worker hears that its link reaches for the master again, then that it did.
+    match next(&to_worker) {
+        ToWorker::Reconnecting { reason } => assert!(reason.contains("closed"), "{reason}"),
+        other => panic!("expected word of the reconnect, got {other:?}"),
+    }
     assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 3 });
     link.send(ToMaster::Registered { attempt: 3 }).unwrap();
     assert_eq!(
@@ -476,11 +481,18 @@ fn a_worker_gives_up_on_a_lost_master_after_its_reconnect_timeout_naming_it() {
         let (_worker, _link, to_worker) = bare_worker(&addr, reconnect);
         assert_eq!(next(&to_worker), ToWorker::Connected { attempt: 2 });
         drop(master);
-        // A reconnect that raced the node's shutdown may have been welcomed once more.
+        // A reconnect that raced the node's shutdown may have been welcomed once more;
+        // each try is said (`Reconnecting`) when reconnecting is on.
         let mut told = next(&to_worker);
-        while told == (ToWorker::Connected { attempt: 2 }) {
+        let mut reconnecting = false;
+        while matches!(
+            told,
+            ToWorker::Connected { attempt: 2 } | ToWorker::Reconnecting { .. }
+        ) {
+            reconnecting |= matches!(told, ToWorker::Reconnecting { .. });
             told = next(&to_worker);
         }
+        assert_eq!(reconnecting, !reconnect.is_zero());
         match told {
             ToWorker::Abort {
                 attempt: 2,
@@ -780,6 +792,7 @@ fn a_process_that_never_says_it_ended_is_not_said_to_run_user_code() {
     .unwrap();
     link.send(ToMaster::Done {
         attempt: 0,
+        awaits_word: false,
         rows: Default::default(),
         attachments: Vec::new(),
     })
@@ -874,6 +887,7 @@ fn a_worker_cannot_blame_another_rank_for_its_failure() {
     for link in [&link, &two] {
         link.send(ToMaster::Done {
             attempt: 0,
+            awaits_word: false,
             rows: Default::default(),
             attachments: Vec::new(),
         })

@@ -715,14 +715,22 @@ impl<M, W: 'static> WorkerContext<M, W> {
                         deadline = Instant::now().checked_add(timeout);
                         queue.push_back(m)
                     }
-                    Ok(Incoming::Peer(PeerEvent::Lost { rank: peer, reason })) => {
+                    Ok(Incoming::Peer(PeerEvent::Lost {
+                        rank: peer,
+                        attempt,
+                        reason,
+                    })) if attempt == sync.attempt => {
                         // Kept: a later call that needs the peer fails at once too.
                         let lost = SyncError::PeerLost {
                             rank,
                             peer,
                             reason: reason.clone(),
                         };
-                        sync.early.push(PeerEvent::Lost { rank: peer, reason });
+                        sync.early.push(PeerEvent::Lost {
+                            rank: peer,
+                            attempt,
+                            reason,
+                        });
                         return Err(after_loss(sync, epoch, released, wait, lost).await);
                     }
                     Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),

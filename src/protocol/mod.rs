@@ -213,6 +213,11 @@ pub enum ToMaster<W> {
     Done {
         /// The attempt the worker ran in.
         attempt: Attempt,
+        /// Whether it stopped on its own failure and waits for the master's word on it —
+        /// in a job whose failures restart every worker, a restart may follow — so that
+        /// this is not its last word: its link is kept, and made again if the master is
+        /// lost meanwhile.
+        awaits_word: bool,
         /// What it read, wrote and rejected over the job.
         rows: RowCounts,
         /// What it attached to its report, in order.
@@ -295,6 +300,15 @@ pub enum ToWorker<M> {
     Connected {
         /// The attempt the master's node runs.
         attempt: Attempt,
+    },
+    /// The worker's link lost the master's node and tries to reach it again, within the
+    /// transport's reconnect timeout (giving up, it says so with an `Abort`). Not sent by
+    /// the master: the worker's transport delivers it. A worker of a job whose failures
+    /// restart every worker, stopped on its own failure, keeps that failure for the master
+    /// started again — which replaces it — rather than end its process.
+    Reconnecting {
+        /// How the master was lost.
+        reason: String,
     },
     /// Every worker starts over in `attempt`, from the newest checkpoint, after `cause`
     /// (a gang restart: `FailurePolicy::RestartAll`, or `RestartWorker` in barrier mode).
@@ -416,6 +430,9 @@ impl<M> Clone for ToWorker<M> {
                 save: Arc::clone(save),
             },
             ToWorker::Connected { attempt } => ToWorker::Connected { attempt: *attempt },
+            ToWorker::Reconnecting { reason } => ToWorker::Reconnecting {
+                reason: reason.clone(),
+            },
             ToWorker::Restart { attempt, cause } => ToWorker::Restart {
                 attempt: *attempt,
                 cause: cause.clone(),
@@ -439,6 +456,7 @@ impl<M> fmt::Display for ToWorker<M> {
                 save.messages.len()
             ),
             ToWorker::Connected { attempt } => write!(f, "connected in attempt {attempt}"),
+            ToWorker::Reconnecting { reason } => write!(f, "reaching the master again: {reason}"),
             ToWorker::Restart { attempt, cause } => {
                 write!(f, "restart in attempt {attempt} after: {cause}")
             }

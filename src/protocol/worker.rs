@@ -73,6 +73,8 @@ impl WorkerState {
             ToWorker::Restart { .. } => WorkerCommand::Drop,
             // Its process keeps the copy of a checkpoint, not the worker.
             ToWorker::Replica(_) => WorkerCommand::Proceed,
+            // The transport's word, for the node: it changes nothing here.
+            ToWorker::Reconnecting { .. } => WorkerCommand::Proceed,
             _ if self.stopping => WorkerCommand::Drop,
             ToWorker::Connected { attempt } => {
                 self.connections += 1;

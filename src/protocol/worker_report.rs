@@ -217,6 +217,7 @@ mod tests {
         let files: Vec<String> = (0..50).map(|i| format!("part-{i:05}.csv")).collect();
         let report = ToMaster::<u64>::Done {
             attempt: 1,
+            awaits_word: false,
             rows: RowCounts::default(),
             attachments: vec![Attachment::new(&files).unwrap()],
         };

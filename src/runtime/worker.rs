@@ -219,12 +219,13 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
                     self.node
                         .handle_sent(now, iteration, sent.map_err(Unsent::from));
                 }
-                WorkerAction::SendDone => {
+                WorkerAction::SendDone { awaits_word } => {
                     let attempt = self.node.attempt();
                     let done = match self.task.as_mut() {
-                        Some(task) => task.done(attempt),
+                        Some(task) => task.done(attempt, awaits_word),
                         None => ToMaster::Done {
                             attempt,
+                            awaits_word,
                             rows: Default::default(),
                             attachments: Vec::new(),
                         },

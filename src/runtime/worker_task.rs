@@ -89,11 +89,12 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         self
     }
 
-    /// The worker's last message, once it stopped: what it read, wrote, rejected and
-    /// attached over the job.
-    pub(crate) fn done(&mut self, attempt: Attempt) -> ToMaster<W> {
+    /// The worker's report, once it stopped: what it read, wrote, rejected and attached
+    /// over the job (its last message, unless it `awaits_word` on its own failure).
+    pub(crate) fn done(&mut self, attempt: Attempt, awaits_word: bool) -> ToMaster<W> {
         ToMaster::Done {
             attempt,
+            awaits_word,
             rows: std::mem::take(&mut self.ctx.rows),
             attachments: std::mem::take(&mut self.ctx.attachments),
         }

@@ -440,6 +440,9 @@ pub enum PeerEvent {
     Lost {
         /// The peer.
         rank: Rank,
+        /// The attempt the connection was made in: a worker of another attempt (one that
+        /// replaced the worker in a gang restart) is not concerned.
+        attempt: Attempt,
         /// What happened, with the peer's address where it has one.
         reason: String,
     },

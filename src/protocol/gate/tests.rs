@@ -21,6 +21,7 @@ fn done(from: Rank) -> Envelope<ToMaster<u32>> {
         from,
         ToMaster::Done {
             attempt: 0,
+            awaits_word: false,
             rows: Default::default(),
             attachments: Vec::new(),
         },

@@ -413,6 +413,7 @@ impl<M, W> MasterNode<M, W> {
                 attempt,
                 ref rows,
                 ref attachments,
+                ..
             } if attempt == self.attempt() => {
                 // A worker that failed runs on to its `Done`: a rank left out, or one whose
                 // failed process is still the one talking, never reports as completed.

@@ -188,6 +188,7 @@ impl Harness {
     fn done(&mut self, rank: Rank) {
         let done = ToMaster::Done {
             attempt: 0,
+            awaits_word: false,
             rows: RowCounts::default(),
             attachments: Vec::new(),
         };

@@ -67,9 +67,9 @@ pub(crate) enum WorkerAction<M, W> {
     Send(ToMaster<W>),
     /// Send this result, then say at once how that went with [`WorkerNode::handle_sent`].
     SendResult(Report<W>),
-    /// Send the worker's last message: its report, from its code's context
-    /// (`WorkerTask::done`).
-    SendDone,
+    /// Send the worker's report, from its code's context (`WorkerTask::done`): its last
+    /// message, unless it `awaits_word` on its own failure (`ToMaster::Done`).
+    SendDone { awaits_word: bool },
     /// Hand this answer to the compute waiting in a sync call.
     Answer(Epoch, SyncResult),
     /// The job's first failure is known: a sync call waiting, and every later one, fails
@@ -147,6 +147,13 @@ impl Timers {
                 _ => None,
             })
             .min()
+    }
+
+    /// Sets `timer` anew, armed or not: the one wait that is suspended and resumed (the
+    /// wait for the master's word, while its link reaches a master again).
+    fn set(&mut self, timer: Timer, deadline: Deadline) {
+        self.deadlines[timer as usize] = deadline;
+        self.next = self.earliest();
     }
 
     /// Whether `timer` is due at `now`: if so, it is fired (it never fires again).
@@ -237,6 +244,9 @@ pub(crate) struct WorkerNode<M, W> {
     /// attempt's first compute restores it.
     restore: Option<Arc<WorkerSave>>,
     verdict: Verdict,
+    /// Its link lost the master's node and tries to reach one again (`Reconnecting`,
+    /// until the next `Connected`).
+    master_away: bool,
     timers: Timers,
     actions: VecDeque<WorkerAction<M, W>>,
 }
@@ -253,6 +263,7 @@ impl<M, W> WorkerNode<M, W> {
             queued: None,
             restore: None,
             verdict: Verdict::Unknown,
+            master_away: false,
             timers: Timers::default(),
             actions: VecDeque::new(),
         }
@@ -295,6 +306,20 @@ impl<M, W> WorkerNode<M, W> {
             ToWorker::Abort { attempt, error } if *attempt == self.attempt() => {
                 let error = error.clone();
                 self.hear_verdict(now, &error);
+            }
+            ToWorker::Reconnecting { reason } => self.master_away(reason),
+            // A master's node reached again will say nothing of the attempt this worker's
+            // failure belongs to: it waits the verdict grace from now, and ends with its
+            // own failure (in a job whose failures restart every worker, its process
+            // replaces it first).
+            ToWorker::Connected { .. } => {
+                self.master_away = false;
+                if matches!(self.stage, Stage::AwaitingVerdict(_)) {
+                    let deadline = now
+                        .checked_add(self.config.verdict_grace)
+                        .map_or(Deadline::Never, Deadline::At);
+                    self.timers.set(Timer::Verdict, deadline);
+                }
             }
             // The job completed without this worker's failure mattering (the policy went
             // on without it): its own failure is its ending.
@@ -560,6 +585,35 @@ impl<M, W> WorkerNode<M, W> {
         }
     }
 
+    /// The link lost the master's node and tries to reach it again. A worker of a job
+    /// whose failures restart every worker, waiting for the master's word on its own
+    /// failure, waits for the master started again (which replaces it) rather than end its
+    /// process when its grace passes: the transport's reconnect timeout bounds the wait,
+    /// and ends it with the master's loss.
+    fn master_away(&mut self, reason: &str) {
+        self.master_away = true;
+        if matches!(self.stage, Stage::AwaitingVerdict(_)) {
+            self.keep_failure(reason);
+        }
+    }
+
+    /// In a job whose failures restart every worker, a failure the master's node did not
+    /// answer before it was lost waits for the one started again, without a limit of its
+    /// own (the link's reconnect timeout is it).
+    fn keep_failure(&mut self, reason: &str) {
+        if !self.config.gang {
+            return;
+        }
+        tracing::info!(
+            rank = self.rank,
+            %reason,
+            "the master was lost before it answered this worker's failure; keeping it for the master started again"
+        );
+        // (The stop's deadline, its code home, bounds only this wait.)
+        self.timers.set(Timer::Verdict, Deadline::Never);
+        self.timers.set(Timer::StopDeadline, Deadline::Never);
+    }
+
     /// A worker that stopped waiting for the master's verdict ends with its own failure.
     /// Returns whether it was waiting.
     fn end_unheard(&mut self) -> bool {
@@ -666,15 +720,23 @@ impl<M, W> WorkerNode<M, W> {
         if let (Some(OwnedEnding::Failed(_)), Verdict::Heard(first)) = (&ending, &self.verdict) {
             ending = Some(OwnedEnding::Failed(first.clone()));
         }
-        self.actions.push_back(WorkerAction::SendDone);
+        let awaits = matches!(ending, Some(OwnedEnding::Failed(_)))
+            && self.verdict == Verdict::OwnFirst
+            && !matches!(self.stage, Stage::Ended);
+        // In a job whose failures restart every worker, the master's word may be a
+        // restart: the link stays, and reaches a master started again.
+        let awaits_word = awaits && self.config.gang;
+        self.actions
+            .push_back(WorkerAction::SendDone { awaits_word });
         match ending {
             // Its own failure may not be the job's first: the master's abort says.
-            Some(failed @ OwnedEnding::Failed(_))
-                if self.verdict == Verdict::OwnFirst && !matches!(self.stage, Stage::Ended) =>
-            {
+            Some(failed @ OwnedEnding::Failed(_)) if awaits => {
                 self.stage = Stage::AwaitingVerdict(failed);
                 self.timers
                     .arm(Timer::Verdict, now, self.config.verdict_grace);
+                if self.master_away {
+                    self.keep_failure("its link was reaching the master again as it failed");
+                }
             }
             ending => self.end(ending),
         }

@@ -30,7 +30,8 @@ fn actions(node: &mut Node) -> Vec<String> {
             }
             WorkerAction::Send(_) => "send".into(),
             WorkerAction::SendResult(r) => format!("result {}", r.iteration),
-            WorkerAction::SendDone => "done".into(),
+            WorkerAction::SendDone { awaits_word: false } => "done".into(),
+            WorkerAction::SendDone { awaits_word: true } => "done, awaiting word".into(),
             WorkerAction::Answer(epoch, _) => format!("answer {epoch}"),
             WorkerAction::Verdict(e) => format!("verdict ({})", short(&e)),
             WorkerAction::EndSync(_) => "end sync".into(),
@@ -169,6 +170,111 @@ fn without_the_masters_word_a_worker_ends_with_its_own_failure_when_its_wait_pas
     let _ = actions(&mut node);
     node.handle_timeout(t + secs(1));
     assert!(actions(&mut node).is_empty(), "early: nothing is due");
+    node.handle_timeout(t + secs(2));
+    assert_eq!(actions(&mut node), ["report (mine)", "stop"]);
+}
+
+/// The transport's word that the link reaches for a master again.
+fn reconnecting() -> ToWorker<u64> {
+    ToWorker::Reconnecting {
+        reason: "closed".into(),
+    }
+}
+
+/// A worker of a job whose failures restart every worker, failed on its own and stopped
+/// at `t`, awaiting the master's word.
+fn failed_in_a_gang(t: Instant) -> Node {
+    let policy = FailurePolicy::RestartAll { max_attempts: 2 };
+    let mut node = Node::new(1, 0, config(policy, true));
+    node.start();
+    node.handle_worked(t, Worked::Started(Ok(())));
+    node.handle_message(t, iterate(1));
+    let _ = actions(&mut node);
+    node.handle_worked(t, Worked::Iterated(Err(error("peer lost"))));
+    assert_eq!(
+        actions(&mut node),
+        ["failed (peer lost)", "run stop (peer lost)"]
+    );
+    node.handle_worked(t, Worked::Stopped(Ok(())));
+    // Not its last word: a restart may follow, from this master or one started again.
+    assert_eq!(actions(&mut node), ["done, awaiting word"]);
+    node
+}
+
+#[test]
+fn in_a_gang_a_worker_whose_master_is_lost_before_its_word_keeps_its_failure_for_the_next() {
+    let t = Instant::now();
+    let mut node = failed_in_a_gang(t);
+    node.handle_message(t + secs(1), reconnecting());
+    // Its grace passes: it does not end (its process would end with it) while its link
+    // reaches a master again.
+    assert_eq!(node.poll_timeout(), None);
+    node.handle_timeout(t + secs(60));
+    assert!(actions(&mut node).is_empty());
+    assert!(matches!(node.stage, Stage::AwaitingVerdict(_)));
+    // Reached again: the grace runs anew from then (its process replaces it first).
+    node.handle_message(t + secs(61), ToWorker::Connected { attempt: 1 });
+    assert_eq!(node.poll_timeout(), Some(t + secs(63)));
+    node.handle_timeout(t + secs(63));
+    assert_eq!(actions(&mut node), ["report (peer lost)", "stop"]);
+}
+
+#[test]
+fn in_a_gang_a_worker_that_fails_after_its_master_was_lost_keeps_its_failure_too() {
+    let t = Instant::now();
+    let policy = FailurePolicy::RestartAll { max_attempts: 2 };
+    let mut node = Node::new(1, 0, config(policy, true));
+    node.start();
+    node.handle_worked(t, Worked::Started(Ok(())));
+    node.handle_message(t, iterate(1));
+    // The master's loss is heard while the compute runs; the compute then fails (a peer
+    // in the master's process lost).
+    node.handle_message(t, reconnecting());
+    node.handle_worked(t, Worked::Iterated(Err(error("peer lost"))));
+    node.handle_worked(t, Worked::Stopped(Ok(())));
+    let _ = actions(&mut node);
+    assert_eq!(node.poll_timeout(), None);
+    assert!(matches!(node.stage, Stage::AwaitingVerdict(_)));
+}
+
+#[test]
+fn in_a_gang_a_worker_whose_link_gives_up_on_the_master_ends_with_the_masters_loss() {
+    let t = Instant::now();
+    let mut node = failed_in_a_gang(t);
+    node.handle_message(t, reconnecting());
+    let lost = JobError::MasterLost {
+        reason: "not reached again".into(),
+    };
+    node.handle_message(
+        t + secs(30),
+        ToWorker::Abort {
+            attempt: 0,
+            error: lost,
+        },
+    );
+    assert_eq!(
+        actions(&mut node),
+        [
+            "verdict (the master was lost: not reached again)",
+            "report (the master was lost: not reached again)",
+            "stop"
+        ]
+    );
+}
+
+#[test]
+fn outside_a_gang_a_failed_workers_done_is_its_last_word_and_a_lost_master_changes_nothing() {
+    let t = Instant::now();
+    let mut node = started(0, false, false, t);
+    node.handle_message(t, iterate(1));
+    let _ = actions(&mut node);
+    node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
+    node.handle_worked(t, Worked::Stopped(Ok(())));
+    assert_eq!(
+        actions(&mut node),
+        ["failed (mine)", "run stop (mine)", "done"]
+    );
+    node.handle_message(t, reconnecting());
     node.handle_timeout(t + secs(2));
     assert_eq!(actions(&mut node), ["report (mine)", "stop"]);
 }

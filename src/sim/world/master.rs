@@ -422,6 +422,15 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 self.settle(rank, &JobError::Cancelled);
                 self.nodes[rank].alive = false;
             }
+        } else {
+            // Each worker's link finds its connection closed and reaches for the master
+            // again, as the TCP client says (`ToWorker::Reconnecting`).
+            for rank in 0..self.nodes.len() {
+                if self.nodes[rank].alive && !self.nodes[rank].stopped {
+                    let reason = format!("the master crashed {when}");
+                    self.reach_process(rank, ToWorker::Reconnecting { reason });
+                }
+            }
         }
         let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
         self.clock.at(after, Event::MasterRestart);

@@ -143,7 +143,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let arrives = (self.clock.now + wait + self.latency())
             .max(self.peer_arrivals[peer][to] + Duration::from_micros(1));
         let after = arrives - self.clock.now;
-        let event = PeerEvent::Lost { rank: peer, reason };
+        // In the attempt the worker of `to` runs: the simulator's connections are its.
+        let attempt = self.nodes[to].worker.attempt();
+        let event = PeerEvent::Lost {
+            rank: peer,
+            attempt,
+            reason,
+        };
         self.clock.at(
             after,
             Event::Peer {

@@ -355,8 +355,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     let now = self.clock.instant();
                     self.nodes[rank].worker.handle_sent(now, iteration, sent);
                 }
-                WorkerAction::SendDone => {
-                    let done = lock(&node.task).done(attempt);
+                WorkerAction::SendDone { awaits_word } => {
+                    let done = lock(&node.task).done(attempt, awaits_word);
                     self.send_to_master(rank, done);
                 }
                 WorkerAction::Answer(epoch, result) => {

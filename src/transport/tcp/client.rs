@@ -123,6 +123,9 @@ impl<M: Payload, W: Payload> Client<M, W> {
                         within = ?s.reconnect_timeout,
                         "master lost; trying to reach it again"
                     );
+                    (self.inbox)(ToWorker::Reconnecting {
+                        reason: reason.clone(),
+                    });
                     lost = Some(reason);
                 }
                 SessionEnd::Lost(reason) => {

@@ -855,7 +855,8 @@ struct TcpWorkerLink<W> {
 
 impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        let done = matches!(msg, ToMaster::Done { attempt, .. } if attempt == self.attempt.load(Ordering::Acquire));
+        // A worker that awaits the master's word on its failure has not said its last.
+        let done = matches!(msg, ToMaster::Done { attempt, awaits_word: false, .. } if attempt == self.attempt.load(Ordering::Acquire));
         let frame = wire::encode(&Wire::<(), W>::ToMaster(msg), self.max_frame)
             .map_err(|e| TransportError::Encode(e.to_string()))?;
         if done {

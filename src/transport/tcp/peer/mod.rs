@@ -47,7 +47,7 @@ pub(super) struct Io {
 enum Out {
     /// None yet.
     Idle,
-    /// Open, or opening: frames queue until it is.
+    /// Open, or opening (in the attempt the mesh ran then): frames queue until it is.
     Open(Arc<Lane>),
     /// Lost, and why; or closed at the end of the peer's job.
     Gone(String),
@@ -136,15 +136,23 @@ impl Mesh {
         SocketAddr::new(local.ip(), port).to_string()
     }
 
-    /// The master's node welcomed this worker in `attempt`. In a new attempt, peers lost
-    /// in an earlier one are tried again.
+    /// The master's node welcomed this worker in `attempt`. In a new attempt every
+    /// connection this worker opened in an earlier one is left, with a goodbye: the next
+    /// piece for its peer opens a connection of the new attempt (to the address the
+    /// master's node says last, a process of the peer started again listening elsewhere),
+    /// and what the old connection still meets — the loss of a peer that died with the
+    /// old attempt, found a moment later — is no concern of the new attempt's worker.
+    /// Peers lost in an earlier attempt are tried again.
     pub(super) fn joined(&self, attempt: Attempt) {
-        if self.attempt.swap(attempt, Ordering::AcqRel) != attempt {
-            for out in lock(&self.out).iter_mut() {
-                if matches!(out, Out::Gone(_)) {
-                    *out = Out::Idle;
-                }
+        if self.attempt.swap(attempt, Ordering::AcqRel) == attempt {
+            return;
+        }
+        let bye = wire::encode(&Wire::<(), ()>::PeerBye, self.settings.max_frame).ok();
+        for out in lock(&self.out).iter_mut() {
+            if let (Out::Open(lane), Some(bye)) = (&*out, &bye) {
+                let _ = lane.send(bye.clone());
             }
+            *out = Out::Idle;
         }
     }
 
@@ -205,12 +213,26 @@ impl Mesh {
         }
     }
 
-    /// The connection to `to` is lost (or, with `quietly`, closed at the end of its job).
-    fn lose(&self, to: Rank, reason: String, quietly: bool) {
-        lock(&self.out)[to] = Out::Gone(reason.clone());
+    /// The connection `lane` to `to`, opened in `attempt`, is lost (or, with `quietly`,
+    /// closed at the end of its job). One left for a newer attempt's (`joined`) is
+    /// nobody's concern any more.
+    fn lose(&self, to: Rank, lane: &Weak<Lane>, attempt: Attempt, reason: String, quietly: bool) {
+        {
+            let mut out = lock(&self.out);
+            let current =
+                matches!(&out[to], Out::Open(open) if Weak::ptr_eq(lane, &Arc::downgrade(open)));
+            if !current {
+                return;
+            }
+            out[to] = Out::Gone(reason.clone());
+        }
         if !quietly {
             say_lost(to, &reason);
-            self.deliver(PeerEvent::Lost { rank: to, reason });
+            self.deliver(PeerEvent::Lost {
+                rank: to,
+                attempt,
+                reason,
+            });
         }
     }
 
@@ -278,7 +300,7 @@ impl Mesh {
                 return;
             }
         };
-        let rank = claim.rank;
+        let (rank, attempt) = (claim.rank, claim.attempt);
         frames.allow(s.max_frame);
         // This end sends only heartbeats, and its goodbye.
         let (lane, mut queue) = Lane::new();
@@ -299,7 +321,11 @@ impl Mesh {
             let reason = format!("its connection to this worker from {from} {reason}");
             // Said where it matters (see `say_lost`).
             say_lost(rank, &reason);
-            self.deliver(PeerEvent::Lost { rank, reason });
+            self.deliver(PeerEvent::Lost {
+                rank,
+                attempt,
+                reason,
+            });
         }
     }
 
@@ -395,6 +421,7 @@ impl Mesh {
             Claim {
                 mesh: self.me(),
                 rank,
+                attempt,
             }
         };
         let welcome = Wire::<(), ()>::Welcome {
@@ -458,22 +485,27 @@ impl Mesh {
     async fn open(
         self: Arc<Self>,
         to: Rank,
+        attempt: Attempt,
         mut queue: mpsc::UnboundedReceiver<Bytes>,
         lane: Weak<Lane>,
     ) {
         let mut at = None;
-        let carried = self.reach_and_carry(to, &mut queue, lane, &mut at).await;
+        let carried = self
+            .reach_and_carry(to, attempt, &mut queue, Weak::clone(&lane), &mut at)
+            .await;
         let at = at.map_or_else(String::new, |addr| format!(" at {addr}"));
-        match carried {
-            Ok(()) => {}
-            Err(Ended::Bye) => self.lose(to, format!("rank {to}{at} ended its job"), true),
-            Err(Ended::Lost(reason)) => self.lose(to, format!("rank {to}{at}: {reason}"), false),
-        }
+        let (reason, quietly) = match carried {
+            Ok(()) => return,
+            Err(Ended::Bye) => (format!("rank {to}{at} ended its job"), true),
+            Err(Ended::Lost(reason)) => (format!("rank {to}{at}: {reason}"), false),
+        };
+        self.lose(to, &lane, attempt, reason, quietly);
     }
 
     async fn reach_and_carry(
         &self,
         to: Rank,
+        attempt: Attempt,
         queue: &mut mpsc::UnboundedReceiver<Bytes>,
         lane: Weak<Lane>,
         at: &mut Option<String>,
@@ -485,7 +517,7 @@ impl Mesh {
         let reached = tokio::select! {
             reached = async {
                 self.wait_for_address(to, deadline).await?;
-                self.reach(to, at, deadline).await
+                self.reach(to, attempt, at, deadline).await
             } => reached?,
             _ = stopped(&mut stop) => return Ok(()),
         };
@@ -547,6 +579,7 @@ impl Mesh {
     async fn reach(
         &self,
         to: Rank,
+        attempt: Attempt,
         at: &mut Option<String>,
         deadline: Instant,
     ) -> Result<(Frames, OwnedWriteHalf), Ended> {
@@ -572,7 +605,7 @@ impl Mesh {
                 let mut frames = Frames::new(reader);
                 match tokio::time::timeout(
                     s.handshake_timeout,
-                    self.greet(to, &mut frames, &mut writer),
+                    self.greet(to, attempt, &mut frames, &mut writer),
                 )
                 .await
                 {
@@ -607,10 +640,11 @@ impl Mesh {
         }
     }
 
-    /// Hello, proof of the secret, welcome.
+    /// Hello in `attempt`, proof of the secret, welcome.
     async fn greet(
         &self,
         to: Rank,
+        attempt: Attempt,
         frames: &mut Frames,
         writer: &mut OwnedWriteHalf,
     ) -> Result<(), Unmet> {
@@ -620,7 +654,7 @@ impl Mesh {
             rank: s.rank,
             to,
             fingerprint: (*self.fingerprint).clone(),
-            attempt: self.attempt(),
+            attempt,
         };
         let failed = |e: String| Unmet::Failed(e);
         let send = |msg: &Wire<(), ()>| {
@@ -674,6 +708,8 @@ enum Unmet {
 struct Claim {
     mesh: Arc<Mesh>,
     rank: Rank,
+    /// The attempt it was admitted in (both ends' then).
+    attempt: Attempt,
 }
 
 impl Drop for Claim {
@@ -735,6 +771,7 @@ impl PeerLink for Mesh {
                 }
                 Out::Idle => {
                     let (lane, queue) = Lane::new();
+                    let attempt = self.attempt();
                     out[to] = Out::Open(Arc::clone(&lane));
                     let mesh = self.me();
                     let weak = Arc::downgrade(&lane);
@@ -742,7 +779,7 @@ impl PeerLink for Mesh {
                     let _guard = self.io.handle.enter();
                     self.io
                         .tracker
-                        .spawn(mesh.open(to, queue, weak).instrument(span));
+                        .spawn(mesh.open(to, attempt, queue, weak).instrument(span));
                     lane
                 }
             }

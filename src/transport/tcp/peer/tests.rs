@@ -170,7 +170,11 @@ fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_name
     );
     drop(stream);
     match events.recv_timeout(Duration::from_secs(10)) {
-        Ok(PeerEvent::Lost { rank: 0, reason }) => {
+        Ok(PeerEvent::Lost {
+            rank: 0,
+            attempt: 0,
+            reason,
+        }) => {
             assert!(reason.contains("closed before its goodbye"), "{reason}")
         }
         other => panic!("{other:?}"),
@@ -203,5 +207,99 @@ fn a_worker_whose_job_ends_says_goodbye_on_the_connections_it_accepted_too() {
             Wire::PeerBye => break,
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// A piece of call `seq` for a peer, in `attempt`.
+fn piece(attempt: Attempt, seq: u64) -> PeerMessage {
+    PeerMessage {
+        attempt,
+        from: 1,
+        call: CollectiveCall {
+            seq,
+            at: Default::default(),
+            kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
+            len: 1,
+            algorithm: Algorithm::Ring,
+            chunk: 8,
+        },
+        step: 0,
+        chunk: 0,
+        body: PeerBody::Encoded(bytes::Bytes::from_static(&[7])),
+    }
+}
+
+/// Rank 0, as a test listens for it: takes a connection, answers its hello (the
+/// attempt it says) with a challenge and its proof with a welcome, and reads the frame
+/// that follows.
+fn accept_as_rank_0(listener: &std::net::TcpListener) -> (std::net::TcpStream, Attempt, Handshake) {
+    let (mut stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let Wire::PeerHello { attempt, .. } = read(&mut stream) else {
+        panic!("no hello");
+    };
+    write(&mut stream, &Wire::Challenge { nonce: [0; 32] });
+    assert!(matches!(read(&mut stream), Wire::Proof { .. }));
+    write(&mut stream, &Wire::Welcome { attempt });
+    let next = loop {
+        match read(&mut stream) {
+            Wire::Heartbeat => continue,
+            other => break other,
+        }
+    };
+    (stream, attempt, next)
+}
+
+#[test]
+fn a_connection_of_an_earlier_attempt_is_left_and_its_loss_reaches_no_worker_of_the_new_one() {
+    let (_t, mesh, events) = rank_1();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    mesh.learn(vec![Some(listener.local_addr().unwrap().to_string()), None]);
+    mesh.send(0, piece(0, 1)).unwrap();
+    let (mut old, attempt, first) = accept_as_rank_0(&listener);
+    assert_eq!(attempt, 0);
+    assert!(matches!(first, Wire::Peer { attempt: 0, .. }), "{first:?}");
+    // A gang restart: this worker's process joins attempt 1, while rank 0's process of
+    // attempt 0 dies — its connection closes without a goodbye, found after the restart.
+    mesh.joined(1);
+    // The old connection is left with a goodbye.
+    loop {
+        match read(&mut old) {
+            Wire::Heartbeat => continue,
+            Wire::PeerBye => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(old);
+    assert!(
+        matches!(
+            events.recv_timeout(Duration::from_millis(500)),
+            Err(std_mpsc::RecvTimeoutError::Timeout)
+        ),
+        "the old attempt's connection's loss reached the worker"
+    );
+    // The next piece goes on a connection of the new attempt.
+    mesh.send(0, piece(1, 1)).unwrap();
+    let (_new, attempt, first) = accept_as_rank_0(&listener);
+    assert_eq!(attempt, 1);
+    assert!(matches!(first, Wire::Peer { attempt: 1, .. }), "{first:?}");
+}
+
+#[test]
+fn a_loss_names_the_attempt_its_connection_was_made_in() {
+    let (_t, mesh, events) = rank_1();
+    let (stream, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
+    mesh.joined(1);
+    drop(stream);
+    match events.recv_timeout(Duration::from_secs(10)) {
+        Ok(PeerEvent::Lost {
+            rank: 0,
+            attempt: 0,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
     }
 }

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{Envelope, FailurePolicy, GateConfig, ToMaster};
+use super::{Envelope, FailurePolicy, GateConfig, HaltedBy, ToMaster};
 use crate::error::{ConfigError, JobError, Waiting};
 use crate::ids::{Aggregation, Attempt, FoldRoute, Iteration, Rank, ReduceOp};
 
@@ -246,13 +246,14 @@ impl NodeConfig {
         (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
     }
 
-    /// Whether a checkpoint of `iteration` is saved, given whether the workers' votes halt
-    /// the job after it: every `checkpoint_every` iterations, and the job's last one.
-    pub(crate) fn checkpoint(&self, iteration: Iteration, workers_halt: bool) -> Save {
+    /// Whether a checkpoint of `iteration` is saved, given whether the job halts after it
+    /// (the workers' votes, known before the master computes): every `checkpoint_every`
+    /// iterations, and the job's last one.
+    pub(crate) fn checkpoint(&self, iteration: Iteration, halted: Option<HaltedBy>) -> Save {
         let Some(every) = self.checkpoint_every else {
             return Save::No;
         };
-        if iteration % every.max(1) == 0 || iteration >= self.iterations || workers_halt {
+        if iteration % every.max(1) == 0 || iteration >= self.iterations || halted.is_some() {
             Save::Yes
         } else {
             Save::IfMasterHalts
@@ -419,16 +420,21 @@ mod tests {
     #[test]
     fn a_checkpoint_is_due_every_k_iterations_and_at_the_jobs_last() {
         let c = config();
-        assert_eq!(c.checkpoint(3, false), Save::Yes);
-        assert_eq!(c.checkpoint(6, false), Save::Yes);
-        assert_eq!(c.checkpoint(4, false), Save::IfMasterHalts);
-        assert_eq!(c.checkpoint(10, false), Save::Yes, "the last iteration");
-        assert_eq!(c.checkpoint(4, true), Save::Yes, "the workers halt the job");
+        assert_eq!(c.checkpoint(3, None), Save::Yes);
+        assert_eq!(c.checkpoint(6, None), Save::Yes);
+        assert_eq!(c.checkpoint(4, None), Save::IfMasterHalts);
+        assert_eq!(c.checkpoint(10, None), Save::Yes, "the last iteration");
+        let workers = Some(HaltedBy::Workers);
+        assert_eq!(
+            c.checkpoint(4, workers),
+            Save::Yes,
+            "the workers halt the job"
+        );
         let none = NodeConfig {
             checkpoint_every: None,
             ..config()
         };
-        assert_eq!(none.checkpoint(3, true), Save::No);
+        assert_eq!(none.checkpoint(3, Some(HaltedBy::Workers)), Save::No);
     }
 
     #[test]

@@ -288,11 +288,12 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
         parts.resuming,
         parts.resumed,
         attempt,
-    )
-    .keeping_initial_state(crate::protocol::restarts_all(
-        config.policy,
-        config.barrier_mode,
-    ));
+    );
+    let task = if crate::protocol::restarts_all(config.policy, config.barrier_mode) {
+        task.keeping_initial_state()
+    } else {
+        task
+    };
     let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now)
         .measuring_folds(crate::codec::encoded_len::<W>);
     (task, node)

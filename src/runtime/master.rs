@@ -80,8 +80,8 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
     /// Keeps the computable's state as the job starts, to start over from when every
     /// worker restarts before the first checkpoint (`FailurePolicy::RestartAll`, or
     /// `RestartWorker` in barrier mode).
-    pub(crate) fn keeping_initial_state(mut self, keep: bool) -> Self {
-        self.keep_initial = keep;
+    pub(crate) fn keeping_initial_state(mut self) -> Self {
+        self.keep_initial = true;
         self
     }
 
@@ -325,7 +325,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             attempt = self.attempt
         )
         .entered();
-        let (workers_halt, save, replicate) = (round.workers_halt, round.save, round.replicate);
+        let (voted, save, replicate) = (round.halted, round.save, round.replicate);
         let mut gathered = round.gathered;
         let saved = std::mem::take(&mut gathered.saved);
         self.ctx.enter(iteration, gathered);
@@ -367,11 +367,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             .map_err(|c| Self::fail(iteration, Phase::Drop, c))?;
         let previous = self.ctx.last.replace(Arc::clone(&result));
         drop_guarded(previous).map_err(|c| Self::fail(iteration, Phase::Drop, c))?;
-        let halted = if halt {
-            Some(HaltedBy::Master)
-        } else {
-            workers_halt.then_some(HaltedBy::Workers)
-        };
+        let halted = if halt { Some(HaltedBy::Master) } else { voted };
         let due = match save {
             Save::Yes => true,
             Save::IfMasterHalts => halt,

@@ -120,20 +120,20 @@ impl<M, W> MasterNode<M, W> {
                  built without worker_halt(true): votes are ignored (this is said once)"
             );
         }
-        let workers_halt = matches!(
-            self.schedule.decide(iteration, false, &gathered.tally),
+        let halted = match self.schedule.decide(iteration, false, &gathered.tally) {
             Next::Finish {
                 halted: Some(HaltedBy::Workers),
                 ..
-            }
-        );
+            } => Some(HaltedBy::Workers),
+            _ => None,
+        };
         self.stage = Stage::Computing(iteration);
-        let save = self.config.checkpoint(iteration, workers_halt);
+        let save = self.config.checkpoint(iteration, halted);
         // Copies of a checkpoint the job goes on after (not of its last iteration: the
         // workers stop with it), where some rank keeps them.
         let replicate = save == Save::Yes
             && iteration < self.config.iterations
-            && !workers_halt
+            && halted.is_none()
             && !self.replica_holders(reach).is_empty();
         self.run_master(
             now,
@@ -141,7 +141,7 @@ impl<M, W> MasterNode<M, W> {
                 iteration,
                 gathered,
                 span,
-                workers_halt,
+                halted,
                 save,
                 replicate,
             }),

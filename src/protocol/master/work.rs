@@ -80,9 +80,9 @@ pub(crate) struct MasterRound<W> {
     pub(crate) gathered: Gathered<W>,
     /// The iteration's span, which the master's compute runs in.
     pub(crate) span: tracing::Span,
-    /// Whether the workers' votes halt the job after this iteration (the master's own
-    /// halt is known once it computed): a checkpoint of it says so.
-    pub(crate) workers_halt: bool,
+    /// `HaltedBy::Workers` when the workers' votes halt the job after this iteration (the
+    /// master's own halt is known once it computed): a checkpoint of it says so.
+    pub(crate) halted: Option<crate::protocol::HaltedBy>,
     /// Whether a checkpoint of the iteration is saved once the master computed it.
     pub(crate) save: Save,
     /// Whether a saved checkpoint is also handed back as bytes, for the workers that keep

@@ -107,3 +107,34 @@ pub(crate) fn sync_link<W: Payload>(
     };
     (sync, SyncAnswers { to, ended })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::PeerEvent;
+
+    /// Where calls go nowhere: only what peers bring matters here.
+    struct Nowhere;
+
+    impl SyncSender<u64> for Nowhere {
+        fn send_call(&self, _: ToMaster<u64>) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_peer_lost_on_a_connection_of_another_attempt_is_no_loss_of_this_worker() {
+        let config = Arc::new(crate::protocol::NodeConfig::for_tests().worker());
+        let (mut sync, _answers) = sync_link::<u64>(Arc::new(Nowhere), 1, config, Err("none"));
+        let lost = |attempt| PeerEvent::Lost {
+            rank: 2,
+            attempt,
+            reason: "closed".into(),
+        };
+        // The connection of the attempt this worker replaced, found lost after the restart.
+        sync.keep_early(lost(0), 0);
+        assert!(sync.take_early(0).1.is_none());
+        sync.keep_early(lost(1), 0);
+        assert_eq!(sync.take_early(0).1.map(|(rank, _)| rank), Some(2));
+    }
+}

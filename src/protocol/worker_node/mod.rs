@@ -90,7 +90,9 @@ pub(crate) enum WorkerAction<M, W> {
     Stop,
 }
 
-/// A timer of a worker's node. Each is armed at most once, and fires at most once.
+/// A timer of a worker's node. Each fires at most once; each is armed once, except the
+/// wait for the master's word, suspended while the link reaches a master again and
+/// armed anew when it did (`Timers::set`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Timer {
     /// The job failed while the worker's code was away: the failure grace it is given.

@@ -843,8 +843,8 @@ pub(crate) fn another_host(local: std::net::IpAddr, peer: std::net::IpAddr) -> b
 
 struct TcpWorkerLink<W> {
     lane: Arc<Lane>,
-    /// Set once the worker queued its last message (`Done`, of the attempt it runs): its
-    /// connection is then not made again.
+    /// Set once the worker queued its last message (`Done`, of the attempt it runs, unless
+    /// it awaits the master's word on its failure): its connection is then not made again.
     said_done: Arc<AtomicBool>,
     /// The attempt the worker runs in, as its connection knows it: the `Done` of a worker
     /// a gang restart replaced is not the rank's last word.

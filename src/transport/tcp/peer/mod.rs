@@ -14,7 +14,7 @@
 //! whose collective then fails with it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,11 @@ pub(super) struct Mesh {
     /// The attempt this worker runs, as the master's node last welcomed it: a peer of
     /// another is refused.
     attempt: AtomicU32,
+    /// Whether the master's node welcomed this worker yet.
+    welcomed: AtomicBool,
+    /// How many times the master's node welcomed this worker again (after the first): a
+    /// connection to this worker that stood before the last is of no concern once lost.
+    rejoins: AtomicU64,
     /// The mesh itself, for the tasks it starts.
     me: Weak<Mesh>,
     /// Where this worker listens for its peers.
@@ -106,6 +111,8 @@ impl Mesh {
             settings: Arc::clone(settings),
             fingerprint,
             attempt: AtomicU32::new(super::FIRST_ATTEMPT),
+            welcomed: AtomicBool::new(false),
+            rejoins: AtomicU64::new(0),
             me: Weak::clone(me),
             local,
             listener: Mutex::new(Some(listener)),
@@ -136,16 +143,21 @@ impl Mesh {
         SocketAddr::new(local.ip(), port).to_string()
     }
 
-    /// The master's node welcomed this worker in `attempt`. In a new attempt every
-    /// connection this worker opened in an earlier one is left, with a goodbye: the next
+    /// The master's node welcomed this worker in `attempt` — at its start, again after the
+    /// master was lost, or in a gang restart. Every connection this worker opened before is
+    /// left, with a goodbye, even in the same attempt (a master started again without a
+    /// newer checkpoint runs the attempt its workers ran, and starts them over): the next
     /// piece for its peer opens a connection of the new attempt (to the address the
     /// master's node says last, a process of the peer started again listening elsewhere),
     /// and what the old connection still meets — the loss of a peer that died with the
     /// old attempt, found a moment later — is no concern of the new attempt's worker.
+    /// So are the connections peers made to this worker before (each peer leaves its own
+    /// when welcomed again, and one that does not died): their losses are not said.
     /// Peers lost in an earlier attempt are tried again.
     pub(super) fn joined(&self, attempt: Attempt) {
-        if self.attempt.swap(attempt, Ordering::AcqRel) == attempt {
-            return;
+        self.attempt.store(attempt, Ordering::Release);
+        if self.welcomed.swap(true, Ordering::AcqRel) {
+            self.rejoins.fetch_add(1, Ordering::AcqRel);
         }
         let bye = wire::encode(&Wire::<(), ()>::PeerBye, self.settings.max_frame).ok();
         for out in lock(&self.out).iter_mut() {
@@ -300,7 +312,7 @@ impl Mesh {
                 return;
             }
         };
-        let (rank, attempt) = (claim.rank, claim.attempt);
+        let (rank, attempt, rejoins) = (claim.rank, claim.attempt, claim.rejoins);
         frames.allow(s.max_frame);
         // This end sends only heartbeats, and its goodbye.
         let (lane, mut queue) = Lane::new();
@@ -317,7 +329,8 @@ impl Mesh {
         let lost = self.carry_in(rank, &mut frames).await;
         drop(lane);
         drop(claim);
-        if let Some(reason) = lost {
+        let current = self.rejoins.load(Ordering::Acquire) == rejoins;
+        if let Some(reason) = lost.filter(|_| current) {
             let reason = format!("its connection to this worker from {from} {reason}");
             // Said where it matters (see `say_lost`).
             say_lost(rank, &reason);
@@ -422,6 +435,7 @@ impl Mesh {
                 mesh: self.me(),
                 rank,
                 attempt,
+                rejoins: self.rejoins.load(Ordering::Acquire),
             }
         };
         let welcome = Wire::<(), ()>::Welcome {
@@ -710,6 +724,8 @@ struct Claim {
     rank: Rank,
     /// The attempt it was admitted in (both ends' then).
     attempt: Attempt,
+    /// How many times this worker had been welcomed again then.
+    rejoins: u64,
 }
 
 impl Drop for Claim {

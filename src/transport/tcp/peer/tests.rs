@@ -187,10 +187,7 @@ fn a_peer_that_says_goodbye_is_no_loss() {
     let (mut stream, _) = greet(&mesh, "j", 0, SECRET);
     write(&mut stream, &Wire::PeerBye);
     drop(stream);
-    assert!(matches!(
-        events.recv_timeout(Duration::from_millis(500)),
-        Err(std_mpsc::RecvTimeoutError::Timeout)
-    ));
+    nothing_reaches(&events, "a goodbye reached the worker as a loss");
 }
 
 #[test]
@@ -252,6 +249,35 @@ fn accept_as_rank_0(listener: &std::net::TcpListener) -> (std::net::TcpStream, A
     (stream, attempt, next)
 }
 
+/// Waits for rank 0's loss to reach the worker: the attempt it names.
+fn rank_0_lost(events: &std_mpsc::Receiver<PeerEvent>) -> Attempt {
+    match events.recv_timeout(Duration::from_secs(10)) {
+        Ok(PeerEvent::Lost {
+            rank: 0, attempt, ..
+        }) => attempt,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Reads a connection this worker opened until its goodbye.
+fn until_goodbye(stream: &mut std::net::TcpStream) {
+    loop {
+        match read(stream) {
+            Wire::Heartbeat => continue,
+            Wire::PeerBye => return,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Asserts nothing reaches the worker from its peers within half a second.
+fn nothing_reaches(events: &std_mpsc::Receiver<PeerEvent>, otherwise: &str) {
+    match events.recv_timeout(Duration::from_millis(500)) {
+        Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+        other => panic!("{otherwise}: {other:?}"),
+    }
+}
+
 #[test]
 fn a_connection_of_an_earlier_attempt_is_left_and_its_loss_reaches_no_worker_of_the_new_one() {
     let (_t, mesh, events) = rank_1();
@@ -265,20 +291,11 @@ fn a_connection_of_an_earlier_attempt_is_left_and_its_loss_reaches_no_worker_of_
     // attempt 0 dies — its connection closes without a goodbye, found after the restart.
     mesh.joined(1);
     // The old connection is left with a goodbye.
-    loop {
-        match read(&mut old) {
-            Wire::Heartbeat => continue,
-            Wire::PeerBye => break,
-            other => panic!("{other:?}"),
-        }
-    }
+    until_goodbye(&mut old);
     drop(old);
-    assert!(
-        matches!(
-            events.recv_timeout(Duration::from_millis(500)),
-            Err(std_mpsc::RecvTimeoutError::Timeout)
-        ),
-        "the old attempt's connection's loss reached the worker"
+    nothing_reaches(
+        &events,
+        "the old attempt's connection's loss reached the worker",
     );
     // The next piece goes on a connection of the new attempt.
     mesh.send(0, piece(1, 1)).unwrap();
@@ -294,12 +311,41 @@ fn a_loss_names_the_attempt_its_connection_was_made_in() {
     assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
     mesh.joined(1);
     drop(stream);
-    match events.recv_timeout(Duration::from_secs(10)) {
-        Ok(PeerEvent::Lost {
-            rank: 0,
-            attempt: 0,
-            ..
-        }) => {}
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(rank_0_lost(&events), 0);
+}
+
+#[test]
+fn a_master_reached_again_in_the_same_attempt_leaves_the_old_connections_too() {
+    let (_t, mesh, _events) = rank_1();
+    mesh.joined(0);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    mesh.learn(vec![Some(listener.local_addr().unwrap().to_string()), None]);
+    mesh.send(0, piece(0, 1)).unwrap();
+    let (mut old, _, _) = accept_as_rank_0(&listener);
+    // A master started again without a newer checkpoint runs the same attempt.
+    mesh.joined(0);
+    until_goodbye(&mut old);
+    mesh.send(0, piece(0, 1)).unwrap();
+    let (_new, attempt, _) = accept_as_rank_0(&listener);
+    assert_eq!(attempt, 0);
+}
+
+#[test]
+fn a_connection_to_this_worker_from_before_the_master_reached_it_again_is_lost_quietly() {
+    let (_t, mesh, events) = rank_1();
+    mesh.joined(0);
+    let (old, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
+    // The master started again, in the same attempt; rank 0's process died with it.
+    mesh.joined(0);
+    drop(old);
+    nothing_reaches(
+        &events,
+        "a connection from before the master reached this worker again was said lost",
+    );
+    // A connection made since is said lost.
+    let (new, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
+    drop(new);
+    assert_eq!(rank_0_lost(&events), 0);
 }

@@ -414,7 +414,8 @@ mod simulated {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
 
         /// Any shape of the job (1–4 workers, 1–5 supersteps, a checkpoint every k
-        /// supersteps or none) and any schedule of up to 4
+        /// supersteps or none), its workers in the master's process or launched each in a
+        /// process of its own, and any schedule of up to 4
         /// faults — crashes of workers and of the master at any point, stragglers, results
         /// dropped, duplicated or delayed, partitions — ends under `RestartAll`, and under
         /// `RestartWorker` (which in barrier mode restarts every worker too), with the
@@ -433,6 +434,7 @@ mod simulated {
                 Just(FailurePolicy::RestartAll { max_attempts: 30 }),
                 Just(FailurePolicy::RestartWorker { max_restarts: 30 }),
             ],
+            launched in proptest::prelude::any::<bool>(),
         ) {
             let noted = move || {
                 job(workers, supersteps, noting(workers))
@@ -440,7 +442,7 @@ mod simulated {
                     .sync_timeout(Duration::from_secs(1))
             };
             let want = *Simulation::from_job(noted).run(0).outcome.unwrap().result;
-            Simulation::from_job(move || {
+            let sim = Simulation::from_job(move || {
                 let job = noted().failure_policy(policy);
                 match every {
                     Some(every) => {
@@ -448,13 +450,47 @@ mod simulated {
                     }
                     None => job,
                 }
-            })
-            .schedule(schedule)
+            });
+            // In the master's process, or each rank in a process of its own. (Launched, a
+            // master that dies in the drain, once its workers' processes ended, waits for
+            // processes no launcher starts again: it starts over unless its newest
+            // checkpoint holds the job's end.)
+            let drain = schedule.contains(&superstep::sim::Fault::MasterCrashInDrain);
+            proptest::prop_assume!(!(launched && drain));
+            let sim = if launched { sim.launched(30) } else { sim };
+            sim.schedule(schedule)
             .try_check(0..2, move |run| match &run.outcome {
                 Ok(o) if *o.result == want => Ok(()),
                 other => Err(format!("{other:?}")),
             })
             .map_err(|failure| proptest::test_runner::TestCaseError::fail(failure.to_string()))?;
+        }
+    }
+
+    #[test]
+    fn a_launched_master_killed_amid_a_message_exchange_is_recovered_from_with_one_restart() {
+        use superstep::sim::{CrashPoint, Fault};
+        let want = *noted(FailurePolicy::Fail).run().unwrap().result;
+        // Every rank a process of its own, rank 0's worker in the master's: the master's
+        // process dies while the workers exchange their messages, and a worker may fail on
+        // its lost peer, rank 0, before its link finds the master lost. The launcher has
+        // one restart, the master's: every other process must wait for the master started
+        // again, which starts it over.
+        for iteration in 1..=4 {
+            let crash = Fault::MasterCrash {
+                iteration,
+                point: CrashPoint::Gathering,
+            };
+            Simulation::from_job(|| {
+                noted(FailurePolicy::RestartAll { max_attempts: 2 })
+                    .checkpoint(superstep::checkpoint::MemoryCheckpointStore::new(), 1)
+            })
+            .launched(1)
+            .schedule(vec![crash])
+            .check(0..30, move |run| match &run.outcome {
+                Ok(o) if *o.result == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            });
         }
     }
 

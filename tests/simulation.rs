@@ -1358,3 +1358,42 @@ fn assert_replays(line: &str, seed: &str, target: &str) {
     assert!(features.split(',').any(|f| f == "sim"), "{line}");
     assert_eq!(tail, target, "{line}");
 }
+
+#[test]
+fn launched_workers_restart_as_a_gang_across_processes_and_end_with_the_fault_free_result() {
+    let real = collecting(FailurePolicy::Fail).run().unwrap();
+    // Every rank a process of its own, as `superstep-launch` starts them: a gang restart
+    // replaces each process's worker in it; a process that dies is started again; the
+    // master's takes rank 0's worker with it, and the other workers' links reach the
+    // master started again.
+    let faulty =
+        Simulation::from_job(|| collecting(FailurePolicy::RestartAll { max_attempts: 100 }))
+            .launched(100)
+            .faults(Faults::all(0.05));
+    let checked = faulty.check(0..150, ends_with(*real.result));
+    assert!(
+        checked.new_attempts > 0 && checked.worker_restarts > 0,
+        "{checked}"
+    );
+}
+
+#[test]
+fn one_launched_worker_killed_amid_collectives_costs_one_attempt() {
+    let real = *collecting(FailurePolicy::Fail).run().unwrap().result;
+    // A worker's process killed during its compute (perhaps inside a collective, its
+    // peers waiting for it), its host perhaps with it: its peers may find their
+    // connections to it lost only after the gang restarted. One restart is enough.
+    for rank in 1..4 {
+        for iteration in 1..=5 {
+            let crash = superstep::sim::Fault::WorkerCrash {
+                rank,
+                iteration,
+                after_result: false,
+            };
+            Simulation::from_job(|| collecting(FailurePolicy::RestartAll { max_attempts: 2 }))
+                .launched(1)
+                .schedule(vec![crash])
+                .check(0..8, ends_with(real));
+        }
+    }
+}

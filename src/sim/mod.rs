@@ -40,9 +40,14 @@
 //! new attempt, so nothing of the old one is folded. Under
 //! [`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll) — and under `RestartWorker` in barrier mode, where a
 //! replacement restarts every worker — every worker runs in the master's process, so they
-//! die and start again with it (the runtime also restarts a gang across processes — each
-//! process replaces its own worker when the master's node says so — which the simulator
-//! does not model; `tests/multi_process.rs` kills its processes instead). Under the other policies each worker
+//! die and start again with it; or, [`launched`](Simulation::launched) as
+//! `superstep-launch` runs them, each rank in a process of its own (rank 0's in the
+//! master's): each process replaces its own worker when the master's node restarts the
+//! gang, or when its link reaches a master started again; a process's death takes its
+//! peers' connections and the copies it kept with it (a peer may find the loss only once
+//! its heartbeats stop, after the gang restarted), and the launcher starts it again while
+//! its restarts last; a worker process that ends on its own failure while the job goes on
+//! breaks an invariant (the master's node would have started it over). Under the other policies each worker
 //! is a process of its own, as over TCP: its connection delivers in order, its loss is
 //! noticed after everything it sent arrived, and under `RestartWorker` a launcher starts
 //! a process that ended on a failure again, which joins in its rank's place.
@@ -167,6 +172,9 @@ pub struct Simulation<M, W> {
     store_outlives_host: bool,
     /// The job's message type, when it has messages (`JobBuilder::messages`).
     messages: Option<&'static str>,
+    /// Whether its workers run as `superstep-launch` starts them, and its restarts left
+    /// (see [`launched`](Simulation::launched)).
+    launched: Option<u32>,
     faults: Faults,
     schedule: Vec<Fault>,
 }
@@ -184,6 +192,7 @@ impl<M, W> Clone for Simulation<M, W> {
             checkpoint_every: self.checkpoint_every,
             store_outlives_host: self.store_outlives_host,
             messages: self.messages,
+            launched: self.launched,
             faults: self.faults,
             schedule: self.schedule.clone(),
         }
@@ -276,6 +285,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             checkpoint_every,
             store_outlives_host,
             messages,
+            launched: None,
             faults: Faults::none(),
             schedule: Vec::new(),
         }
@@ -291,6 +301,27 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// can generate and shrink (see [`Fault`]).
     pub fn schedule(mut self, schedule: Vec<Fault>) -> Self {
         self.schedule = schedule;
+        self
+    }
+
+    /// Runs the job as `superstep-launch --restarts <restarts>` does: every rank in a
+    /// process of its own, on a host of its own, rank 0's beside the master's node — also
+    /// under a policy whose failures restart every worker
+    /// ([`FailurePolicy::RestartAll`](crate::FailurePolicy::RestartAll), and
+    /// `RestartWorker` in barrier mode), which otherwise runs every worker in the master's
+    /// process. Then each process replaces its own worker when the master's node restarts
+    /// the gang; a process that dies (a crash, or its worker ending on a failure) is
+    /// started again by the launcher, joining in the attempt the master runs, while
+    /// `restarts` last (the master's own restarts count, as the launcher counts them; a
+    /// master's process that dies with none left ends the run with the master lost); the
+    /// master's process takes rank 0's worker down with it, and the others' links reach
+    /// the master started again, which starts them over. Under the other policies every
+    /// worker is a process of its own already (rank 0's too): this adds the launcher's
+    /// count. The launcher does not start again a process that ended well, so a master
+    /// that dies once its workers ended waits for them in vain unless its newest
+    /// checkpoint holds the job's end.
+    pub fn launched(mut self, restarts: u32) -> Self {
+        self.launched = Some(restarts);
         self
     }
 
@@ -317,15 +348,16 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
 
     /// Where the job runs, as the simulator models it: its workers processes of their own
     /// connected to each other, as over TCP — but under `RestartAll` (and `RestartWorker`
-    /// in barrier mode), where they run in the master's process; the job's own store's
+    /// in barrier mode), where they run in the master's process unless
+    /// [`launched`](Self::launched); the job's own store's
     /// place (an object store outlives the master's host; another is lost with it).
     pub(crate) fn deployment(&self) -> crate::protocol::Deployment {
-        let workers =
-            if crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode) {
-                crate::protocol::Workers::Together
-            } else {
-                crate::protocol::Workers::Connected
-            };
+        let gang = crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode);
+        let workers = if gang && self.launched.is_none() {
+            crate::protocol::Workers::Together
+        } else {
+            crate::protocol::Workers::Connected
+        };
         crate::protocol::Deployment {
             checkpoint_every: self.checkpoint_every,
             store_outlives_host: self.store_outlives_host,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rand::RngExt;
 
-use super::network::SimReach;
+use super::network::{SimReach, Way};
 use super::*;
 use crate::compute::JobEnd;
 use crate::coordinator::JobInfo;
@@ -106,7 +106,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             },
             Arc::clone(&self.node_config),
             NodeSettings {
-                local: vec![self.gang(); self.job.workers],
+                local: (0..self.job.workers).map(|r| self.hosted(r)).collect(),
                 coordinated: coordination.is_some(),
                 listening: false,
             },
@@ -208,8 +208,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             Action::ReplaceAll { attempt, .. } => {
                 self.stats.new_attempts += 1;
                 self.log(|| format!("every worker restarts as attempt {attempt}"));
+                // Those of the master's process; each other process replaces its own
+                // when the `Restart` that follows reaches it.
                 for rank in 0..self.job.workers {
-                    self.replace(rank, attempt);
+                    if self.hosted(rank) {
+                        self.replace(rank, attempt);
+                    }
                 }
             }
             Action::Event(_) => {}
@@ -375,12 +379,40 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         });
     }
 
-    /// Whether every worker runs in the master's process (`RestartAll`, or
-    /// `RestartWorker` in barrier mode, restarts them there): then they die and start
-    /// again with it. Otherwise they are processes of their own, which reconnect to a
-    /// master started again.
+    /// Whether the job's failures restart every worker (`RestartAll`, or `RestartWorker`
+    /// in barrier mode).
     pub(super) fn gang(&self) -> bool {
         crate::protocol::restarts_all(self.job.failure_policy, self.job.barrier_mode)
+    }
+
+    /// Whether every worker runs in the master's process, as a gang does unless
+    /// launched: then they die and start again with it. Otherwise they are processes of
+    /// their own, which reconnect to a master started again.
+    pub(super) fn together(&self) -> bool {
+        self.gang() && self.sim.launched.is_none()
+    }
+
+    /// Whether the worker of `rank` runs in the master's process (every worker of a gang
+    /// together; rank 0's of a gang launched), dying and starting again with it.
+    pub(super) fn hosted(&self, rank: Rank) -> bool {
+        self.together() || (self.gang() && rank == 0)
+    }
+
+    /// Whether the launcher starts `what`, which died, again: always, unless it counts its
+    /// restarts ([`Simulation::launched`](crate::sim::Simulation::launched)) and has none
+    /// left.
+    pub(super) fn launcher_restarts(&mut self, what: &str) -> bool {
+        match &mut self.restarts_left {
+            None => true,
+            Some(0) => {
+                self.log(|| format!("the launcher does not start {what} again: no restarts left"));
+                false
+            }
+            Some(left) => {
+                *left -= 1;
+                true
+            }
+        }
     }
 
     pub(super) fn master_may_crash(&mut self) -> bool {
@@ -415,22 +447,54 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.master_generation += 1;
         self.stats.master_crashes += 1;
         self.log(|| format!("the master crashes {when}"));
-        if self.gang() {
-            // Every worker runs in the master's process (as the simulator models a gang):
-            // they die with it.
-            for rank in 0..self.nodes.len() {
+        // The workers of its process die with it; their peers' connections to them break.
+        for rank in 0..self.nodes.len() {
+            if self.hosted(rank) {
                 self.settle(rank, &JobError::Cancelled);
                 self.nodes[rank].alive = false;
-            }
-        } else {
-            // Each worker's link finds its connection closed and reaches for the master
-            // again, as the TCP client says (`ToWorker::Reconnecting`).
-            for rank in 0..self.nodes.len() {
-                if self.nodes[rank].alive && !self.nodes[rank].stopped {
-                    let reason = format!("the master crashed {when}");
-                    self.reach_process(rank, ToWorker::Reconnecting { reason });
+                if !self.together() {
+                    for peer in self.live_peers(rank) {
+                        let reason = format!(
+                            "worker {rank}'s process ended (the master's, which crashed {when})"
+                        );
+                        self.peer_lost(peer, rank, reason);
+                    }
                 }
             }
+        }
+        // Each other worker's link finds its connection closed and reaches for the master
+        // again, as the TCP client says (`ToWorker::Reconnecting`) — after what the
+        // connection still carried, and not once its worker said its last word.
+        for rank in 0..self.nodes.len() {
+            let node = &self.nodes[rank];
+            if !node.alive || node.stopped || node.last_word {
+                continue;
+            }
+            let reason = format!("the master crashed {when}");
+            let msg = ToWorker::Reconnecting { reason };
+            if self.sim.launched.is_none() {
+                self.reach_process(rank, msg);
+                continue;
+            }
+            let generation = node.pid;
+            let latency = self.latency();
+            let after = self.in_order(rank, Way::ToWorker, latency);
+            self.clock.at(
+                after,
+                Event::ToWorker {
+                    rank,
+                    generation,
+                    msg,
+                },
+            );
+        }
+        if !self.launcher_restarts("the master's process") {
+            self.outcome = Some(Err(JobError::MasterLost {
+                reason: format!(
+                    "the master's process crashed {when}, and its launcher has no restart left"
+                ),
+            }));
+            return;
         }
         let after = Duration::from_micros(self.rng.random_range(20_000..100_000));
         self.clock.at(after, Event::MasterRestart);
@@ -444,19 +508,18 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         };
         let attempt = master.node.attempt();
         self.log(|| format!("the master restarts as attempt {attempt}"));
-        if self.gang() {
-            // Its process starts its workers anew.
-            for rank in 0..self.job.workers {
+        // Its process starts its workers anew.
+        for rank in 0..self.job.workers {
+            if self.hosted(rank) {
                 self.replace(rank, attempt);
             }
-            return self.drive();
         }
         self.drive();
         for rank in 0..self.job.workers {
             let node = &self.nodes[rank];
-            if node.alive {
+            if node.alive && !self.hosted(rank) {
                 let backoff = Duration::from_micros(self.rng.random_range(1_000..30_000));
-                let generation = node.generation;
+                let generation = node.pid;
                 self.clock
                     .at(backoff, Event::Reconnect { rank, generation });
             }

@@ -159,6 +159,13 @@ pub(super) struct World<'s, M: Payload, W: Payload> {
     cuts: Vec<Option<(Duration, Duration, Generation)>>,
     /// Each rank's shard of the job's input, as the master's process sharded it.
     shards: Option<Arc<Vec<Shard>>>,
+    /// How many more times the launcher starts a dead process, when it counts
+    /// ([`Simulation::launched`]).
+    restarts_left: Option<u32>,
+    /// Worker processes that ended on their worker's failure under a policy whose
+    /// failures restart every worker, and why: the master's node would have started
+    /// them over, so the job must not go on after one.
+    ended_on_failure: Vec<String>,
 }
 
 impl<'s, M: Payload, W: Payload> World<'s, M, W> {
@@ -201,6 +208,8 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             cuts: vec![None; workers],
             peer_arrivals: vec![vec![Duration::ZERO; workers]; workers],
             shards: None,
+            restarts_left: sim.launched,
+            ended_on_failure: Vec::new(),
         };
         let checkpoints = sim
             .checkpoint_every
@@ -231,7 +240,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 .at(at, Event::MasterCrashNow { master: 0, when });
         }
         for rank in 0..workers {
-            let node = world.spawn(rank, 0, 0);
+            let node = world.spawn(rank, (0, 0), 0);
             world.nodes.push(node);
             world.start_worker(rank);
         }
@@ -288,6 +297,16 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             self.handle(event);
             self.arm_timer();
         }
+        if matches!(self.outcome, Some(Ok(_))) {
+            // A process whose worker failed waits for the master's word: a gang restart
+            // starts it over. One that ended instead cost the launcher a restart the job
+            // did not need (and without one left, the job).
+            for ended in std::mem::take(&mut self.ended_on_failure) {
+                self.violations.push(format!(
+                    "{ended}, under a policy that restarts every worker, and the job went on"
+                ));
+            }
+        }
         // No compute is left waiting in a sync call: its thread ends before the run does.
         for rank in 0..self.nodes.len() {
             self.settle(rank, &JobError::Cancelled);
@@ -336,7 +355,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 generation,
                 event,
             } => {
-                if self.is_current(to, generation) {
+                if self.process_current(to, generation) {
                     self.deliver_to_peer(to, event);
                 }
             }
@@ -356,7 +375,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 generation,
                 msg,
             } => {
-                if !self.is_current(rank, generation) {
+                if !self.process_current(rank, generation) {
                     return;
                 }
                 self.stats.messages += 1;
@@ -405,7 +424,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let node = &self.nodes[rank];
                 if self.master.is_none()
                     || master != self.master_generation
-                    || node.generation != generation
+                    || node.pid != generation
                     || node.alive
                 {
                     return;
@@ -442,15 +461,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 master,
             } => {
                 // (Only the connection of the process it cut: a later one is another.)
-                let same = self
-                    .nodes
-                    .get(rank)
-                    .is_some_and(|n| n.generation == generation);
+                let same = self.nodes.get(rank).is_some_and(|n| n.pid == generation);
                 if same && master == self.master_generation && self.master.is_some() {
                     self.log(|| format!("the master hears nothing from worker {rank}"));
                     self.lost(rank, "its heartbeats stopped (a network partition)");
                 }
-                if self.is_current(rank, generation) {
+                if self.process_current(rank, generation) {
                     // Its transport gives up on the master it cannot hear, and tells it so
                     // (as a TCP worker without a reconnect timeout does).
                     let error = JobError::MasterLost {
@@ -473,7 +489,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
             }
             Event::MasterRestart => self.restart_master(),
             Event::Relaunch { rank, generation } => {
-                if self.nodes[rank].generation != generation || self.outcome.is_some() {
+                if self.nodes[rank].pid != generation || self.outcome.is_some() {
                     return;
                 }
                 let Some(m) = &self.master else {
@@ -490,7 +506,7 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 let Some(m) = &self.master else {
                     return;
                 };
-                if !self.is_current(rank, generation) {
+                if !self.process_current(rank, generation) || self.nodes[rank].last_word {
                     return;
                 }
                 let attempt = m.node.attempt();

@@ -100,7 +100,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             let reason = format!("worker {to}'s process is gone: the connection was refused");
             return self.peer_lost(from, to, reason);
         }
-        let generation = peer.generation;
+        let generation = peer.pid;
         let mut after = self.latency();
         if self.chance(self.sim.faults.drop) {
             after += RETRANSMIT;
@@ -133,12 +133,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     }
 
     /// [`peer_lost`](Self::peer_lost), `wait` from now.
-    fn peer_lost_after(&mut self, to: Rank, peer: Rank, reason: String, wait: Duration) {
+    pub(super) fn peer_lost_after(&mut self, to: Rank, peer: Rank, reason: String, wait: Duration) {
         if !self.job.barrier_mode {
             // Workers connect to each other only for collectives, in barrier mode.
             return;
         }
-        let generation = self.nodes[to].generation;
+        let generation = self.nodes[to].pid;
         // After every piece the connection carried: its end is read last.
         let arrives = (self.clock.now + wait + self.latency())
             .max(self.peer_arrivals[peer][to] + Duration::from_micros(1));
@@ -261,7 +261,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         };
         // A process started during the cut has no connection yet: it connects once the
         // network heals (its tries before fail), and what it sends goes then.
-        let connected_since_cut = self.nodes.get(rank).is_some_and(|n| n.generation != cut);
+        let connected_since_cut = self.nodes.get(rank).is_some_and(|n| n.pid != cut);
         if heal - from >= HEARTBEAT_TIMEOUT && !connected_since_cut {
             // The connection dies with the cut: nothing it carries from now arrives.
             return None;
@@ -275,7 +275,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             return;
         };
         let lasts = Duration::from_millis(millis);
-        let generation = self.nodes[rank].generation;
+        let generation = self.nodes[rank].pid;
         *slot = Some((self.clock.now, self.clock.now + lasts, generation));
         self.log(|| format!("the network to worker {rank} is cut for {lasts:?}"));
         if lasts >= HEARTBEAT_TIMEOUT {
@@ -290,7 +290,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 self.peer_lost_after(peer, rank, reason(rank), HEARTBEAT_TIMEOUT);
                 self.peer_lost_after(rank, peer, reason(peer), HEARTBEAT_TIMEOUT);
             }
-            let (generation, master) = (self.nodes[rank].generation, self.master_generation);
+            let (generation, master) = (self.nodes[rank].pid, self.master_generation);
             let silence = Event::Silence {
                 rank,
                 generation,
@@ -329,7 +329,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             // Not connected: nothing reaches it.
             return;
         }
-        let generation = node.generation;
+        let generation = node.pid;
         let latency = self.latency();
         let Some(latency) = self.across_cut(rank, latency) else {
             return;

@@ -23,7 +23,13 @@ use crate::transport::{PeerLink, TransportError};
 
 /// A worker's process.
 pub(super) struct Node<M, W> {
+    /// The worker's generation: what its code's start-up, compute and timers bring is
+    /// lost once another worker took its place (in a new process or in this one).
     pub(super) generation: Generation,
+    /// The process's generation (its number among the rank's processes): what reaches it
+    /// over its connections — to the master's node and to its peers — is lost once the
+    /// process died, not when it replaces its worker.
+    pub(super) pid: Generation,
     /// The process as the runtime's drives it (`runtime/route.rs`): every rule of what
     /// its link brings — the copy of a checkpoint it keeps, a gang restart, the job's
     /// failure — is its. It dies with the process.
@@ -46,9 +52,12 @@ pub(super) struct Node<M, W> {
     /// In barrier mode: the compute under way on its own thread, parked in a sync call or
     /// a collective, and since when (virtual time).
     pub(super) parked: Option<(Computing, Duration)>,
-    /// Whether it reported a failed ending: its process then ends (and may be started
-    /// again by its launcher).
-    pub(super) failed: bool,
+    /// The failure it reported as its ending, if it did: its process then ends (and may
+    /// be started again by its launcher).
+    pub(super) failed: Option<JobError>,
+    /// It said its last word (`Done` not awaiting the master's): its link does not reach
+    /// a master again, as a TCP link whose session ended so does not.
+    pub(super) last_word: bool,
     /// Its node said it is done: it does nothing more.
     pub(super) stopped: bool,
     /// It crashes right after its next result left.
@@ -138,17 +147,22 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// Whether a launcher starts a worker's process again when it ends on a failure
     /// (`superstep-launch --restarts`, under `RestartWorker`): the replacement of a rank
     /// of another process.
+    /// Launched ([`Simulation::launched`](crate::sim::Simulation::launched)), every
+    /// process of a gang too: the master's node waits for the new one.
     pub(super) fn relaunches(&self) -> bool {
-        !self.gang() && matches!(self.job.failure_policy, FailurePolicy::RestartWorker { .. })
+        if self.gang() {
+            return self.sim.launched.is_some();
+        }
+        matches!(self.job.failure_policy, FailurePolicy::RestartWorker { .. })
     }
 
     /// The process of `rank` ended on a failure (its own, or a crash): the launcher starts
     /// it again after `after`.
     pub(super) fn process_ended(&mut self, rank: Rank, after: Duration) {
-        if !self.relaunches() {
+        if !self.relaunches() || !self.launcher_restarts(&format!("worker {rank}'s process")) {
             return;
         }
-        let generation = self.nodes[rank].generation;
+        let generation = self.nodes[rank].pid;
         // Its new process connects once the old connection is gone: after everything on
         // it arrived.
         let after = after.max(self.until_delivered(rank))
@@ -156,11 +170,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.clock.at(after, Event::Relaunch { rank, generation });
     }
 
-    /// A new process for `rank`: its code starts (`init`), in `attempt`.
+    /// A new worker of `rank` (of `generation`, in the process of generation `pid`):
+    /// its code starts (`init`), in `attempt`.
     pub(super) fn spawn(
         &mut self,
         rank: Rank,
-        generation: Generation,
+        (generation, pid): (Generation, Generation),
         attempt: Attempt,
     ) -> Node<M, W> {
         let end = JobEnd::default();
@@ -208,6 +223,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let link = process.linked(rank, attempt);
         Node {
             generation,
+            pid,
             process,
             link,
             master: self.master_generation,
@@ -217,7 +233,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             end,
             sync,
             parked: None,
-            failed: false,
+            failed: None,
+            last_word: false,
             stopped: false,
             crash_after_send: false,
             timer: None,
@@ -227,7 +244,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// Starts the new process of `rank` (in place in `nodes`).
     pub(super) fn start_worker(&mut self, rank: Rank) {
         self.nodes[rank].worker.start();
-        if !self.gang() {
+        if !self.hosted(rank) {
             // A process of its own: its transport says it reached the master, after its
             // first handshake as after each one (as the runtime's does), so that reaching
             // a master again counts as a second connection — one started again in the
@@ -248,8 +265,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
 
     /// Carries out what the process of `rank` asks, in order, as `runtime/route.rs` does.
     fn carry_process(&mut self, rank: Rank) {
-        // What a process asked dies with it: a delivery may crash it, or replace it.
-        let generation = self.nodes[rank].generation;
+        // What a process asked dies with it: a delivery may crash it.
+        let generation = self.nodes[rank].pid;
         while let Some(action) = self.nodes[rank].process.poll_action() {
             match action {
                 ProcessAction::Deliver { rank, msg } => {
@@ -265,7 +282,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     self.restart_in_process(rank, attempt)
                 }
             }
-            if !self.is_current(rank, generation) {
+            if !self.process_current(rank, generation) {
                 return;
             }
         }
@@ -275,9 +292,11 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// restart its process carries out): the old one stops; the new one starts and takes
     /// what its process held for it.
     fn restart_in_process(&mut self, rank: Rank, attempt: Attempt) {
+        self.log(|| format!("worker {rank}'s process replaces it for attempt {attempt}"));
         self.settle(rank, &JobError::Cancelled);
         let generation = self.nodes[rank].generation + 1;
-        let mut new = self.spawn(rank, generation, attempt);
+        let pid = self.nodes[rank].pid;
+        let mut new = self.spawn(rank, (generation, pid), attempt);
         let old = &mut self.nodes[rank];
         std::mem::swap(&mut new.process, &mut old.process);
         new.link = old.link;
@@ -293,16 +312,24 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// A new process for `rank`, in the place of the old one (which stops).
     pub(super) fn replace(&mut self, rank: Rank, attempt: Attempt) {
         self.settle(rank, &JobError::Cancelled);
-        let generation = self.nodes[rank].generation + 1;
-        self.nodes[rank] = self.spawn(rank, generation, attempt);
+        let node = &self.nodes[rank];
+        let generations = (node.generation + 1, node.pid + 1);
+        self.nodes[rank] = self.spawn(rank, generations, attempt);
         self.start_worker(rank);
     }
 
-    /// Whether the process of `generation` is the running worker of `rank`: alive, and
+    /// Whether the worker of `generation` is the running worker of `rank`: alive, and
     /// not done.
     pub(super) fn is_current(&self, rank: Rank, generation: Generation) -> bool {
         let node = &self.nodes[rank];
         node.alive && !node.stopped && node.generation == generation
+    }
+
+    /// Whether the process of `generation` is the running process of `rank`, and its
+    /// worker not done.
+    pub(super) fn process_current(&self, rank: Rank, generation: Generation) -> bool {
+        let node = &self.nodes[rank];
+        node.alive && !node.stopped && node.pid == generation
     }
 
     /// Carries out what the worker's node of `rank` asks, in order, as the runtime's
@@ -356,6 +383,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     self.nodes[rank].worker.handle_sent(now, iteration, sent);
                 }
                 WorkerAction::SendDone { awaits_word } => {
+                    node.last_word = !awaits_word;
                     let done = lock(&node.task).done(attempt, awaits_word);
                     self.send_to_master(rank, done);
                 }
@@ -378,7 +406,10 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     task.stale.store(true, std::sync::atomic::Ordering::Release);
                 }
                 WorkerAction::Report(ending) => {
-                    node.failed = matches!(ending, OwnedEnding::Failed(_));
+                    node.failed = match ending {
+                        OwnedEnding::Failed(error) => Some(error),
+                        _ => None,
+                    };
                 }
                 WorkerAction::Stop => return self.worker_stopped(rank),
             }
@@ -405,12 +436,22 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         );
     }
 
-    /// The worker of `rank` is done. One that failed ends its process, which its launcher
-    /// may start again once the network lets it connect.
+    /// The worker of `rank` is done. One that failed ends its process (unless it runs in
+    /// the master's), which its launcher may start again once the network lets it
+    /// connect.
     pub(super) fn worker_stopped(&mut self, rank: Rank) {
         self.nodes[rank].stopped = true;
-        if !self.nodes[rank].failed || self.gang() {
+        let Some(failure) = self.nodes[rank].failed.clone() else {
             return;
+        };
+        if self.hosted(rank) {
+            return;
+        }
+        if self.gang() {
+            self.log(|| format!("worker {rank}'s process ends on its failure: {failure}"));
+            self.ended_on_failure.push(format!(
+                "worker {rank}'s process ended on its failure ({failure})"
+            ));
         }
         self.nodes[rank].alive = false;
         self.settle(rank, &JobError::Cancelled);
@@ -665,7 +706,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.settle(rank, &JobError::Cancelled);
         let node = &mut self.nodes[rank];
         node.alive = false;
-        let generation = node.generation;
+        let generation = node.pid;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));
         let master = self.master_generation;
@@ -681,10 +722,17 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             },
         );
         // Its peers' connections to it break: each hears at once (as a process's sockets
-        // close with it), and a collective waiting for it fails naming it.
+        // close with it), and a collective waiting for it fails naming it. A launched
+        // process's host may be lost with it: a peer then finds the loss only once its
+        // heartbeats stop — perhaps after the master restarted the gang.
         for peer in self.live_peers(rank) {
             let reason = format!("worker {rank}'s process ended ({when})");
-            self.peer_lost(peer, rank, reason);
+            let wait = if self.sim.launched.is_some() && self.rng.random_bool(0.5) {
+                HEARTBEAT_TIMEOUT
+            } else {
+                Duration::ZERO
+            };
+            self.peer_lost_after(peer, rank, reason, wait);
         }
         // A new process of the rank can connect once the old connection is gone.
         self.process_ended(rank, noticed);

@@ -159,7 +159,11 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// The process of `rank` ended on a failure (its own, or a crash): the launcher starts
     /// it again after `after`.
     pub(super) fn process_ended(&mut self, rank: Rank, after: Duration) {
-        if !self.relaunches() || !self.launcher_restarts(&format!("worker {rank}'s process")) {
+        // (A worker of the master's process starts again with it, or when its node says.)
+        if self.hosted(rank)
+            || !self.relaunches()
+            || !self.launcher_restarts(&format!("worker {rank}'s process"))
+        {
             return;
         }
         let generation = self.nodes[rank].pid;

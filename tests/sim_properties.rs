@@ -72,10 +72,15 @@ proptest! {
     fn a_job_recovers_from_any_fault_schedule_with_the_fault_free_result(
         schedule in strategies::schedule(3, 6, 6),
         policy in strategies::recovering_policy(6),
+        launched in any::<bool>(),
     ) {
         let expected = *Simulation::from_job(job).run(0).outcome.unwrap().result;
-        simulated(policy)
-            .schedule(schedule)
+        // Its workers in the master's process (under a policy that restarts them all) or
+        // each a process of its own, or launched: every rank a process of its own, the
+        // launcher starting dead ones again.
+        let sim = simulated(policy);
+        let sim = if launched { sim.launched(12) } else { sim };
+        sim.schedule(schedule)
             .try_check(0..3, ends_with(expected))
             .map_err(|failure| TestCaseError::fail(failure.to_string()))?;
     }

@@ -230,6 +230,7 @@ mod protocol;
 mod runtime;
 #[cfg(feature = "sim")]
 pub mod sim;
+mod sync_link;
 pub mod transport;
 
 pub use compute::{

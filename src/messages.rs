@@ -29,11 +29,11 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::collective::buffers::{decode_as_is, encode_as_is, Carried};
+use crate::collective::buffers::{decode_as_is, encode_as_is};
 use crate::compute::{Post, WorkerContext};
 use crate::error::{MessageError, SyncError};
 use crate::ids::{Algorithm, CollectiveKind, Rank};
-use crate::protocol::{Buffer, MailCount};
+use crate::protocol::{Buffer, Carried, MailCount};
 
 /// Makes a worker's mailbox: the job's message type and combiner, known where the job is
 /// built.

@@ -11,25 +11,7 @@ use serde::Serialize;
 
 use crate::ids::ReduceOp;
 use crate::payload::{Element, Floats};
-use crate::protocol::Buffer;
-
-/// How a buffer's parts cross between processes: as the crate's encoding of a part
-/// ([`PeerBody::Encoded`](crate::protocol::PeerBody::Encoded)).
-pub(crate) trait Carried: Buffer {
-    /// From now on, [`part`](Buffer::part) makes parts that travel encoded.
-    fn travel_encoded(&mut self) {}
-
-    /// `part`, encoded.
-    fn encode(part: Self::Part) -> Result<Bytes, String>;
-
-    /// A part a peer sent encoded.
-    fn decode(bytes: Bytes) -> Result<Self::Part, String>;
-
-    /// What a part holds, as an error that it does not decode names it.
-    fn what() -> String {
-        "its elements".to_owned()
-    }
-}
+use crate::protocol::{Buffer, Carried};
 
 /// [`Carried::encode`] of a part encoded as it is.
 pub(crate) fn encode_as_is<P: Serialize>(part: &P) -> Result<Bytes, String> {

@@ -18,13 +18,13 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::buffers::{decode_as_is, encode_as_is, Carried, Elements};
+use super::buffers::{decode_as_is, encode_as_is, Elements};
 use super::chunk_of;
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
 use crate::ids::{Algorithm, CollectiveKind, FoldRoute, ReduceOp};
 use crate::payload::{Element, Floats};
-use crate::protocol::{Buffer, Share};
+use crate::protocol::{Buffer, Carried, Share};
 
 /// A worker's part in folding the iteration's results among the workers: given its
 /// context, its result and the iteration's route, what it sends the master.

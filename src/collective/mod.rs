@@ -20,12 +20,12 @@
 //! epoch).
 
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::RecvTimeoutError;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::compute::{awaitable, block, in_span, Incoming, Wait, WorkerContext};
+use crate::compute::WorkerContext;
 use crate::error::SyncError;
 pub(crate) mod buffers;
 mod fold;
@@ -33,10 +33,13 @@ mod fold;
 pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
-use crate::protocol::{segment, Buffer, CallShape, Exchange, PeerBody, PeerMessage, Piece};
-use crate::transport::{PeerEvent, TransportError};
+use crate::protocol::{
+    exchange, segment, CallSetup, CallShape, CallStart, Carried, RankCall, SendFailure,
+};
+use crate::sync_link::{awaitable, block, in_span, Incoming, Wait};
+use crate::transport::TransportError;
 pub(crate) use buffers::fold_into;
-use buffers::{Carried, Elements, Whole};
+use buffers::{Elements, Whole};
 pub(crate) use fold::FoldAmong;
 
 /// Below this many bytes a value takes the latency-optimal way (log₂(ranks) steps),
@@ -60,26 +63,6 @@ const CHUNK: usize = 64 * 1024;
 enum GatherRoute {
     Here(Vec<u8>),
     Ring(u64),
-}
-
-/// Where a collective's call comes from: this rank's own, or — for a `broadcast` seen from
-/// a rank that does not know the value's length — the first piece of it.
-enum Start<B: Buffer> {
-    Known(Box<Exchange<B>>),
-    Awaited {
-        kind: CollectiveKind,
-        make: fn(&CollectiveCall) -> Result<B, String>,
-    },
-}
-
-impl<B: Buffer> Start<B> {
-    /// What was called.
-    fn kind(&self) -> CollectiveKind {
-        match self {
-            Start::Known(exchange) => exchange.call().kind,
-            Start::Awaited { kind, .. } => *kind,
-        }
-    }
 }
 
 impl<M, W: 'static> WorkerContext<M, W> {
@@ -433,7 +416,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         };
         let exchange = exchange(call, workers, rank, buffer, self.peers_take_values());
         let mut ring = self
-            .drive(epoch, Start::Known(Box::new(exchange)), true, wait)
+            .drive(epoch, CallStart::Known(Box::new(exchange)), true, wait)
             .await?
             .value;
         for (from, len) in around {
@@ -483,7 +466,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             Ok(Elements::new(bytes, ReduceOp::Sum))
         }
         let epoch = self.start_collective(kind, None, wait)?;
-        let start = Start::Awaited { kind, make: zeros };
+        let start = CallStart::Awaited { kind, make: zeros };
         Ok(self.drive(epoch, start, false, wait).await?.values)
     }
 
@@ -543,7 +526,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let call = CallShape::call(Some(shape), epoch, self.call_at(epoch), kind);
         let values = self.peers_take_values();
         let exchange = exchange(call, self.workers, self.rank, buffer, values);
-        self.drive(epoch, Start::Known(Box::new(exchange)), false, wait)
+        self.drive(epoch, CallStart::Known(Box::new(exchange)), false, wait)
             .await
     }
 
@@ -596,10 +579,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Sends and receives the pieces of call `epoch` until this rank's part is done, and
     /// the master's node said every rank made the call (`released`: it said so already).
+    /// The call's rules are its [`RankCall`]'s: this only carries what it sends, waits as
+    /// long as it says, and hands it what comes, with the link's time.
     async fn drive<B>(
         &mut self,
         epoch: Epoch,
-        start: Start<B>,
+        start: CallStart<B>,
         released: bool,
         wait: Wait,
     ) -> Result<B, SyncError>
@@ -609,180 +594,61 @@ impl<M, W: 'static> WorkerContext<M, W> {
     {
         let span = tracing::debug_span!("collective", rank = self.rank, epoch);
         in_span(span, async move {
-            let (rank, workers) = (self.rank, self.workers);
             let called = SyncKind::Collective(start.kind());
             let at = self.call_at(epoch);
+            let (rank, workers) = (self.rank, self.workers);
             let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
             let peers = match &sync.peers {
                 Ok(peers) => std::sync::Arc::clone(peers),
                 Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
             };
-            let values = peers.carries_values();
-            let (early, lost) = sync.take_early(epoch);
-            if let Some((peer, reason)) = lost {
-                let lost = SyncError::PeerLost { rank, peer, reason };
-                return Err(after_loss(sync, epoch, released, wait, lost).await);
-            }
-            let mut start = start;
-            let mut released = released;
-            let mut queue: std::collections::VecDeque<PeerMessage> = early.into();
-            // The master's node answers first when a rank did not make the call; this rank's
-            // own limit is for peers that made it but send nothing.
-            let timeout = sync.config.sync_patience;
-            let started = Instant::now();
-            // A silence limit: pushed back by every piece that comes.
-            let mut deadline = started.checked_add(timeout);
-            let every = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
-            let mut word = started + every;
+            let setup = CallSetup {
+                rank,
+                workers,
+                attempt: sync.attempt,
+                epoch,
+                at,
+                patience: sync.config.sync_patience,
+                values: peers.carries_values(),
+            };
+            let mut call = RankCall::new(setup, start, released, sync.now(), &mut sync.early);
             loop {
-                // What came early, or now, for this call.
-                while let Some(m) = queue.pop_front() {
-                    if let Start::Awaited { kind, make } = &start {
-                        if *kind != m.call.kind {
-                            // Another call of this epoch: the master's node says so to every
-                            // rank.
-                            continue;
-                        }
-                        let buffer = make(&m.call).map_err(|reason| SyncError::BadPiece {
-                            rank,
-                            call: m.call,
-                            peer: m.from,
-                            reason,
-                        })?;
-                        start =
-                            Start::Known(Box::new(exchange(m.call, workers, rank, buffer, values)));
-                    }
-                    if let Start::Known(exchange) = &mut start {
-                        feed(exchange, rank, m)?;
+                while let Some((to, msg)) = call.poll_send() {
+                    let piece_call = msg.call;
+                    if let Err(e) = peers.send(to, msg) {
+                        let failure = match e {
+                            TransportError::TooLarge { bytes, limit } => {
+                                SendFailure::TooLarge { bytes, limit }
+                            }
+                            e => SendFailure::Lost(e.to_string()),
+                        };
+                        call.handle_send_failed(sync.now(), to, piece_call, failure);
                     }
                 }
-                if let Start::Known(exchange) = &mut start {
-                    while let Some((to, piece)) = exchange.poll_send() {
-                        let msg = PeerMessage {
-                            attempt: sync.attempt,
-                            from: rank,
-                            call: piece.call,
-                            step: piece.step,
-                            chunk: piece.chunk,
-                            body: if values {
-                                PeerBody::Value(Box::new(piece.part))
-                            } else {
-                                PeerBody::Encoded(B::encode(piece.part).map_err(|e| {
-                                    SyncError::Codec(format!(
-                                        "rank {rank}'s part of {} for rank {to} does not encode: {e}",
-                                        piece.call
-                                    ))
-                                })?)
-                            },
-                        };
-                        let call = msg.call;
-                        match peers.send(to, msg) {
-                            Ok(()) => {}
-                            Err(TransportError::TooLarge { bytes, limit }) => {
-                                return Err(SyncError::TooLarge {
-                                    rank,
-                                    call,
-                                    peer: to,
-                                    bytes,
-                                    limit,
-                                })
-                            }
-                            Err(e) => {
-                                let lost = SyncError::PeerLost {
-                                    rank,
-                                    peer: to,
-                                    reason: e.to_string(),
-                                };
-                                return Err(after_loss(sync, epoch, released, wait, lost).await);
-                            }
-                        }
-                    }
+                if let Some(end) = call.poll_outcome() {
+                    return end;
                 }
-                // Done, once the master's node said every rank made the call too: a rank whose
-                // part needs no one else's (a broadcast's root) does not run ahead into calls
-                // the others have not reached, so the node meets one epoch at a time.
-                if let Start::Known(exchange) = start {
-                    if exchange.is_done() && released {
-                        return Ok(exchange.into_buffer());
+                match sync.next(wait, call.poll_timeout()).await {
+                    Ok(Incoming::Peer(event)) => {
+                        call.handle_peer(sync.now(), event, &mut sync.early)
                     }
-                    start = Start::Known(exchange);
-                }
-                let until = deadline.map_or(word, |d| d.min(word));
-                match sync.next(wait, Some(until)).await {
-                    Ok(Incoming::Peer(PeerEvent::Message(m)))
-                        if m.attempt == sync.attempt && m.call.seq == epoch =>
-                    {
-                        deadline = Instant::now().checked_add(timeout);
-                        queue.push_back(m)
-                    }
-                    Ok(Incoming::Peer(PeerEvent::Lost {
-                        rank: peer,
-                        attempt,
-                        reason,
-                    })) if attempt == sync.attempt => {
-                        // Kept: a later call that needs the peer fails at once too.
-                        let lost = SyncError::PeerLost {
-                            rank,
-                            peer,
-                            reason: reason.clone(),
-                        };
-                        sync.early.push(PeerEvent::Lost {
-                            rank: peer,
-                            attempt,
-                            reason,
-                        });
-                        return Err(after_loss(sync, epoch, released, wait, lost).await);
-                    }
-                    Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
-                    // The master's node found the call broken: another call on some rank, a
-                    // rank that returned without it, or one that did not make it in time.
-                    Ok(Incoming::Answer(answered, Err(e))) if answered == epoch => return Err(e),
-                    // Every rank made the call, the same to the length (the node compared
-                    // them); its values may still be on their way.
-                    Ok(Incoming::Answer(answered, Ok(_))) if answered == epoch => {
-                        released = true;
-                    }
-                    // The answer to an earlier call; or the job failed.
-                    Ok(Incoming::Answer(..)) => {
-                        if let Some(e) = sync.failure() {
-                            return Err(e);
+                    Ok(Incoming::Answer(answered, result)) => {
+                        call.handle_answer(answered, result.map(drop));
+                        // Not this call's answer: the job failed (the worker woke this call
+                        // to say so), or it answers an earlier call.
+                        if let Some(e) = sync.failure().filter(|_| answered != epoch) {
+                            call.handle_job_failed(e);
                         }
                     }
-                    Err(_) => {
-                        if let Some(e) = sync.failure() {
-                            return Err(e);
-                        }
-                        let (call, waiting_on) = match &start {
-                            Start::Known(exchange) => (*exchange.call(), exchange.waiting_on()),
-                            Start::Awaited { kind, .. } => {
-                                let root = match kind {
-                                    CollectiveKind::Broadcast { root } => vec![*root],
-                                    _ => Vec::new(),
-                                };
-                                (CallShape::call(None, epoch, at, *kind), root)
-                            }
-                        };
-                        let waited = started.elapsed();
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            // Waiting for no peer: for the master's node's word.
-                            if waiting_on.is_empty() {
-                                return Err(SyncError::NoAnswer(timeout));
-                            }
-                            return Err(SyncError::CollectiveTimedOut {
-                                rank,
-                                call,
-                                waiting_on,
-                                waited,
-                            });
-                        }
-                        tracing::warn!(
-                            rank,
-                            %call,
-                            ?waiting_on,
-                            ?waited,
-                            "a collective still waits for its peers (it fails after {timeout:?})"
-                        );
-                        word += every;
+                    Ok(Incoming::Wake) | Err(RecvTimeoutError::Timeout) => match sync.failure() {
+                        Some(e) => call.handle_job_failed(e),
+                        None => call.handle_timeout(sync.now()),
+                    },
+                    // The worker is gone: nothing more comes.
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(sync
+                            .failure()
+                            .unwrap_or(SyncError::NoAnswer(sync.config.sync_patience)))
                     }
                 }
             }
@@ -791,44 +657,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 }
 
-/// How long a rank that lost a peer in a call the master's node has not released yet
-/// waits for the node's word on it.
-const LOSS_GRACE: Duration = Duration::from_secs(1);
-
-/// A peer lost during call `epoch`, before the master's node released it: the node's word
-/// on the call, when it comes within [`LOSS_GRACE`] and says the program broke the rules
-/// (another call on some rank, whose process then ended), is what this rank's call fails
-/// with — the loss is its consequence. Any other word, or none, leaves the loss.
-async fn after_loss<W>(
-    sync: &mut crate::compute::SyncLink<W>,
-    epoch: Epoch,
-    released: bool,
-    wait: Wait,
-    lost: SyncError,
-) -> SyncError {
-    if released {
-        return lost;
-    }
-    let until = Instant::now() + LOSS_GRACE.min(sync.config.sync_patience);
-    loop {
-        match sync.next(wait, Some(until)).await {
-            Ok(Incoming::Answer(answered, Err(e))) if answered == epoch && e.is_mistake() => {
-                return e
-            }
-            Ok(Incoming::Answer(answered, _)) if answered == epoch => return lost,
-            Ok(Incoming::Answer(..)) if sync.failure().is_some() => {
-                return sync.failure().filter(SyncError::is_mistake).unwrap_or(lost)
-            }
-            Ok(Incoming::Answer(..)) => {}
-            Ok(Incoming::Peer(event)) => sync.keep_early(event, epoch),
-            Err(_) => return lost,
-        }
-    }
-}
-
 /// Whether the peers a rank reaches through `sync` take pieces as values (in one
 /// process), rather than encoded.
-pub(crate) fn takes_values<W>(sync: &Option<crate::compute::SyncLink<W>>) -> bool {
+pub(crate) fn takes_values<W>(sync: &Option<crate::sync_link::SyncLink<W>>) -> bool {
     let peers = sync.as_ref().and_then(|s| s.peers.as_ref().ok());
     peers.is_some_and(|p| p.carries_values())
 }
@@ -846,57 +677,4 @@ fn by_size<T: Element>(values: &Floats<T>) -> Algorithm {
 /// How many elements of `T` travel in one piece.
 fn chunk_of<T>() -> u64 {
     (CHUNK / std::mem::size_of::<T>().max(1)) as u64
-}
-
-/// Rank `rank`'s part in `call` on `buffer`, its parts made to travel encoded unless the
-/// peers take them as values (`values`: in one process).
-fn exchange<B: Carried>(
-    call: CollectiveCall,
-    workers: usize,
-    rank: Rank,
-    mut buffer: B,
-    values: bool,
-) -> Exchange<B> {
-    if !values {
-        buffer.travel_encoded();
-    }
-    Exchange::new(call, workers, rank, buffer)
-}
-
-/// Hands `m`'s piece to `exchange`, decoded where it came encoded.
-fn feed<B>(exchange: &mut Exchange<B>, rank: Rank, m: PeerMessage) -> Result<(), SyncError>
-where
-    B: Carried,
-    B::Part: 'static,
-{
-    let bad = |reason: String| SyncError::BadPiece {
-        rank,
-        call: *exchange.call(),
-        peer: m.from,
-        reason,
-    };
-    // Another call's piece is a mismatch whatever its bytes: said before they are read.
-    if m.call != *exchange.call() {
-        return Err(SyncError::CollectiveMismatch {
-            rank,
-            call: Box::new(*exchange.call()),
-            peer: m.from,
-            peer_call: Box::new(m.call),
-        });
-    }
-    let part = match m.body {
-        PeerBody::Encoded(bytes) => {
-            B::decode(bytes).map_err(|e| bad(format!("{} do not decode: {e}", B::what())))?
-        }
-        PeerBody::Value(value) => *value
-            .downcast::<B::Part>()
-            .map_err(|_| bad("its elements are of another type".to_owned()))?,
-    };
-    let piece = Piece {
-        call: m.call,
-        step: m.step,
-        chunk: m.chunk,
-        part,
-    };
-    exchange.handle_piece(m.from, piece)
 }

@@ -44,7 +44,10 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::segment;
 pub(crate) use collective::CallShape;
-pub use collective::{Buffer, Exchange, PeerBody, PeerMessage, Piece};
+pub(crate) use collective::{
+    exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure,
+};
+pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
 pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};

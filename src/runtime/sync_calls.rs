@@ -4,11 +4,11 @@
 
 use std::sync::{mpsc, Arc};
 
-use crate::compute::{Incoming, SyncLink, SyncSender};
 use crate::error::{JobError, SyncError};
 use crate::ids::{Attempt, Epoch};
 use crate::payload::Payload;
-use crate::protocol::{SyncResult, ToMaster, WorkerConfig};
+use crate::protocol::{Early, SyncResult, ToMaster, WorkerConfig};
+use crate::sync_link::{Incoming, SyncLink, SyncSender};
 use crate::transport::{PeerInbox, PeerLink, WorkerLink};
 
 /// In barrier mode: where the answers to the worker's sync calls go, to the compute
@@ -50,6 +50,12 @@ impl SyncAnswers {
             let failed = SyncError::JobFailed(Box::new(error.clone()));
             self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
         }
+    }
+
+    /// The time the compute said it waits until came: it looks at its deadline.
+    #[cfg(any(test, feature = "sim"))]
+    pub(crate) fn wake(&self) {
+        self.to.send(Incoming::Wake);
     }
 
     /// A peer's piece, or word of a peer lost, for the compute.
@@ -100,41 +106,10 @@ pub(crate) fn sync_link<W: Payload>(
         arrived,
         answers,
         peers,
-        early: Vec::new(),
+        early: Early::new(attempt),
         attempt,
         config,
         ended: Arc::clone(&ended),
     };
     (sync, SyncAnswers { to, ended })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transport::PeerEvent;
-
-    /// Where calls go nowhere: only what peers bring matters here.
-    struct Nowhere;
-
-    impl SyncSender<u64> for Nowhere {
-        fn send_call(&self, _: ToMaster<u64>) -> Result<(), JobError> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_peer_lost_on_a_connection_of_another_attempt_is_no_loss_of_this_worker() {
-        let config = Arc::new(crate::protocol::NodeConfig::for_tests().worker());
-        let (mut sync, _answers) = sync_link::<u64>(Arc::new(Nowhere), 1, config, Err("none"));
-        let lost = |attempt| PeerEvent::Lost {
-            rank: 2,
-            attempt,
-            reason: "closed".into(),
-        };
-        // The connection of the attempt this worker replaced, found lost after the restart.
-        sync.keep_early(lost(0), 0);
-        assert!(sync.take_early(0).1.is_none());
-        sync.keep_early(lost(1), 0);
-        assert_eq!(sync.take_early(0).1.map(|(rank, _)| rank), Some(2));
-    }
 }

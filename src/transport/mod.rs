@@ -431,22 +431,7 @@ pub trait PeerLink: Send + Sync + 'static {
     }
 }
 
-/// What reaches a worker from its peers.
-#[derive(Debug)]
-pub enum PeerEvent {
-    /// A piece of a collective.
-    Message(PeerMessage),
-    /// The connection to a peer was lost: its collectives cannot go on.
-    Lost {
-        /// The peer.
-        rank: Rank,
-        /// The attempt the connection was made in: a worker of another attempt (one that
-        /// replaced the worker in a gang restart) is not concerned.
-        attempt: Attempt,
-        /// What happened, with the peer's address where it has one.
-        reason: String,
-    },
-}
+pub use crate::protocol::PeerEvent;
 
 /// Where a worker's peers' messages are handed to it: called on whichever thread they
 /// arrive on.

@@ -20,6 +20,7 @@
 //! or a chunk the plan does not have, a duplicate, a part of another length — is an error
 //! naming the peer, never a panic.
 
+mod call;
 mod plan;
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::SyncError;
 use crate::ids::{Algorithm, Attempt, CallAt, CollectiveCall, CollectiveKind, Epoch, Rank};
 
+pub use call::PeerEvent;
+pub(crate) use call::{exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure};
 #[cfg(test)]
 use plan::effective;
 pub(crate) use plan::segment;

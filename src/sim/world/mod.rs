@@ -52,6 +52,12 @@ enum Event<M, W> {
         generation: Generation,
         worked: Worked<W>,
     },
+    /// The time a compute of the worker of `rank` waits until came (its `wait`-th).
+    ComputeWake {
+        rank: Rank,
+        generation: Generation,
+        wait: u64,
+    },
     /// The deadline `at` of the worker node of `rank` passed.
     WorkerTimer {
         rank: Rank,
@@ -179,12 +185,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 .unwrap_or_else(|_| job.unsettled_node_config(&sim.deployment())),
         );
         let workers = job.workers;
-        let worker_config = Arc::new(WorkerConfig {
-            // A call waits as long as it takes: the simulator answers it, or ends it, in
-            // virtual time; a real-time limit would make a run depend on the machine.
-            sync_patience: Duration::MAX,
-            ..node_config.worker()
-        });
+        // A compute's calls wait in virtual time (the simulator wakes them at the time
+        // they wait until): their limits are the job's, as in the runtime.
+        let worker_config = Arc::new(node_config.worker());
         let mut world = World {
             sim,
             job,
@@ -350,6 +353,11 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 self.nodes[rank].worker.handle_timeout(now);
                 self.drive_worker(rank);
             }
+            Event::ComputeWake {
+                rank,
+                generation,
+                wait,
+            } => self.wake(rank, generation, wait),
             Event::Peer {
                 to,
                 generation,

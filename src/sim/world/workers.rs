@@ -5,13 +5,13 @@
 //! again by a launcher.
 
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::RngExt;
 
+use super::clock::VirtualNow;
 use super::*;
 use crate::compute::JobEnd;
-use crate::compute::SyncSender;
 use crate::protocol::PeerMessage;
 use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerNode};
 use crate::protocol::{LinkId, ProcessAction, WorkerProcess};
@@ -19,6 +19,7 @@ use crate::runtime::sync_calls::SyncAnswers;
 use crate::runtime::worker_task::WorkerTask;
 use crate::runtime::OwnedEnding;
 use crate::sim::lock;
+use crate::sync_link::SyncSender;
 use crate::transport::{PeerLink, TransportError};
 
 /// A worker's process.
@@ -52,6 +53,8 @@ pub(super) struct Node<M, W> {
     /// In barrier mode: the compute under way on its own thread, parked in a sync call or
     /// a collective, and since when (virtual time).
     pub(super) parked: Option<(Computing, Duration)>,
+    /// How many times its computes parked: a wake-up is for the wait it was set for.
+    pub(super) waits: u64,
     /// The failure it reported as its ending, if it did: its process then ends (and may
     /// be started again by its launcher).
     pub(super) failed: Option<JobError>,
@@ -72,13 +75,14 @@ pub(super) struct Node<M, W> {
 pub(super) enum FromCompute<W> {
     Call(ToMaster<W>),
     Peer(Rank, PeerMessage),
-    Waiting,
+    /// It waits, until the instant given at the latest.
+    Waiting(Option<Instant>),
     Returned(Worked<W>),
 }
 
 /// A worker's sync calls and collectives, as its transport would carry them: to the
 /// simulator.
-pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>);
+pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>, VirtualNow);
 
 impl<W: Payload> SyncSender<W> for CallLink<W> {
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
@@ -87,8 +91,17 @@ impl<W: Payload> SyncSender<W> for CallLink<W> {
             .map_err(|_| TransportError::Closed.into())
     }
 
-    fn waiting(&self) {
-        let _ = self.0.send(FromCompute::Waiting);
+    fn waiting(&self, until: Option<Instant>) {
+        let _ = self.0.send(FromCompute::Waiting(until));
+    }
+
+    fn now(&self) -> Instant {
+        self.1.instant()
+    }
+
+    /// The simulator wakes a compute at the time it waits until, in virtual time.
+    fn wakes(&self) -> bool {
+        true
     }
 }
 
@@ -192,7 +205,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         );
         let sync = self.job.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
-            let link = Arc::new(CallLink(to_sim.clone()));
+            let link = Arc::new(CallLink(to_sim.clone(), self.clock.shared()));
             let config = Arc::clone(&self.worker_config);
             let (link, answers) = crate::runtime::sync_calls::sync_link(
                 Arc::clone(&link) as Arc<dyn SyncSender<W>>,
@@ -237,6 +250,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             end,
             sync,
             parked: None,
+            waits: 0,
             failed: None,
             last_word: false,
             stopped: false,
@@ -513,7 +527,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         loop {
             match sync.next() {
                 Some(FromCompute::Returned(_)) => break,
-                Some(FromCompute::Call(_) | FromCompute::Peer(..) | FromCompute::Waiting) => {
+                Some(FromCompute::Call(_) | FromCompute::Peer(..) | FromCompute::Waiting(_)) => {
                     continue
                 }
                 None => {
@@ -524,6 +538,19 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 }
             }
         }
+    }
+
+    /// The time the compute of `rank` said it waits until came: woken, unless something
+    /// came first (or it is another worker's), it goes on.
+    pub(super) fn wake(&mut self, rank: Rank, generation: Generation, wait: u64) {
+        let node = &self.nodes[rank];
+        if node.generation != generation || node.waits != wait || node.parked.is_none() {
+            return;
+        }
+        if let Some(sync) = &node.sync {
+            sync.answers.wake();
+        }
+        self.unpark(rank);
     }
 
     /// What the compute of `rank`, parked, waited for came: it goes on.
@@ -563,7 +590,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     computing.in_collective = true;
                     self.send_to_peer(rank, to, msg);
                 }
-                Some(FromCompute::Waiting) => {
+                Some(FromCompute::Waiting(until)) => {
                     if computing.during && computing.in_collective {
                         // The crash drawn for this compute comes while it waits in a
                         // collective, its peers waiting for what it has not sent yet.
@@ -574,7 +601,21 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                         let at = Duration::from_micros(self.rng.random_range(0..2_000));
                         self.clock.at(at, Event::WorkerCrash { rank, generation });
                     }
-                    self.nodes[rank].parked = Some((computing, self.clock.now));
+                    let node = &mut self.nodes[rank];
+                    node.parked = Some((computing, self.clock.now));
+                    node.waits += 1;
+                    if let Some(until) = until {
+                        let (generation, wait) = (node.generation, node.waits);
+                        let after = self.clock.since_start(until).saturating_sub(self.clock.now);
+                        self.clock.at(
+                            after,
+                            Event::ComputeWake {
+                                rank,
+                                generation,
+                                wait,
+                            },
+                        );
+                    }
                     return;
                 }
                 Some(FromCompute::Returned(worked)) => {

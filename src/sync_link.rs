@@ -1,0 +1,367 @@
+//! How a worker's compute waits in its sync calls and collectives: the link its calls go
+//! out on ([`SyncSender`], which the runtime or the simulator gives it) and where what it
+//! waits for comes back — the master's node's answers, its peers' pieces, the job's
+//! failure, a wake-up at the time it waits until — blocking its thread or as a future.
+//! The waits read the time from the link, so the simulator runs them in virtual time.
+
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use crate::error::{JobError, SyncError};
+use crate::ids::{Attempt, Epoch, SyncKind};
+use crate::protocol::{Early, SyncResult, ToMaster, WorkerConfig};
+use crate::transport::{PeerEvent, PeerLink};
+
+/// Where a worker's sync calls go: its link to the master's node, as its driver (the
+/// runtime's worker, or the simulator) gives it.
+pub(crate) trait SyncSender<W>: Send + Sync {
+    /// Sends the call; an error says why it could not go, as the job would fail with it.
+    fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError>;
+
+    /// The compute is about to wait for what comes next, nothing having come, until
+    /// `until` at the latest (`None`: as long as it takes): said once per wait, however
+    /// often the wait wakes to say it still waits. The simulator, which runs one thread
+    /// at a time, goes on from here; the runtime has nothing to do.
+    fn waiting(&self, until: Option<Instant>) {
+        let _ = until;
+    }
+
+    /// Now, as the compute's calls read it: the runtime's clock, or the simulator's
+    /// virtual time.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    /// Whether whoever drives the compute wakes it ([`Incoming::Wake`]) at the time it
+    /// said it waits until: its waits then do not time out by themselves (the simulator,
+    /// whose time is virtual).
+    fn wakes(&self) -> bool {
+        false
+    }
+}
+
+/// A worker's way to make sync calls from its compute thread: send on the shared link,
+/// then wait for the answer its actor forwards.
+pub(crate) struct SyncLink<W> {
+    pub(crate) link: Arc<dyn SyncSender<W>>,
+    /// The answers to sync calls and what peers send for collectives, in the order they
+    /// came.
+    pub(crate) answers: mpsc::Receiver<Incoming>,
+    /// The way to the other workers, for collectives; `None` where the transport has
+    /// none (said in the error).
+    pub(crate) peers: Result<Arc<dyn PeerLink>, &'static str>,
+    /// Pieces of collectives this rank has not called yet, and peers lost.
+    pub(crate) early: Early,
+    pub(crate) attempt: Attempt,
+    /// The worker's settings: how long a call waits for an answer before giving up on the
+    /// master's node (`sync_patience`: longer than the sync timeout, which normally
+    /// answers first, unless the coordination thread is held by inline code for longer).
+    pub(crate) config: Arc<WorkerConfig>,
+    /// The job's first failure, once this worker heard of it (the master's abort): the
+    /// call waiting, and every call after it, fails with it at once — the master may be
+    /// gone, or past answering.
+    pub(crate) ended: Arc<OnceLock<JobError>>,
+    /// Whether the compute said it waits ([`SyncSender::waiting`]) and nothing came since.
+    pub(crate) said_waiting: std::sync::atomic::AtomicBool,
+    /// Woken after each send on the channel of `answers`: what an `_async` call awaits.
+    pub(crate) arrived: Arc<tokio::sync::Notify>,
+}
+
+/// How a sync call or a collective waits for what comes next: blocking the compute's
+/// thread, or as a future that leaves the thread to the async runtime's other tasks
+/// meanwhile (the `_async` forms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    Block,
+    Await,
+}
+
+/// Runs a future whose waits block (`Wait::Block`): it is ready when first polled.
+pub(crate) fn block<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        // Not reached: a wait that blocks is never pending.
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `future` in `span`: entered while it is polled, so an awaited call is in its
+/// span only while it runs — and, unlike `tracing::Instrument`, not entered again while
+/// the future is dropped, so a call is one slice in a trace.
+pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        let _entered = span.enter();
+        future.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// Checks that an `_async` call is awaited where Tokio's timers are, which bound its
+/// waits.
+pub(crate) fn awaitable() -> Result<(), SyncError> {
+    tokio::runtime::Handle::try_current()
+        .map(drop)
+        .map_err(|_| SyncError::NoTimer)
+}
+
+/// What reaches a worker's compute while it waits in a sync call or a collective.
+pub(crate) enum Incoming {
+    /// The master's node's answer to sync call `epoch` (or, at `Epoch::MAX`, word that the
+    /// job failed).
+    Answer(Epoch, SyncResult),
+    /// A peer's piece, or a peer lost.
+    Peer(PeerEvent),
+    /// The time the compute said it waits until came ([`SyncSender::wakes`]): only a
+    /// driver that wakes its computes (the simulator) sends it.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    Wake,
+}
+
+impl<W> SyncLink<W> {
+    /// The master's node's answer to this rank's call `epoch`, waited for at most the
+    /// worker's `sync_patience`.
+    pub(crate) async fn answer(&mut self, epoch: Epoch, wait: Wait) -> SyncResult {
+        let patience = self.config.sync_patience;
+        let deadline = self.now().checked_add(patience);
+        loop {
+            match self.next(wait, deadline).await {
+                Ok(Incoming::Answer(answered, result)) if answered == epoch => return result,
+                // A peer's piece of a later call, or of this one (an all_gather's ring,
+                // which may start before this answer comes here; or another call, which
+                // the master's node fails on every rank): kept.
+                Ok(Incoming::Peer(event)) => self.early.keep(event, epoch),
+                // Not this call's answer: the job failed (the actor woke this call to say
+                // so), or it answers an earlier call that failed.
+                Ok(Incoming::Answer(..)) => match self.failure() {
+                    Some(e) => return Err(e),
+                    None => continue,
+                },
+                // A wake-up before the deadline: the wait goes on.
+                Ok(Incoming::Wake) => continue,
+                Err(_) => return Err(self.failure().unwrap_or(SyncError::NoAnswer(patience))),
+            }
+        }
+    }
+}
+
+impl<W> SyncLink<W> {
+    /// Tells the master's node of this rank's call `epoch`.
+    pub(crate) fn call(
+        &self,
+        epoch: Epoch,
+        kind: SyncKind,
+        message: Vec<u8>,
+    ) -> Result<(), SyncError> {
+        let call = ToMaster::Sync {
+            attempt: self.attempt,
+            epoch,
+            kind,
+            message,
+        };
+        self.link
+            .send_call(call)
+            .map_err(|e| SyncError::JobFailed(Box::new(e)))
+    }
+
+    /// The job's failure, once this worker heard of it, as every rank waiting in a call
+    /// gets it: a sync failure as it is, another wrapped.
+    pub(crate) fn failure(&self) -> Option<SyncError> {
+        self.ended.get().map(|e| match e {
+            JobError::Sync(failed) => failed.clone(),
+            other => SyncError::JobFailed(Box::new(other.clone())),
+        })
+    }
+
+    /// What comes next, waiting until `deadline` (`None`: as long as it takes) as `wait`
+    /// says.
+    pub(crate) async fn next(
+        &self,
+        wait: Wait,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        match wait {
+            Wait::Block => self.receive(deadline),
+            Wait::Await => self.receive_async(deadline).await,
+        }
+    }
+
+    /// [`receive`](Self::receive), awaiting what comes on Tokio's timers rather than
+    /// blocking the thread.
+    async fn receive_async(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        /// A wait given up by dropping its future has not waited on: the next one says
+        /// it waits again.
+        struct Unsaid<'a>(&'a std::sync::atomic::AtomicBool, bool);
+        impl Drop for Unsaid<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        let mut unsaid = Unsaid(&self.said_waiting, false);
+        loop {
+            if let Some(came) = self.look(deadline) {
+                unsaid.1 = true;
+                return came;
+            }
+            // A send after the look above leaves its wake-up stored: none is lost.
+            let arrived = self.arrived.notified();
+            match deadline.filter(|_| !self.link.wakes()) {
+                None => arrived.await,
+                Some(deadline) => {
+                    let at = tokio::time::Instant::from_std(deadline);
+                    if tokio::time::timeout_at(at, arrived).await.is_err() {
+                        unsaid.1 = true;
+                        return Err(mpsc::RecvTimeoutError::Timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What comes next, waiting until `deadline` (`None`: as long as it takes).
+    pub(crate) fn receive(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Incoming, mpsc::RecvTimeoutError> {
+        loop {
+            if let Some(came) = self.look(deadline) {
+                return came;
+            }
+            let incoming = match deadline.filter(|_| !self.link.wakes()) {
+                Some(deadline) => self
+                    .answers
+                    .recv_timeout(deadline.saturating_duration_since(self.now())),
+                None => self
+                    .answers
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            };
+            self.said_waiting
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            if let Some(came) = self.came(incoming?, deadline) {
+                return came;
+            }
+        }
+    }
+
+    /// What came, already, if anything did (or the channel's end); otherwise `None`, the
+    /// compute having said it waits until `deadline` ([`SyncSender::waiting`]) unless it
+    /// said so since the last thing came.
+    fn look(&self, deadline: Option<Instant>) -> Option<Result<Incoming, mpsc::RecvTimeoutError>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        loop {
+            match self.answers.try_recv() {
+                Ok(incoming) => {
+                    self.said_waiting.store(false, Relaxed);
+                    if let Some(came) = self.came(incoming, deadline) {
+                        return Some(came);
+                    }
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Some(Err(mpsc::RecvTimeoutError::Disconnected))
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
+        }
+        if !self.said_waiting.swap(true, Relaxed) {
+            self.link.waiting(deadline);
+        }
+        None
+    }
+
+    /// `incoming`, as a wait until `deadline` sees it: a wake-up at the deadline is the
+    /// wait's end; one before it (the time said by an earlier wait) is nothing.
+    fn came(
+        &self,
+        incoming: Incoming,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Incoming, mpsc::RecvTimeoutError>> {
+        match incoming {
+            Incoming::Wake if deadline.is_some_and(|d| self.now() >= d) => {
+                Some(Err(mpsc::RecvTimeoutError::Timeout))
+            }
+            Incoming::Wake => None,
+            other => Some(Ok(other)),
+        }
+    }
+
+    /// Now, as the link's driver keeps time.
+    pub(crate) fn now(&self) -> Instant {
+        self.link.now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A link whose driver keeps the time and wakes the compute (as the simulator does),
+    /// and hears what the compute says it waits until.
+    struct Driven {
+        now: Mutex<Instant>,
+        said: mpsc::Sender<Option<Instant>>,
+    }
+
+    impl SyncSender<u64> for Arc<Driven> {
+        fn send_call(&self, _: ToMaster<u64>) -> Result<(), JobError> {
+            Ok(())
+        }
+
+        fn waiting(&self, until: Option<Instant>) {
+            let _ = self.said.send(until);
+        }
+
+        fn now(&self) -> Instant {
+            *self.now.lock().unwrap()
+        }
+
+        fn wakes(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_driven_wait_ends_on_a_wake_up_at_its_deadline_and_goes_on_past_an_earlier_one() {
+        let start = Instant::now();
+        let (said, heard) = mpsc::channel();
+        let driven = Arc::new(Driven {
+            now: Mutex::new(start),
+            said,
+        });
+        let config = Arc::new(crate::protocol::NodeConfig::for_tests().worker());
+        let (sync, answers) = crate::runtime::sync_calls::sync_link::<u64>(
+            Arc::new(Arc::clone(&driven)),
+            1,
+            config,
+            Err("none"),
+        );
+        let deadline = start + Duration::from_secs(5);
+        let waiting = std::thread::spawn(move || sync.receive(Some(deadline)).map(drop));
+        // It says it waits, until its deadline: a real-time wait of its own never ends it.
+        assert_eq!(heard.recv().unwrap(), Some(deadline));
+        std::thread::sleep(Duration::from_millis(20));
+        // Woken before the deadline (the time an earlier wait said): it waits on, and says
+        // so again.
+        *driven.now.lock().unwrap() = start + Duration::from_secs(1);
+        answers.wake();
+        assert_eq!(heard.recv().unwrap(), Some(deadline));
+        // At the deadline: the wait ends, timed out.
+        *driven.now.lock().unwrap() = deadline;
+        answers.wake();
+        let ended = waiting.join().unwrap();
+        assert!(matches!(ended, Err(mpsc::RecvTimeoutError::Timeout)));
+    }
+}

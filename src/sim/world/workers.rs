@@ -55,6 +55,9 @@ pub(super) struct Node<M, W> {
     pub(super) parked: Option<(Computing, Duration)>,
     /// How many times its computes parked: a wake-up is for the wait it was set for.
     pub(super) waits: u64,
+    /// Since when the compute, woken at the time it said, has been waiting: until it
+    /// waits again or goes on.
+    pub(super) woken_since: Option<Duration>,
     /// The failure it reported as its ending, if it did: its process then ends (and may
     /// be started again by its launcher).
     pub(super) failed: Option<JobError>,
@@ -251,6 +254,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             sync,
             parked: None,
             waits: 0,
+            woken_since: None,
             failed: None,
             last_word: false,
             stopped: false,
@@ -550,7 +554,22 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         if let Some(sync) = &node.sync {
             sync.answers.wake();
         }
-        self.unpark(rank);
+        // A wake-up before the call's own deadline (its word that it still waits) leaves
+        // it waiting: its wait goes on from when it began.
+        let Some((computing, since)) = self.nodes[rank].parked.take() else {
+            return;
+        };
+        self.nodes[rank].woken_since = Some(since);
+        self.follow(rank, computing);
+    }
+
+    /// The compute of `rank`, woken at the time it said, did not wait again: its wait
+    /// ended now.
+    fn woken_went_on(&mut self, rank: Rank) {
+        if let Some(since) = self.nodes[rank].woken_since.take() {
+            let waited = self.clock.now.saturating_sub(since);
+            self.stats.longest_wait = self.stats.longest_wait.max(waited);
+        }
     }
 
     /// What the compute of `rank`, parked, waited for came: it goes on.
@@ -584,7 +603,11 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             let Some(sync) = &mut self.nodes[rank].sync else {
                 return;
             };
-            match sync.next() {
+            let next = sync.next();
+            if !matches!(next, Some(FromCompute::Waiting(_))) {
+                self.woken_went_on(rank);
+            }
+            match next {
                 Some(FromCompute::Call(msg)) => self.send_to_master(rank, msg),
                 Some(FromCompute::Peer(to, msg)) => {
                     computing.in_collective = true;
@@ -602,7 +625,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                         self.clock.at(at, Event::WorkerCrash { rank, generation });
                     }
                     let node = &mut self.nodes[rank];
-                    node.parked = Some((computing, self.clock.now));
+                    let since = node.woken_since.take().unwrap_or(self.clock.now);
+                    node.parked = Some((computing, since));
                     node.waits += 1;
                     if let Some(until) = until {
                         let (generation, wait) = (node.generation, node.waits);

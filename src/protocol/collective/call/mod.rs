@@ -498,8 +498,12 @@ where
     }
 
     /// A piece of this call (its attempt and epoch): it starts a broadcast awaited, and
-    /// goes to the exchange; a piece that does not fit ends the call.
+    /// goes to the exchange; a piece that does not fit ends the call (the first such
+    /// piece names the call's failure: later ones are not read).
     fn take_piece(&mut self, m: PeerMessage) {
+        if !matches!(self.stage, Stage::Running) {
+            return;
+        }
         let CallSetup { rank, workers, .. } = self.setup;
         if let CallStart::Awaited { kind, make } = &self.start {
             if *kind != m.call.kind {

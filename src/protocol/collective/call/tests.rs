@@ -477,3 +477,29 @@ fn a_peer_lost_before_the_call_fails_it() {
         SyncError::PeerLost { peer: 1, .. }
     ));
 }
+
+#[test]
+fn of_two_early_pieces_that_do_not_fit_the_first_names_the_call_s_failure() {
+    let now = Instant::now();
+    let mut early = Early::new(ATTEMPT);
+    let mut other = sum_call(3);
+    other.algorithm = Algorithm::Ring;
+    // Rank 1 made another call (a mistake in the program); then rank 2's piece does not
+    // decode.
+    for (from, call) in [(1, other), (2, sum_call(2))] {
+        let m = PeerMessage {
+            attempt: ATTEMPT,
+            from,
+            call,
+            step: 0,
+            chunk: 0,
+            body: PeerBody::Encoded(Bytes::from_static(&[0xc1])),
+        };
+        early.keep(PeerEvent::Message(m), EPOCH);
+    }
+    let mut a = summing(0, 4, vec![1.0, 2.0], now, &mut early);
+    match ended(a.poll_outcome()) {
+        e @ SyncError::CollectiveMismatch { peer: 1, .. } => assert!(e.is_mistake()),
+        e => panic!("not the first piece's mismatch: {e}"),
+    }
+}

@@ -341,12 +341,19 @@ impl<W> ToMaster<W> {
 /// A message as the wire check names what it carries when that does not survive the
 /// wire: the user's type, and which value of it.
 pub(crate) trait Carrying {
+    /// Whether it carries a user's value, which the wire check encodes.
+    fn carries_result(&self) -> bool;
+
     /// The type of the user's value it carries, and which value it is (`the master result
     /// of iteration 2`).
     fn carried(&self) -> (&'static str, String);
 }
 
 impl<M> Carrying for ToWorker<M> {
+    fn carries_result(&self) -> bool {
+        ToWorker::carries_result(self)
+    }
+
     fn carried(&self) -> (&'static str, String) {
         let what = match self {
             ToWorker::Iterate { iteration, .. } => {
@@ -365,6 +372,10 @@ impl<M> Carrying for ToWorker<M> {
 }
 
 impl<W> Carrying for ToMaster<W> {
+    fn carries_result(&self) -> bool {
+        ToMaster::carries_result(self)
+    }
+
     fn carried(&self) -> (&'static str, String) {
         match self {
             ToMaster::Result(report) => (

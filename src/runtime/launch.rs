@@ -30,7 +30,7 @@ use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{start_attempt, Combiner, MasterNode, NodeConfig, NodeSettings, ToWorker};
 use crate::protocol::{JobOutcome, JobReport};
-use crate::transport::{LinkSpec, Transport};
+use crate::transport::{LinkSpec, Transport, WireCheck};
 
 /// What the job's thread shares with the thread that called `run` (its watchdog).
 #[derive(Clone)]
@@ -229,7 +229,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             outcome: outcome_tx,
             tick: node_config.check_interval(),
             end: job.end.clone(),
-            wire_check: in_process.is_some_and(|p| p.wire_check),
+            wire_check: in_process.map_or(WireCheck::Off, |p| p.wire_check),
             arrivals,
         }));
         drop(pool);

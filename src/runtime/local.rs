@@ -25,7 +25,7 @@ use crate::error::{JobError, Phase};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{Envelope, ToMaster, ToWorker, WorkerConfig};
-use crate::transport::{MemoryMesh, PeerLink, Transport, TransportError, WorkerLink};
+use crate::transport::{MemoryMesh, PeerLink, Transport, TransportError, WireCheck, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank
 /// running here.
@@ -431,7 +431,10 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                     generation,
                     generations: Arc::clone(&self.generations),
                     node: Arc::clone(node),
-                    wire_check: parts.transport.in_process().is_some_and(|p| p.wire_check),
+                    wire_check: parts
+                        .transport
+                        .in_process()
+                        .map_or(WireCheck::Off, |p| p.wire_check),
                 };
                 (Arc::new(link), generation)
             }
@@ -564,16 +567,15 @@ struct HostedLink<W: Payload> {
     generation: u64,
     generations: Arc<[AtomicU64]>,
     node: Arc<Arrivals<W>>,
-    wire_check: bool,
+    wire_check: WireCheck,
 }
 
 impl<W: Payload> WorkerLink<W> for HostedLink<W> {
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
-        let carries = msg.carries_result();
-        let msg = crate::transport::wire_checked(self.wire_check, carries, msg, || {
-            format!("worker {rank} → master")
-        })?;
+        let msg = self
+            .wire_check
+            .apply(msg, || format!("worker {rank} → master"))?;
         let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;
         if !self.node.deliver_if(Envelope { from: rank, msg }, current) {
             return Err(TransportError::Replaced { rank });

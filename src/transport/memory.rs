@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, RwLock};
 
 use super::{InProcess, Inbox, LinkSpec, MasterLink, Topology, Transport, TransportError};
-use super::{PeerEvent, PeerInbox, PeerLink, WorkerLink};
+use super::{PeerEvent, PeerInbox, PeerLink, WireCheck, WorkerLink};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{Envelope, PeerMessage, ToMaster, ToWorker};
@@ -32,7 +32,7 @@ use crate::protocol::{Envelope, PeerMessage, ToMaster, ToWorker};
 /// find this, and off in release builds, where it would cost an encoding per message;
 /// [`wire_check`](Self::wire_check) sets it either way.
 pub struct MemoryTransport<M, W> {
-    wire_check: bool,
+    wire_check: WireCheck,
     _types: PhantomData<fn() -> (M, W)>,
 }
 
@@ -40,14 +40,14 @@ impl<M, W> MemoryTransport<M, W> {
     /// A transport for one job, with the wire check on in builds with debug assertions.
     pub fn new() -> Self {
         MemoryTransport {
-            wire_check: cfg!(debug_assertions),
+            wire_check: WireCheck::of(cfg!(debug_assertions)),
             _types: PhantomData,
         }
     }
 
     /// Turns the [wire check](Self#the-wire-check) on or off.
     pub fn wire_check(mut self, on: bool) -> Self {
-        self.wire_check = on;
+        self.wire_check = WireCheck::of(on);
         self
     }
 }
@@ -109,12 +109,13 @@ pub(crate) struct MemoryMesh {
     /// Each rank's inbox, once its worker started (again, after a restart of every
     /// worker: the newest one).
     inboxes: Vec<RwLock<Option<Arc<PeerInbox>>>>,
-    wire_check: bool,
+    wire_check: WireCheck,
 }
 
 impl MemoryMesh {
-    /// A mesh of `workers` ranks; with `wire_check`, pieces travel encoded, as over TCP.
-    pub(crate) fn new(workers: usize, wire_check: bool) -> Arc<Self> {
+    /// A mesh of `workers` ranks; with the wire check on, pieces travel encoded, as over
+    /// TCP.
+    pub(crate) fn new(workers: usize, wire_check: WireCheck) -> Arc<Self> {
         Arc::new(MemoryMesh {
             inboxes: (0..workers).map(|_| RwLock::new(None)).collect(),
             wire_check,
@@ -141,7 +142,7 @@ impl PeerLink for MemoryMesh {
     }
 
     fn carries_values(&self) -> bool {
-        !self.wire_check
+        self.wire_check == WireCheck::Off
     }
 
     fn spans_processes(&self) -> bool {
@@ -158,7 +159,7 @@ mod tests {
         let mut t = MemoryTransport::<String, u32>::new().wire_check(false);
         assert_eq!(
             Transport::<String, u32>::in_process(&t),
-            Some(InProcess::new(false))
+            Some(InProcess::new(WireCheck::Off))
         );
         let topology = t.prepare(&LinkSpec::new("t", 3)).unwrap();
         assert!(topology.master);

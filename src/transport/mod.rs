@@ -48,41 +48,68 @@ pub use tcp::{ClusterEnv, TcpSettings, TcpTransport};
 pub struct InProcess {
     /// Whether every message that carries a master or worker result goes through the wire
     /// encoding first ([`MemoryTransport::wire_check`]).
-    pub wire_check: bool,
+    pub wire_check: WireCheck,
 }
 
 impl InProcess {
-    /// Every part of the job in this process, with the wire check on or off.
-    pub fn new(wire_check: bool) -> Self {
+    /// Every part of the job in this process, with the wire check as given.
+    pub fn new(wire_check: WireCheck) -> Self {
         InProcess { wire_check }
     }
 }
 
-/// `msg` as a peer across a wire would get it, if it `carries` a result (see
-/// `ToWorker::carries_result`, `ToMaster::carries_result`) and `wire_check` is on: encoded
-/// and decoded again.
-#[inline]
-pub(crate) fn wire_checked<T>(
-    wire_check: bool,
-    carries: bool,
-    msg: T,
-    direction: impl FnOnce() -> String,
-) -> Result<T, TransportError>
-where
-    T: serde::Serialize + serde::de::DeserializeOwned + crate::protocol::Carrying,
-{
-    if !(wire_check && carries) {
-        return Ok(msg);
-    }
-    // Named by what it carries: the user's type, and which value of it.
-    crate::codec::round_trip(&msg).map_err(|message| {
-        let (type_name, what) = msg.carried();
-        TransportError::Undecodable {
-            direction: format!("{}, {what},", direction()),
-            type_name: type_name.to_owned(),
-            message,
+/// Whether the messages of a job run in one process that carry a user's value (a master
+/// or worker result, a piece of a collective) go through the wire encoding, as they would
+/// between processes ([`MemoryTransport::wire_check`]): a type whose serde form loses or
+/// refuses something then fails in memory as it would over TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireCheck {
+    /// Values are handed over as they are.
+    Off,
+    /// Values are encoded and decoded again on their way.
+    On,
+}
+
+impl WireCheck {
+    /// `On` if `on`.
+    pub fn of(on: bool) -> Self {
+        if on {
+            WireCheck::On
+        } else {
+            WireCheck::Off
         }
-    })
+    }
+
+    /// `msg` as a peer across a wire would get it, if it carries a result
+    /// ([`Carrying::carries_result`](crate::protocol::Carrying)) and the check is on:
+    /// encoded and decoded again.
+    #[inline]
+    pub(crate) fn apply<T>(
+        self,
+        msg: T,
+        direction: impl FnOnce() -> String,
+    ) -> Result<T, TransportError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + crate::protocol::Carrying,
+    {
+        if !self.applies_to(&msg) {
+            return Ok(msg);
+        }
+        // Named by what it carries: the user's type, and which value of it.
+        crate::codec::round_trip(&msg).map_err(|message| {
+            let (type_name, what) = msg.carried();
+            TransportError::Undecodable {
+                direction: format!("{}, {what},", direction()),
+                type_name: type_name.to_owned(),
+                message,
+            }
+        })
+    }
+
+    /// Whether [`apply`](Self::apply) encodes `msg`.
+    pub(crate) fn applies_to<T: crate::protocol::Carrying>(self, msg: &T) -> bool {
+        self == WireCheck::On && msg.carries_result()
+    }
 }
 
 /// Where a transport delivers incoming messages. Cheap to call from any thread; never

@@ -22,7 +22,7 @@ pub(super) struct NodeHost<'a, M: Payload, W: Payload> {
     /// the node.
     current: bool,
     inbox: &'a mut Vec<Envelope<ToMaster<W>>>,
-    wire_check: bool,
+    wire_check: WireCheck,
     ctx: &'a mut Context<NodeActor<M, W>>,
     stopped: bool,
     clock: &'a mut Option<Instant>,
@@ -46,11 +46,11 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         if !self.current {
             return Err(TransportError::Replaced { rank });
         }
-        let carries = msg.carries_result();
-        let msg = wire_checked(self.wire_check, carries, msg, || {
-            format!("worker {rank} → master")
-        })?;
-        if self.wire_check && carries {
+        let encoded = self.wire_check.applies_to(&msg);
+        let msg = self
+            .wire_check
+            .apply(msg, || format!("worker {rank} → master"))?;
+        if encoded {
             // The encoding took time no compute should be charged with: the next inline
             // unit reads the clock afresh.
             *self.clock = None;
@@ -214,10 +214,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
 
     /// Hands `msg` to the hosted worker of `rank`.
     pub(super) fn deliver(&mut self, ctx: &mut Context<Self>, rank: Rank, msg: ToWorker<M>) {
-        let carries = msg.carries_result();
-        let msg = match wire_checked(self.wire_check, carries, msg, || {
-            format!("master → worker {rank}")
-        }) {
+        let msg = match self
+            .wire_check
+            .apply(msg, || format!("master → worker {rank}"))
+        {
             Ok(msg) => msg,
             Err(e) => return self.unsent(Some(rank), e),
         };
@@ -232,10 +232,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
     pub(super) fn deliver_all(&mut self, ctx: &mut Context<Self>, msg: ToWorker<M>) {
         // Checked once, as a broadcast is encoded once; clones share the master result:
         // each is an `Arc` bump, never a copy of `M`.
-        let carries = msg.carries_result();
-        let msg = match wire_checked(self.wire_check, carries, msg, || {
-            "master → every worker".into()
-        }) {
+        let msg = match self
+            .wire_check
+            .apply(msg, || "master → every worker".into())
+        {
             Ok(msg) => msg,
             Err(e) => return self.unsent(None, e),
         };

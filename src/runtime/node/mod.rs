@@ -31,7 +31,7 @@ use crate::protocol::JobOutcome;
 use crate::protocol::{
     Action, Envelope, MasterDone, MasterNode, MasterWork, Reach, ToMaster, ToWorker,
 };
-use crate::transport::{wire_checked, MasterLink, TransportError};
+use crate::transport::{MasterLink, TransportError, WireCheck};
 
 mod hosting;
 mod rescue;
@@ -97,7 +97,7 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) end: JobEnd,
     /// Whether what the node hands its hosted workers, and what they send it, goes
     /// through the wire encoding first (the in-memory transport's wire check).
-    pub(crate) wire_check: bool,
+    pub(crate) wire_check: WireCheck,
     /// Where workers' messages from other threads wait for the node.
     pub(crate) arrivals: Arc<Arrivals<W>>,
 }
@@ -146,7 +146,7 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     metrics: crate::metrics::JobMetrics,
     /// The buffer the next batch of arrivals is swapped out into.
     spare: Vec<Arrived<W>>,
-    wire_check: bool,
+    wire_check: WireCheck,
     /// The cursor a broadcast's ranks are claimed from under `Placement::Auto`, with a
     /// rescuer thread that hands the ranks not reached yet to the pool when an inline
     /// compute holds the node's thread too long: started at the first round that needs it.

@@ -24,7 +24,7 @@ use crate::runtime::arrivals::Arrivals;
 use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
 use crate::runtime::worker::{Homeward, Host, WorkerHome};
-use crate::transport::TransportError;
+use crate::transport::{TransportError, WireCheck};
 
 /// A hosted worker's unit of work came back from the pool.
 pub(super) struct HostedHome<M, W> {
@@ -91,7 +91,7 @@ pub(crate) struct Parts<M: Payload, W: Payload> {
     pub(crate) cells: Arc<[HostedCell<M, W>]>,
     pub(crate) generations: Arc<[AtomicU64]>,
     pub(crate) arrivals: Arc<Arrivals<W>>,
-    pub(crate) wire_check: bool,
+    pub(crate) wire_check: WireCheck,
     pub(crate) home: Addr<NodeActor<M, W>>,
     pub(crate) pool: Arc<ComputePool>,
 }
@@ -283,7 +283,7 @@ struct PoolHost<M: Payload, W: Payload> {
     generation: u64,
     generations: Arc<[AtomicU64]>,
     arrivals: Arc<Arrivals<W>>,
-    wire_check: bool,
+    wire_check: WireCheck,
     home: Addr<NodeActor<M, W>>,
     span: tracing::Span,
     stopped: bool,
@@ -292,10 +292,9 @@ struct PoolHost<M: Payload, W: Payload> {
 impl<M: Payload, W: Payload> Host<M, W> for PoolHost<M, W> {
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
-        let carries = msg.carries_result();
-        let msg = crate::transport::wire_checked(self.wire_check, carries, msg, || {
-            format!("worker {rank} → master")
-        })?;
+        let msg = self
+            .wire_check
+            .apply(msg, || format!("worker {rank} → master"))?;
         let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;
         if !self
             .arrivals

@@ -460,12 +460,14 @@ where
                 return Some(Ok(exchange.into_buffer()));
             }
         }
+        // Looked at before it is moved: a stage holds an error, large to move to and fro
+        // on every poll.
+        if !matches!(self.stage, Stage::Ended(_)) {
+            return None;
+        }
         match std::mem::replace(&mut self.stage, Stage::Over) {
             Stage::Ended(end) => Some(end),
-            stage => {
-                self.stage = stage;
-                None
-            }
+            _ => None,
         }
     }
 

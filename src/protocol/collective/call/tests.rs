@@ -97,6 +97,18 @@ fn sent(call: &mut RankCall<Sums>) -> Vec<(Rank, PeerMessage)> {
     std::iter::from_fn(|| call.poll_send()).collect()
 }
 
+/// The first piece of `call` from `from`, of this attempt, holding `body`.
+fn first_piece(from: Rank, call: CollectiveCall, body: PeerBody) -> PeerMessage {
+    PeerMessage {
+        attempt: ATTEMPT,
+        from,
+        call,
+        step: 0,
+        chunk: 0,
+        body,
+    }
+}
+
 fn lost(rank: Rank, attempt: Attempt) -> PeerEvent {
     PeerEvent::Lost {
         rank,
@@ -307,15 +319,12 @@ fn a_piece_of_another_call_is_a_mismatch_before_its_bytes_are_read() {
     let mut a = summing(0, 2, vec![1.0, 2.0], now, &mut early);
     let mut other = sum_call(3);
     other.algorithm = Algorithm::Ring;
-    let m = PeerMessage {
-        attempt: ATTEMPT,
-        from: 1,
-        call: other,
-        step: 0,
-        chunk: 0,
-        // Bytes no decoder takes: never read.
-        body: PeerBody::Encoded(Bytes::from_static(&[0xc1, 0xc1])),
-    };
+    // Bytes no decoder takes: never read.
+    let m = first_piece(
+        1,
+        other,
+        PeerBody::Encoded(Bytes::from_static(&[0xc1, 0xc1])),
+    );
     a.handle_peer(now, PeerEvent::Message(m), &mut early);
     match ended(a.poll_outcome()) {
         SyncError::CollectiveMismatch {
@@ -336,14 +345,11 @@ fn a_piece_that_does_not_decode_names_its_sender() {
     let now = Instant::now();
     let mut early = Early::new(ATTEMPT);
     let mut a = summing(0, 2, vec![1.0, 2.0], now, &mut early);
-    let m = PeerMessage {
-        attempt: ATTEMPT,
-        from: 1,
-        call: sum_call(2),
-        step: 0,
-        chunk: 0,
-        body: PeerBody::Encoded(Bytes::from_static(&[0xc1])),
-    };
+    let m = first_piece(
+        1,
+        sum_call(2),
+        PeerBody::Encoded(Bytes::from_static(&[0xc1])),
+    );
     a.handle_peer(now, PeerEvent::Message(m), &mut early);
     assert!(matches!(
         ended(a.poll_outcome()),
@@ -408,14 +414,7 @@ fn a_broadcast_awaited_starts_from_its_first_piece_and_names_its_root_while_none
         now,
         &mut Early::new(ATTEMPT),
     );
-    let m = PeerMessage {
-        attempt: ATTEMPT,
-        from: 1,
-        call,
-        step: 0,
-        chunk: 0,
-        body: PeerBody::Value(Box::new(Vec::<f64>::new())),
-    };
+    let m = first_piece(1, call, PeerBody::Value(Box::new(Vec::<f64>::new())));
     c.handle_peer(now, PeerEvent::Message(m), &mut Early::new(ATTEMPT));
     assert!(matches!(
         ended(c.poll_outcome()),
@@ -487,14 +486,7 @@ fn of_two_early_pieces_that_do_not_fit_the_first_names_the_call_s_failure() {
     // Rank 1 made another call (a mistake in the program); then rank 2's piece does not
     // decode.
     for (from, call) in [(1, other), (2, sum_call(2))] {
-        let m = PeerMessage {
-            attempt: ATTEMPT,
-            from,
-            call,
-            step: 0,
-            chunk: 0,
-            body: PeerBody::Encoded(Bytes::from_static(&[0xc1])),
-        };
+        let m = first_piece(from, call, PeerBody::Encoded(Bytes::from_static(&[0xc1])));
         early.keep(PeerEvent::Message(m), EPOCH);
     }
     let mut a = summing(0, 4, vec![1.0, 2.0], now, &mut early);

@@ -236,7 +236,6 @@ pub mod transport;
 pub use compute::{
     Cancelled, MasterComputable, MasterContext, Step, WorkerComputable, WorkerContext,
 };
-pub use config::{JobConfig, Placement};
 pub use error::{
     BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, MessageError, Phase,
     SyncError, Waiting,
@@ -250,8 +249,8 @@ pub use job::{Job, JobBuilder};
 pub use params::JobParams;
 pub use payload::{Element, Floats, Payload};
 pub use protocol::{
-    Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobOutcome,
-    JobReport, MailCount, Recover, Recovered, ResumedFrom,
+    Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobConfig,
+    JobOutcome, JobReport, MailCount, Placement, Recover, Recovered, ResumedFrom,
 };
 pub use runtime::Cancel;
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use super::{Checkpoint, CheckpointStore, JobShape};
 use crate::compute::MasterContext;
-use crate::config::JobConfig;
 use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Iteration};
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::{HaltedBy, ResumedFrom, WorkerSave};
 
 /// What a job resumes from: the newest usable checkpoint, decoded.

@@ -25,29 +25,18 @@ mod output;
 mod rows;
 mod shard;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{BoxError, JobError};
 use crate::ids::Attempt;
 
 pub use crate::protocol::{
-    Attachment, AttachmentError, Rejected, RowCounts, WorkerReport, MAX_RECORDED_REJECTS,
+    Attachment, AttachmentError, MalformedRows, Rejected, RowCounts, WorkerReport,
+    MAX_RECORDED_REJECTS,
 };
 #[cfg(feature = "pipeline")]
 pub use output::{AtomicCommit, CommitStep, FileMerge, Manifest, MergeFormat, Staging};
 #[cfg(feature = "pipeline")]
 pub use rows::{RowError, RowFormat, RowSource};
 pub use shard::{split_files, split_lines, split_rows, Input, LineRange, LineReader, Shard};
-
-/// What a malformed row does ([`JobBuilder::malformed_rows`](crate::JobBuilder::malformed_rows)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum MalformedRows {
-    /// The row fails the worker (and the job), naming its file and line. The default.
-    #[default]
-    Fail,
-    /// The row is skipped, counted as rejected, and recorded with its file, line and why.
-    Skip,
-}
 
 /// The job a coordinator's hooks run for: given with every lifecycle message
 /// ([`Coordinator::handle`]).

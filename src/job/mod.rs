@@ -7,7 +7,6 @@ use std::time::Duration;
 use crate::checkpoint::CheckpointStore;
 use crate::collective::ReduceOp;
 use crate::compute::{MasterComputable, WorkerComputable};
-use crate::config::{JobConfig, Placement};
 use crate::coordinator::{Coordinator, Input, MalformedRows};
 use crate::error::{ConfigError, JobError};
 use crate::events::{Events, JobEvent};
@@ -17,6 +16,7 @@ use crate::messages::{ByKey, Mailbox, MakePost, MessageCombiner};
 use crate::params::JobParams;
 use crate::payload::{Element, Floats, Payload};
 use crate::protocol::{Combining, JobOutcome};
+use crate::protocol::{JobConfig, Placement};
 use crate::runtime::{
     self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
     WorkerHookFactory,

@@ -1,16 +1,18 @@
 //! The settings the nodes run by, and the rules that follow from them alone.
 //!
 //! [`NodeConfig`] (the master's node) and [`WorkerConfig`] (a worker's) are built once,
-//! from the job's settings, when a process starts its job (`JobConfig::node_config` and
-//! `JobConfig::worker_config`), and shared by reference from then on: no layer keeps a copy
-//! of a setting, nor a formula over settings, of its own. What follows from a setting —
+//! when a process starts its job (`NodeConfig::new`, then `NodeConfig::worker`), and
+//! shared by reference from then on. Each holds the job's [`JobConfig`] by reference, as
+//! it was given, beside what follows from where the job runs: no layer keeps a copy of a
+//! setting, nor a formula over settings, of its own. What follows from a setting —
 //! which timeout a wait has, how long a failed job waits for code still running, whether
 //! a worker's failure ends the job, when a checkpoint is due — is a method here, decided
 //! once and unit-tested below.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Envelope, FailurePolicy, GateConfig, HaltedBy, ToMaster};
+use super::{Envelope, FailurePolicy, GateConfig, HaltedBy, JobConfig, ToMaster};
 use crate::error::{ConfigError, JobError, Waiting};
 use crate::ids::{Aggregation, Attempt, FoldRoute, Iteration, Rank, ReduceOp};
 
@@ -54,7 +56,7 @@ pub(crate) enum Workers {
 /// What the nodes' settings take from where a job runs, beside the job's own settings:
 /// its checkpoint store, its way of combining results and where its workers are. The
 /// runtime and the simulator each say it, and build the settings the same way from it
-/// (`JobConfig::node_config`).
+/// (`NodeConfig::new`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deployment {
     /// Every how many iterations the master saves a checkpoint; `None` without a store.
@@ -79,42 +81,54 @@ impl Deployment {
     }
 }
 
-/// The master's node's settings, as the job's settings give them.
+/// The master's node's settings: the job's own, held by reference (declared once, in
+/// [`JobConfig`]), and what follows from them where the job runs.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NodeConfig {
-    /// The job's id: in spans and logs.
-    pub(crate) job_id: String,
-    pub(crate) workers: usize,
-    pub(crate) iterations: Iteration,
-    /// Whether the workers' unanimous vote halts the job.
-    pub(crate) worker_halt: bool,
-    pub(crate) barrier_mode: bool,
-    /// How the workers' results reach the master; `Auto` only where the size decides
-    /// (see [`NodeConfig::settle_aggregation`]).
+    /// The job's settings, as they were given.
+    pub(crate) job: Arc<JobConfig>,
+    /// How the workers' results reach the master: the job's aggregation settled for where
+    /// it runs (`Auto` only where the size decides; see
+    /// [`NodeConfig::settle_aggregation`]).
     pub(crate) aggregation: Aggregation,
-    pub(crate) policy: FailurePolicy,
-    /// The fewest results a round completes with once `min_workers_timeout` passed:
-    /// `ceil(min_workers_ratio × workers)`.
-    pub(crate) quorum: usize,
-    pub(crate) min_workers_timeout: Duration,
-    pub(crate) startup_timeout: Duration,
-    pub(crate) iteration_timeout: Duration,
-    pub(crate) shutdown_timeout: Duration,
-    pub(crate) sync_timeout: Duration,
-    /// Once the job failed, how long its end waits for user code still running: the
-    /// job's failure grace, and never past the shutdown timeout.
-    pub(crate) failure_grace: Duration,
     /// Every how many iterations the master saves a checkpoint; `None` without a store.
     pub(crate) checkpoint_every: Option<Iteration>,
-    /// How many workers of other processes keep a copy of each checkpoint; `None`: one
-    /// where a worker may be on another host ([`NodeConfig::replica_holders`]).
-    pub(crate) checkpoint_replicas: Option<usize>,
     /// Whether the checkpoint store outlives the master's host ([`Deployment`]).
     pub(crate) store_outlives_host: bool,
-    /// How many of the last iterations the job's report keeps in detail.
-    pub(crate) report_iterations: usize,
-    /// How often a completed iteration is logged at INFO (zero: every one).
-    pub(crate) progress_interval: Duration,
+}
+
+impl NodeConfig {
+    /// The settings each node of `job` runs by, where it runs as `deployment` says: the
+    /// job's settings, the store's place, and its aggregation settled for where its workers
+    /// are and its way of combining (an aggregation that cannot fold there is an error).
+    /// Built once when the job starts, the same way by the runtime and the simulator.
+    pub(crate) fn new(job: Arc<JobConfig>, deployment: &Deployment) -> Result<Self, ConfigError> {
+        let mut config = NodeConfig::unsettled(job, deployment);
+        config.settle_aggregation(deployment.combining, deployment.workers)?;
+        Ok(config)
+    }
+
+    /// As [`new`](Self::new), the aggregation as it was set.
+    pub(crate) fn unsettled(job: Arc<JobConfig>, deployment: &Deployment) -> Self {
+        NodeConfig {
+            aggregation: job.aggregation,
+            checkpoint_every: deployment.checkpoint_every,
+            store_outlives_host: deployment.store_outlives_host,
+            job,
+        }
+    }
+
+    /// The fewest results a round completes with once `min_workers_timeout` passed:
+    /// `ceil(min_workers_ratio × workers)`.
+    pub(crate) fn quorum(&self) -> usize {
+        self.job.quorum()
+    }
+
+    /// Once the job failed, how long its end waits for user code still running: the
+    /// job's failure grace, and never past the shutdown timeout.
+    pub(crate) fn failure_grace(&self) -> Duration {
+        self.job.failure_grace.min(self.job.shutdown_timeout)
+    }
 }
 
 /// Whether the master saves a checkpoint of an iteration ([`NodeConfig::checkpoint`]).
@@ -139,12 +153,7 @@ impl NodeConfig {
     /// started again after its job ended) must not time the shutdown out and fail the job
     /// whose result is known.
     pub(crate) fn reconnect_grace(&self) -> Duration {
-        RECONNECT_GRACE.min(self.shutdown_timeout / 2)
-    }
-
-    /// The failure grace as the nodes apply it: `grace`, at most `shutdown`.
-    pub(crate) fn grace(grace: Duration, shutdown: Duration) -> Duration {
-        grace.min(shutdown)
+        RECONNECT_GRACE.min(self.job.shutdown_timeout / 2)
     }
 
     /// Settles the aggregation for a job that combines as `combining` says, whose
@@ -165,7 +174,7 @@ impl NodeConfig {
                 "needs a job that combines its results (JobBuilder::combine or combine_by): without one the master receives every worker's result",
             ));
         }
-        if among && workers == Workers::Apart && self.workers > 1 {
+        if among && workers == Workers::Apart && self.job.workers > 1 {
             return Err(ConfigError::new(
                 "aggregation",
                 self.aggregation,
@@ -174,7 +183,7 @@ impl NodeConfig {
         }
         let elementwise = matches!(combining, Combining::Elementwise(_));
         if self.aggregation == Aggregation::Auto
-            && !(workers == Workers::Connected && self.barrier_mode && elementwise)
+            && !(workers == Workers::Connected && self.job.barrier_mode && elementwise)
         {
             self.aggregation = Aggregation::Star;
         }
@@ -184,7 +193,7 @@ impl NodeConfig {
     /// How the workers fold their results of an iteration, given the encoded size of the
     /// fold of the iteration before, where it was measured.
     pub(crate) fn fold_route(&self, last_fold: Option<usize>) -> FoldRoute {
-        if self.workers <= 1 {
+        if self.job.workers <= 1 {
             return FoldRoute::Star;
         }
         match self.aggregation {
@@ -198,50 +207,52 @@ impl NodeConfig {
 
     /// Whether the master measures each fold's encoded size (for `Auto`'s choice).
     pub(crate) fn measures_folds(&self) -> bool {
-        self.aggregation == Aggregation::Auto && self.workers > 1
+        self.aggregation == Aggregation::Auto && self.job.workers > 1
     }
 
     /// Whether a worker's failure ends the job (`FailurePolicy::Fail`), rather than being
     /// recovered from.
     pub(crate) fn failure_ends_job(&self) -> bool {
-        self.policy == FailurePolicy::Fail
+        self.job.failure_policy == FailurePolicy::Fail
     }
 
     /// How long the wait `during` may last.
     pub(crate) fn timeout(&self, during: Waiting) -> Duration {
         match during {
-            Waiting::Connection | Waiting::Registration => self.startup_timeout,
-            Waiting::Iteration(_) => self.iteration_timeout,
-            Waiting::Shutdown => self.shutdown_timeout,
+            Waiting::Connection | Waiting::Registration => self.job.startup_timeout,
+            Waiting::Iteration(_) => self.job.iteration_timeout,
+            Waiting::Shutdown => self.job.shutdown_timeout,
         }
     }
 
     /// The gate's settings in `attempt`.
     pub(crate) fn gate(&self, attempt: Attempt) -> GateConfig {
+        let job = &self.job;
         GateConfig::new(
-            self.workers,
+            job.workers,
             attempt,
             [
-                self.startup_timeout,
-                self.iteration_timeout,
-                self.shutdown_timeout,
+                job.startup_timeout,
+                job.iteration_timeout,
+                job.shutdown_timeout,
             ],
         )
-        .with_quorum(self.quorum, self.min_workers_timeout)
+        .with_quorum(self.quorum(), job.min_workers_timeout)
     }
 
     /// How often a driver that checks deadlines on a tick (rather than arming a timer for
     /// each) should: a twentieth of the shortest timeout in use, between 1 ms and 100 ms.
     pub(crate) fn check_interval(&self) -> Duration {
-        let mut shortest = self
+        let job = &self.job;
+        let mut shortest = job
             .startup_timeout
-            .min(self.iteration_timeout)
-            .min(self.shutdown_timeout);
-        if self.barrier_mode {
-            shortest = shortest.min(self.sync_timeout);
+            .min(job.iteration_timeout)
+            .min(job.shutdown_timeout);
+        if job.barrier_mode {
+            shortest = shortest.min(job.sync_timeout);
         }
-        if self.quorum < self.workers {
-            shortest = shortest.min(self.min_workers_timeout);
+        if self.quorum() < job.workers {
+            shortest = shortest.min(job.min_workers_timeout);
         }
         (shortest / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
     }
@@ -253,7 +264,7 @@ impl NodeConfig {
         let Some(every) = self.checkpoint_every else {
             return Save::No;
         };
-        if iteration % every.max(1) == 0 || iteration >= self.iterations || halted.is_some() {
+        if iteration % every.max(1) == 0 || iteration >= self.job.iterations || halted.is_some() {
             Save::Yes
         } else {
             Save::IfMasterHalts
@@ -275,7 +286,7 @@ impl NodeConfig {
         if self.checkpoint_every.is_none() {
             return Vec::new();
         }
-        let mut holders: Vec<(Option<bool>, Rank)> = (0..self.workers)
+        let mut holders: Vec<(Option<bool>, Rank)> = (0..self.job.workers)
             .filter(|&rank| !local.get(rank).copied().unwrap_or(false) && keeps(rank))
             .map(|rank| (elsewhere(rank), rank))
             .collect();
@@ -284,6 +295,7 @@ impl NodeConfig {
             .iter()
             .any(|&(elsewhere, _)| elsewhere != Some(false));
         let count = self
+            .job
             .checkpoint_replicas
             .unwrap_or(usize::from(away && !self.store_outlives_host));
         holders
@@ -299,20 +311,20 @@ impl NodeConfig {
     /// that halted the job: that checkpoint ends a resumed job at once.)
     pub(crate) fn workers_save(&self, iteration: Iteration) -> bool {
         self.checkpoint_every
-            .is_some_and(|every| iteration % every.max(1) == 0 || iteration >= self.iterations)
+            .is_some_and(|every| iteration % every.max(1) == 0 || iteration >= self.job.iterations)
     }
 
     /// The settings each worker's node of the job runs by: the same job's, as a worker
     /// needs them.
     pub(crate) fn worker(&self) -> WorkerConfig {
         WorkerConfig {
+            job: Arc::clone(&self.job),
             failure_ends_job: self.failure_ends_job(),
-            gang: super::restarts_all(self.policy, self.barrier_mode),
-            barrier_mode: self.barrier_mode,
-            failure_grace: self.failure_grace,
-            shutdown_timeout: self.shutdown_timeout,
+            gang: super::restarts_all(self.job.failure_policy, self.job.barrier_mode),
+            failure_grace: self.failure_grace(),
             verdict_grace: VERDICT_GRACE,
             sync_patience: self
+                .job
                 .sync_timeout
                 .checked_add(SYNC_PATIENCE_MARGIN)
                 .unwrap_or(Duration::MAX),
@@ -337,22 +349,20 @@ impl NodeConfig {
     }
 }
 
-/// A worker's node's settings, as the job's settings give them.
+/// A worker's node's settings: the job's, held by reference, and the rules a worker
+/// takes from them.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WorkerConfig {
+    /// The job's settings, as they were given (barrier mode, the shutdown timeout).
+    pub(crate) job: Arc<JobConfig>,
     /// Whether the worker's own failure ends the job (`FailurePolicy::Fail`): its process
     /// then knows at once, on the thread that failed.
     pub(crate) failure_ends_job: bool,
     /// Whether a worker's failure restarts every worker (a gang restart): a worker's link
     /// that reaches a master's node again starts its worker over too.
     pub(crate) gang: bool,
-    /// Whether the job runs in barrier mode: a worker's sync calls cannot be carried over
-    /// to a master started again.
-    pub(crate) barrier_mode: bool,
     /// Once the job failed, how long the worker waits for its code still away.
     pub(crate) failure_grace: Duration,
-    /// How long the worker's stop may take before it reports its ending without its code.
-    pub(crate) shutdown_timeout: Duration,
     /// How long a worker stopped on its own failure waits for the master's word.
     pub(crate) verdict_grace: Duration,
     /// How long a sync call waits for its answer before it gives up on the master's node.
@@ -375,28 +385,27 @@ pub(crate) fn abort_ends_job<M>(rank: Rank, msg: &super::ToWorker<M>) -> Option<
 
 #[cfg(test)]
 impl NodeConfig {
-    /// The default job's settings: 1 worker, 50 iterations, under `Fail`, no checkpoints.
+    /// The settings of `job` run in one process without checkpoints, its aggregation as
+    /// it was set.
+    pub(crate) fn of(job: JobConfig) -> Self {
+        NodeConfig::unsettled(Arc::new(job), &Deployment::in_memory())
+    }
+
+    /// The default job's settings ([`JobConfig::for_tests`]): 1 worker, 50 iterations,
+    /// under `Fail`, no checkpoints.
     pub(crate) fn for_tests() -> Self {
-        NodeConfig {
+        NodeConfig::of(JobConfig::for_tests())
+    }
+}
+
+#[cfg(test)]
+impl JobConfig {
+    /// The default settings, as the star aggregates, for the job `test`.
+    pub(crate) fn for_tests() -> Self {
+        JobConfig {
             job_id: "test".into(),
-            workers: 1,
-            iterations: 50,
-            worker_halt: false,
-            barrier_mode: false,
             aggregation: Aggregation::Star,
-            policy: FailurePolicy::Fail,
-            quorum: 1,
-            min_workers_timeout: Duration::from_secs(5),
-            startup_timeout: Duration::from_secs(1800),
-            iteration_timeout: Duration::from_secs(600),
-            shutdown_timeout: Duration::from_secs(60),
-            sync_timeout: Duration::from_secs(600),
-            failure_grace: Duration::from_millis(250),
-            checkpoint_every: None,
-            checkpoint_replicas: None,
-            store_outlives_host: false,
-            report_iterations: 1000,
-            progress_interval: Duration::from_secs(1),
+            ..JobConfig::default()
         }
     }
 }
@@ -408,12 +417,20 @@ mod tests {
 
     /// Four workers, ten iterations, a checkpoint every third.
     fn config() -> NodeConfig {
-        NodeConfig {
+        config_with(|_| {})
+    }
+
+    /// As [`config`], its job's settings changed by `change`.
+    fn config_with(change: impl FnOnce(&mut JobConfig)) -> NodeConfig {
+        let mut job = JobConfig {
             workers: 4,
             iterations: 10,
-            quorum: 4,
+            ..JobConfig::for_tests()
+        };
+        change(&mut job);
+        NodeConfig {
             checkpoint_every: Some(3),
-            ..NodeConfig::for_tests()
+            ..NodeConfig::of(job)
         }
     }
 
@@ -449,19 +466,18 @@ mod tests {
             .replica_holders(&local, |_| true, elsewhere)
             .is_empty());
         let asked = NodeConfig {
-            checkpoint_replicas: Some(1),
-            ..outliving
+            store_outlives_host: true,
+            ..config_with(|job| job.checkpoint_replicas = Some(1))
         };
         assert_eq!(asked.replica_holders(&local, |_| true, elsewhere), [3]);
         // Built from a job's settings where the store outlives the host, as the runtime
         // and the simulator build them.
-        let job = crate::JobConfig::default();
         let deployment = Deployment {
             store_outlives_host: true,
             checkpoint_every: Some(2),
             ..Deployment::in_memory()
         };
-        let built = job.node_config(&deployment).unwrap();
+        let built = NodeConfig::new(Arc::default(), &deployment).unwrap();
         assert!(built.store_outlives_host);
         assert_eq!(built.checkpoint_every, Some(2));
     }
@@ -486,10 +502,7 @@ mod tests {
         // Ranks 1 and 2 share the master's host, rank 3 does not: it keeps the copy.
         let hosts = |rank| Some(rank == 3);
         assert_eq!(c.replica_holders(&local, everyone, hosts), [3]);
-        let two = NodeConfig {
-            checkpoint_replicas: Some(2),
-            ..config()
-        };
+        let two = config_with(|job| job.checkpoint_replicas = Some(2));
         assert_eq!(
             two.replica_holders(&local, everyone, hosts),
             [3, 1],
@@ -505,10 +518,7 @@ mod tests {
         let here = |_| Some(false);
         assert!(c.replica_holders(&local, everyone, here).is_empty());
         assert_eq!(two.replica_holders(&local, everyone, here), [1, 2]);
-        let none = NodeConfig {
-            checkpoint_replicas: Some(0),
-            ..config()
-        };
+        let none = config_with(|job| job.checkpoint_replicas = Some(0));
         assert!(none.replica_holders(&local, everyone, hosts).is_empty());
         let without = NodeConfig {
             checkpoint_every: None,
@@ -523,68 +533,63 @@ mod tests {
     #[test]
     fn each_wait_has_its_own_timeout_and_the_grace_never_outlasts_the_shutdown() {
         let c = config();
-        assert_eq!(c.timeout(Waiting::Registration), c.startup_timeout);
-        assert_eq!(c.timeout(Waiting::Connection), c.startup_timeout);
-        assert_eq!(c.timeout(Waiting::Iteration(3)), c.iteration_timeout);
-        assert_eq!(c.timeout(Waiting::Shutdown), c.shutdown_timeout);
+        let job = &c.job;
+        assert_eq!(c.timeout(Waiting::Registration), job.startup_timeout);
+        assert_eq!(c.timeout(Waiting::Connection), job.startup_timeout);
+        assert_eq!(c.timeout(Waiting::Iteration(3)), job.iteration_timeout);
+        assert_eq!(c.timeout(Waiting::Shutdown), job.shutdown_timeout);
         let secs = Duration::from_secs;
-        assert_eq!(NodeConfig::grace(secs(5), secs(1)), secs(1));
-        assert_eq!(NodeConfig::grace(secs(1), secs(5)), secs(1));
+        let graced = |grace, shutdown| {
+            config_with(|job| {
+                job.failure_grace = grace;
+                job.shutdown_timeout = shutdown;
+            })
+            .failure_grace()
+        };
+        assert_eq!(graced(secs(5), secs(1)), secs(1));
+        assert_eq!(graced(secs(1), secs(5)), secs(1));
         // Ranks that may still reconnect are not waited for past half the shutdown.
-        let short = NodeConfig {
-            shutdown_timeout: secs(2),
-            ..config()
-        };
+        let short = config_with(|job| job.shutdown_timeout = secs(2));
         assert_eq!(short.reconnect_grace(), secs(1));
-        assert_eq!(c.reconnect_grace(), secs(3).min(c.shutdown_timeout / 2));
-        // As a job's settings build them: the worker's grace is the node's, clamped once.
-        let job = crate::JobConfig {
-            failure_grace: secs(5),
-            shutdown_timeout: secs(1),
-            sync_timeout: secs(2),
-            ..crate::JobConfig::default()
-        };
-        let w = job.unsettled_node_config(&Deployment::in_memory()).worker();
+        assert_eq!(c.reconnect_grace(), secs(3).min(job.shutdown_timeout / 2));
+        // The worker's grace is the node's, clamped once; its settings are the job's own.
+        let node = config_with(|job| {
+            job.failure_grace = secs(5);
+            job.shutdown_timeout = secs(1);
+            job.sync_timeout = secs(2);
+        });
+        let w = node.worker();
         assert_eq!(w.failure_grace, secs(1));
         assert_eq!(w.sync_patience, secs(7));
-        let unbounded = NodeConfig {
-            sync_timeout: Duration::MAX,
-            ..config()
-        };
+        assert!(Arc::ptr_eq(&w.job, &node.job), "one copy of the settings");
+        let unbounded = config_with(|job| job.sync_timeout = Duration::MAX);
         assert_eq!(unbounded.worker().sync_patience, Duration::MAX);
     }
 
     #[test]
     fn deadlines_are_checked_at_a_twentieth_of_the_shortest_timeout_in_use() {
         let ms = Duration::from_millis;
-        let c = NodeConfig {
-            shutdown_timeout: ms(400),
-            ..config()
-        };
+        let c = config_with(|job| job.shutdown_timeout = ms(400));
         assert_eq!(c.check_interval(), ms(20));
         // The sync timeout counts in barrier mode only; the min-workers timeout only with a
         // quorum below every worker.
-        let c = NodeConfig {
-            sync_timeout: ms(40),
-            min_workers_timeout: ms(60),
-            ..config()
+        let short = |job: &mut JobConfig| {
+            job.sync_timeout = ms(40);
+            job.min_workers_timeout = ms(60);
         };
-        assert_eq!(c.check_interval(), ms(100));
-        let c = NodeConfig {
-            barrier_mode: true,
-            ..c
-        };
+        assert_eq!(config_with(short).check_interval(), ms(100));
+        let c = config_with(|job| {
+            short(job);
+            job.barrier_mode = true;
+        });
         assert_eq!(c.check_interval(), ms(2));
-        let c = NodeConfig {
-            barrier_mode: false,
-            quorum: 2,
-            ..c
-        };
+        let c = config_with(|job| {
+            short(job);
+            job.min_workers_ratio = 0.5;
+        });
+        assert_eq!(c.quorum(), 2);
         assert_eq!(c.check_interval(), ms(3));
-        let c = NodeConfig {
-            startup_timeout: Duration::from_micros(1),
-            ..config()
-        };
+        let c = config_with(|job| job.startup_timeout = Duration::from_micros(1));
         assert_eq!(c.check_interval(), ms(1), "never below 1 ms");
     }
 
@@ -611,10 +616,9 @@ mod tests {
             None,
             "a stale attempt's"
         );
-        let recovering = NodeConfig {
-            policy: FailurePolicy::RestartWorker { max_restarts: 1 },
-            ..config()
-        };
+        let recovering = config_with(|job| {
+            job.failure_policy = FailurePolicy::RestartWorker { max_restarts: 1 }
+        });
         assert_eq!(recovering.ends_job_at_once(1, &failed(1, 2)), None);
         let registered = Envelope {
             from: 0,
@@ -649,11 +653,10 @@ mod tests {
     #[test]
     fn auto_folds_among_workers_only_across_processes_in_barrier_mode_for_an_elementwise_fold() {
         let settled = |aggregation, barrier_mode, combining, workers| {
-            let mut c = NodeConfig {
-                aggregation,
-                barrier_mode,
-                ..config()
-            };
+            let mut c = config_with(|job| {
+                job.aggregation = aggregation;
+                job.barrier_mode = barrier_mode;
+            });
             c.settle_aggregation(combining, workers)
                 .map(|()| c.aggregation)
         };
@@ -689,9 +692,8 @@ mod tests {
         assert_eq!(auto.fold_route(Some(AUTO_RING_BYTES - 1)), FoldRoute::Star);
         assert_eq!(auto.fold_route(Some(AUTO_RING_BYTES)), FoldRoute::Ring);
         let one = NodeConfig {
-            workers: 1,
             aggregation: Tree,
-            ..config()
+            ..config_with(|job| job.workers = 1)
         };
         assert_eq!(one.fold_route(None), FoldRoute::Star);
     }

@@ -27,6 +27,7 @@ mod recovery;
 mod report;
 mod round;
 mod schedule;
+mod settings;
 mod sync;
 mod worker;
 mod worker_node;
@@ -63,6 +64,10 @@ pub use report::{
 };
 pub use round::{Drops, Offer, Round};
 pub use schedule::{HaltedBy, Next, Schedule};
+#[cfg(feature = "tcp")]
+pub(crate) use settings::duration;
+pub(crate) use settings::parse_duration;
+pub use settings::{JobConfig, MalformedRows, Placement};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Assignment, Work, Worked, WorkerAction, WorkerNode};

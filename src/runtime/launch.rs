@@ -23,11 +23,11 @@ use super::{
 };
 use crate::checkpoint::{resume, JobShape, Resume, Resuming};
 use crate::compute::{JobEnd, MasterContext};
-use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, JobInfo};
 use crate::error::JobError;
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::{start_attempt, Combiner, MasterNode, NodeConfig, NodeSettings, ToWorker};
 use crate::protocol::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport, WireCheck};
@@ -282,14 +282,19 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
     let task = MasterTask::new(
         parts.master,
         parts.hooks,
-        MasterContext::new(config.workers, Arc::clone(job_id), config.iterations)
-            .ending_with(parts.end),
+        MasterContext::new(
+            config.job.workers,
+            Arc::clone(job_id),
+            config.job.iterations,
+        )
+        .ending_with(parts.end),
         parts.store,
         parts.resuming,
         parts.resumed,
         attempt,
     );
-    let task = if crate::protocol::restarts_all(config.policy, config.barrier_mode) {
+    let task = if crate::protocol::restarts_all(config.job.failure_policy, config.job.barrier_mode)
+    {
         task.keeping_initial_state()
     } else {
         task

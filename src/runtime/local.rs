@@ -19,12 +19,12 @@ use super::worker_actor::WorkerActor;
 use super::worker_task::WorkerTask;
 use super::{WorkerFactory, WorkerHookFactory, WorkerHooks};
 use crate::compute::JobEnd;
-use crate::config::{JobConfig, Placement};
 use crate::coordinator::Shard;
 use crate::error::{JobError, Phase};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{Envelope, ToMaster, ToWorker, WorkerConfig};
+use crate::protocol::{JobConfig, Placement};
 use crate::transport::{MemoryMesh, PeerLink, Transport, TransportError, WireCheck, WorkerLink};
 
 /// Everything it takes to start a worker of this process, and the worker of each rank

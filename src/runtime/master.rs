@@ -476,8 +476,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::{JobShape, MemoryCheckpointStore};
     use crate::compute::{MasterComputable, Step};
-    use crate::config::JobConfig;
     use crate::error::BoxError;
+    use crate::protocol::JobConfig;
 
     /// A master whose result is the iteration, times ten.
     struct Tens;

@@ -38,7 +38,6 @@ use tokio::sync::oneshot;
 use crate::checkpoint::{Checkpoint, CheckpointStore, JobShape, Writer};
 use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, MasterComputable, WorkerComputable};
-use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::{Cause, JobError};
 use crate::events::Events;
@@ -46,6 +45,7 @@ use crate::ids::{Iteration, Rank};
 use crate::interceptor::{MasterInterceptor, WorkerInterceptor};
 use crate::params::JobParams;
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{Combining, Deployment, NodeConfig, Workers};
@@ -118,15 +118,18 @@ impl<M: Payload, W: Payload> Plan<M, W> {
         } else {
             Workers::Apart
         };
-        self.config.node_config(&Deployment {
-            checkpoint_every: self.checkpoint.as_ref().map(|c| c.every),
-            store_outlives_host: self
-                .checkpoint
-                .as_ref()
-                .is_some_and(|c| c.store.outlives_host()),
-            combining: combining(self.combine.as_ref()),
-            workers,
-        })
+        NodeConfig::new(
+            Arc::new(self.config.clone()),
+            &Deployment {
+                checkpoint_every: self.checkpoint.as_ref().map(|c| c.every),
+                store_outlives_host: self
+                    .checkpoint
+                    .as_ref()
+                    .is_some_and(|c| c.store.outlives_host()),
+                combining: combining(self.combine.as_ref()),
+                workers,
+            },
+        )
     }
 }
 
@@ -320,7 +323,7 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
     let job = shared.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     // The job's span, a child of the caller's: every span of the job's work is under it.
-    let span = tracing::info_span!("job", job = %config.job_id, workers = config.workers);
+    let span = tracing::info_span!("job", job = %config.job.job_id, workers = config.job.workers);
     // The job's threads log where the caller does, or to standard error if nothing would
     // hear them (`crate::log`); each thread it starts takes this one's.
     let dispatch = crate::log::for_job();
@@ -328,12 +331,12 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
         warn_of_unread_variables(|var| std::env::var_os(var).is_some())
     });
     let thread = std::thread::Builder::new()
-        .name(crate::config::thread_prefix(&config.job_id))
+        .name(crate::config::thread_prefix(&config.job.job_id))
         .spawn(move || {
             crate::log::adopt(&dispatch);
             let _job = span.entered();
             let exits = PoolExits::default();
-            let (shutdown, grace) = (job_config.shutdown_timeout, job_config.failure_grace);
+            let (shutdown, grace) = (job_config.job.shutdown_timeout, job_config.failure_grace());
             // The coordinator's thread ends with the job's, even if this one panics.
             let coordinator = Closing(job.coordination.clone());
             let outcome =
@@ -376,13 +379,13 @@ pub(crate) fn execute<M: Payload, W: Payload>(plan: Plan<M, W>) -> Result<JobOut
                     tracing::error!(%error, "inline user code outlived its deadline; the job's thread is left to it");
                     shared
                         .coordination
-                        .fail_from_outside(&error, config.shutdown_timeout);
+                        .fail_from_outside(&error, config.job.shutdown_timeout);
                     return Err(error);
                 }
                 if let Some(error) = held_up(&shared, &config) {
                     shared
                         .coordination
-                        .fail_from_outside(&error, config.shutdown_timeout);
+                        .fail_from_outside(&error, config.job.shutdown_timeout);
                     return Err(error);
                 }
             }
@@ -422,8 +425,7 @@ fn unread_variables(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'stati
     if !crate::config::JOB_VARS_READ.load(Relaxed) {
         let call = "JobBuilder::settings_from_env (or JobConfig::with_env)";
         unread.extend(
-            crate::config::JOB_VARS
-                .into_iter()
+            crate::config::job_vars()
                 .filter(|v| is_set(v))
                 .map(|v| (v, call)),
         );
@@ -454,7 +456,7 @@ impl Drop for Closing {
 /// longer than the failure grace (that code never heard of the failure: it started first).
 fn held_up(shared: &Shared, config: &NodeConfig) -> Option<JobError> {
     let (error, at) = shared.end.first()?;
-    if at.elapsed() <= config.failure_grace + config.check_interval() {
+    if at.elapsed() <= config.failure_grace() + config.check_interval() {
         return None;
     }
     let (running, since, stopping) = shared.watch.running()?;

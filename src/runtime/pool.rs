@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::config::Placement;
 use crate::error::{BoxError, Cause, JobError};
+use crate::protocol::Placement;
 
 /// The compute pool: one thread per core (by default), shared by the master and every
 /// worker of one job (in barrier mode workers have threads of their own), dropped with the

@@ -145,11 +145,10 @@ mod tests {
 
     #[test]
     fn inline_code_past_its_deadline_is_named() {
-        let config = crate::JobConfig {
+        let config = crate::protocol::NodeConfig::of(crate::protocol::JobConfig {
             iteration_timeout: Duration::from_millis(1),
-            ..crate::JobConfig::default()
-        }
-        .unsettled_node_config(&crate::protocol::Deployment::in_memory());
+            ..crate::protocol::JobConfig::default()
+        });
         let watch = Watch::new();
         assert_eq!(watch.overdue(&config), None);
         watch.enter(Who::Worker(4), Waiting::Iteration(9));

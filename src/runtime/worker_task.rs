@@ -9,12 +9,12 @@ use super::pool::guarded;
 use super::{DynWorker, OwnedEnding, WorkerHooks};
 use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, WorkerContext};
-use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::{drop_guarded, Cause, JobError, Phase};
 use crate::ids::{Attempt, FoldRoute, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::{
     Assignment, MailCount, Report, Share, ToMaster, Work, Worked, WorkerConfig, WorkerSave,
 };

@@ -119,13 +119,13 @@ mod world;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::config::JobConfig;
 use crate::coordinator::{Coordinator, Input};
 use crate::error::ConfigError;
 use crate::ids::Iteration;
 use crate::job::JobBuilder;
 use crate::params::JobParams;
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::runtime::{Combine, DynMaster, MasterHooks, WorkerFactory, WorkerHookFactory};
 
 pub use check::{
@@ -343,7 +343,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// master's process.
     pub(crate) fn node_config(&self) -> Result<crate::protocol::NodeConfig, ConfigError> {
         self.job.validate()?;
-        self.job.node_config(&self.deployment())
+        crate::protocol::NodeConfig::new(Arc::clone(&self.job), &self.deployment())
     }
 
     /// Where the job runs, as the simulator models it: its workers processes of their own

@@ -207,13 +207,13 @@ impl<M, W> MasterNode<M, W> {
         if let Some(combiner) = combiner {
             gate = gate.combining(combiner);
         }
-        let workers = c.workers;
+        let workers = c.job.workers;
         let mut node = MasterNode {
             gate,
-            sync: SyncState::new(workers, c.sync_timeout),
-            recovery: Recovery::new(c.policy, workers, c.quorum, attempt)
-                .barrier_mode(c.barrier_mode),
-            schedule: Schedule::new(c.iterations, workers, c.worker_halt),
+            sync: SyncState::new(workers, c.job.sync_timeout),
+            recovery: Recovery::new(c.job.failure_policy, workers, c.quorum(), attempt)
+                .barrier_mode(c.job.barrier_mode),
+            schedule: Schedule::new(c.job.iterations, workers, c.job.worker_halt),
             stage: Stage::Starting {
                 master_ready: false,
                 workers_ready: false,
@@ -249,9 +249,9 @@ impl<M, W> MasterNode<M, W> {
         };
         let c = Arc::clone(&node.config);
         node.event(|| JobEvent::Started {
-            job_id: c.job_id.clone(),
-            workers: c.workers,
-            iterations: c.iterations,
+            job_id: c.job.job_id.clone(),
+            workers: c.job.workers,
+            iterations: c.job.iterations,
         });
         node.run_master(now, MasterWork::Start);
         node
@@ -346,7 +346,7 @@ impl<M, W> MasterNode<M, W> {
     fn run_master(&mut self, now: Instant, work: MasterWork<M, W>) {
         let deadline = match &work {
             MasterWork::Iterate(round) => now
-                .checked_add(self.config.iteration_timeout)
+                .checked_add(self.config.job.iteration_timeout)
                 .map(|at| (at, now, round.iteration)),
             _ => None,
         };
@@ -382,7 +382,7 @@ impl<M, W> MasterNode<M, W> {
             // `Fail`, or for a rank outside the world (another world size), it fails the
             // job.
             let waits =
-                self.recovery.policy() != FailurePolicy::Fail && *rank < self.config.workers;
+                self.recovery.policy() != FailurePolicy::Fail && *rank < self.config.job.workers;
             if *attempt == self.attempt() && waits && !self.ending() {
                 tracing::debug!(rank, %error, "a process refused for the rank; waiting on for a right one");
                 return;
@@ -403,7 +403,7 @@ impl<M, W> MasterNode<M, W> {
             }
             // (Only barrier mode makes sync calls.)
             ToMaster::Result(ref report)
-                if report.attempt == self.attempt() && self.config.barrier_mode =>
+                if report.attempt == self.attempt() && self.config.job.barrier_mode =>
             {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration);
@@ -618,7 +618,7 @@ impl<M, W> MasterNode<M, W> {
                 if checkpointed {
                     self.report.checkpoints.push(iteration);
                 }
-                if elapsed > self.config.iteration_timeout {
+                if elapsed > self.config.job.iteration_timeout {
                     // Inline work cannot be timed out while it runs (it holds the thread
                     // the timer would fire on); the deadline still holds once it returns.
                     self.fail(

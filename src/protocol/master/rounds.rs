@@ -26,7 +26,7 @@ impl<M, W> MasterNode<M, W> {
         // complete, and ends now with its result — no worker need register (a master
         // started again after its job ended would wait for workers long gone). With a
         // coordinator it waits for them: their reports are what it commits.
-        let iterations = self.config.iterations;
+        let iterations = self.config.job.iterations;
         let complete = self
             .resumed
             .is_some_and(|(r, halted)| r >= iterations || halted.is_some());
@@ -67,7 +67,8 @@ impl<M, W> MasterNode<M, W> {
         let attempt = self.attempt();
         // The last iteration's span is exited before this one is entered.
         self.span = None;
-        let span = tracing::info_span!("iteration", job = %self.config.job_id, iteration, attempt);
+        let span =
+            tracing::info_span!("iteration", job = %self.config.job.job_id, iteration, attempt);
         tracing::debug!(parent: &span, "iteration started");
         self.span = Some(HeldSpan::enter(span));
         self.event(|| JobEvent::IterationStarted { iteration });
@@ -132,7 +133,7 @@ impl<M, W> MasterNode<M, W> {
         // Copies of a checkpoint the job goes on after (not of its last iteration: the
         // workers stop with it), where some rank keeps them.
         let replicate = save == Save::Yes
-            && iteration < self.config.iterations
+            && iteration < self.config.job.iterations
             && halted.is_none()
             && !self.replica_holders(reach).is_empty();
         self.run_master(
@@ -181,10 +182,10 @@ impl<M, W> MasterNode<M, W> {
             tracing::debug!(parent: held.span(), elapsed = ?report.elapsed, "iteration completed");
         }
         self.progress
-            .completed(now, self.config.progress_interval, &report);
+            .completed(now, self.config.job.progress_interval, &report);
         self.event(|| JobEvent::IterationCompleted(report.clone()));
         self.report.totals.add(&report);
-        let keep = self.config.report_iterations;
+        let keep = self.config.job.report_iterations;
         if keep > 0 {
             if self.recent.len() >= keep {
                 self.recent.pop_front();
@@ -291,7 +292,7 @@ impl<M, W> MasterNode<M, W> {
                 // A failed job waits only its grace for workers still running user code,
                 // and for the master's own code away on the pool (its deadline comes
                 // sooner: past it, its `post_application` is skipped).
-                let grace = self.config.failure_grace;
+                let grace = self.config.failure_grace();
                 if let MasterAt::Away {
                     deadline: Some((at, ..)),
                     ..
@@ -335,7 +336,7 @@ impl<M, W> MasterNode<M, W> {
         if !self.settings.coordinated {
             return self.finalize(now, ending);
         }
-        let workers = self.config.workers;
+        let workers = self.config.job.workers;
         match ending {
             OwnedEnding::Completed { .. } if self.report.workers.len() < workers => {
                 let reported: Vec<Rank> = self.report.workers.iter().map(|w| w.rank).collect();

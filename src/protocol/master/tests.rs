@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::{Report, RowCounts, Share};
+use crate::protocol::{JobConfig, Report, RowCounts, Share};
 
 /// Every rank connected.
 struct Connected;
@@ -39,30 +39,28 @@ struct Harness {
 
 impl Harness {
     fn new(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
-        Harness::with(NodeConfig {
+        Harness::with(NodeConfig::of(JobConfig {
             workers,
             iterations,
-            policy,
-            quorum: workers,
-            ..NodeConfig::for_tests()
-        })
+            failure_policy: policy,
+            ..JobConfig::for_tests()
+        }))
     }
 
     fn with(config: NodeConfig) -> Self {
-        let local = vec![true; config.workers];
+        let local = vec![true; config.job.workers];
         Harness::placed(config, local)
     }
 
     /// A job whose rank 0 runs in the master's process and every other rank in one of
     /// its own.
     fn across_processes(workers: usize, iterations: Iteration, policy: FailurePolicy) -> Self {
-        let config = NodeConfig {
+        let config = NodeConfig::of(JobConfig {
             workers,
             iterations,
-            policy,
-            quorum: workers,
-            ..NodeConfig::for_tests()
-        };
+            failure_policy: policy,
+            ..JobConfig::for_tests()
+        });
         Harness::placed(config, (0..workers).map(|r| r == 0).collect())
     }
 
@@ -325,7 +323,7 @@ fn a_round_completed_after_the_job_failed_is_never_computed() {
 }
 
 fn registered(h: &mut Harness) {
-    for rank in 0..h.node.config.workers {
+    for rank in 0..h.node.config.job.workers {
         h.from(rank, ToMaster::Registered { attempt: 0 });
     }
 }
@@ -388,10 +386,12 @@ fn a_broadcast_that_does_not_go_fails_the_job_keeping_the_transports_error() {
 #[test]
 fn each_round_goes_to_the_master_with_whether_its_checkpoint_is_due() {
     let mut h = Harness::with(NodeConfig {
-        workers: 1,
-        iterations: 5,
         checkpoint_every: Some(2),
-        ..NodeConfig::for_tests()
+        ..NodeConfig::of(JobConfig {
+            workers: 1,
+            iterations: 5,
+            ..JobConfig::for_tests()
+        })
     });
     registered(&mut h);
     for iteration in 1..=5 {
@@ -456,11 +456,12 @@ fn a_gang_restart_waits_for_a_rank_lost_before_it_registered_in_the_new_attempt(
 /// Three ranks, rank 0 in the master's process; six iterations, a checkpoint every second.
 fn checkpointing() -> NodeConfig {
     NodeConfig {
-        workers: 3,
-        iterations: 6,
-        quorum: 3,
         checkpoint_every: Some(2),
-        ..NodeConfig::for_tests()
+        ..NodeConfig::of(JobConfig {
+            workers: 3,
+            iterations: 6,
+            ..JobConfig::for_tests()
+        })
     }
 }
 
@@ -544,14 +545,9 @@ fn a_copy_no_newer_than_the_masters_or_offered_once_the_job_began_is_not_taken()
 
 #[test]
 fn a_damaged_copy_gives_way_to_the_next_newest_and_an_older_one_is_never_taken() {
-    let mut h = Harness::placed(
-        NodeConfig {
-            workers: 4,
-            quorum: 4,
-            ..checkpointing()
-        },
-        vec![true, false, false, false],
-    );
+    let mut config = checkpointing();
+    Arc::make_mut(&mut config.job).workers = 4;
+    let mut h = Harness::placed(config, vec![true, false, false, false]);
     let mut damaged = replica(6);
     damaged.bytes = Arc::new(vec![DAMAGED; 3]);
     h.from(1, ToMaster::Replica(damaged));

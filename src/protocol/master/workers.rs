@@ -393,7 +393,7 @@ impl<M, W> MasterNode<M, W> {
                 }
                 // Every rank is back; the master starts over from its newest checkpoint.
                 let c = &self.config;
-                self.schedule = Schedule::new(c.iterations, c.workers, c.worker_halt);
+                self.schedule = Schedule::new(c.job.iterations, c.job.workers, c.job.worker_halt);
                 self.span = None;
                 self.stage = Stage::Starting {
                     master_ready: false,
@@ -409,7 +409,7 @@ impl<M, W> MasterNode<M, W> {
         self.event(|| JobEvent::Recovering(recovered.clone()));
         // The last ones only, as of iterations: a long job's report stays small.
         self.report.recovered += 1;
-        let keep = self.config.report_iterations;
+        let keep = self.config.job.report_iterations;
         if keep > 0 {
             if self.report.recoveries.len() >= keep {
                 self.report.recoveries.remove(0);

@@ -508,7 +508,7 @@ impl<M, W> WorkerNode<M, W> {
             _ => OwnedEnding::Failed(JobError::WorkersTimedOut {
                 during: Waiting::Shutdown,
                 missing: vec![self.rank],
-                waited: self.config.shutdown_timeout,
+                waited: self.config.job.shutdown_timeout,
                 refused: Vec::new(),
             }),
         };
@@ -648,7 +648,7 @@ impl<M, W> WorkerNode<M, W> {
         match self.queued.take() {
             Some(Queued::Stop(ending)) => {
                 self.timers
-                    .arm(Timer::StopDeadline, now, self.config.shutdown_timeout);
+                    .arm(Timer::StopDeadline, now, self.config.job.shutdown_timeout);
                 self.stage = Stage::Stopping(ending.clone());
                 self.dispatch(Work::Stop(ending));
             }
@@ -670,7 +670,7 @@ impl<M, W> WorkerNode<M, W> {
             self.queued = None;
         }
         self.restore = None;
-        if self.config.barrier_mode {
+        if self.config.job.barrier_mode {
             // A compute may be waiting in a sync call the new master never saw: it fails
             // now, rather than wait for an answer that is not coming.
             let error = master_lost_in_barrier_mode(self.rank, attempt);
@@ -693,7 +693,7 @@ impl<M, W> WorkerNode<M, W> {
 
     fn begin_stop(&mut self, now: Instant, ending: OwnedEnding<M>) {
         self.timers
-            .arm(Timer::StopDeadline, now, self.config.shutdown_timeout);
+            .arm(Timer::StopDeadline, now, self.config.job.shutdown_timeout);
         if matches!(self.code, Code::Home) {
             self.stage = Stage::Stopping(ending.clone());
             self.dispatch(Work::Stop(ending));

@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::{FailurePolicy, NodeConfig, Share};
+use crate::protocol::{FailurePolicy, JobConfig, NodeConfig, Share};
 
 type Node = WorkerNode<u64, u64>;
 
@@ -82,13 +82,13 @@ fn iterate(iteration: Iteration) -> ToWorker<u64> {
 
 /// A worker's settings: 1 s of failure grace, 10 s to stop, 2 s for the verdict.
 fn config(policy: FailurePolicy, barrier_mode: bool) -> Arc<WorkerConfig> {
-    let node = NodeConfig {
-        policy,
+    let node = NodeConfig::of(JobConfig {
+        failure_policy: policy,
         barrier_mode,
         failure_grace: secs(1),
         shutdown_timeout: secs(10),
-        ..NodeConfig::for_tests()
-    };
+        ..JobConfig::for_tests()
+    });
     Arc::new(node.worker())
 }
 
@@ -363,10 +363,10 @@ fn a_stop_whose_code_outlives_the_shutdown_timeout_reports_its_ending_without_it
 fn a_timer_of_no_end_never_fires() {
     let t = Instant::now();
     let forever = Arc::new(
-        NodeConfig {
+        NodeConfig::of(JobConfig {
             shutdown_timeout: Duration::MAX,
-            ..NodeConfig::for_tests()
-        }
+            ..JobConfig::for_tests()
+        })
         .worker(),
     );
     let mut node = Node::new(0, 0, forever);

@@ -1,16 +1,16 @@
 use super::*;
 use crate::error::{Cause, Phase};
-use crate::protocol::{FailurePolicy, NodeConfig};
+use crate::protocol::{FailurePolicy, JobConfig, NodeConfig};
 
 type Process = WorkerProcess<u64>;
 
 /// A process of a job of 2 ranks under `policy`.
 fn process(policy: FailurePolicy) -> Process {
-    let config = NodeConfig {
+    let config = NodeConfig::of(JobConfig {
         workers: 2,
-        policy,
-        ..NodeConfig::for_tests()
-    };
+        failure_policy: policy,
+        ..JobConfig::for_tests()
+    });
     WorkerProcess::new(2, Arc::new(config.worker()))
 }
 

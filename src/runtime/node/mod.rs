@@ -22,11 +22,11 @@ use super::worker::{Homeward, Host, WorkerDriver, WorkerHome};
 use super::worker_task::stop_given_up;
 use super::Cancel;
 use crate::compute::JobEnd;
-use crate::config::JobConfig;
 use crate::error::{Cause, JobError, Waiting};
 use crate::events::Events;
 use crate::ids::Rank;
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::JobOutcome;
 use crate::protocol::{
     Action, Envelope, MasterDone, MasterNode, MasterWork, Reach, ToMaster, ToWorker,

@@ -25,11 +25,11 @@ use rand_chacha::ChaCha8Rng;
 use super::lock;
 use super::store::SimStore;
 use super::{Fault, SimOutcome, SimRun, SimStats, Simulation};
-use crate::config::JobConfig;
 use crate::coordinator::Shard;
 use crate::error::JobError;
 use crate::ids::{Attempt, Iteration, Rank};
 use crate::payload::Payload;
+use crate::protocol::JobConfig;
 use crate::protocol::{NodeConfig, ToMaster, ToWorker, Worked, WorkerConfig};
 
 use clock::Clock;
@@ -180,10 +180,9 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
         let job_id: Arc<str> = Arc::from(job.job_id.as_str());
         // Checked before any run (`check`, which fails with the settings' error); a run
         // made directly (`run`) of settings that do not settle runs by them as they are.
-        let node_config = Arc::new(
-            sim.node_config()
-                .unwrap_or_else(|_| job.unsettled_node_config(&sim.deployment())),
-        );
+        let node_config = Arc::new(sim.node_config().unwrap_or_else(|_| {
+            crate::protocol::NodeConfig::unsettled(Arc::clone(&job), &sim.deployment())
+        }));
         let workers = job.workers;
         // A compute's calls wait in virtual time (the simulator wakes them at the time
         // they wait until): their limits are the job's, as in the runtime.

@@ -431,7 +431,7 @@ pub(crate) fn check_addr_port(addr: &str, lowest: u32) -> Result<u16, String> {
 
 /// A duration: `30s`, `1m 30s`, or a number of seconds, fractions allowed.
 fn seconds(var: &str, value: &str) -> Result<Duration, TransportError> {
-    crate::config::parse_duration(value)
+    crate::protocol::parse_duration(value)
         .map_err(|why| TransportError::Env(format!("{var} = {value:?} {why}")))
 }
 

@@ -126,20 +126,20 @@ pub struct TcpSettings {
     /// handshake is two round trips, and a peer that is slower than that holds a slot an
     /// authenticated worker may need.
     #[serde(
-        with = "crate::config::duration",
+        with = "crate::protocol::duration",
         default = "defaults::handshake_timeout"
     )]
     pub handshake_timeout: Duration,
     /// How often a side that has nothing else to send sends a heartbeat. Default 1 s.
     #[serde(
-        with = "crate::config::duration",
+        with = "crate::protocol::duration",
         default = "defaults::heartbeat_interval"
     )]
     pub heartbeat_interval: Duration,
     /// How long a side may hear nothing from its peer before declaring it lost.
     /// Default 30 s.
     #[serde(
-        with = "crate::config::duration",
+        with = "crate::protocol::duration",
         default = "defaults::heartbeat_timeout"
     )]
     pub heartbeat_timeout: Duration,
@@ -151,7 +151,7 @@ pub struct TcpSettings {
     /// started) fails in about a minute. Raise it when processes may start far apart
     /// (pods waiting for a node, say): `SUPERSTEP_CONNECT_TIMEOUT`.
     #[serde(
-        with = "crate::config::duration",
+        with = "crate::protocol::duration",
         default = "defaults::connect_timeout"
     )]
     pub connect_timeout: Duration,
@@ -159,7 +159,7 @@ pub struct TcpSettings {
     /// process started again in its place, say — before the job fails for it with
     /// `JobError::MasterLost`. Zero (the default) never tries: the loss is final at once.
     #[serde(
-        with = "crate::config::duration",
+        with = "crate::protocol::duration",
         default = "defaults::reconnect_timeout"
     )]
     pub reconnect_timeout: Duration,

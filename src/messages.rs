@@ -41,85 +41,125 @@ pub(crate) type MakePost<M, W> = Arc<dyn Fn(usize) -> Box<dyn Post<M, W>> + Send
 
 /// How messages with one key to one rank fold into one.
 pub(crate) trait MessageCombiner<G>: Send + Sync {
-    /// An empty batch for one rank.
-    fn batch(&self) -> Box<dyn Batch<G>>;
-    /// Every sender's batch, in rank order, folded into one list: each key once, where it
-    /// first came.
-    fn merge(&self, batches: Vec<Vec<G>>) -> Vec<G>;
+    /// Moves the messages of `from` into `into` (emptied first), each key once, where it
+    /// first came, the later messages with its key folded into it in order; `from` is left
+    /// empty with its capacity, for the next superstep. `scratch` is the caller's, kept
+    /// from one call to the next.
+    fn combine(&self, from: &mut Vec<G>, into: &mut Vec<G>, scratch: &mut Scratch);
 }
 
-/// The messages on their way to one rank.
-pub(crate) trait Batch<G>: Send {
-    fn push(&mut self, message: G);
-    fn take(&mut self) -> Vec<G>;
+/// What a combiner keeps between its calls: where each key's message stands.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// By key less the least key, for keys that are whole numbers close together: the
+    /// index of its message, or [`NONE`].
+    slots: Vec<u32>,
+    /// For other keys: a map of the combiner's key type to the index of its message.
+    index: Option<Box<dyn Any + Send>>,
 }
 
-struct Plain<G>(Vec<G>);
-
-impl<G: Send> Batch<G> for Plain<G> {
-    fn push(&mut self, message: G) {
-        self.0.push(message);
-    }
-    fn take(&mut self) -> Vec<G> {
-        std::mem::take(&mut self.0)
-    }
-}
+/// A slot with no message yet.
+const NONE: u32 = u32::MAX;
 
 type Index<K> = HashMap<K, usize, foldhash::fast::RandomState>;
 
 /// A combiner by a key and a fold (`JobBuilder::combine_messages`).
 pub(crate) struct ByKey<K, F> {
-    key: Arc<K>,
-    fold: Arc<F>,
+    key: K,
+    fold: F,
 }
 
 impl<K, F> ByKey<K, F> {
     pub(crate) fn new(key: K, fold: F) -> Self {
-        ByKey {
-            key: Arc::new(key),
-            fold: Arc::new(fold),
-        }
+        ByKey { key, fold }
     }
 }
 
-struct Keyed<G, Key, K, F> {
-    messages: Vec<G>,
-    at: Index<Key>,
-    key: Arc<K>,
-    fold: Arc<F>,
+/// A key as a whole number, when its type is one of Rust's unsigned integers (or a signed
+/// one, from 0): vertex ids, most often. Decided by type, so each use compiles to one way.
+fn whole<Key: 'static>(key: &Key) -> Option<u64> {
+    let key = key as &dyn Any;
+    if let Some(&k) = key.downcast_ref::<u32>() {
+        Some(u64::from(k))
+    } else if let Some(&k) = key.downcast_ref::<u64>() {
+        Some(k)
+    } else if let Some(&k) = key.downcast_ref::<usize>() {
+        Some(k as u64)
+    } else if let Some(&k) = key.downcast_ref::<i64>() {
+        u64::try_from(k).ok()
+    } else if let Some(&k) = key.downcast_ref::<i32>() {
+        u64::try_from(k).ok()
+    } else if let Some(&k) = key.downcast_ref::<u16>() {
+        Some(u64::from(k))
+    } else if let Some(&k) = key.downcast_ref::<u8>() {
+        Some(u64::from(k))
+    } else {
+        None
+    }
 }
 
-impl<G, Key, K, F> Keyed<G, Key, K, F>
-where
-    Key: Hash + Eq,
-    K: Fn(&G) -> Key,
-    F: Fn(&mut G, G),
-{
-    fn add(&mut self, message: G) {
-        let key = (self.key)(&message);
-        match self.at.get(&key) {
-            Some(&i) => (self.fold)(&mut self.messages[i], message),
-            None => {
-                self.at.insert(key, self.messages.len());
-                self.messages.push(message);
+impl<K, F> ByKey<K, F> {
+    /// The least key of `batch` and how many keys from it the slots span, when every key
+    /// is a whole number and the span is at most twice the batch (and 64 Ki more): the
+    /// slots then cost less than a map's entries.
+    fn span<G, Key: 'static>(&self, batch: &[G]) -> Option<(u64, usize)>
+    where
+        K: Fn(&G) -> Key,
+    {
+        let (mut least, mut most) = (u64::MAX, 0);
+        for message in batch {
+            let key = whole(&(self.key)(message))?;
+            least = least.min(key);
+            most = most.max(key);
+        }
+        let span = usize::try_from(most.checked_sub(least)? + 1).ok()?;
+        (span <= batch.len().saturating_mul(2).saturating_add(1 << 16)
+            && batch.len() < NONE as usize)
+            .then_some((least, span))
+    }
+
+    /// [`combine`](MessageCombiner::combine) through slots by key: one array read and one
+    /// write per message, no hashing.
+    fn by_slots<G, Key: 'static>(
+        &self,
+        from: &mut Vec<G>,
+        into: &mut Vec<G>,
+        slots: &mut [u32],
+        least: u64,
+    ) where
+        K: Fn(&G) -> Key,
+        F: Fn(&mut G, G),
+    {
+        for message in from.drain(..) {
+            let key = whole(&(self.key)(&message)).unwrap_or(least);
+            let slot = &mut slots[(key - least) as usize];
+            if *slot == NONE {
+                *slot = into.len() as u32;
+                into.push(message);
+            } else {
+                (self.fold)(&mut into[*slot as usize], message);
             }
         }
     }
-}
 
-impl<G, Key, K, F> Batch<G> for Keyed<G, Key, K, F>
-where
-    G: Send,
-    Key: Hash + Eq + Send,
-    K: Fn(&G) -> Key + Send + Sync,
-    F: Fn(&mut G, G) + Send + Sync,
-{
-    fn push(&mut self, message: G) {
-        self.add(message);
-    }
-    fn take(&mut self) -> Vec<G> {
-        self.at.clear();
-        std::mem::take(&mut self.messages)
+    /// [`combine`](MessageCombiner::combine) through a map by key.
+    fn by_map<G, Key: Hash + Eq>(&self, from: &mut Vec<G>, into: &mut Vec<G>, at: &mut Index<Key>)
+    where
+        K: Fn(&G) -> Key,
+        F: Fn(&mut G, G),
+    {
+        at.clear();
+        for message in from.drain(..) {
+            match at.entry((self.key)(&message)) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    (self.fold)(&mut into[*e.get()], message)
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(into.len());
+                    into.push(message);
+                }
+            }
+        }
     }
 }
 
@@ -130,26 +170,22 @@ where
     K: Fn(&G) -> Key + Send + Sync + 'static,
     F: Fn(&mut G, G) + Send + Sync + 'static,
 {
-    fn batch(&self) -> Box<dyn Batch<G>> {
-        Box::new(self.keyed())
-    }
-
-    fn merge(&self, batches: Vec<Vec<G>>) -> Vec<G> {
-        let mut all = self.keyed();
-        for message in batches.into_iter().flatten() {
-            all.add(message);
+    fn combine(&self, from: &mut Vec<G>, into: &mut Vec<G>, scratch: &mut Scratch) {
+        into.clear();
+        into.reserve(from.len());
+        if let Some((least, span)) = self.span(from) {
+            let slots = &mut scratch.slots;
+            slots.clear();
+            slots.resize(span, NONE);
+            self.by_slots(from, into, slots, least);
+            return;
         }
-        all.messages
-    }
-}
-
-impl<K, F> ByKey<K, F> {
-    fn keyed<G, Key>(&self) -> Keyed<G, Key, K, F> {
-        Keyed {
-            messages: Vec::new(),
-            at: Index::default(),
-            key: Arc::clone(&self.key),
-            fold: Arc::clone(&self.fold),
+        let index = scratch
+            .index
+            .get_or_insert_with(|| Box::new(Index::<Key>::default()));
+        match index.downcast_mut::<Index<Key>>() {
+            Some(at) => self.by_map(from, into, at),
+            None => self.by_map(from, into, &mut Index::default()),
         }
     }
 }
@@ -157,13 +193,16 @@ impl<K, F> ByKey<K, F> {
 /// A worker's mailbox: what its compute sends this superstep, by rank, and what it was
 /// sent in the one before.
 pub(crate) struct Mailbox<G> {
-    /// By rank; made on the first send (see `batches`).
-    out: Vec<Box<dyn Batch<G>>>,
+    /// By rank; made on the first send, kept with their capacity from one superstep to
+    /// the next.
+    out: Vec<Vec<G>>,
     workers: usize,
-    /// Whether the batches travel encoded (to other processes, or with the wire check):
-    /// then they combine, when the job has a combiner.
-    encoded: bool,
     inbox: Vec<G>,
+    /// Every sender's batch, one after the other, before they are combined into the inbox.
+    arrived: Vec<G>,
+    /// A batch as combined, before it is encoded.
+    combined: Vec<G>,
+    scratch: Scratch,
     sent: u64,
     combiner: Option<Arc<dyn MessageCombiner<G>>>,
 }
@@ -173,26 +212,19 @@ impl<G: Send + 'static> Mailbox<G> {
         Mailbox {
             out: Vec::new(),
             workers,
-            encoded: false,
             inbox: Vec::new(),
+            arrived: Vec::new(),
+            combined: Vec::new(),
+            scratch: Scratch::default(),
             sent: 0,
             combiner,
         }
     }
 
-    /// The batches, made on the first send (asking `encoded` then, once, whether they
-    /// travel encoded): combining where they do and the job has a combiner; in one
-    /// process a message is handed over as it is, which combining would only slow down.
-    fn batches(&mut self, encoded: impl FnOnce() -> bool) -> &mut [Box<dyn Batch<G>>] {
+    /// The batches by rank, made on the first send.
+    fn batches(&mut self) -> &mut [Vec<G>] {
         if self.out.is_empty() {
-            self.encoded = encoded();
-            let combiner = self.combiner.as_ref().filter(|_| self.encoded);
-            self.out = (0..self.workers)
-                .map(|_| match combiner {
-                    Some(c) => c.batch(),
-                    None => Box::new(Plain(Vec::new())) as Box<dyn Batch<G>>,
-                })
-                .collect();
+            self.out = (0..self.workers).map(|_| Vec::new()).collect();
         }
         &mut self.out
     }
@@ -247,34 +279,58 @@ where
         let (rank, n) = (ctx.rank, ctx.workers);
         // Encoded here, before the call, where the peers are in other processes (or the
         // wire check is on): a message that does not encode fails this rank's call, as a
-        // result that does not encode fails its worker.
-        let batches = self.batches(|| !ctx.peers_take_values());
-        let mut out: Vec<Vec<G>> = batches.iter_mut().map(|b| b.take()).collect();
-        let encoded = self.encoded;
+        // result that does not encode fails its worker. Only then are they combined.
+        let encoded = !ctx.peers_take_values();
+        self.batches();
+        let Mailbox {
+            out,
+            combined,
+            scratch,
+            combiner,
+            ..
+        } = self;
         let mut count = MailCount {
             sent: std::mem::take(&mut self.sent),
-            delivered: out.iter().map(|b| b.len() as u64).sum(),
             ..MailCount::default()
         };
-        let own = std::mem::take(&mut out[rank]);
-        let bags = out
-            .into_iter()
-            .enumerate()
-            .map(|(to, batch)| {
+        let mut own = Vec::new();
+        let mut bags = Vec::with_capacity(n);
+        for (to, batch) in out.iter_mut().enumerate() {
+            if !encoded {
+                count.delivered += batch.len() as u64;
+                let batch = std::mem::take(batch);
                 // The own slot is never sent.
-                if !encoded || to == rank {
-                    return Ok(Bag::Values(batch));
+                if to == rank {
+                    own = batch;
+                    bags.push(Bag::Values(Vec::new()));
+                } else {
+                    bags.push(Bag::Values(batch));
                 }
-                let bytes = encode_as_is(&batch).map_err(|e| {
-                    SyncError::Codec(format!(
-                        "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
-                        std::any::type_name::<G>()
-                    ))
-                })?;
-                count.bytes += bytes.len() as u64;
-                Ok(Bag::Encoded(bytes))
-            })
-            .collect::<Result<Vec<_>, SyncError>>()?;
+                continue;
+            }
+            let leaving = match combiner {
+                Some(c) => {
+                    c.combine(batch, combined, scratch);
+                    &mut *combined
+                }
+                None => batch,
+            };
+            count.delivered += leaving.len() as u64;
+            if to == rank {
+                own = std::mem::take(leaving);
+                bags.push(Bag::Values(Vec::new()));
+                continue;
+            }
+            let bytes = encode_as_is(leaving).map_err(|e| {
+                SyncError::Codec(format!(
+                    "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
+                    std::any::type_name::<G>()
+                ))
+            })?;
+            count.bytes += bytes.len() as u64;
+            bags.push(Bag::Encoded(bytes));
+            batch.clear();
+        }
         let buffer = Bags {
             n,
             out: RefCell::new(bags),
@@ -284,10 +340,24 @@ where
         let mut inbox = done.inbox;
         inbox[rank] = own;
         count.received = inbox.iter().map(|b| b.len() as u64).sum();
-        self.inbox = match &self.combiner {
-            Some(c) if self.encoded => c.merge(inbox),
-            _ => inbox.into_iter().flatten().collect(),
+        let into = match &self.combiner {
+            Some(_) if encoded => &mut self.arrived,
+            _ => &mut self.inbox,
         };
+        into.clear();
+        for batch in &mut inbox {
+            into.append(batch);
+        }
+        if let Some(c) = self.combiner.as_ref().filter(|_| encoded) {
+            c.combine(&mut self.arrived, &mut self.inbox, &mut self.scratch);
+        }
+        // The batches that came, emptied, are the next superstep's to send: no batch
+        // grows from nothing again.
+        for (slot, batch) in self.out.iter_mut().zip(inbox) {
+            if slot.capacity() < batch.capacity() {
+                *slot = batch;
+            }
+        }
         Ok(count)
     }
 }
@@ -375,10 +445,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         messages: impl IntoIterator<Item = (Rank, G)>,
     ) -> Result<(), MessageError> {
         let workers = self.workers;
-        let sync = &self.sync;
         let mailbox = outbox::<M, W, G>(&mut self.mail, self.iteration)?;
         let mut sent = 0;
-        let batches = mailbox.batches(|| !crate::collective::takes_values(sync));
+        let batches = mailbox.batches();
         for (to, message) in messages {
             let Some(batch) = batches.get_mut(to) else {
                 mailbox.sent += sent;
@@ -449,5 +518,71 @@ mod tests {
         let into: &mut dyn Post<(), ()> = &mut other;
         into.restore(&saved).unwrap();
         assert_eq!(other.inbox, vec![4, 5]);
+    }
+
+    /// Each key once, where it first came, its later messages folded into it in order:
+    /// what every way of combining must give.
+    fn reference<G: Clone, Key: PartialEq>(
+        messages: &[G],
+        key: impl Fn(&G) -> Key,
+        fold: impl Fn(&mut G, G),
+    ) -> Vec<G> {
+        let mut out: Vec<G> = Vec::new();
+        for m in messages {
+            match out.iter_mut().find(|o| key(o) == key(m)) {
+                Some(o) => fold(o, m.clone()),
+                None => out.push(m.clone()),
+            }
+        }
+        out
+    }
+
+    /// Combines `messages` twice with one scratch, as a mailbox does superstep after
+    /// superstep.
+    fn combined<G: Clone + Send + 'static>(
+        combiner: &dyn MessageCombiner<G>,
+        messages: &[G],
+    ) -> Vec<G> {
+        let (mut from, mut into, mut scratch) = (messages.to_vec(), Vec::new(), Scratch::default());
+        combiner.combine(&mut from, &mut into, &mut scratch);
+        assert!(from.is_empty());
+        let first = into.clone();
+        from.extend_from_slice(messages);
+        combiner.combine(&mut from, &mut into, &mut scratch);
+        assert_eq!(
+            into.len(),
+            first.len(),
+            "the scratch of a call before changes nothing"
+        );
+        into
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn whole_keys_close_together_or_far_apart_combine_as_the_reference(
+            keys in proptest::collection::vec(0u32..64, 0..200),
+            spread in proptest::sample::select(vec![1u32, 1_000, 10_000_000]),
+        ) {
+            // (vertex, order sent): the fold keeps the order it saw them in.
+            let messages: Vec<(u32, Vec<u32>)> =
+                keys.iter().enumerate().map(|(i, &k)| (k * spread, vec![i as u32])).collect();
+            let key = |m: &(u32, Vec<u32>)| m.0;
+            let fold = |into: &mut (u32, Vec<u32>), m: (u32, Vec<u32>)| into.1.extend(m.1);
+            let want = reference(&messages, key, fold);
+            proptest::prop_assert_eq!(combined(&ByKey::new(key, fold), &messages), want);
+        }
+
+        #[test]
+        fn keys_that_are_no_whole_numbers_combine_as_the_reference(
+            keys in proptest::collection::vec(-8i64..8, 0..100),
+        ) {
+            let messages: Vec<(i64, u64)> =
+                keys.iter().enumerate().map(|(i, &k)| (k, 1 << (i % 60))).collect();
+            let want = reference(&messages, |m| m.0, |into, m| into.1 |= m.1);
+            let by_number = ByKey::new(|m: &(i64, u64)| m.0, |into: &mut (i64, u64), m: (i64, u64)| into.1 |= m.1);
+            proptest::prop_assert_eq!(combined(&by_number, &messages), want.clone());
+            let by_text = ByKey::new(|m: &(i64, u64)| m.0.to_string(), |into: &mut (i64, u64), m: (i64, u64)| into.1 |= m.1);
+            proptest::prop_assert_eq!(combined(&by_text, &messages), want);
+        }
     }
 }

@@ -533,7 +533,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// Whether this rank's peers take pieces as values (in one process), rather than
     /// encoded.
     pub(crate) fn peers_take_values(&self) -> bool {
-        takes_values(&self.sync)
+        let peers = self.sync.as_ref().and_then(|s| s.peers.as_ref().ok());
+        peers.is_some_and(|p| p.carries_values())
     }
 
     /// Checks that a collective can start, and counts it: its epoch.
@@ -655,13 +656,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
         })
         .await
     }
-}
-
-/// Whether the peers a rank reaches through `sync` take pieces as values (in one
-/// process), rather than encoded.
-pub(crate) fn takes_values<W>(sync: &Option<crate::sync_link::SyncLink<W>>) -> bool {
-    let peers = sync.as_ref().and_then(|s| s.peers.as_ref().ok());
-    peers.is_some_and(|p| p.carries_values())
 }
 
 /// The way an `all_reduce` of `values` takes: recursive doubling below [`SMALL`] bytes,

@@ -205,7 +205,9 @@ impl MasterComputable for FaultyMaster {
         }
         if self.fault == Some(KILL_MASTER_WIPED) && self.iteration == KILL_MASTER_AT {
             // The host's disk is gone with it: the process started again finds an empty
-            // directory.
+            // directory. Emptied once the write of the last checkpoint due is over, so
+            // that no write races the removal (none is due again before this compute ends).
+            wait_for_checkpoint(KILL_MASTER_AT - CHECKPOINT_EVERY);
             let dir = std::env::var_os(CHECKPOINTS).unwrap();
             std::fs::remove_dir_all(&dir).unwrap();
             std::fs::create_dir(&dir).unwrap();
@@ -250,11 +252,29 @@ impl CheckpointStore for DyingStore {
             std::fs::write(self.inner.path_of(checkpoint.iteration), b"torn").unwrap();
             kill_self();
         }
-        self.inner.save(checkpoint)
+        self.inner.save(checkpoint)?;
+        SAVED.store(checkpoint.iteration, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     fn latest(&mut self) -> Result<Option<Loaded>, CheckpointError> {
         self.inner.latest()
+    }
+}
+
+/// The iteration of the newest checkpoint this process's store wrote (and pruned after).
+static SAVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Waits (at most 60 s) until this process's store has written the checkpoint of
+/// `iteration`: its writer, off the iteration's path, is then idle until the next is due.
+fn wait_for_checkpoint(iteration: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while SAVED.load(std::sync::atomic::Ordering::SeqCst) < iteration {
+        assert!(
+            Instant::now() < deadline,
+            "the checkpoint of {iteration} was not written in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -54,6 +54,8 @@ pub(crate) struct Scratch {
     /// By key less the least key, for keys that are whole numbers close together: the
     /// index of its message, or [`NONE`].
     slots: Vec<u32>,
+    /// Each message's key, as a whole number, while a batch is combined through slots.
+    keys: Vec<u64>,
     /// For other keys: a map of the combiner's key type to the index of its message.
     index: Option<Box<dyn Any + Send>>,
 }
@@ -101,37 +103,38 @@ fn whole<Key: 'static>(key: &Key) -> Option<u64> {
 impl<K, F> ByKey<K, F> {
     /// The least key of `batch` and how many keys from it the slots span, when every key
     /// is a whole number and the span is at most twice the batch (and 64 Ki more): the
-    /// slots then cost less than a map's entries.
-    fn span<G, Key: 'static>(&self, batch: &[G]) -> Option<(u64, usize)>
+    /// slots then cost less than a map's entries. Each message's key goes in `keys`, so
+    /// that the key of a message is asked once.
+    fn span<G, Key: 'static>(&self, batch: &[G], keys: &mut Vec<u64>) -> Option<(u64, usize)>
     where
         K: Fn(&G) -> Key,
     {
+        keys.clear();
         let (mut least, mut most) = (u64::MAX, 0);
         for message in batch {
             let key = whole(&(self.key)(message))?;
             least = least.min(key);
             most = most.max(key);
+            keys.push(key);
         }
-        let span = usize::try_from(most.checked_sub(least)? + 1).ok()?;
+        let span = usize::try_from(most.checked_sub(least)?.checked_add(1)?).ok()?;
         (span <= batch.len().saturating_mul(2).saturating_add(1 << 16)
             && batch.len() < NONE as usize)
             .then_some((least, span))
     }
 
-    /// [`combine`](MessageCombiner::combine) through slots by key: one array read and one
-    /// write per message, no hashing.
-    fn by_slots<G, Key: 'static>(
+    /// [`combine`](MessageCombiner::combine) through slots by key (`keys`, each message's,
+    /// from [`span`](Self::span)): one array read and one write per message, no hashing.
+    fn by_slots<G>(
         &self,
         from: &mut Vec<G>,
         into: &mut Vec<G>,
         slots: &mut [u32],
-        least: u64,
+        (keys, least): (&[u64], u64),
     ) where
-        K: Fn(&G) -> Key,
         F: Fn(&mut G, G),
     {
-        for message in from.drain(..) {
-            let key = whole(&(self.key)(&message)).unwrap_or(least);
+        for (message, &key) in from.drain(..).zip(keys) {
             let slot = &mut slots[(key - least) as usize];
             if *slot == NONE {
                 *slot = into.len() as u32;
@@ -173,11 +176,11 @@ where
     fn combine(&self, from: &mut Vec<G>, into: &mut Vec<G>, scratch: &mut Scratch) {
         into.clear();
         into.reserve(from.len());
-        if let Some((least, span)) = self.span(from) {
+        if let Some((least, span)) = self.span(from, &mut scratch.keys) {
             let slots = &mut scratch.slots;
             slots.clear();
             slots.resize(span, NONE);
-            self.by_slots(from, into, slots, least);
+            self.by_slots(from, into, slots, (&scratch.keys, least));
             return;
         }
         let index = scratch
@@ -555,6 +558,19 @@ mod tests {
             "the scratch of a call before changes nothing"
         );
         into
+    }
+
+    #[test]
+    fn keys_as_far_apart_as_a_whole_number_goes_combine_through_the_map() {
+        let messages: Vec<(u64, u32)> = vec![(u64::MAX, 1), (0, 2), (u64::MAX, 4), (7, 8)];
+        let combiner = ByKey::new(
+            |m: &(u64, u32)| m.0,
+            |into: &mut (u64, u32), m: (u64, u32)| into.1 += m.1,
+        );
+        assert_eq!(
+            combined(&combiner, &messages),
+            [(u64::MAX, 5), (0, 2), (7, 8)]
+        );
     }
 
     proptest::proptest! {

@@ -41,11 +41,12 @@ pub(crate) type MakePost<M, W> = Arc<dyn Fn(usize) -> Box<dyn Post<M, W>> + Send
 
 /// How messages with one key to one rank fold into one.
 pub(crate) trait MessageCombiner<G>: Send + Sync {
-    /// Moves the messages of `from` into `into` (emptied first), each key once, where it
-    /// first came, the later messages with its key folded into it in order; `from` is left
-    /// empty with its capacity, for the next superstep. `scratch` is the caller's, kept
-    /// from one call to the next.
-    fn combine(&self, from: &mut Vec<G>, into: &mut Vec<G>, scratch: &mut Scratch);
+    /// Moves the messages of the batches `from`, one batch after the other, into `into`
+    /// (emptied first), each key once, where it first came, the later messages with its
+    /// key folded into it in order. The batches are read where they lie and left empty
+    /// with their capacity, for the next superstep. `scratch` is the caller's, kept from
+    /// one call to the next.
+    fn combine(&self, from: &mut [Vec<G>], into: &mut Vec<G>, scratch: &mut Scratch);
 }
 
 /// What a combiner keeps between its calls: where each key's message stands.
@@ -101,25 +102,25 @@ fn whole<Key: 'static>(key: &Key) -> Option<u64> {
 }
 
 impl<K, F> ByKey<K, F> {
-    /// The least key of `batch` and how many keys from it the slots span, when every key
-    /// is a whole number and the span is at most twice the batch (and 64 Ki more): the
-    /// slots then cost less than a map's entries. Each message's key goes in `keys`, so
-    /// that the key of a message is asked once.
-    fn span<G, Key: 'static>(&self, batch: &[G], keys: &mut Vec<u64>) -> Option<(u64, usize)>
+    /// The least key of the messages of `batches` and how many keys from it the slots
+    /// span, when every key is a whole number and the span is at most twice the messages
+    /// (and 64 Ki more): the slots then cost less than a map's entries. Each message's key
+    /// goes in `keys`, so that the key of a message is asked once.
+    fn span<G, Key: 'static>(&self, batches: &[Vec<G>], keys: &mut Vec<u64>) -> Option<(u64, usize)>
     where
         K: Fn(&G) -> Key,
     {
         keys.clear();
         let (mut least, mut most) = (u64::MAX, 0);
-        for message in batch {
+        for message in batches.iter().flatten() {
             let key = whole(&(self.key)(message))?;
             least = least.min(key);
             most = most.max(key);
             keys.push(key);
         }
         let span = usize::try_from(most.checked_sub(least)?.checked_add(1)?).ok()?;
-        (span <= batch.len().saturating_mul(2).saturating_add(1 << 16)
-            && batch.len() < NONE as usize)
+        let messages = keys.len();
+        (span <= messages.saturating_mul(2).saturating_add(1 << 16) && messages < NONE as usize)
             .then_some((least, span))
     }
 
@@ -127,14 +128,15 @@ impl<K, F> ByKey<K, F> {
     /// from [`span`](Self::span)): one array read and one write per message, no hashing.
     fn by_slots<G>(
         &self,
-        from: &mut Vec<G>,
+        from: &mut [Vec<G>],
         into: &mut Vec<G>,
         slots: &mut [u32],
         (keys, least): (&[u64], u64),
     ) where
         F: Fn(&mut G, G),
     {
-        for (message, &key) in from.drain(..).zip(keys) {
+        let messages = from.iter_mut().flat_map(|batch| batch.drain(..));
+        for (message, &key) in messages.zip(keys) {
             let slot = &mut slots[(key - least) as usize];
             if *slot == NONE {
                 *slot = into.len() as u32;
@@ -146,13 +148,13 @@ impl<K, F> ByKey<K, F> {
     }
 
     /// [`combine`](MessageCombiner::combine) through a map by key.
-    fn by_map<G, Key: Hash + Eq>(&self, from: &mut Vec<G>, into: &mut Vec<G>, at: &mut Index<Key>)
+    fn by_map<G, Key: Hash + Eq>(&self, from: &mut [Vec<G>], into: &mut Vec<G>, at: &mut Index<Key>)
     where
         K: Fn(&G) -> Key,
         F: Fn(&mut G, G),
     {
         at.clear();
-        for message in from.drain(..) {
+        for message in from.iter_mut().flat_map(|batch| batch.drain(..)) {
             match at.entry((self.key)(&message)) {
                 std::collections::hash_map::Entry::Occupied(e) => {
                     (self.fold)(&mut into[*e.get()], message)
@@ -173,9 +175,8 @@ where
     K: Fn(&G) -> Key + Send + Sync + 'static,
     F: Fn(&mut G, G) + Send + Sync + 'static,
 {
-    fn combine(&self, from: &mut Vec<G>, into: &mut Vec<G>, scratch: &mut Scratch) {
+    fn combine(&self, from: &mut [Vec<G>], into: &mut Vec<G>, scratch: &mut Scratch) {
         into.clear();
-        into.reserve(from.len());
         if let Some((least, span)) = self.span(from, &mut scratch.keys) {
             let slots = &mut scratch.slots;
             slots.clear();
@@ -201,8 +202,6 @@ pub(crate) struct Mailbox<G> {
     out: Vec<Vec<G>>,
     workers: usize,
     inbox: Vec<G>,
-    /// Every sender's batch, one after the other, before they are combined into the inbox.
-    arrived: Vec<G>,
     /// A batch as combined, before it is encoded.
     combined: Vec<G>,
     scratch: Scratch,
@@ -216,7 +215,6 @@ impl<G: Send + 'static> Mailbox<G> {
             out: Vec::new(),
             workers,
             inbox: Vec::new(),
-            arrived: Vec::new(),
             combined: Vec::new(),
             scratch: Scratch::default(),
             sent: 0,
@@ -313,7 +311,7 @@ where
             }
             let leaving = match combiner {
                 Some(c) => {
-                    c.combine(batch, combined, scratch);
+                    c.combine(std::slice::from_mut(batch), combined, scratch);
                     &mut *combined
                 }
                 None => batch,
@@ -343,16 +341,14 @@ where
         let mut inbox = done.inbox;
         inbox[rank] = own;
         count.received = inbox.iter().map(|b| b.len() as u64).sum();
-        let into = match &self.combiner {
-            Some(_) if encoded => &mut self.arrived,
-            _ => &mut self.inbox,
-        };
-        into.clear();
-        for batch in &mut inbox {
-            into.append(batch);
-        }
-        if let Some(c) = self.combiner.as_ref().filter(|_| encoded) {
-            c.combine(&mut self.arrived, &mut self.inbox, &mut self.scratch);
+        match self.combiner.as_ref().filter(|_| encoded) {
+            Some(c) => c.combine(&mut inbox, &mut self.inbox, &mut self.scratch),
+            None => {
+                self.inbox.clear();
+                for batch in &mut inbox {
+                    self.inbox.append(batch);
+                }
+            }
         }
         // The batches that came, emptied, are the next superstep's to send: no batch
         // grows from nothing again.
@@ -542,20 +538,22 @@ mod tests {
 
     /// Combines `messages` twice with one scratch, as a mailbox does superstep after
     /// superstep.
-    fn combined<G: Clone + Send + 'static>(
+    fn combined<G: Clone + PartialEq + std::fmt::Debug + Send + 'static>(
         combiner: &dyn MessageCombiner<G>,
         messages: &[G],
     ) -> Vec<G> {
-        let (mut from, mut into, mut scratch) = (messages.to_vec(), Vec::new(), Scratch::default());
+        // In two batches the first time, as they arrive from two senders; in one the next.
+        let half = messages.len() / 2;
+        let mut from = vec![messages[..half].to_vec(), messages[half..].to_vec()];
+        let (mut into, mut scratch) = (Vec::new(), Scratch::default());
         combiner.combine(&mut from, &mut into, &mut scratch);
-        assert!(from.is_empty());
+        assert!(from.iter().all(Vec::is_empty));
         let first = into.clone();
-        from.extend_from_slice(messages);
+        let mut from = [messages.to_vec()];
         combiner.combine(&mut from, &mut into, &mut scratch);
         assert_eq!(
-            into.len(),
-            first.len(),
-            "the scratch of a call before changes nothing"
+            into, first,
+            "in one batch or two, and with the scratch of a call before"
         );
         into
     }

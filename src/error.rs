@@ -221,6 +221,7 @@ fn is_mistake(error: &(dyn std::error::Error + 'static)) -> bool {
         if e.downcast_ref::<SyncError>()
             .is_some_and(SyncError::is_mistake)
             || e.downcast_ref::<MessageError>().is_some()
+            || e.downcast_ref::<GraphError>().is_some()
         {
             return true;
         }
@@ -800,6 +801,59 @@ pub enum MessageError {
     /// A message sent outside `compute` (in `init`): messages belong to a superstep.
     #[error("messages are sent in compute, not in init: they belong to a superstep")]
     OutsideCompute,
+}
+
+/// A vertex program's mistake or its graph's bad input (`superstep::graph`). Returned
+/// with `?` it fails the worker's compute, naming the worker's rank and the superstep; a
+/// mistake is not run again by any failure policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// A message to a vertex id that no partition owns: outside the graph's vertices, or
+    /// one the partitioner gave no rank of the job.
+    #[error("a message to vertex {vertex}, which no partition owns: {why}")]
+    NoSuchVertex {
+        /// The vertex id named.
+        vertex: String,
+        /// Why no partition owns it.
+        why: String,
+    },
+    /// A message reached the rank its partitioner named, whose partition has no such
+    /// vertex: the graph has none with that id (a vertex is an edge's end or, with
+    /// `GraphBuilder::vertices`, an id below their count), or the partitioner does not
+    /// give one id one rank.
+    #[error("{count} message(s) to vertex {vertex}, which rank {rank}'s partition does not hold: the graph has no such vertex")]
+    NotInPartition {
+        /// The vertex id the message was sent to.
+        vertex: String,
+        /// The rank it reached.
+        rank: Rank,
+        /// How many messages to vertices not in the partition reached it this superstep.
+        count: u64,
+    },
+    /// A line of an edge list that is not an edge: `source target [value]`, separated by
+    /// spaces, tabs or a comma (lines that are empty or start with `#` or `%` are
+    /// comments).
+    #[error("{path}, line {line}: {why}")]
+    MalformedEdge {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The line, counted from 1.
+        line: u64,
+        /// What was wrong with it.
+        why: String,
+    },
+    /// An edge list that could not be read.
+    #[error("the edge list {path} could not be read: {why}")]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        why: String,
+    },
+    /// A value aggregated by a vertex in a job that declares no aggregator
+    /// (`GraphBuilder::aggregate`): it would be lost.
+    #[error("a vertex aggregated a value, but the job declares no aggregator: build it with GraphBuilder::aggregate")]
+    NoAggregator,
 }
 
 /// A call as a mismatch names it: what it is, without the place the message names once.

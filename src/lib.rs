@@ -217,6 +217,7 @@ mod config;
 pub mod coordinator;
 mod error;
 pub mod events;
+pub mod graph;
 mod ids;
 pub mod interceptor;
 mod job;

@@ -223,12 +223,67 @@ impl<G: Send + 'static> Mailbox<G> {
     }
 
     /// The batches by rank, made on the first send.
-    fn batches(&mut self) -> &mut [Vec<G>] {
+    pub(crate) fn batches(&mut self) -> &mut [Vec<G>] {
         if self.out.is_empty() {
             self.out = (0..self.workers).map(|_| Vec::new()).collect();
         }
         &mut self.out
     }
+
+    /// Counts `n` messages sent into [`batches`](Self::batches) by hand.
+    pub(crate) fn count_sent(&mut self, n: u64) {
+        self.sent += n;
+    }
+
+    /// What was sent to this rank in the superstep before, taken to be read where it
+    /// lies; [`give_back`](Self::give_back) returns the buffer.
+    pub(crate) fn take_inbox(&mut self) -> Vec<G> {
+        std::mem::take(&mut self.inbox)
+    }
+
+    /// Returns a taken inbox's buffer, emptied, to be filled again.
+    pub(crate) fn give_back(&mut self, mut inbox: Vec<G>) {
+        inbox.clear();
+        if self.inbox.is_empty() && self.inbox.capacity() < inbox.capacity() {
+            self.inbox = inbox;
+        }
+    }
+}
+
+/// The mailbox of type `G` of a worker's context, in compute.
+pub(crate) fn mailbox<M, W, G: 'static>(
+    ctx: &mut WorkerContext<M, W>,
+) -> Result<&mut Mailbox<G>, MessageError> {
+    outbox::<M, W, G>(&mut ctx.mail, ctx.iteration)
+}
+
+/// Sends each rank its batch of `out` (by rank) and returns what every rank sent this
+/// one (by sender): the superstep's message exchange, run once more for data of another
+/// type — a graph's edges, as they go to the ranks that own them. Every rank must call it
+/// in the same compute, as a collective.
+pub(crate) fn all_to_all<M, W, T>(
+    ctx: &mut WorkerContext<M, W>,
+    out: Vec<Vec<T>>,
+) -> Result<Vec<Vec<T>>, SyncError>
+where
+    W: 'static,
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    let n = ctx.workers;
+    let rank = ctx.rank;
+    let mut bags: Vec<Bag<T>> = out.into_iter().map(Bag::Values).collect();
+    bags.resize_with(n, || Bag::Values(Vec::new()));
+    let own = std::mem::replace(&mut bags[rank], Bag::Values(Vec::new()));
+    let buffer = Bags {
+        n,
+        out: RefCell::new(bags),
+        inbox: (0..n).map(|_| Vec::new()).collect(),
+    };
+    let mut done = ctx.collective(CollectiveKind::Messages, Algorithm::Ring, 1, buffer)?;
+    if let Bag::Values(own) = own {
+        done.inbox[rank] = own;
+    }
+    Ok(done.inbox)
 }
 
 impl<M, W, G> Post<M, W> for Mailbox<G>

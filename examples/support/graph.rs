@@ -248,3 +248,29 @@ where
         runs_master,
     })
 }
+
+/// Every edge of `graph` both ways, as a vertex program's job takes them
+/// (`GraphBuilder::edges`).
+pub fn undirected(
+    graph: &Arc<Graph>,
+) -> impl Fn(&mut dyn FnMut(u32, u32, ())) + Send + Sync + 'static {
+    let graph = Arc::clone(graph);
+    move |add| {
+        for &(u, v) in &graph.edges {
+            add(u, v, ());
+            add(v, u, ());
+        }
+    }
+}
+
+/// Log lines on standard error (the results go on standard output), at `info` for the
+/// library unless `RUST_LOG` says otherwise.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,superstep=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,703 @@
+//! A vertex program run as a rank-level job: each worker computes its partition's vertices
+//! and sends their messages through its mailbox; the master folds the supersteps' counts
+//! and aggregates, and ends the job.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::input::{read_shard, Source};
+use super::partition::{Item, Owners, Partition};
+use super::{
+    Context, Ended, Fold, GraphInfo, GraphResult, Incoming, MasterStep, Messages, Partitioner,
+    Vertex, VertexId, VertexProgram,
+};
+use crate::collective::ReduceOp;
+use crate::compute::{MasterComputable, MasterContext, Step, WorkerComputable, WorkerContext};
+use crate::error::{BoxError, GraphError};
+use crate::ids::Rank;
+use crate::messages::{all_to_all, mailbox};
+use crate::payload::Floats;
+
+/// What every worker and the master of one graph job share: the program and the graph's
+/// settings.
+pub(crate) struct Shared<P: VertexProgram> {
+    pub(crate) program: Arc<P>,
+    pub(crate) source: Option<Source<P::Id, P::Edge>>,
+    pub(crate) vertices: Option<u64>,
+    pub(crate) partitioner: Partitioner,
+    pub(crate) combine: Option<Fold<P::Message>>,
+    pub(crate) aggregate: Option<Fold<P::Aggregate>>,
+    pub(crate) max_supersteps: u64,
+    pub(crate) keep_values: bool,
+}
+
+type Result_<P> = GraphResult<
+    <P as VertexProgram>::Id,
+    <P as VertexProgram>::Value,
+    <P as VertexProgram>::Aggregate,
+>;
+type Part<P> = GraphPart<
+    <P as VertexProgram>::Id,
+    <P as VertexProgram>::Value,
+    <P as VertexProgram>::Aggregate,
+>;
+type Ctx<P> = WorkerContext<Result_<P>, Part<P>>;
+/// A function that calls its argument with each edge.
+type Generator<P> = dyn Fn(
+        &mut dyn FnMut(
+            <P as VertexProgram>::Id,
+            <P as VertexProgram>::Id,
+            <P as VertexProgram>::Edge,
+        ),
+    ) + Send
+    + Sync;
+/// A fold of two values into one, borrowed.
+type FoldFn<T> = dyn Fn(&mut T, T) + Send + Sync;
+
+/// A worker's report of a superstep (its job's worker result): its counts and
+/// aggregate, and, once the job ended, its vertices' values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "I: Serialize, V: Serialize, A: Serialize",
+    deserialize = "I: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned, A: serde::de::DeserializeOwned"
+))]
+pub struct GraphPart<I, V, A> {
+    active: u64,
+    sent: u64,
+    aggregate: A,
+    graph: GraphInfo,
+    values: Vec<(I, V)>,
+}
+
+/// One worker's partition and its vertices' state.
+struct State<P: VertexProgram> {
+    owners: Owners,
+    /// The ids' span the owners were made for, and whether it bounds them.
+    span: (u64, bool),
+    partition: Partition<P::Id, P::Edge>,
+    /// Whether the partition came from files (and so goes in checkpoints).
+    read: bool,
+    graph: GraphInfo,
+    values: Vec<P::Value>,
+    halted: Vec<bool>,
+    /// With a combiner: by vertex, what this rank sent it in this superstep (read in the
+    /// next), and what it reads in this one.
+    pending: Vec<Option<P::Message>>,
+    incoming: Vec<Option<P::Message>>,
+    /// Whether the vertices have their initial values.
+    started: bool,
+}
+
+/// What a checkpoint holds of a worker, as it is saved.
+#[derive(Serialize)]
+#[serde(bound(serialize = "P::Id: Serialize, P::Edge: Serialize"))]
+struct SavedRef<'a, P: VertexProgram> {
+    span: (u64, bool),
+    graph: GraphInfo,
+    values: &'a [P::Value],
+    halted: &'a [bool],
+    /// With a combiner: by vertex, what this rank sent it for the next superstep (by
+    /// place, not as an `Option`, which for a message of `()` would not survive its
+    /// encoding).
+    pending: Vec<(usize, &'a P::Message)>,
+    partition: Option<&'a Partition<P::Id, P::Edge>>,
+}
+
+/// What a checkpoint holds of a worker, as it is restored.
+#[derive(Deserialize)]
+#[serde(bound(
+    deserialize = "P::Id: serde::de::DeserializeOwned, P::Edge: serde::de::DeserializeOwned"
+))]
+struct Saved<P: VertexProgram> {
+    span: (u64, bool),
+    graph: GraphInfo,
+    values: Vec<P::Value>,
+    halted: Vec<bool>,
+    pending: Vec<(usize, P::Message)>,
+    partition: Option<Partition<P::Id, P::Edge>>,
+}
+
+/// What a worker that read an edge sends the rank that owns its source (an edge), or its
+/// target (that the vertex exists).
+#[derive(Serialize, Deserialize)]
+enum Record<I, E> {
+    Edge(I, I, E),
+    Vertex(I),
+}
+
+/// A worker of a graph job.
+pub(crate) struct GraphWorker<P: VertexProgram> {
+    shared: Arc<Shared<P>>,
+    /// The job's workers (from `init`).
+    workers: usize,
+    state: Option<State<P>>,
+}
+
+impl<P: VertexProgram> GraphWorker<P> {
+    pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
+        GraphWorker {
+            shared,
+            workers: 1,
+            state: None,
+        }
+    }
+
+    /// Builds this rank's partition from the edges every worker generates.
+    fn generate(&self, rank: Rank, workers: usize) -> Result<State<P>, BoxError> {
+        let none = |_: &mut dyn FnMut(P::Id, P::Id, P::Edge)| {};
+        let generate: &Generator<P> = match &self.shared.source {
+            Some(Source::Generated(generate)) => &**generate,
+            _ => &none,
+        };
+        let span = match self.shared.vertices {
+            Some(n) => (n, true),
+            None if matches!(self.shared.partitioner, Partitioner::Ranges) => {
+                let mut most = None::<u64>;
+                generate(&mut |u, v, _| {
+                    let top = u.to_u64().max(v.to_u64());
+                    most = Some(most.map_or(top, |m| m.max(top)));
+                });
+                (most.map_or(0, |m| m + 1), false)
+            }
+            None => (0, false),
+        };
+        let owners = Owners::new(self.shared.partitioner.clone(), workers, span.0, span.1);
+        let wrong = RefCell::new(None::<GraphError>);
+        let owns = |id: P::Id| match owners.of(id.to_u64()) {
+            Ok(r) => r == rank,
+            Err(e) => {
+                wrong.borrow_mut().get_or_insert(e);
+                false
+            }
+        };
+        let range = if span.1 { owners.range(rank) } else { None };
+        let items = |add: &mut dyn FnMut(Item<P::Id, P::Edge>)| {
+            if span.1 && range.is_none() {
+                for id in 0..span.0 {
+                    if let Some(id) = P::Id::from_u64(id).filter(|&id| owns(id)) {
+                        add((id, id, None));
+                    }
+                }
+            }
+            generate(&mut |u, v, e| {
+                if owns(u) {
+                    add((u, v, Some(e)));
+                }
+                if owns(v) && !span.1 {
+                    add((v, v, None));
+                } else if span.1 && v.to_u64() >= span.0 {
+                    owns(v);
+                }
+            })
+        };
+        let partition = Partition::build(range.clone(), &items)?;
+        if let Some(e) = wrong.into_inner() {
+            return Err(edge_names(e).into());
+        }
+        Ok(State::new(owners, span, partition, false))
+    }
+
+    /// Reads this rank's shard of the edge list, sends each edge to the rank that owns
+    /// its source, and builds its partition from what every rank sent it.
+    fn read(
+        &self,
+        ctx: &mut Ctx<P>,
+        parse: fn(Option<&str>) -> Result<P::Edge, String>,
+    ) -> Result<State<P>, BoxError> {
+        let (rank, workers) = (ctx.rank(), ctx.workers());
+        let edges = read_shard::<P::Id, P::Edge>(ctx.shard(), parse);
+        // Every rank takes part in the collectives below, the one that failed to read too:
+        // its failure is the job's, not a wait of the others' for it.
+        let (edges, failed) = match edges {
+            Ok(edges) => (edges, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        let span = match self.shared.vertices {
+            Some(n) => (n, true),
+            None => {
+                let most = edges
+                    .iter()
+                    .map(|(u, v, _)| u.to_u64().max(v.to_u64()))
+                    .max();
+                let mut top = Floats::from(vec![most.map_or(0, |m| m + 1)]);
+                ctx.all_reduce(&mut top, ReduceOp::Max)?;
+                (top[0], false)
+            }
+        };
+        let owners = Owners::new(self.shared.partitioner.clone(), workers, span.0, span.1);
+        let mut out: Vec<Vec<Record<P::Id, P::Edge>>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut wrong = None;
+        for (u, v, e) in edges {
+            match (owners.of(u.to_u64()), owners.of(v.to_u64())) {
+                (Ok(from), Ok(to)) => {
+                    if to != from && !span.1 {
+                        out[to].push(Record::Vertex(v));
+                    }
+                    out[from].push(Record::Edge(u, v, e));
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    wrong.get_or_insert(e);
+                }
+            }
+        }
+        let came = all_to_all(ctx, out)?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        if let Some(e) = wrong {
+            return Err(edge_names(e).into());
+        }
+        let range = if span.1 { owners.range(rank) } else { None };
+        let items = |add: &mut dyn FnMut(Item<P::Id, P::Edge>)| {
+            if span.1 && range.is_none() {
+                for id in 0..span.0 {
+                    if let Some(id) =
+                        P::Id::from_u64(id).filter(|&id| owners.of(id.to_u64()) == Ok(rank))
+                    {
+                        add((id, id, None));
+                    }
+                }
+            }
+            for record in came.iter().flatten() {
+                match record {
+                    Record::Edge(u, v, e) => {
+                        add((*u, *v, Some(e.clone())));
+                        if !span.1 {
+                            add((*u, *u, None));
+                        }
+                    }
+                    Record::Vertex(v) => add((*v, *v, None)),
+                }
+            }
+        };
+        let partition = Partition::build(range.clone(), &items)?;
+        Ok(State::new(owners, span, partition, true))
+    }
+
+    /// The job's values of this rank's vertices, for the job's result.
+    fn values(&self) -> Vec<(P::Id, P::Value)> {
+        let Some(state) = &self.state else {
+            return Vec::new();
+        };
+        (0..state.partition.len())
+            .map(|i| (state.partition.id(i), state.values[i].clone()))
+            .collect()
+    }
+}
+
+/// An edge's end that no partition owns, named as the edge's.
+fn edge_names(e: GraphError) -> GraphError {
+    match e {
+        GraphError::NoSuchVertex { vertex, why } => GraphError::NoSuchVertex {
+            vertex,
+            why: format!("an edge names it, but {why}"),
+        },
+        other => other,
+    }
+}
+
+impl<P: VertexProgram> State<P> {
+    fn new(
+        owners: Owners,
+        span: (u64, bool),
+        partition: Partition<P::Id, P::Edge>,
+        read: bool,
+    ) -> Self {
+        State {
+            owners,
+            span,
+            partition,
+            read,
+            graph: GraphInfo::default(),
+            values: Vec::new(),
+            halted: Vec::new(),
+            pending: Vec::new(),
+            incoming: Vec::new(),
+            started: false,
+        }
+    }
+}
+
+impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
+    type MasterResult = Result_<P>;
+    type WorkerResult = Part<P>;
+
+    fn init(&mut self, ctx: &mut Ctx<P>) -> Result<(), BoxError> {
+        self.workers = ctx.workers();
+        if !matches!(self.shared.source, Some(Source::Files { .. })) {
+            self.state = Some(self.generate(ctx.rank(), ctx.workers())?);
+        }
+        Ok(())
+    }
+
+    fn compute(&mut self, ctx: &mut Ctx<P>) -> Result<Part<P>, BoxError> {
+        let last = ctx.last_master_result();
+        if last.is_some_and(|r| r.collect) {
+            let aggregate = last.map(|r| r.aggregated.clone()).unwrap_or_default();
+            return Ok(GraphPart {
+                active: 0,
+                sent: 0,
+                aggregate,
+                graph: self.state.as_ref().map(|s| s.graph).unwrap_or_default(),
+                values: self.values(),
+            });
+        }
+        let aggregated = last.map(|r| r.aggregated.clone()).unwrap_or_default();
+        let superstep = ctx.iteration() - 1;
+        if self.state.is_none() {
+            let Some(Source::Files { parse, .. }) = &self.shared.source else {
+                return Err("a graph worker computes without its partition".into());
+            };
+            let parse = *parse;
+            self.state = Some(self.read(ctx, parse)?);
+        }
+        let combines = self.shared.combine.is_some();
+        let Some(state) = self.state.as_mut() else {
+            return Err("a graph worker computes without its partition".into());
+        };
+        if !state.started {
+            let n = state.partition.len();
+            let mut totals = Floats::from(vec![n as u64, state.partition.targets.len() as u64]);
+            ctx.all_reduce(&mut totals, ReduceOp::Sum)?;
+            state.graph = GraphInfo {
+                vertices: totals[0],
+                edges: totals[1],
+            };
+            let program = &self.shared.program;
+            state.values = (0..n)
+                .map(|i| program.initial(state.partition.id(i), &state.graph))
+                .collect();
+            state.halted = vec![false; n];
+            if combines {
+                state.pending.resize_with(n, || None);
+                state.incoming.resize_with(n, || None);
+            }
+            state.started = true;
+        }
+        let rank = ctx.rank();
+        let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
+        let mut inbox = mail.take_inbox();
+        let State {
+            owners,
+            partition,
+            graph,
+            values,
+            halted,
+            pending,
+            incoming,
+            ..
+        } = state;
+        // What came: with a combiner, folded into this rank's own; without, in id order
+        // (a stable sort keeps each vertex's in its senders' order).
+        let mut stray = Stray::new();
+        if let Some(fold) = &self.shared.combine {
+            std::mem::swap(pending, incoming);
+            for (id, message) in inbox.drain(..) {
+                match partition.locate(id) {
+                    Some(i) => match &mut incoming[i] {
+                        Some(into) => fold(into, message),
+                        slot => *slot = Some(message),
+                    },
+                    None => stray.add(id),
+                }
+            }
+        } else {
+            inbox.sort_by_key(|(id, _)| *id);
+        }
+        let post = Post::<P> {
+            rank,
+            owners,
+            partition,
+            out: mail.batches(),
+            pending: combines.then_some(&mut pending[..]),
+            combine: self.shared.combine.as_deref(),
+            aggregate: self.shared.aggregate.as_deref(),
+            aggregating: P::Aggregate::default(),
+            sent: 0,
+            remote: 0,
+        };
+        let mut cx = Context {
+            superstep,
+            graph: *graph,
+            aggregated: &aggregated,
+            post,
+        };
+        let (mut active, mut at) = (0u64, 0usize);
+        let program = &*self.shared.program;
+        for i in 0..partition.len() {
+            let id = partition.id(i);
+            let one;
+            let messages = if combines {
+                one = incoming[i].take();
+                Incoming::One(one.as_ref())
+            } else {
+                while inbox.get(at).is_some_and(|(to, _)| *to < id) {
+                    stray.add(inbox[at].0);
+                    at += 1;
+                }
+                let from = at;
+                while inbox.get(at).is_some_and(|(to, _)| *to == id) {
+                    at += 1;
+                }
+                Incoming::Run(inbox[from..at].iter())
+            };
+            let woken = match &messages {
+                Incoming::One(one) => one.is_some(),
+                Incoming::Run(run) => run.len() > 0,
+            };
+            if halted[i] && !woken {
+                continue;
+            }
+            let edges = partition.offsets[i]..partition.offsets[i + 1];
+            let mut vertex = Vertex::<P> {
+                id,
+                value: &mut values[i],
+                targets: &partition.targets[edges.clone()],
+                edges: &partition.values[edges],
+                halt: false,
+            };
+            program.compute(&mut vertex, Messages { inner: messages }, &mut cx)?;
+            halted[i] = vertex.halt;
+            active += u64::from(!vertex.halt);
+        }
+        for (to, _) in inbox.get(at..).unwrap_or_default() {
+            stray.add(*to);
+        }
+        if let Some(first) = stray.first {
+            return Err(GraphError::NotInPartition {
+                vertex: first.to_string(),
+                rank,
+                count: stray.count,
+            }
+            .into());
+        }
+        let post = cx.post;
+        let (sent, remote, aggregate) = (post.sent, post.remote, post.aggregating);
+        let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
+        mail.count_sent(remote);
+        mail.give_back(inbox);
+        Ok(GraphPart {
+            active,
+            sent,
+            aggregate,
+            graph: *graph,
+            values: Vec::new(),
+        })
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, BoxError> {
+        let Some(state) = &self.state else {
+            return Ok(Vec::new());
+        };
+        let saved = SavedRef::<P> {
+            span: state.span,
+            graph: state.graph,
+            values: &state.values,
+            halted: &state.halted,
+            pending: (state.pending.iter().enumerate())
+                .filter_map(|(i, m)| Some((i, m.as_ref()?)))
+                .collect(),
+            partition: state.read.then_some(&state.partition),
+        };
+        Ok(crate::codec::to_vec(&saved)?)
+    }
+
+    fn restore_state(&mut self, bytes: &[u8]) -> Result<(), BoxError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let saved: Saved<P> = crate::codec::from_slice(bytes)?;
+        let state = match (saved.partition, self.state.take()) {
+            (Some(mut partition), _) => {
+                partition.index();
+                // The owners as the partition was read with.
+                let owners = Owners::new(
+                    self.shared.partitioner.clone(),
+                    self.workers,
+                    saved.span.0,
+                    saved.span.1,
+                );
+                State::new(owners, saved.span, partition, true)
+            }
+            (None, Some(state)) => state,
+            (None, None) => {
+                return Err("a graph worker's checkpoint holds no edges to restore from".into())
+            }
+        };
+        if state.partition.len() != saved.values.len() {
+            return Err(format!(
+                "the checkpoint holds {} vertices for this rank, but its partition has {}: \
+                 was it taken with another number of workers?",
+                saved.values.len(),
+                state.partition.len()
+            )
+            .into());
+        }
+        let mut state = state;
+        state.graph = saved.graph;
+        state.values = saved.values;
+        state.halted = saved.halted;
+        let n = state.values.len();
+        (state.pending, state.incoming) = (Vec::new(), Vec::new());
+        if self.shared.combine.is_some() {
+            state.pending.resize_with(n, || None);
+            state.incoming.resize_with(n, || None);
+        }
+        for (i, message) in saved.pending {
+            let slot = state.pending.get_mut(i).ok_or_else(|| {
+                format!("the checkpoint holds a message for vertex {i} of this rank's {n}")
+            })?;
+            *slot = Some(message);
+        }
+        state.started = true;
+        self.state = Some(state);
+        Ok(())
+    }
+}
+
+/// Messages to vertices a partition does not hold: how many, and the first.
+struct Stray<I> {
+    first: Option<I>,
+    count: u64,
+}
+
+impl<I> Stray<I> {
+    fn new() -> Self {
+        Stray {
+            first: None,
+            count: 0,
+        }
+    }
+
+    fn add(&mut self, id: I) {
+        self.first.get_or_insert(id);
+        self.count += 1;
+    }
+}
+
+/// Where a superstep's sends go: to this rank's own vertices' next messages (with a
+/// combiner), or to the mailbox's batch for the rank that owns the vertex.
+pub(crate) struct Post<'a, P: VertexProgram> {
+    rank: Rank,
+    owners: &'a Owners,
+    partition: &'a Partition<P::Id, P::Edge>,
+    out: &'a mut [Vec<(P::Id, P::Message)>],
+    pending: Option<&'a mut [Option<P::Message>]>,
+    combine: Option<&'a FoldFn<P::Message>>,
+    aggregate: Option<&'a FoldFn<P::Aggregate>>,
+    aggregating: P::Aggregate,
+    sent: u64,
+    remote: u64,
+}
+
+impl<P: VertexProgram> Post<'_, P> {
+    #[inline]
+    pub(crate) fn send(&mut self, to: P::Id, message: P::Message) -> Result<(), GraphError> {
+        let here = self.partition.locate(to);
+        if let (Some(i), Some(pending), Some(fold)) =
+            (here, self.pending.as_deref_mut(), self.combine)
+        {
+            match &mut pending[i] {
+                Some(into) => fold(into, message),
+                slot => *slot = Some(message),
+            }
+            self.sent += 1;
+            return Ok(());
+        }
+        let owner = match here {
+            Some(_) => self.rank,
+            None => self.owners.of(to.to_u64())?,
+        };
+        self.out[owner].push((to, message));
+        self.sent += 1;
+        self.remote += 1;
+        Ok(())
+    }
+
+    pub(crate) fn aggregate(&mut self, value: P::Aggregate) -> Result<(), GraphError> {
+        let fold = self.aggregate.ok_or(GraphError::NoAggregator)?;
+        fold(&mut self.aggregating, value);
+        Ok(())
+    }
+}
+
+/// The master of a graph job.
+pub(crate) struct GraphMaster<P: VertexProgram> {
+    pub(crate) shared: Arc<Shared<P>>,
+}
+
+impl<P: VertexProgram> MasterComputable for GraphMaster<P> {
+    type MasterResult = Result_<P>;
+    type WorkerResult = Part<P>;
+
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<Result_<P>, Part<P>>,
+    ) -> Result<Step<Result_<P>>, BoxError> {
+        if let Some(last) = ctx.last_master_result().filter(|r| r.collect) {
+            let mut values: Vec<(P::Id, P::Value)> = Vec::new();
+            for part in ctx.worker_results() {
+                values.extend(part.values.iter().cloned());
+            }
+            if !values.is_sorted_by_key(|(id, _)| *id) {
+                values.sort_unstable_by_key(|(id, _)| *id);
+            }
+            return Ok(Step::Halt(GraphResult {
+                supersteps: last.supersteps,
+                aggregated: last.aggregated.clone(),
+                active: last.active,
+                messages: last.messages,
+                graph: last.graph,
+                ended: last.ended,
+                collect: false,
+                values,
+            }));
+        }
+        let parts = ctx.worker_results();
+        let mut aggregated = P::Aggregate::default();
+        let (mut active, mut messages) = (0, 0);
+        for part in parts {
+            active += part.active;
+            messages += part.sent;
+            if let Some(fold) = &self.shared.aggregate {
+                fold(&mut aggregated, part.aggregate.clone());
+            }
+        }
+        let graph = parts.first().map(|p| p.graph).unwrap_or_default();
+        let superstep = ctx.iteration() - 1;
+        let mut step = MasterStep::<P> {
+            superstep,
+            aggregated: &mut aggregated,
+            active,
+            messages,
+            graph,
+            halt: false,
+        };
+        self.shared.program.master_compute(&mut step)?;
+        let ended = if step.halt {
+            Some(Ended::ByMaster)
+        } else if active == 0 && messages == 0 {
+            Some(Ended::Halted)
+        } else if superstep + 1 >= self.shared.max_supersteps {
+            Some(Ended::MaxSupersteps)
+        } else {
+            None
+        };
+        let result = GraphResult {
+            supersteps: superstep + 1,
+            aggregated,
+            active,
+            messages,
+            graph,
+            ended,
+            collect: ended.is_some() && self.shared.keep_values,
+            values: Vec::new(),
+        };
+        Ok(match ended {
+            Some(_) if !self.shared.keep_values => Step::Halt(result),
+            _ => Step::Continue(result),
+        })
+    }
+}

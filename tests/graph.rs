@@ -1,0 +1,453 @@
+//! Vertex programs (`superstep::graph`) as a Giraph or GraphX user relies on them: the
+//! same values whatever the partitioner, the workers or the input's form; a halted vertex
+//! computed again only when a message wakes it; aggregators read a superstep later;
+//! checkpoints that hold the vertices without code of the program's; and errors that name
+//! the vertex, the file and the line.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use superstep::checkpoint::MemoryCheckpointStore;
+use superstep::coordinator::Input;
+use superstep::graph::{
+    Context, Ended, GraphError, GraphInfo, GraphJob, Messages, Partitioner, Vertex, VertexProgram,
+};
+use superstep::{BoxError, FailurePolicy};
+
+/// Label propagation: each vertex ends with the least id of its component.
+struct Components;
+
+impl VertexProgram for Components {
+    type Id = u64;
+    type Value = u64;
+    type Edge = ();
+    type Message = u64;
+    type Aggregate = ();
+
+    fn initial(&self, id: u64, _: &GraphInfo) -> u64 {
+        id
+    }
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        heard: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        let least = heard.copied().min().unwrap_or(u64::MAX);
+        if ctx.superstep() == 0 || least < *vertex.value() {
+            vertex.set_value(least.min(*vertex.value()));
+            ctx.send_to_neighbours(vertex, *vertex.value())?;
+        }
+        vertex.vote_to_halt();
+        Ok(())
+    }
+}
+
+/// A graph of sparse ids: rings of different sizes, ids spread out, one isolated pair.
+fn edges() -> Vec<(u64, u64)> {
+    let mut edges = Vec::new();
+    for (ring, len) in [(0u64, 7u64), (1, 3), (2, 12)] {
+        let id = |i: u64| 1_000 * ring + 17 * i + 5;
+        for i in 0..len {
+            edges.push((id(i), id((i + 1) % len)));
+        }
+    }
+    edges.push((900_000, 900_001));
+    edges
+}
+
+/// Each vertex's component, computed by following edges in one thread.
+fn expected() -> Vec<(u64, u64)> {
+    let mut label = std::collections::BTreeMap::new();
+    for (u, v) in edges() {
+        label.insert(u, u);
+        label.insert(v, v);
+    }
+    loop {
+        let mut changed = false;
+        for (u, v) in edges() {
+            let least = label[&u].min(label[&v]);
+            for w in [u, v] {
+                if label[&w] != least {
+                    label.insert(w, least);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return label.into_iter().collect();
+        }
+    }
+}
+
+fn both_ways(add: &mut dyn FnMut(u64, u64, ())) {
+    for (u, v) in edges() {
+        add(u, v, ());
+        add(v, u, ());
+    }
+}
+
+#[test]
+fn components_are_the_same_whatever_the_partitioner_the_workers_and_the_combiner() {
+    let want = expected();
+    for partitioner in [
+        Partitioner::Ranges,
+        Partitioner::Hash,
+        Partitioner::custom(|id, workers| (id as usize / 1_000) % workers),
+    ] {
+        for workers in [1, 3, 4] {
+            for combine in [false, true] {
+                let mut graph = GraphJob::builder(Components)
+                    .edges(both_ways)
+                    .partitioner(partitioner.clone());
+                if combine {
+                    graph = graph.combine(|least, label| *least = (*least).min(label));
+                }
+                let outcome = graph.job().workers(workers).run().unwrap();
+                let what = format!("{partitioner:?}, {workers} workers, combining {combine}");
+                assert_eq!(outcome.result.values(), &want[..], "{what}");
+                assert_eq!(outcome.result.ended, Some(Ended::Halted), "{what}");
+                assert_eq!(outcome.result.graph.vertices, want.len() as u64, "{what}");
+                assert_eq!(
+                    outcome.result.graph.edges,
+                    2 * edges().len() as u64,
+                    "{what}"
+                );
+                assert_eq!(outcome.result.value(900_001), Some(&900_000));
+            }
+        }
+    }
+}
+
+/// Counts how often each vertex computes: vertex 0 tells vertex 1 something in every
+/// superstep up to the fifth; every other vertex votes to halt at once.
+struct Wakes {
+    fail_once: Arc<AtomicBool>,
+}
+
+impl VertexProgram for Wakes {
+    type Id = u32;
+    type Value = u32;
+    type Edge = ();
+    type Message = u32;
+    /// How many vertices computed in a superstep.
+    type Aggregate = u64;
+
+    fn initial(&self, _: u32, _: &GraphInfo) -> u32 {
+        0
+    }
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        messages: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        if ctx.superstep() == 4 && self.fail_once.swap(false, Ordering::SeqCst) {
+            return Err("a worker lost in superstep 4".into());
+        }
+        *vertex.value_mut() += 1;
+        ctx.aggregate(1)?;
+        // What was aggregated is what computed in the superstep before.
+        if ctx.superstep() > 0 {
+            let before = match ctx.superstep() {
+                1 => 5,
+                2..=6 => 2,
+                _ => 1,
+            };
+            if *ctx.aggregated() != before {
+                return Err(format!(
+                    "superstep {} read {} computes of the one before",
+                    ctx.superstep(),
+                    ctx.aggregated()
+                )
+                .into());
+            }
+        }
+        if vertex.id() == 1 && ctx.superstep() > 0 && messages.len() != 1 {
+            return Err("vertex 1 computed without its message".into());
+        }
+        if vertex.id() == 0 && ctx.superstep() < 5 {
+            ctx.send(1, 7)?;
+        } else if vertex.id() != 0 {
+            vertex.vote_to_halt();
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_halted_vertex_computes_again_only_when_a_message_wakes_it_and_aggregates_are_read_a_superstep_later(
+) {
+    let outcome = GraphJob::builder(Wakes {
+        fail_once: Arc::new(AtomicBool::new(false)),
+    })
+    .vertices(5)
+    .aggregate(|sum, n| *sum += n)
+    .max_supersteps(8)
+    .job()
+    .workers(2)
+    .run()
+    .unwrap();
+    // Vertex 0 never halts: the job runs to its most supersteps.
+    let result = &outcome.result;
+    assert_eq!(result.values(), &[(0, 8), (1, 6), (2, 1), (3, 1), (4, 1)]);
+    assert_eq!(result.ended, Some(Ended::MaxSupersteps));
+    assert_eq!(result.supersteps, 8);
+    assert_eq!(
+        result.aggregated, 1,
+        "only vertex 0 computed in the last superstep"
+    );
+}
+
+#[test]
+fn a_job_resumed_from_a_checkpoint_keeps_each_vertex_s_value_halt_vote_and_messages() {
+    let fault_free = GraphJob::builder(Wakes {
+        fail_once: Arc::new(AtomicBool::new(false)),
+    })
+    .vertices(5)
+    .aggregate(|sum, n| *sum += n)
+    .max_supersteps(8)
+    .job()
+    .workers(2)
+    .run()
+    .unwrap();
+    for combine in [false, true] {
+        let mut graph = GraphJob::builder(Wakes {
+            fail_once: Arc::new(AtomicBool::new(true)),
+        })
+        .vertices(5)
+        .aggregate(|sum, n| *sum += n)
+        .max_supersteps(8);
+        if combine {
+            // Vertex 0's message to vertex 1, in its own partition, waits in the worker.
+            graph = graph.combine(|into, m| *into += m);
+        }
+        let recovered = graph
+            .job()
+            .workers(2)
+            .checkpoint(MemoryCheckpointStore::new(), 2)
+            .failure_policy(FailurePolicy::RestartAll { max_attempts: 2 })
+            .run()
+            .unwrap();
+        assert_eq!(
+            recovered.result.values(),
+            fault_free.result.values(),
+            "combining {combine}"
+        );
+        assert_eq!(
+            recovered.report.recovered, 1,
+            "the failure in superstep 4 was recovered from"
+        );
+    }
+}
+
+/// Sends to a vertex past the graph's.
+struct Astray;
+
+impl VertexProgram for Astray {
+    type Id = u64;
+    type Value = ();
+    type Edge = ();
+    type Message = ();
+    type Aggregate = ();
+
+    fn initial(&self, _: u64, _: &GraphInfo) {}
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        _: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        if vertex.id() == 2 {
+            ctx.send(12, ())?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_message_to_a_vertex_no_partition_owns_fails_the_job_naming_it() {
+    let err = GraphJob::builder(Astray)
+        .vertices(10)
+        .job()
+        .workers(3)
+        .run()
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains(
+            "a message to vertex 12, which no partition owns: the graph's vertices are 0 to 9"
+        ),
+        "{said}"
+    );
+    // Ids below the span that no edge names: the rank that would own one says so.
+    let err = GraphJob::builder(Astray)
+        .edges(|add| add(2, 20, ()))
+        .job()
+        .workers(2)
+        .run()
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("message(s) to vertex 12, which rank 1's partition does not hold"),
+        "{said}"
+    );
+}
+
+#[test]
+fn an_aggregate_without_an_aggregator_fails_rather_than_being_lost() {
+    let err = GraphJob::builder(Wakes {
+        fail_once: Arc::new(AtomicBool::new(false)),
+    })
+    .vertices(3)
+    .job()
+    .workers(1)
+    .run()
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("the job declares no aggregator"),
+        "{err}"
+    );
+}
+
+fn edge_file(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let mut file = std::fs::File::create(&path).unwrap();
+    writeln!(file, "# source target").unwrap();
+    for line in lines {
+        writeln!(file, "{line}").unwrap();
+    }
+    path
+}
+
+#[test]
+fn an_edge_list_in_one_file_or_several_gives_what_generated_edges_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = edges()
+        .iter()
+        .flat_map(|&(u, v)| [format!("{u}\t{v}"), format!("{v} {u}")])
+        .collect();
+    let one = edge_file(dir.path(), "all.txt", &lines);
+    let (a, b) = lines.split_at(lines.len() / 3);
+    let several = vec![
+        edge_file(dir.path(), "a.txt", a),
+        edge_file(dir.path(), "b.txt", b),
+    ];
+    for input in [
+        Input::Lines {
+            path: one,
+            header: false,
+        },
+        Input::Files(several),
+    ] {
+        for workers in [1, 3] {
+            let outcome = GraphJob::builder(Components)
+                .edge_list(input.clone())
+                .combine(|least, label| *least = (*least).min(label))
+                .job()
+                .workers(workers)
+                .run()
+                .unwrap();
+            assert_eq!(
+                outcome.result.values(),
+                &expected()[..],
+                "{input:?}, {workers} workers"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_malformed_edge_line_fails_the_job_naming_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [
+        "1 2".to_string(),
+        "2 3".to_string(),
+        "3 four".to_string(),
+        "4 1".to_string(),
+    ];
+    let path = edge_file(dir.path(), "bad.txt", &lines);
+    for workers in [1, 2] {
+        let err = GraphJob::builder(Components)
+            .edge_list(Input::Lines {
+                path: path.clone(),
+                header: false,
+            })
+            .job()
+            .workers(workers)
+            .run()
+            .unwrap_err();
+        let said = err.to_string();
+        let want = format!(
+            "{}, line 4: the target \"four\" is not a vertex id",
+            path.display()
+        );
+        assert!(said.contains(&want), "{said}");
+    }
+    let source = GraphError::MalformedEdge {
+        path: path.clone(),
+        line: 4,
+        why: "x".into(),
+    };
+    assert_eq!(source.to_string(), format!("{}, line 4: x", path.display()));
+}
+
+/// Halts by its master after the third superstep.
+struct ThreeSupersteps;
+
+impl VertexProgram for ThreeSupersteps {
+    type Id = u32;
+    type Value = u64;
+    type Edge = ();
+    type Message = ();
+    type Aggregate = ();
+
+    fn initial(&self, _: u32, _: &GraphInfo) -> u64 {
+        0
+    }
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        _: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        vertex.set_value(ctx.superstep());
+        Ok(())
+    }
+
+    fn master_compute(
+        &self,
+        master: &mut superstep::graph::MasterStep<'_, Self>,
+    ) -> Result<(), BoxError> {
+        if master.superstep() == 2 {
+            master.halt();
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_program_s_master_compute_halts_the_job() {
+    let outcome = GraphJob::builder(ThreeSupersteps)
+        .vertices(4)
+        .job()
+        .workers(2)
+        .run()
+        .unwrap();
+    assert_eq!(outcome.result.ended, Some(Ended::ByMaster));
+    assert_eq!(outcome.result.values(), &[(0, 2), (1, 2), (2, 2), (3, 2)]);
+    let without = GraphJob::builder(ThreeSupersteps)
+        .vertices(4)
+        .keep_values(false)
+        .job()
+        .workers(2)
+        .run()
+        .unwrap();
+    assert!(without.result.values().is_empty());
+    assert_eq!(without.iterations, 3, "no iteration to hand the values in");
+}

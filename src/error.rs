@@ -808,13 +808,13 @@ pub enum MessageError {
 /// mistake is not run again by any failure policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GraphError {
-    /// A message to a vertex id that no partition owns: outside the graph's vertices, or
-    /// one the partitioner gave no rank of the job.
-    #[error("a message to vertex {vertex}, which no partition owns: {why}")]
+    /// A vertex id that no partition owns — a message's or an edge's: outside the graph's
+    /// vertices, or one the partitioner gave no rank of the job.
+    #[error("no partition owns vertex {vertex}: {why}")]
     NoSuchVertex {
         /// The vertex id named.
         vertex: String,
-        /// Why no partition owns it.
+        /// What named it, and why no partition owns it.
         why: String,
     },
     /// A message reached the rank its partitioner named, whose partition has no such

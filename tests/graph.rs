@@ -280,7 +280,7 @@ fn a_message_to_a_vertex_no_partition_owns_fails_the_job_naming_it() {
     let said = err.to_string();
     assert!(
         said.contains(
-            "a message to vertex 12, which no partition owns: the graph's vertices are 0 to 9"
+            "no partition owns vertex 12: a message was sent to it, but the graph's vertices are 0 to 9"
         ),
         "{said}"
     );
@@ -450,4 +450,128 @@ fn the_program_s_master_compute_halts_the_job() {
         .unwrap();
     assert!(without.result.values().is_empty());
     assert_eq!(without.iterations, 3, "no iteration to hand the values in");
+}
+
+/// Each vertex's value is the number of edges that lead to it.
+struct InDegree;
+
+impl VertexProgram for InDegree {
+    type Id = u64;
+    type Value = u64;
+    type Edge = ();
+    type Message = u64;
+    /// The least id plus ten, over every vertex.
+    type Aggregate = u64;
+
+    fn initial(&self, _: u64, _: &GraphInfo) -> u64 {
+        0
+    }
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        messages: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        if ctx.superstep() == 0 {
+            ctx.send_to_neighbours(vertex, 1)?;
+            ctx.aggregate(vertex.id().saturating_add(10))?;
+        } else {
+            vertex.set_value(messages.sum());
+            if *ctx.aggregated() != 10 {
+                return Err(
+                    format!("the least id plus ten is 10, not {}", ctx.aggregated()).into(),
+                );
+            }
+        }
+        vertex.vote_to_halt();
+        Ok(())
+    }
+}
+
+#[test]
+fn an_edge_s_target_is_a_vertex_whichever_rank_owns_it_and_the_least_aggregate_is_the_least() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directed chain: vertex 9 is only ever a target.
+    let lines: Vec<String> = (0..9).map(|v| format!("{v} {}", v + 1)).collect();
+    let path = edge_file(dir.path(), "chain.txt", &lines);
+    let want: Vec<(u64, u64)> = (0..10).map(|v| (v, u64::from(v > 0))).collect();
+    for partitioner in [Partitioner::Ranges, Partitioner::Hash] {
+        for workers in [1, 3] {
+            let job = |graph: superstep::graph::GraphBuilder<InDegree>| {
+                graph
+                    .partitioner(partitioner.clone())
+                    .combine(|sum, n| *sum += n)
+                    .aggregate(|least, id| *least = (*least).min(id))
+                    .job()
+                    .workers(workers)
+                    .run()
+                    .unwrap()
+            };
+            let read = job(GraphJob::builder(InDegree).edge_list(Input::Files(vec![path.clone()])));
+            let made = job(
+                GraphJob::builder(InDegree).edges(|add| (0..9).for_each(|v| add(v, v + 1, ())))
+            );
+            let what = format!("{partitioner:?}, {workers} workers");
+            assert_eq!(read.result.values(), &want[..], "read, {what}");
+            assert_eq!(made.result.values(), &want[..], "generated, {what}");
+        }
+    }
+}
+
+#[test]
+fn the_largest_id_of_its_type_is_a_vertex_like_any_other() {
+    let outcome = GraphJob::builder(Components)
+        .edges(|add| {
+            add(u64::MAX, 3, ());
+            add(3, u64::MAX, ());
+        })
+        .combine(|least, label| *least = (*least).min(label))
+        .job()
+        .workers(2)
+        .run()
+        .unwrap();
+    assert_eq!(outcome.result.values(), &[(3, 3), (u64::MAX, 3)]);
+}
+
+#[test]
+fn a_custom_partitioner_that_gives_an_id_no_rank_fails_the_job_naming_the_vertex() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = edge_file(
+        dir.path(),
+        "pair.txt",
+        &["0 1".to_string(), "1 0".to_string()],
+    );
+    let outside = || {
+        Partitioner::custom(|id, workers| {
+            if id == 3 {
+                workers
+            } else {
+                id as usize % workers
+            }
+        })
+    };
+    let read = GraphJob::builder(Components)
+        .edge_list(Input::Files(vec![path]))
+        .vertices(5)
+        .partitioner(outside())
+        .job()
+        .workers(2)
+        .run()
+        .unwrap_err();
+    let made = GraphJob::builder(Components)
+        .edges(|add| add(0, 1, ()))
+        .vertices(5)
+        .partitioner(outside())
+        .job()
+        .workers(2)
+        .run()
+        .unwrap_err();
+    for err in [read, made] {
+        let said = err.to_string();
+        assert!(
+            said.contains("no partition owns vertex 3: the partitioner gave it rank 2, but the job has 2 worker(s)"),
+            "{said}"
+        );
+    }
 }

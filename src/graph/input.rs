@@ -110,7 +110,14 @@ pub(crate) fn read_shard<I: VertexId, E>(
                 }
             }
         }
-        Some(Shard::Rows(_)) | None => {}
+        Some(Shard::Rows(range)) => {
+            return Err(GraphError::Unreadable {
+                path: format!("rows {range:?}").into(),
+                why: "an edge list is read from files (Input::Files or Input::Lines), not rows"
+                    .into(),
+            })
+        }
+        None => {}
     }
     Ok(edges)
 }

@@ -88,6 +88,7 @@
 mod input;
 mod partition;
 mod run;
+mod slots;
 
 use std::fmt;
 use std::hash::Hash;
@@ -179,8 +180,8 @@ pub trait VertexProgram: Send + Sync + Sized + 'static {
     /// What vertices send each other.
     type Message: Serialize + DeserializeOwned + Send + Sync + Clone + 'static;
     /// What vertices aggregate in a superstep (`()` for nothing; see
-    /// [`GraphBuilder::aggregate`]). A superstep's aggregation starts from its
-    /// `Default`.
+    /// [`GraphBuilder::aggregate`]); its `Default` is what vertices read when none
+    /// aggregated.
     type Aggregate: Payload + Clone + Default;
 
     /// The value vertex `id` starts with, before superstep 0.
@@ -197,9 +198,10 @@ pub trait VertexProgram: Send + Sync + Sized + 'static {
     ) -> Result<(), BoxError>;
 
     /// Runs once a superstep, in the master, after every vertex computed and before the
-    /// next superstep (Giraph's `MasterCompute`): reads and may change what was
-    /// aggregated, which every vertex reads in the next superstep, and may halt the job.
-    /// The default does nothing.
+    /// next superstep (Giraph's `MasterCompute`, which runs before a superstep: halting
+    /// here after superstep 2 is halting there before superstep 3): reads and may change
+    /// what was aggregated, which every vertex reads in the next superstep, and may halt
+    /// the job. The default does nothing.
     fn master_compute(&self, master: &mut MasterStep<'_, Self>) -> Result<(), BoxError> {
         let _ = master;
         Ok(())
@@ -491,17 +493,25 @@ pub struct GraphBuilder<P: VertexProgram> {
     source: Option<Source<P::Id, P::Edge>>,
     vertices: Option<u64>,
     partitioner: Partitioner,
-    combine: Option<Fold<P::Message>>,
+    combine: Option<Combining<P>>,
     aggregate: Option<Fold<P::Aggregate>>,
     max_supersteps: u64,
     keep_values: bool,
 }
 
+/// A combiner as a graph job keeps it: its fold with the loops that apply it many times
+/// compiled in, and how the job's mailbox folds with it.
+struct Combining<P: VertexProgram> {
+    folds: Arc<dyn run::Folds<P::Message>>,
+    mailbox: Box<dyn FnOnce(GraphJobBuilder<P>) -> GraphJobBuilder<P> + Send + Sync>,
+}
+
 impl<P: VertexProgram> GraphBuilder<P> {
-    /// The graph's edges, from `edges`: every worker calls it (twice, or three times
-    /// without [`vertices`](Self::vertices): it must give the same edges each time) with
-    /// a function to call for each edge `(source, target, value)`, and keeps the edges of
-    /// the vertices it owns. An undirected graph gives each edge both ways.
+    /// The graph's edges, from `edges`: every worker calls it with a function to call for
+    /// each edge `(source, target, value)`, and keeps the edges of the vertices it owns.
+    /// It is called more than once (two to four times, as the partition is counted and
+    /// filled): it must give the same edges every time. An undirected graph gives each
+    /// edge both ways.
     pub fn edges(
         mut self,
         edges: impl Fn(&mut dyn FnMut(P::Id, P::Id, P::Edge)) + Send + Sync + 'static,
@@ -549,13 +559,24 @@ impl<P: VertexProgram> GraphBuilder<P> {
         mut self,
         fold: impl Fn(&mut P::Message, P::Message) + Send + Sync + 'static,
     ) -> Self {
-        self.combine = Some(Arc::new(fold));
+        let fold = Arc::new(fold);
+        let by_key = Arc::clone(&fold);
+        self.combine = Some(Combining {
+            folds: Arc::new(run::ByFold(fold)),
+            mailbox: Box::new(move |job: GraphJobBuilder<P>| {
+                job.combine_messages(
+                    |m: &(P::Id, P::Message)| m.0,
+                    move |into: &mut (P::Id, P::Message), m| by_key(&mut into.1, m.1),
+                )
+            }),
+        });
         self
     }
 
     /// Folds the values vertices [`aggregate`](Context::aggregate) in a superstep into
-    /// one, from the aggregate's `Default`: in each worker, then every worker's in rank
-    /// order. Commutative and associative, as a sum, a minimum or a count.
+    /// one, from the first: in each worker, then every worker's in rank order (the
+    /// aggregate's `Default` when no vertex aggregated). Commutative and associative, as a
+    /// sum, a minimum or a count.
     pub fn aggregate(
         mut self,
         fold: impl Fn(&mut P::Aggregate, P::Aggregate) + Send + Sync + 'static,
@@ -587,7 +608,7 @@ impl<P: VertexProgram> GraphBuilder<P> {
             source: self.source,
             vertices: self.vertices,
             partitioner: self.partitioner,
-            combine: self.combine.clone(),
+            combine: self.combine.as_ref().map(|c| Arc::clone(&c.folds)),
             aggregate: self.aggregate,
             max_supersteps: self.max_supersteps,
             keep_values: self.keep_values,
@@ -604,10 +625,7 @@ impl<P: VertexProgram> GraphBuilder<P> {
             // The supersteps, and one to hand the values in.
             .iterations(Iteration::from(shared.max_supersteps).saturating_add(1));
         job = match self.combine {
-            Some(fold) => job.combine_messages(
-                |m: &(P::Id, P::Message)| m.0,
-                move |into: &mut (P::Id, P::Message), m| fold(&mut into.1, m.1),
-            ),
+            Some(combining) => (combining.mailbox)(job),
             None => job.messages::<(P::Id, P::Message)>(),
         };
         if let Some(input) = input {

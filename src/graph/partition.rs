@@ -55,15 +55,23 @@ pub(crate) struct Owners {
     vertices: u64,
     /// Whether `vertices` bounds the ids (given by the user), or only spans them.
     bounded: bool,
+    /// For ranges: where each rank's range starts, and the end (`workers + 1` bounds).
+    bounds: Vec<u64>,
+    /// For ranges: ranks per id, to find an id's rank with a product, not a division.
+    scale: f64,
 }
 
 impl Owners {
     pub(crate) fn new(way: Partitioner, workers: usize, vertices: u64, bounded: bool) -> Self {
+        let workers = workers.max(1);
+        let share = |r: usize| (u128::from(vertices) * r as u128 / workers as u128) as u64;
         Owners {
             way,
-            workers: workers.max(1),
+            workers,
             vertices,
             bounded,
+            bounds: (0..=workers).map(share).collect(),
+            scale: workers as f64 / vertices.max(1) as f64,
         }
     }
 
@@ -79,17 +87,9 @@ impl Owners {
                 ),
             ));
         }
-        let workers = self.workers as u64;
         match &self.way {
-            Partitioner::Ranges => {
-                if id >= self.vertices {
-                    // Past the span the ranges were made for: the last rank's.
-                    return Ok(self.workers - 1);
-                }
-                let (n, v) = (u128::from(workers), u128::from(id));
-                Ok(((n * (v + 1)).div_ceil(u128::from(self.vertices)) - 1) as Rank)
-            }
-            Partitioner::Hash => Ok((mix(id) % workers) as Rank),
+            Partitioner::Ranges => Ok(self.in_ranges(id)),
+            Partitioner::Hash => Ok((mix(id) % self.workers as u64) as Rank),
             Partitioner::Custom(owner) => {
                 let rank = owner(id, self.workers);
                 if rank >= self.workers {
@@ -106,6 +106,21 @@ impl Owners {
         }
     }
 
+    /// The rank whose range holds `id` (the last rank's, past the span): a guess from the
+    /// scale, put right against the bounds.
+    #[inline]
+    fn in_ranges(&self, id: u64) -> Rank {
+        let last = self.workers - 1;
+        let mut rank = ((id as f64 * self.scale) as usize).min(last);
+        while rank > 0 && self.bounds[rank] > id {
+            rank -= 1;
+        }
+        while rank < last && self.bounds[rank + 1] <= id {
+            rank += 1;
+        }
+        rank
+    }
+
     fn no_such(&self, id: u64, why: String) -> GraphError {
         GraphError::NoSuchVertex {
             vertex: id.to_string(),
@@ -115,9 +130,7 @@ impl Owners {
 
     /// The ids `rank` owns among `0..vertices`, when they are one range (ranges).
     pub(crate) fn range(&self, rank: Rank) -> Option<std::ops::Range<u64>> {
-        let share =
-            |r: usize| (u128::from(self.vertices) * r as u128 / self.workers as u128) as u64;
-        matches!(self.way, Partitioner::Ranges).then(|| share(rank)..share(rank + 1))
+        matches!(self.way, Partitioner::Ranges).then(|| self.bounds[rank]..self.bounds[rank + 1])
     }
 }
 
@@ -166,10 +179,57 @@ pub(crate) struct Partition<I, E> {
 /// edge of `source`'s; `(id, _, None)` says that vertex `id` exists (an edge's target).
 pub(crate) type Item<I, E> = (I, I, Option<E>);
 
-/// Calls its argument with each item of a partition, the same items each time.
-pub(crate) type Items<'a, I, E> = &'a dyn Fn(&mut dyn FnMut(Item<I, E>));
+/// Gives its argument each item of a partition, the same items each time.
+pub(crate) type Items<'a, I, E> = &'a dyn Fn(&mut Runs<'_, I, E>);
 
-impl<I: VertexId, E> Partition<I, E> {
+/// How many items go to a partition's builder at a time.
+const RUN: usize = 4096;
+
+/// Items gathered into runs, each handed on whole: the builder places a run in a tight
+/// loop, which keeps many of its scattered writes in flight at once (a call per item
+/// would keep one).
+pub(crate) struct Runs<'a, I, E> {
+    run: Vec<Item<I, E>>,
+    to: &'a mut Place<'a, I, E>,
+}
+
+/// What takes a run of items, emptying it.
+type Place<'a, I, E> = dyn FnMut(&mut Vec<Item<I, E>>) + 'a;
+
+impl<'a, I, E> Runs<'a, I, E> {
+    fn new(to: &'a mut Place<'a, I, E>) -> Self {
+        Runs {
+            run: Vec::with_capacity(RUN),
+            to,
+        }
+    }
+
+    /// Adds an item.
+    #[inline]
+    pub(crate) fn push(&mut self, item: Item<I, E>) {
+        self.run.push(item);
+        if self.run.len() == RUN {
+            (self.to)(&mut self.run);
+            self.run.clear();
+        }
+    }
+
+    /// Hands on what is left.
+    fn finish(mut self) {
+        if !self.run.is_empty() {
+            (self.to)(&mut self.run);
+        }
+    }
+}
+
+/// Hands every item of `items` to `each`, a run at a time.
+fn each_run<'a, I, E>(items: Items<'_, I, E>, each: &'a mut Place<'a, I, E>) {
+    let mut runs = Runs::new(each);
+    items(&mut runs);
+    runs.finish();
+}
+
+impl<I: VertexId, E: Clone> Partition<I, E> {
     /// How many vertices it holds.
     pub(crate) fn len(&self) -> usize {
         self.offsets.len() - 1
@@ -233,7 +293,9 @@ impl<I: VertexId, E> Partition<I, E> {
             }
             None => {
                 let mut ids = Vec::new();
-                items(&mut |(id, _, _)| ids.push(id));
+                each_run(items, &mut |run| {
+                    ids.extend(run.drain(..).map(|(id, _, _)| id))
+                });
                 ids.sort_unstable();
                 ids.dedup();
                 if ids.len() >= u32::MAX as usize {
@@ -263,11 +325,13 @@ impl<I: VertexId, E> Partition<I, E> {
         // Counted, summed into offsets, then filled in place: no edge is held twice.
         let mut offsets = vec![0usize; n + 1];
         let mut stray = None;
-        items(&mut |(from, _, value)| {
-            if value.is_some() {
-                match partition.locate(from) {
-                    Some(i) => offsets[i + 1] += 1,
-                    None => stray = Some(from),
+        each_run(items, &mut |run| {
+            for (from, _, value) in run.drain(..) {
+                if value.is_some() {
+                    match partition.locate(from) {
+                        Some(i) => offsets[i + 1] += 1,
+                        None => stray = Some(from),
+                    }
                 }
             }
         });
@@ -283,22 +347,36 @@ impl<I: VertexId, E> Partition<I, E> {
         let mut at = offsets.clone();
         let zero = I::from_u64(0).unwrap_or_else(|| unreachable!("0 fits every id type"));
         let mut targets = vec![zero; edges];
+        // Values of no size (a graph without values) take no writes: one is kept, and
+        // cloned for every edge once they are placed.
+        let sized = std::mem::size_of::<E>() > 0;
         let mut values: Vec<Option<E>> = Vec::new();
-        values.resize_with(edges, || None);
-        let mut placed = 0;
-        items(&mut |(from, to, value)| {
-            if let (Some(value), Some(i)) = (value, partition.locate(from)) {
-                let slot = &mut at[i];
-                if *slot < offsets[i + 1] {
-                    targets[*slot] = to;
-                    values[*slot] = Some(value);
+        if sized {
+            values.resize_with(edges, || None);
+        }
+        let mut one = None;
+        each_run(items, &mut |run| {
+            for (from, to, value) in run.drain(..) {
+                if let (Some(value), Some(i)) = (value, partition.locate(from)) {
+                    let slot = &mut at[i];
+                    if let Some(target) = targets.get_mut(*slot) {
+                        *target = to;
+                        if sized {
+                            values[*slot] = Some(value);
+                        } else if one.is_none() {
+                            one = Some(value);
+                        }
+                    }
                     *slot += 1;
-                    placed += 1;
                 }
             }
         });
-        let values: Vec<E> = values.into_iter().flatten().collect();
-        if placed != edges || values.len() != edges {
+        // Each vertex's edges filled its place, no more: the same edges both times.
+        let values: Vec<E> = match one {
+            Some(one) if !sized => vec![one; edges],
+            _ => values.into_iter().flatten().collect(),
+        };
+        if at[..n] != offsets[1..] || values.len() != edges {
             return Err(
                 "the graph's edges changed between two reads: give the same edges every time"
                     .to_string(),
@@ -308,5 +386,42 @@ impl<I: VertexId, E> Partition<I, E> {
         partition.targets = targets;
         partition.values = values;
         Ok(partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rank_of_an_id_is_the_one_whose_range_holds_it() {
+        for (vertices, workers) in [
+            (10, 3),
+            (7, 7),
+            (3, 5),
+            (1_000_003, 4),
+            (u64::MAX / 3, 6),
+            (0, 2),
+        ] {
+            let owners = Owners::new(Partitioner::Ranges, workers, vertices, false);
+            let mut ids: Vec<u64> = (0..workers)
+                .flat_map(|r| {
+                    let range = owners.range(r).unwrap();
+                    [
+                        range.start,
+                        range.end.saturating_sub(1),
+                        range.start + (range.end - range.start) / 2,
+                    ]
+                })
+                .collect();
+            ids.extend([0, 1, vertices.saturating_sub(1)]);
+            for id in ids.into_iter().filter(|&id| id < vertices) {
+                let rank = owners.of(id).unwrap();
+                assert!(
+                    owners.range(rank).unwrap().contains(&id),
+                    "{id} of {vertices} to rank {rank} of {workers}"
+                );
+            }
+        }
     }
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::input::{read_shard, Source};
-use super::partition::{Item, Owners, Partition};
+use super::partition::{Owners, Partition, Runs};
+use super::slots::Slots;
 use super::{
     Context, Ended, Fold, GraphInfo, GraphResult, Incoming, MasterStep, Messages, Partitioner,
     Vertex, VertexId, VertexProgram,
@@ -27,7 +28,7 @@ pub(crate) struct Shared<P: VertexProgram> {
     pub(crate) source: Option<Source<P::Id, P::Edge>>,
     pub(crate) vertices: Option<u64>,
     pub(crate) partitioner: Partitioner,
-    pub(crate) combine: Option<Fold<P::Message>>,
+    pub(crate) combine: Option<Arc<dyn Folds<P::Message>>>,
     pub(crate) aggregate: Option<Fold<P::Aggregate>>,
     pub(crate) max_supersteps: u64,
     pub(crate) keep_values: bool,
@@ -56,6 +57,28 @@ type Generator<P> = dyn Fn(
 /// A fold of two values into one, borrowed.
 type FoldFn<T> = dyn Fn(&mut T, T) + Send + Sync;
 
+/// How many sends to a rank's own vertices wait to be folded in at once.
+const RUN: usize = 4096;
+
+/// A combiner's fold, with the loop that applies it to a run of messages compiled in:
+/// one call per run, not per message, and a tight loop that keeps many of its scattered
+/// reads in flight.
+pub(crate) trait Folds<M>: Send + Sync {
+    /// Folds each `(vertex, message)` of `run` into `slots`, by vertex, emptying it.
+    fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>);
+}
+
+/// [`Folds`] by a closure.
+pub(crate) struct ByFold<F>(pub(crate) Arc<F>);
+
+impl<M: Clone, F: Fn(&mut M, M) + Send + Sync> Folds<M> for ByFold<F> {
+    fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>) {
+        for (i, message) in run.drain(..) {
+            slots.fold(i as usize, message, &*self.0);
+        }
+    }
+}
+
 /// A worker's report of a superstep (its job's worker result): its counts and
 /// aggregate, and, once the job ended, its vertices' values.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,7 +89,7 @@ type FoldFn<T> = dyn Fn(&mut T, T) + Send + Sync;
 pub struct GraphPart<I, V, A> {
     active: u64,
     sent: u64,
-    aggregate: A,
+    aggregate: Option<A>,
     graph: GraphInfo,
     values: Vec<(I, V)>,
 }
@@ -84,8 +107,8 @@ struct State<P: VertexProgram> {
     halted: Vec<bool>,
     /// With a combiner: by vertex, what this rank sent it in this superstep (read in the
     /// next), and what it reads in this one.
-    pending: Vec<Option<P::Message>>,
-    incoming: Vec<Option<P::Message>>,
+    pending: Slots<P::Message>,
+    incoming: Slots<P::Message>,
     /// Whether the vertices have their initial values.
     started: bool,
 }
@@ -130,6 +153,8 @@ enum Record<I, E> {
 /// A worker of a graph job.
 pub(crate) struct GraphWorker<P: VertexProgram> {
     shared: Arc<Shared<P>>,
+    /// The run of messages to its own vertices, kept with its capacity.
+    local: Vec<(u32, P::Message)>,
     /// The job's workers (from `init`).
     workers: usize,
     state: Option<State<P>>,
@@ -139,6 +164,7 @@ impl<P: VertexProgram> GraphWorker<P> {
     pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
         GraphWorker {
             shared,
+            local: Vec::new(),
             workers: 1,
             state: None,
         }
@@ -159,40 +185,48 @@ impl<P: VertexProgram> GraphWorker<P> {
                     let top = u.to_u64().max(v.to_u64());
                     most = Some(most.map_or(top, |m| m.max(top)));
                 });
-                (most.map_or(0, |m| m + 1), false)
+                (most.map_or(0, |m| m.saturating_add(1)), false)
             }
             None => (0, false),
         };
         let owners = Owners::new(self.shared.partitioner.clone(), workers, span.0, span.1);
         let wrong = RefCell::new(None::<GraphError>);
-        let owns = |id: P::Id| match owners.of(id.to_u64()) {
-            Ok(r) => r == rank,
-            Err(e) => {
-                wrong.borrow_mut().get_or_insert(e);
-                false
+        let unowned = RefCell::new(None::<GraphError>);
+        let range = if span.1 { owners.range(rank) } else { None };
+        let owns = |id: P::Id| {
+            let id = id.to_u64();
+            // Ranges of a known span: a comparison, not a lookup.
+            if let Some(range) = &range {
+                if id < span.0 {
+                    return range.contains(&id);
+                }
+            }
+            match owners.of(id) {
+                Ok(r) => r == rank,
+                Err(e) => {
+                    wrong.borrow_mut().get_or_insert(e);
+                    false
+                }
             }
         };
-        let range = if span.1 { owners.range(rank) } else { None };
-        let items = |add: &mut dyn FnMut(Item<P::Id, P::Edge>)| {
+        let items = |add: &mut Runs<'_, P::Id, P::Edge>| {
             if span.1 && range.is_none() {
-                for id in 0..span.0 {
-                    if let Some(id) = P::Id::from_u64(id).filter(|&id| owns(id)) {
-                        add((id, id, None));
-                    }
-                }
+                owned_ids::<P>(&owners, span.0, rank, &unowned, add);
             }
             generate(&mut |u, v, e| {
                 if owns(u) {
-                    add((u, v, Some(e)));
+                    add.push((u, v, Some(e)));
                 }
+                // Asked of every target, so that one no partition owns is named.
                 if owns(v) && !span.1 {
-                    add((v, v, None));
-                } else if span.1 && v.to_u64() >= span.0 {
-                    owns(v);
+                    add.push((v, v, None));
                 }
             })
         };
         let partition = Partition::build(range.clone(), &items)?;
+        if let Some(e) = unowned.into_inner() {
+            return Err(e.into());
+        }
         if let Some(e) = wrong.into_inner() {
             return Err(edge_names(e).into());
         }
@@ -221,7 +255,7 @@ impl<P: VertexProgram> GraphWorker<P> {
                     .iter()
                     .map(|(u, v, _)| u.to_u64().max(v.to_u64()))
                     .max();
-                let mut top = Floats::from(vec![most.map_or(0, |m| m + 1)]);
+                let mut top = Floats::from(vec![most.map_or(0, |m| m.saturating_add(1))]);
                 ctx.all_reduce(&mut top, ReduceOp::Max)?;
                 (top[0], false)
             }
@@ -232,7 +266,8 @@ impl<P: VertexProgram> GraphWorker<P> {
         for (u, v, e) in edges {
             match (owners.of(u.to_u64()), owners.of(v.to_u64())) {
                 (Ok(from), Ok(to)) => {
-                    if to != from && !span.1 {
+                    // The target is a vertex too, wherever it is owned.
+                    if !span.1 {
                         out[to].push(Record::Vertex(v));
                     }
                     out[from].push(Record::Edge(u, v, e));
@@ -250,29 +285,22 @@ impl<P: VertexProgram> GraphWorker<P> {
             return Err(edge_names(e).into());
         }
         let range = if span.1 { owners.range(rank) } else { None };
-        let items = |add: &mut dyn FnMut(Item<P::Id, P::Edge>)| {
+        let wrong = RefCell::new(None::<GraphError>);
+        let items = |add: &mut Runs<'_, P::Id, P::Edge>| {
             if span.1 && range.is_none() {
-                for id in 0..span.0 {
-                    if let Some(id) =
-                        P::Id::from_u64(id).filter(|&id| owners.of(id.to_u64()) == Ok(rank))
-                    {
-                        add((id, id, None));
-                    }
-                }
+                owned_ids::<P>(&owners, span.0, rank, &wrong, add);
             }
             for record in came.iter().flatten() {
                 match record {
-                    Record::Edge(u, v, e) => {
-                        add((*u, *v, Some(e.clone())));
-                        if !span.1 {
-                            add((*u, *u, None));
-                        }
-                    }
-                    Record::Vertex(v) => add((*v, *v, None)),
+                    Record::Edge(u, v, e) => add.push((*u, *v, Some(e.clone()))),
+                    Record::Vertex(v) => add.push((*v, *v, None)),
                 }
             }
         };
         let partition = Partition::build(range.clone(), &items)?;
+        if let Some(e) = wrong.into_inner() {
+            return Err(e.into());
+        }
         Ok(State::new(owners, span, partition, true))
     }
 
@@ -287,12 +315,46 @@ impl<P: VertexProgram> GraphWorker<P> {
     }
 }
 
+/// Gives `add` each id of `0..vertices` that `rank` owns; an id the partitioner gives no
+/// rank of the job goes in `wrong`.
+fn owned_ids<P: VertexProgram>(
+    owners: &Owners,
+    vertices: u64,
+    rank: Rank,
+    wrong: &RefCell<Option<GraphError>>,
+    add: &mut Runs<'_, P::Id, P::Edge>,
+) {
+    for id in 0..vertices {
+        let Some(vertex) = P::Id::from_u64(id) else {
+            return;
+        };
+        match owners.of(id) {
+            Ok(r) if r == rank => add.push((vertex, vertex, None)),
+            Ok(_) => {}
+            Err(e) => {
+                wrong.borrow_mut().get_or_insert(e);
+            }
+        }
+    }
+}
+
 /// An edge's end that no partition owns, named as the edge's.
 fn edge_names(e: GraphError) -> GraphError {
+    said(e, "an edge names it")
+}
+
+/// A vertex a message was sent to that no partition owns, named as the message's.
+#[cold]
+fn sent_to(e: GraphError) -> GraphError {
+    said(e, "a message was sent to it")
+}
+
+/// `e`, saying what named its vertex.
+fn said(e: GraphError, what: &str) -> GraphError {
     match e {
         GraphError::NoSuchVertex { vertex, why } => GraphError::NoSuchVertex {
             vertex,
-            why: format!("an edge names it, but {why}"),
+            why: format!("{what}, but {why}"),
         },
         other => other,
     }
@@ -313,8 +375,8 @@ impl<P: VertexProgram> State<P> {
             graph: GraphInfo::default(),
             values: Vec::new(),
             halted: Vec::new(),
-            pending: Vec::new(),
-            incoming: Vec::new(),
+            pending: Slots::default(),
+            incoming: Slots::default(),
             started: false,
         }
     }
@@ -335,11 +397,10 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
     fn compute(&mut self, ctx: &mut Ctx<P>) -> Result<Part<P>, BoxError> {
         let last = ctx.last_master_result();
         if last.is_some_and(|r| r.collect) {
-            let aggregate = last.map(|r| r.aggregated.clone()).unwrap_or_default();
             return Ok(GraphPart {
                 active: 0,
                 sent: 0,
-                aggregate,
+                aggregate: None,
                 graph: self.state.as_ref().map(|s| s.graph).unwrap_or_default(),
                 values: self.values(),
             });
@@ -371,8 +432,7 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
                 .collect();
             state.halted = vec![false; n];
             if combines {
-                state.pending.resize_with(n, || None);
-                state.incoming.resize_with(n, || None);
+                (state.pending, state.incoming) = (Slots::new(n), Slots::new(n));
             }
             state.started = true;
         }
@@ -392,17 +452,21 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         // What came: with a combiner, folded into this rank's own; without, in id order
         // (a stable sort keeps each vertex's in its senders' order).
         let mut stray = Stray::new();
-        if let Some(fold) = &self.shared.combine {
+        let mut local = std::mem::take(&mut self.local);
+        if let Some(folds) = &self.shared.combine {
             std::mem::swap(pending, incoming);
             for (id, message) in inbox.drain(..) {
                 match partition.locate(id) {
-                    Some(i) => match &mut incoming[i] {
-                        Some(into) => fold(into, message),
-                        slot => *slot = Some(message),
-                    },
+                    Some(i) => {
+                        local.push((i as u32, message));
+                        if local.len() == RUN {
+                            folds.fold_run(incoming, &mut local);
+                        }
+                    }
                     None => stray.add(id),
                 }
             }
+            folds.fold_run(incoming, &mut local);
         } else {
             inbox.sort_by_key(|(id, _)| *id);
         }
@@ -411,10 +475,11 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             owners,
             partition,
             out: mail.batches(),
-            pending: combines.then_some(&mut pending[..]),
+            pending: combines.then_some(&mut *pending),
             combine: self.shared.combine.as_deref(),
+            local,
             aggregate: self.shared.aggregate.as_deref(),
-            aggregating: P::Aggregate::default(),
+            aggregating: None,
             sent: 0,
             remote: 0,
         };
@@ -428,10 +493,8 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         let program = &*self.shared.program;
         for i in 0..partition.len() {
             let id = partition.id(i);
-            let one;
             let messages = if combines {
-                one = incoming[i].take();
-                Incoming::One(one.as_ref())
+                Incoming::One(incoming.get(i))
             } else {
                 while inbox.get(at).is_some_and(|(to, _)| *to < id) {
                     stray.add(inbox[at].0);
@@ -462,6 +525,8 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             halted[i] = vertex.halt;
             active += u64::from(!vertex.halt);
         }
+        // Every message read: none is kept for the superstep after.
+        incoming.clear();
         for (to, _) in inbox.get(at..).unwrap_or_default() {
             stray.add(*to);
         }
@@ -473,7 +538,11 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             }
             .into());
         }
-        let post = cx.post;
+        let mut post = cx.post;
+        if let (Some(folds), Some(pending)) = (post.combine, post.pending.as_deref_mut()) {
+            folds.fold_run(pending, &mut post.local);
+        }
+        self.local = post.local;
         let (sent, remote, aggregate) = (post.sent, post.remote, post.aggregating);
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         mail.count_sent(remote);
@@ -496,9 +565,7 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             graph: state.graph,
             values: &state.values,
             halted: &state.halted,
-            pending: (state.pending.iter().enumerate())
-                .filter_map(|(i, m)| Some((i, m.as_ref()?)))
-                .collect(),
+            pending: state.pending.iter().collect(),
             partition: state.read.then_some(&state.partition),
         };
         Ok(crate::codec::to_vec(&saved)?)
@@ -540,16 +607,16 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         state.values = saved.values;
         state.halted = saved.halted;
         let n = state.values.len();
-        (state.pending, state.incoming) = (Vec::new(), Vec::new());
-        if self.shared.combine.is_some() {
-            state.pending.resize_with(n, || None);
-            state.incoming.resize_with(n, || None);
-        }
+        let places = if self.shared.combine.is_some() { n } else { 0 };
+        (state.pending, state.incoming) = (Slots::new(places), Slots::new(places));
         for (i, message) in saved.pending {
-            let slot = state.pending.get_mut(i).ok_or_else(|| {
-                format!("the checkpoint holds a message for vertex {i} of this rank's {n}")
-            })?;
-            *slot = Some(message);
+            if i >= places {
+                return Err(format!(
+                    "the checkpoint holds a message for vertex {i} of this rank's {places}"
+                )
+                .into());
+            }
+            state.pending.fold(i, message, |into, m| *into = m);
         }
         state.started = true;
         self.state = Some(state);
@@ -584,10 +651,13 @@ pub(crate) struct Post<'a, P: VertexProgram> {
     owners: &'a Owners,
     partition: &'a Partition<P::Id, P::Edge>,
     out: &'a mut [Vec<(P::Id, P::Message)>],
-    pending: Option<&'a mut [Option<P::Message>]>,
-    combine: Option<&'a FoldFn<P::Message>>,
+    pending: Option<&'a mut Slots<P::Message>>,
+    combine: Option<&'a dyn Folds<P::Message>>,
+    /// Sends to this rank's own vertices, by place, waiting to be folded in.
+    local: Vec<(u32, P::Message)>,
     aggregate: Option<&'a FoldFn<P::Aggregate>>,
-    aggregating: P::Aggregate,
+    /// What this rank's vertices aggregated, from the first value; `None` before it.
+    aggregating: Option<P::Aggregate>,
     sent: u64,
     remote: u64,
 }
@@ -596,19 +666,19 @@ impl<P: VertexProgram> Post<'_, P> {
     #[inline]
     pub(crate) fn send(&mut self, to: P::Id, message: P::Message) -> Result<(), GraphError> {
         let here = self.partition.locate(to);
-        if let (Some(i), Some(pending), Some(fold)) =
+        if let (Some(i), Some(pending), Some(folds)) =
             (here, self.pending.as_deref_mut(), self.combine)
         {
-            match &mut pending[i] {
-                Some(into) => fold(into, message),
-                slot => *slot = Some(message),
+            self.local.push((i as u32, message));
+            if self.local.len() == RUN {
+                folds.fold_run(pending, &mut self.local);
             }
             self.sent += 1;
             return Ok(());
         }
         let owner = match here {
             Some(_) => self.rank,
-            None => self.owners.of(to.to_u64())?,
+            None => self.owners.of(to.to_u64()).map_err(sent_to)?,
         };
         self.out[owner].push((to, message));
         self.sent += 1;
@@ -618,7 +688,10 @@ impl<P: VertexProgram> Post<'_, P> {
 
     pub(crate) fn aggregate(&mut self, value: P::Aggregate) -> Result<(), GraphError> {
         let fold = self.aggregate.ok_or(GraphError::NoAggregator)?;
-        fold(&mut self.aggregating, value);
+        match &mut self.aggregating {
+            Some(into) => fold(into, value),
+            none => *none = Some(value),
+        }
         Ok(())
     }
 }
@@ -656,15 +729,21 @@ impl<P: VertexProgram> MasterComputable for GraphMaster<P> {
             }));
         }
         let parts = ctx.worker_results();
-        let mut aggregated = P::Aggregate::default();
+        // From the first value a vertex aggregated, in rank order: a minimum needs no
+        // value to start from.
+        let mut folded = None::<P::Aggregate>;
         let (mut active, mut messages) = (0, 0);
         for part in parts {
             active += part.active;
             messages += part.sent;
-            if let Some(fold) = &self.shared.aggregate {
-                fold(&mut aggregated, part.aggregate.clone());
+            if let (Some(fold), Some(value)) = (&self.shared.aggregate, &part.aggregate) {
+                match &mut folded {
+                    Some(into) => fold(into, value.clone()),
+                    none => *none = Some(value.clone()),
+                }
             }
         }
+        let mut aggregated = folded.unwrap_or_default();
         let graph = parts.first().map(|p| p.graph).unwrap_or_default();
         let superstep = ctx.iteration() - 1;
         let mut step = MasterStep::<P> {

@@ -128,6 +128,17 @@ impl Owners {
         }
     }
 
+    /// How many ranks share the vertices.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The first id of `rank`'s range (ranges).
+    #[inline]
+    pub(crate) fn start(&self, rank: Rank) -> u64 {
+        self.bounds[rank]
+    }
+
     /// The ids `rank` owns among `0..vertices`, when they are one range (ranges).
     pub(crate) fn range(&self, rank: Rank) -> Option<std::ops::Range<u64>> {
         matches!(self.way, Partitioner::Ranges).then(|| self.bounds[rank]..self.bounds[rank + 1])

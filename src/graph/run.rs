@@ -66,6 +66,8 @@ const RUN: usize = 4096;
 pub(crate) trait Folds<M>: Send + Sync {
     /// Folds each `(vertex, message)` of `run` into `slots`, by vertex, emptying it.
     fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>);
+    /// Folds each `(rank, vertex, message)` of `run` into `slots[rank]`, emptying it.
+    fn fold_far(&self, slots: &mut [Slots<M>], run: &mut Vec<(u32, u32, M)>);
 }
 
 /// [`Folds`] by a closure.
@@ -75,6 +77,12 @@ impl<M: Clone, F: Fn(&mut M, M) + Send + Sync> Folds<M> for ByFold<F> {
     fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>) {
         for (i, message) in run.drain(..) {
             slots.fold(i as usize, message, &*self.0);
+        }
+    }
+
+    fn fold_far(&self, slots: &mut [Slots<M>], run: &mut Vec<(u32, u32, M)>) {
+        for (rank, i, message) in run.drain(..) {
+            slots[rank as usize].fold(i as usize, message, &*self.0);
         }
     }
 }
@@ -109,6 +117,11 @@ struct State<P: VertexProgram> {
     /// next), and what it reads in this one.
     pending: Slots<P::Message>,
     incoming: Slots<P::Message>,
+    /// With a combiner and id ranges: by rank, the messages to its vertices this
+    /// superstep, folded as they are sent, for the ranks whose range the edges reach
+    /// densely (empty for the others, whose messages go to the mailbox's batch as sent).
+    /// Made at the first compute; handed to the mailbox in vertex order after each.
+    far: Option<Vec<Slots<P::Message>>>,
     /// Whether the vertices have their initial values.
     started: bool,
 }
@@ -155,6 +168,8 @@ pub(crate) struct GraphWorker<P: VertexProgram> {
     shared: Arc<Shared<P>>,
     /// The run of messages to its own vertices, kept with its capacity.
     local: Vec<(u32, P::Message)>,
+    /// The run of messages to other ranks' vertices folded where they are sent.
+    far_run: Vec<(u32, u32, P::Message)>,
     /// The job's workers (from `init`).
     workers: usize,
     state: Option<State<P>>,
@@ -165,6 +180,7 @@ impl<P: VertexProgram> GraphWorker<P> {
         GraphWorker {
             shared,
             local: Vec::new(),
+            far_run: Vec::new(),
             workers: 1,
             state: None,
         }
@@ -377,6 +393,7 @@ impl<P: VertexProgram> State<P> {
             halted: Vec::new(),
             pending: Slots::default(),
             incoming: Slots::default(),
+            far: None,
             started: false,
         }
     }
@@ -437,6 +454,9 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             state.started = true;
         }
         let rank = ctx.rank();
+        if combines && state.far.is_none() {
+            state.far = Some(far_slots(&state.owners, &state.partition, rank));
+        }
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         let mut inbox = mail.take_inbox();
         let State {
@@ -447,6 +467,7 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             halted,
             pending,
             incoming,
+            far,
             ..
         } = state;
         // What came: with a combiner, folded into this rank's own; without, in id order
@@ -478,6 +499,8 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             pending: combines.then_some(&mut *pending),
             combine: self.shared.combine.as_deref(),
             local,
+            far: far.as_deref_mut().filter(|far| !far.is_empty()),
+            far_run: std::mem::take(&mut self.far_run),
             aggregate: self.shared.aggregate.as_deref(),
             aggregating: None,
             sent: 0,
@@ -542,7 +565,22 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         if let (Some(folds), Some(pending)) = (post.combine, post.pending.as_deref_mut()) {
             folds.fold_run(pending, &mut post.local);
         }
+        if let (Some(folds), Some(far)) = (post.combine, post.far.as_deref_mut()) {
+            folds.fold_far(far, &mut post.far_run);
+            // Each rank's messages, folded, into its batch in vertex order.
+            for (to, slots) in far.iter_mut().enumerate() {
+                let start = post.owners.range(to).map_or(0, |r| r.start);
+                for (i, message) in slots.iter() {
+                    let id = P::Id::from_u64(start + i as u64).unwrap_or_else(|| {
+                        unreachable!("a far slot stands for an id of the range")
+                    });
+                    post.out[to].push((id, message.clone()));
+                }
+                slots.clear();
+            }
+        }
         self.local = post.local;
+        self.far_run = post.far_run;
         let (sent, remote, aggregate) = (post.sent, post.remote, post.aggregating);
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         mail.count_sent(remote);
@@ -624,6 +662,34 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
     }
 }
 
+/// By rank, a place for a message per vertex of its range, for the ranks whose range this
+/// partition's edges reach densely — with at least half as many edges as the range has
+/// vertices (and 64 Ki more) — so that the places cost no more than the messages would;
+/// empty for the others, and for all without id ranges.
+fn far_slots<I: VertexId, E: Clone, M: Clone>(
+    owners: &Owners,
+    partition: &Partition<I, E>,
+    rank: Rank,
+) -> Vec<Slots<M>> {
+    let workers = owners.workers();
+    if owners.range(rank).is_none() || workers < 2 {
+        return Vec::new();
+    }
+    let mut edges = vec![0u64; workers];
+    for target in &partition.targets {
+        if let Ok(to) = owners.of(target.to_u64()) {
+            edges[to] += 1;
+        }
+    }
+    (0..workers)
+        .map(|to| {
+            let len = owners.range(to).map_or(0, |r| r.end - r.start);
+            let dense = to != rank && len <= 2 * edges[to] + (1 << 16) && len < u64::from(u32::MAX);
+            Slots::new(if dense { len as usize } else { 0 })
+        })
+        .collect()
+}
+
 /// Messages to vertices a partition does not hold: how many, and the first.
 struct Stray<I> {
     first: Option<I>,
@@ -655,6 +721,10 @@ pub(crate) struct Post<'a, P: VertexProgram> {
     combine: Option<&'a dyn Folds<P::Message>>,
     /// Sends to this rank's own vertices, by place, waiting to be folded in.
     local: Vec<(u32, P::Message)>,
+    /// By rank, the messages to its vertices folded as they are sent (see `State::far`).
+    far: Option<&'a mut [Slots<P::Message>]>,
+    /// Sends to other ranks' vertices, by rank and place, waiting to be folded in.
+    far_run: Vec<(u32, u32, P::Message)>,
     aggregate: Option<&'a FoldFn<P::Aggregate>>,
     /// What this rank's vertices aggregated, from the first value; `None` before it.
     aggregating: Option<P::Aggregate>,
@@ -680,6 +750,20 @@ impl<P: VertexProgram> Post<'_, P> {
             Some(_) => self.rank,
             None => self.owners.of(to.to_u64()).map_err(sent_to)?,
         };
+        if let (Some(far), Some(folds)) = (self.far.as_deref_mut(), self.combine) {
+            let slots = &mut far[owner];
+            if !slots.is_empty() {
+                let start = self.owners.start(owner);
+                self.far_run
+                    .push((owner as u32, (to.to_u64() - start) as u32, message));
+                if self.far_run.len() == RUN {
+                    folds.fold_far(far, &mut self.far_run);
+                }
+                self.sent += 1;
+                self.remote += 1;
+                return Ok(());
+            }
+        }
         self.out[owner].push((to, message));
         self.sent += 1;
         self.remote += 1;

@@ -39,6 +39,11 @@ impl<M: Clone> Slots<M> {
         self.messages[i] = message;
     }
 
+    /// Whether it has a place for no vertex.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Vertex `i`'s message.
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<&M> {

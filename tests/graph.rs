@@ -575,3 +575,38 @@ fn a_custom_partitioner_that_gives_an_id_no_rank_fails_the_job_naming_the_vertex
         );
     }
 }
+
+#[cfg(feature = "pipeline")]
+#[test]
+fn every_vertex_s_value_is_written_and_merged_into_one_file_when_the_job_ends() {
+    use superstep::coordinator::{FileMerge, MergeFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("components.tsv");
+    let merge = FileMerge::new(&target, MergeFormat::Lines);
+    let outcome = GraphJob::builder(Components)
+        .edges(both_ways)
+        .combine(|least, label| *least = (*least).min(label))
+        .write_values(merge.staging().clone(), |id, label| {
+            format!("{id}\t{label}")
+        })
+        .keep_values(false)
+        .job()
+        .workers(3)
+        .coordinator(merge)
+        .run()
+        .unwrap();
+    assert!(outcome.result.values().is_empty(), "kept only in the file");
+    let want: String = expected()
+        .iter()
+        .map(|(id, label)| format!("{id}\t{label}\n"))
+        .collect();
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        want,
+        "ranges: in id order"
+    );
+    assert!(
+        !dir.path().join("components.tsv.parts").exists(),
+        "the staging directory is removed"
+    );
+}

@@ -79,6 +79,11 @@
 //! without code of the program's (with `JobBuilder::checkpoint`); with an edge list read
 //! from files, the edges too, which a resumed worker does not read again.
 //!
+//! **Output.** Every vertex's value is in the job's result ([`GraphResult::values`]), or
+//! written, a line a vertex, to the workers' parts of a staging directory
+//! ([`GraphBuilder::write_values`], with the `pipeline` feature) that a `FileMerge` or an
+//! `AtomicCommit` merges or commits all or nothing.
+//!
 //! **Input.** A graph is its edges: from a function every worker calls
 //! ([`GraphBuilder::edges`]), or edge-list files ([`GraphBuilder::edge_list`]) that each
 //! worker reads a shard of, sending each edge to the rank that owns its source. Its
@@ -483,6 +488,7 @@ impl GraphJob {
             aggregate: None,
             max_supersteps: 10_000,
             keep_values: true,
+            output: None,
         }
     }
 }
@@ -497,6 +503,7 @@ pub struct GraphBuilder<P: VertexProgram> {
     aggregate: Option<Fold<P::Aggregate>>,
     max_supersteps: u64,
     keep_values: bool,
+    output: Option<run::Output<P>>,
 }
 
 /// A combiner as a graph job keeps it: its fold with the loops that apply it many times
@@ -599,6 +606,41 @@ impl<P: VertexProgram> GraphBuilder<P> {
         self
     }
 
+    /// Writes every vertex's value when the job ends, a line per vertex made by `line`
+    /// (`"{id}\t{value}"`, say), each worker its vertices in id order to its part in
+    /// `staging` (`part-00003.txt` for rank 3). Give the job the coordinator that owns
+    /// the staging directory — a `FileMerge` into one file, or an `AtomicCommit` of a
+    /// directory of parts — so that the parts are merged or committed all or nothing,
+    /// when every worker wrote its part, and removed if the job fails. Handing the
+    /// values in costs the job one iteration after its last superstep (the same one as
+    /// [`keep_values`](Self::keep_values), which may be turned off).
+    ///
+    /// ```no_run
+    /// # use superstep::graph::{GraphJob, VertexProgram};
+    /// # fn job<P: VertexProgram<Id = u32, Value = f64>>(program: P) -> Result<(), superstep::JobError> {
+    /// use superstep::coordinator::{FileMerge, MergeFormat};
+    /// let merge = FileMerge::new("ranks.tsv", MergeFormat::Lines);
+    /// GraphJob::builder(program)
+    ///     .write_values(merge.staging().clone(), |id, rank| format!("{id}\t{rank}"))
+    ///     .keep_values(false)
+    ///     .job()
+    ///     .coordinator(merge)
+    ///     .run()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "pipeline")]
+    pub fn write_values(
+        mut self,
+        staging: crate::coordinator::Staging,
+        line: impl Fn(P::Id, &P::Value) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.output = Some(run::Output {
+            part: Arc::new(move |rank| staging.part(rank, "txt")),
+            line: Arc::new(line),
+        });
+        self
+    }
+
     /// The job that runs the program, to set as any other (workers, checkpoints, the
     /// cluster…) and run. Its iteration count is the graph's: do not set it. A graph
     /// without edges set has no vertex but those of [`vertices`](Self::vertices).
@@ -612,6 +654,7 @@ impl<P: VertexProgram> GraphBuilder<P> {
             aggregate: self.aggregate,
             max_supersteps: self.max_supersteps,
             keep_values: self.keep_values,
+            output: self.output,
         });
         let master = run::GraphMaster {
             shared: Arc::clone(&shared),
@@ -683,6 +726,7 @@ impl<P: VertexProgram> fmt::Debug for GraphBuilder<P> {
             .field("aggregates", &self.aggregate.is_some())
             .field("max_supersteps", &self.max_supersteps)
             .field("keep_values", &self.keep_values)
+            .field("writes_values", &self.output.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -32,6 +32,25 @@ pub(crate) struct Shared<P: VertexProgram> {
     pub(crate) aggregate: Option<Fold<P::Aggregate>>,
     pub(crate) max_supersteps: u64,
     pub(crate) keep_values: bool,
+    pub(crate) output: Option<Output<P>>,
+}
+
+/// Where and how a graph job writes its vertices' values (`GraphBuilder::write_values`).
+pub(crate) struct Output<P: VertexProgram> {
+    /// Where a rank's part goes.
+    pub(crate) part: Arc<dyn Fn(Rank) -> std::path::PathBuf + Send + Sync>,
+    pub(crate) line: Arc<LineFn<P>>,
+}
+
+/// How a vertex's value is written: its line.
+type LineFn<P> =
+    dyn Fn(<P as VertexProgram>::Id, &<P as VertexProgram>::Value) -> String + Send + Sync;
+
+impl<P: VertexProgram> Shared<P> {
+    /// Whether the job takes an iteration after its last superstep to hand in its values.
+    fn collects(&self) -> bool {
+        self.keep_values || self.output.is_some()
+    }
 }
 
 type Result_<P> = GraphResult<
@@ -320,6 +339,32 @@ impl<P: VertexProgram> GraphWorker<P> {
         Ok(State::new(owners, span, partition, true))
     }
 
+    /// Writes this rank's vertices' values to its part, a line each, in id order: to a
+    /// file beside it first, renamed when whole, so a part is never read half written.
+    fn write(&self, output: &Output<P>, rank: Rank) -> Result<(), BoxError> {
+        use std::io::Write;
+        let part = (output.part)(rank);
+        let mut temp = part.clone().into_os_string();
+        temp.push(".tmp");
+        let failed =
+            |e: std::io::Error| format!("writing rank {rank}'s values to {}: {e}", part.display());
+        let mut out = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&temp).map_err(failed)?,
+        );
+        if let Some(state) = &self.state {
+            for i in 0..state.partition.len() {
+                let line = (output.line)(state.partition.id(i), &state.values[i]);
+                out.write_all(line.as_bytes()).map_err(failed)?;
+                out.write_all(b"\n").map_err(failed)?;
+            }
+        }
+        let file = out.into_inner().map_err(|e| failed(e.into_error()))?;
+        file.sync_all().map_err(failed)?;
+        std::fs::rename(&temp, &part).map_err(failed)?;
+        Ok(())
+    }
+
     /// The job's values of this rank's vertices, for the job's result.
     fn values(&self) -> Vec<(P::Id, P::Value)> {
         let Some(state) = &self.state else {
@@ -414,12 +459,19 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
     fn compute(&mut self, ctx: &mut Ctx<P>) -> Result<Part<P>, BoxError> {
         let last = ctx.last_master_result();
         if last.is_some_and(|r| r.collect) {
+            if let Some(output) = &self.shared.output {
+                self.write(output, ctx.rank())?;
+            }
             return Ok(GraphPart {
                 active: 0,
                 sent: 0,
                 aggregate: None,
                 graph: self.state.as_ref().map(|s| s.graph).unwrap_or_default(),
-                values: self.values(),
+                values: if self.shared.keep_values {
+                    self.values()
+                } else {
+                    Vec::new()
+                },
             });
         }
         let aggregated = last.map(|r| r.aggregated.clone()).unwrap_or_default();
@@ -855,11 +907,11 @@ impl<P: VertexProgram> MasterComputable for GraphMaster<P> {
             messages,
             graph,
             ended,
-            collect: ended.is_some() && self.shared.keep_values,
+            collect: ended.is_some() && self.shared.collects(),
             values: Vec::new(),
         };
         Ok(match ended {
-            Some(_) if !self.shared.keep_values => Step::Halt(result),
+            Some(_) if !self.shared.collects() => Step::Halt(result),
             _ => Step::Continue(result),
         })
     }

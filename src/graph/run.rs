@@ -507,7 +507,13 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         }
         let rank = ctx.rank();
         if combines && state.far.is_none() {
-            state.far = Some(far_slots(&state.owners, &state.partition, rank));
+            // Only where messages leave the process: in one process a batch is handed
+            // over as it is, and its receiver folds it as cheaply as its sender would.
+            state.far = Some(if ctx.peers_take_values() {
+                Vec::new()
+            } else {
+                far_slots(&state.owners, &state.partition, rank)
+            });
         }
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         let mut inbox = mail.take_inbox();

@@ -14,7 +14,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Encodes `value` at the end of `out`.
-#[cfg(feature = "tcp")]
 pub(crate) fn write<T: Serialize + ?Sized>(
     out: &mut impl std::io::Write,
     value: &T,

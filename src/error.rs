@@ -625,10 +625,11 @@ pub enum SyncError {
         /// What happened, with the peer's address where it has one.
         reason: String,
     },
-    /// A piece of a collective — for the messages between supersteps, one rank's batch
-    /// for another — is larger than the transport carries in one frame. Remedy: raise the
-    /// limit (`TcpSettings::max_frame`, `SUPERSTEP_MAX_FRAME`) on every process, or send
-    /// less in one call (one superstep).
+    /// A piece of a collective — for the messages between supersteps, a piece holding
+    /// one message larger than a frame (a batch of many travels in several) — is larger
+    /// than the transport carries in one frame. Remedy: raise the limit
+    /// (`TcpSettings::max_frame`, `SUPERSTEP_MAX_FRAME`) on every process, or send less
+    /// in one call (in one message).
     #[error("rank {rank}'s piece of {call} for rank {peer} is {bytes} bytes, over the transport's frame limit of {limit} bytes (max_frame, SUPERSTEP_MAX_FRAME)")]
     TooLarge {
         /// The rank that would have sent it.
@@ -854,6 +855,31 @@ pub enum GraphError {
     /// (`GraphBuilder::aggregate`): it would be lost.
     #[error("a vertex aggregated a value, but the job declares no aggregator: build it with GraphBuilder::aggregate")]
     NoAggregator,
+    /// A graph job whose iteration count was set on its `JobBuilder`: it runs its
+    /// supersteps and one iteration to hand its values in, so it would end cut short,
+    /// without its values.
+    #[error("a graph job's iterations are its own ({want}: {supersteps} supersteps and one to hand the values in), not {set}: set GraphBuilder::max_supersteps, not the job's iterations")]
+    IterationsSet {
+        /// The iterations set.
+        set: u64,
+        /// The graph's `max_supersteps`.
+        supersteps: u64,
+        /// The iterations the job needs.
+        want: u64,
+    },
+    /// A rank's vertices' values, handed in for the job's result when it ends, are more
+    /// than one frame carries to the master's process (`TcpSettings::max_frame`).
+    #[error("rank {rank}'s {vertices} vertices' values are {bytes} bytes encoded, over the {limit} bytes one frame carries to the master's process (max_frame, SUPERSTEP_MAX_FRAME): write them with GraphBuilder::write_values and turn keep_values off, raise max_frame, or run more workers")]
+    ValuesTooLarge {
+        /// The rank.
+        rank: Rank,
+        /// Its vertices.
+        vertices: u64,
+        /// Their values, encoded.
+        bytes: u64,
+        /// What one frame carries.
+        limit: u64,
+    },
 }
 
 /// A call as a mismatch names it: what it is, without the place the message names once.

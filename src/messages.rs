@@ -3,10 +3,12 @@
 //! sent to it ([`WorkerContext::messages`]), in the order of the sender's rank, then of
 //! its sends.
 //!
-//! After each compute (and its interceptors' `post_iteration`) the runtime runs one
-//! collective, [`CollectiveKind::Messages`]: every rank sends each other rank one piece —
-//! its batch of messages for that rank, possibly empty — and receives one from each,
-//! over the peer mesh, never through the master. The collective's rules are the other
+//! After each compute (and its interceptors' `post_iteration`) the runtime runs the
+//! exchange, rounds of the collective [`CollectiveKind::Messages`]: in each every rank
+//! sends each other rank one piece — its batch of messages for that rank, possibly empty,
+//! or across processes a part of it no larger than a frame — and receives one from each,
+//! over the peer mesh, never through the master; one round, unless a batch needs more
+//! frames (see [`exchange`]). The collective's rules are the other
 //! collectives' (every rank makes it; a peer that does not send within the sync timeout
 //! is named; a lost peer fails it), so a superstep whose messages did not all arrive
 //! fails naming the sender, and pieces of another attempt are dropped.
@@ -263,27 +265,192 @@ pub(crate) fn mailbox<M, W, G: 'static>(
 /// in the same compute, as a collective.
 pub(crate) fn all_to_all<M, W, T>(
     ctx: &mut WorkerContext<M, W>,
-    out: Vec<Vec<T>>,
+    mut out: Vec<Vec<T>>,
 ) -> Result<Vec<Vec<T>>, SyncError>
 where
     W: 'static,
     T: Serialize + DeserializeOwned + Send + 'static,
 {
-    let n = ctx.workers;
+    let (n, rank) = (ctx.workers, ctx.rank);
+    out.resize_with(n, Vec::new);
+    let own = std::mem::take(&mut out[rank]);
+    let leaving = if ctx.peers_take_values() {
+        Leaving::Values(out)
+    } else {
+        let limit = ctx.max_piece();
+        let pieces = out.iter().map(|batch| pieces(batch, limit));
+        let pieces = pieces.collect::<Result<Vec<_>, _>>().map_err(|e| {
+            SyncError::Codec(format!(
+                "rank {rank}'s values of type {} do not encode: {e}",
+                std::any::type_name::<T>()
+            ))
+        })?;
+        Leaving::pieces(pieces, rank)
+    };
+    let mut got: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
+    exchange(ctx, leaving, |came| gather(&mut got, came))?;
+    got[rank] = own;
+    Ok(got)
+}
+
+/// Appends what came from each sender in a round to what came from it before.
+fn gather<G>(got: &mut [Vec<G>], came: &mut [Vec<G>]) {
+    for (got, came) in got.iter_mut().zip(came) {
+        if got.is_empty() {
+            std::mem::swap(got, came);
+        } else {
+            got.append(came);
+        }
+    }
+}
+
+/// The head of a piece of the messages exchange — one rank's batch for another, or a
+/// part of it — in MessagePack: an array of two, how many rounds its sender's pieces
+/// take (a `uint 32`) and the messages (an `array 32`), so that it decodes as
+/// `(u32, Vec<G>)`. Its numbers are written once they are known.
+const HEAD: [u8; 11] = [0x92, 0xce, 0, 0, 0, 0, 0xdd, 0, 0, 0, 0];
+
+/// `batch` encoded in pieces of at most `limit` bytes each (with no limit, in one),
+/// every message whole in one piece; each head says how many messages its piece holds.
+/// A message larger than the limit makes a piece of its own, which the transport refuses
+/// naming both ranks, the size and the limit.
+fn pieces<G: Serialize>(
+    batch: &[G],
+    limit: Option<usize>,
+) -> Result<Vec<Vec<u8>>, rmp_serde::encode::Error> {
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut pieces = Vec::new();
+    let mut piece = HEAD.to_vec();
+    let mut count = 0u32;
+    for message in batch {
+        let at = piece.len();
+        crate::codec::write(&mut piece, message)?;
+        if count > 0 && (piece.len() > limit || count == u32::MAX) {
+            let mut next = HEAD.to_vec();
+            next.extend_from_slice(&piece[at..]);
+            piece.truncate(at);
+            piece[7..11].copy_from_slice(&count.to_be_bytes());
+            pieces.push(std::mem::replace(&mut piece, next));
+            count = 0;
+        }
+        count += 1;
+    }
+    piece[7..11].copy_from_slice(&count.to_be_bytes());
+    pieces.push(piece);
+    Ok(pieces)
+}
+
+/// What one rank sends each rank in the messages exchange, by rank (its own slot empty).
+enum Leaving<G> {
+    /// In one process: the batches themselves, handed over in one round.
+    Values(Vec<Vec<G>>),
+    /// Encoded, each batch in one piece or more; a round carries one of each.
+    Pieces {
+        pieces: Vec<std::vec::IntoIter<Bytes>>,
+        /// The rounds they take: the most pieces of one batch.
+        rounds: u32,
+    },
+}
+
+impl<G> Leaving<G> {
+    /// The pieces of each batch by rank, from [`pieces`], their heads given the rounds
+    /// they take; `rank`'s own slot is not sent.
+    fn pieces(by_rank: Vec<Vec<Vec<u8>>>, rank: Rank) -> Self {
+        let most = by_rank.iter().enumerate().filter(|&(to, _)| to != rank);
+        let most = most.map(|(_, p)| p.len()).max().unwrap_or(1);
+        let rounds = u32::try_from(most.max(1)).unwrap_or(u32::MAX);
+        let pieces = by_rank.into_iter().enumerate().map(|(to, pieces)| {
+            let pieces = if to == rank { Vec::new() } else { pieces };
+            let bytes = pieces.into_iter().map(|mut piece| {
+                piece[2..6].copy_from_slice(&rounds.to_be_bytes());
+                Bytes::from(piece)
+            });
+            bytes.collect::<Vec<_>>().into_iter()
+        });
+        Leaving::Pieces {
+            pieces: pieces.collect(),
+            rounds,
+        }
+    }
+}
+
+/// Runs the messages exchange of `leaving` with every rank, and hands `fold` what came
+/// in each round, decoded, by sender (this rank's own slot empty), to set in place.
+///
+/// In one process the batches go in one round. Encoded, a round of the `Messages`
+/// collective carries one piece from each rank to each, and there are as many rounds as
+/// the most pieces any rank's batch took: every first piece says how many its sender
+/// needs, so that after the first round every rank knows the most. A receiver so holds at
+/// most one frame of each sender (and one of the next round, from a sender ahead of it)
+/// before it is decoded and `fold` takes its messages. Returns the rounds.
+fn exchange<M, W, G>(
+    ctx: &mut WorkerContext<M, W>,
+    leaving: Leaving<G>,
+    mut fold: impl FnMut(&mut [Vec<G>]),
+) -> Result<u32, SyncError>
+where
+    W: 'static,
+    G: Serialize + DeserializeOwned + Send + 'static,
+{
+    let (mut pieces, mine) = match leaving {
+        Leaving::Values(batches) => {
+            let mut done = round(ctx, batches.into_iter().map(Bag::Values).collect())?;
+            fold(&mut done.inbox);
+            return Ok(1);
+        }
+        Leaving::Pieces { pieces, rounds } => (pieces, rounds),
+    };
     let rank = ctx.rank;
-    let mut bags: Vec<Bag<T>> = out.into_iter().map(Bag::Values).collect();
-    bags.resize_with(n, || Bag::Values(Vec::new()));
-    let own = std::mem::replace(&mut bags[rank], Bag::Values(Vec::new()));
+    let mut said: Vec<u32> = Vec::new();
+    let mut rounds = mine;
+    let mut k = 0;
+    loop {
+        let bags = pieces.iter_mut().enumerate().map(|(to, pieces)| {
+            if to == rank {
+                return Bag::Values(Vec::new());
+            }
+            // A batch in fewer pieces than the most sends empty ones after its last.
+            Bag::Encoded(pieces.next().unwrap_or_else(|| {
+                let mut empty = HEAD;
+                empty[2..6].copy_from_slice(&mine.to_be_bytes());
+                Bytes::copy_from_slice(&empty)
+            }))
+        });
+        let mut done = round(ctx, bags.collect())?;
+        if k == 0 {
+            rounds = done.rounds.iter().copied().fold(mine, u32::max);
+            said = done.rounds;
+        } else if let Some((peer, &now)) =
+            (done.rounds.iter().enumerate()).find(|&(peer, &r)| peer != rank && r != said[peer])
+        {
+            return Err(SyncError::Codec(format!(
+                "rank {peer}'s pieces of the superstep's messages for rank {rank} disagree on the rounds they take: {} in its first, {now} in round {}",
+                said[peer],
+                k + 1
+            )));
+        }
+        fold(&mut done.inbox);
+        k += 1;
+        if k >= rounds {
+            return Ok(rounds);
+        }
+    }
+}
+
+/// One round of the messages exchange: `bags` to each rank, by rank.
+fn round<M, W, G>(ctx: &mut WorkerContext<M, W>, bags: Vec<Bag<G>>) -> Result<Bags<G>, SyncError>
+where
+    W: 'static,
+    G: Serialize + DeserializeOwned + Send + 'static,
+{
+    let n = ctx.workers;
     let buffer = Bags {
         n,
         out: RefCell::new(bags),
         inbox: (0..n).map(|_| Vec::new()).collect(),
+        rounds: vec![0; n],
     };
-    let mut done = ctx.collective(CollectiveKind::Messages, Algorithm::Ring, 1, buffer)?;
-    if let Bag::Values(own) = own {
-        done.inbox[rank] = own;
-    }
-    Ok(done.inbox)
+    ctx.collective(CollectiveKind::Messages, Algorithm::Ring, 1, buffer)
 }
 
 impl<M, W, G> Post<M, W> for Mailbox<G>
@@ -337,77 +504,83 @@ where
         // wire check is on): a message that does not encode fails this rank's call, as a
         // result that does not encode fails its worker. Only then are they combined.
         let encoded = !ctx.peers_take_values();
+        let limit = ctx.max_piece();
         self.batches();
-        let Mailbox {
-            out,
-            combined,
-            scratch,
-            combiner,
-            ..
-        } = self;
         let mut count = MailCount {
             sent: std::mem::take(&mut self.sent),
+            rounds: 1,
             ..MailCount::default()
         };
         let mut own = Vec::new();
-        let mut bags = Vec::with_capacity(n);
-        for (to, batch) in out.iter_mut().enumerate() {
-            if !encoded {
+        let leaving = if encoded {
+            let mut by_rank = Vec::with_capacity(n);
+            for (to, batch) in self.out.iter_mut().enumerate() {
+                let leaving = match &self.combiner {
+                    Some(c) => {
+                        c.combine(
+                            std::slice::from_mut(batch),
+                            &mut self.combined,
+                            &mut self.scratch,
+                        );
+                        &mut self.combined
+                    }
+                    None => batch,
+                };
+                count.delivered += leaving.len() as u64;
+                if to == rank {
+                    own = std::mem::take(leaving);
+                    by_rank.push(Vec::new());
+                    continue;
+                }
+                let pieces = pieces(leaving, limit).map_err(|e| {
+                    SyncError::Codec(format!(
+                        "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
+                        std::any::type_name::<G>()
+                    ))
+                })?;
+                count.bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+                by_rank.push(pieces);
+                leaving.clear();
+            }
+            Leaving::pieces(by_rank, rank)
+        } else {
+            let batches = self.out.iter_mut().enumerate().map(|(to, batch)| {
                 count.delivered += batch.len() as u64;
                 let batch = std::mem::take(batch);
                 // The own slot is never sent.
                 if to == rank {
                     own = batch;
-                    bags.push(Bag::Values(Vec::new()));
+                    Vec::new()
                 } else {
-                    bags.push(Bag::Values(batch));
+                    batch
                 }
-                continue;
-            }
-            let leaving = match combiner {
-                Some(c) => {
-                    c.combine(std::slice::from_mut(batch), combined, scratch);
-                    &mut *combined
-                }
-                None => batch,
-            };
-            count.delivered += leaving.len() as u64;
-            if to == rank {
-                own = std::mem::take(leaving);
-                bags.push(Bag::Values(Vec::new()));
-                continue;
-            }
-            let bytes = encode_as_is(leaving).map_err(|e| {
-                SyncError::Codec(format!(
-                    "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
-                    std::any::type_name::<G>()
-                ))
-            })?;
-            count.bytes += bytes.len() as u64;
-            bags.push(Bag::Encoded(bytes));
-            batch.clear();
-        }
-        let buffer = Bags {
-            n,
-            out: RefCell::new(bags),
-            inbox: (0..n).map(|_| Vec::new()).collect(),
+            });
+            Leaving::Values(batches.collect())
         };
-        let done = ctx.collective(CollectiveKind::Messages, Algorithm::Ring, 1, buffer)?;
-        let mut inbox = done.inbox;
-        inbox[rank] = own;
-        count.received = inbox.iter().map(|b| b.len() as u64).sum();
+        // What came, by sender, this rank's own batch in its place, gathered over the
+        // rounds; then, with a combiner (where they were encoded), combined — in one call
+        // over them all, so that the inbox is the same whatever the frames.
+        let mut got: Vec<Vec<G>> = (0..n).map(|_| Vec::new()).collect();
+        count.rounds = exchange(ctx, leaving, |came| {
+            // This rank's own batch in its place, in the first round.
+            if came[rank].is_empty() {
+                came[rank] = std::mem::take(&mut own);
+            }
+            count.received += came.iter().map(|b| b.len() as u64).sum::<u64>();
+            gather(&mut got, came);
+        })? as u64;
         match self.combiner.as_ref().filter(|_| encoded) {
-            Some(c) => c.combine(&mut inbox, &mut self.inbox, &mut self.scratch),
+            Some(c) => c.combine(&mut got, &mut self.inbox, &mut self.scratch),
             None => {
                 self.inbox.clear();
-                for batch in &mut inbox {
+                for batch in &mut got {
                     self.inbox.append(batch);
                 }
             }
         }
         // The batches that came, emptied, are the next superstep's to send: no batch
         // grows from nothing again.
-        for (slot, batch) in self.out.iter_mut().zip(inbox) {
+        for (slot, batch) in self.out.iter_mut().zip(got) {
             if slot.capacity() < batch.capacity() {
                 *slot = batch;
             }
@@ -418,18 +591,25 @@ where
 
 /// One rank's batch for another, as it travels.
 enum Bag<G> {
+    /// Handed over in one process.
     Values(Vec<G>),
+    /// A piece to send, encoded (see [`HEAD`]).
     Encoded(Bytes),
+    /// A piece received and decoded: the rounds its sender said it takes, and its
+    /// messages.
+    Came(u32, Vec<G>),
 }
 
-/// The superstep's batches as the `Messages` collective runs on them: element
-/// `s × n + d` is rank `s`'s batch for rank `d` (see the plan's `all_to_all`).
+/// One round of the messages exchange as the `Messages` collective runs on it: element
+/// `s × n + d` is rank `s`'s batch (or piece) for rank `d` (see the plan's `all_to_all`).
 struct Bags<G> {
     n: usize,
     /// This rank's batch for each rank, by rank: each taken once, when it is sent.
     out: RefCell<Vec<Bag<G>>>,
     /// What each rank sent this one, by sender.
     inbox: Vec<Vec<G>>,
+    /// The rounds each sender said its pieces take (0 where nothing was encoded).
+    rounds: Vec<u32>,
 }
 
 impl<G> Buffer for Bags<G> {
@@ -450,9 +630,15 @@ impl<G> Buffer for Bags<G> {
     }
 
     fn put(&mut self, range: Range<usize>, part: Bag<G>) {
-        // Received batches are decoded before they are put (`Carried::decode`).
-        if let Bag::Values(batch) = part {
-            self.inbox[range.start / self.n] = batch;
+        let from = range.start / self.n;
+        // Received pieces are decoded before they are put (`Carried::decode`).
+        match part {
+            Bag::Values(batch) => self.inbox[from] = batch,
+            Bag::Came(rounds, batch) => {
+                self.inbox[from] = batch;
+                self.rounds[from] = rounds;
+            }
+            Bag::Encoded(_) => {}
         }
     }
 
@@ -466,7 +652,7 @@ impl<G: Serialize + DeserializeOwned> Carried for Bags<G> {
     fn encode(part: Bag<G>) -> Result<Bytes, String> {
         match part {
             Bag::Encoded(bytes) => Ok(bytes),
-            Bag::Values(batch) => encode_as_is(&batch),
+            Bag::Values(batch) | Bag::Came(_, batch) => encode_as_is(&(1u32, batch)),
         }
     }
 
@@ -475,7 +661,10 @@ impl<G: Serialize + DeserializeOwned> Carried for Bags<G> {
     }
 
     fn decode(bytes: Bytes) -> Result<Bag<G>, String> {
-        decode_as_is(&bytes).map(Bag::Values)
+        match decode_as_is(&bytes)? {
+            (0, _) => Err("a piece that says its sender's batches take 0 rounds".into()),
+            (rounds, batch) => Ok(Bag::Came(rounds, batch)),
+        }
     }
 }
 
@@ -627,6 +816,34 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn a_batch_in_pieces_decodes_to_itself_in_order_each_piece_within_the_limit(
+            lens in proptest::collection::vec(0usize..40, 0..300),
+            limit in proptest::option::of(12usize..400),
+        ) {
+            // Messages of many sizes: strings of `len` letters.
+            let batch: Vec<String> = lens.iter().map(|&n| "x".repeat(n)).collect();
+            let pieces = pieces(&batch, limit).unwrap();
+            let leaving = Leaving::<String>::pieces(vec![Vec::new(), pieces], 0);
+            let Leaving::Pieces { pieces, rounds } = leaving else { unreachable!() };
+            let pieces: Vec<Bytes> = pieces.into_iter().nth(1).unwrap().collect();
+            proptest::prop_assert_eq!(rounds as usize, pieces.len());
+            let mut back = Vec::new();
+            for piece in &pieces {
+                let Bag::Came(said, part) = Bags::<String>::decode(piece.clone()).unwrap() else {
+                    unreachable!()
+                };
+                proptest::prop_assert_eq!(said, rounds);
+                proptest::prop_assert!(!part.is_empty() || pieces.len() == 1);
+                // Over the limit only where one message alone is.
+                if let Some(limit) = limit {
+                    proptest::prop_assert!(piece.len() <= limit || part.len() == 1);
+                }
+                back.extend(part);
+            }
+            proptest::prop_assert_eq!(back, batch);
+        }
+
         #[test]
         fn whole_keys_close_together_or_far_apart_combine_as_the_reference(
             keys in proptest::collection::vec(0u32..64, 0..200),

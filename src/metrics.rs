@@ -16,6 +16,7 @@
 //! | `superstep_bytes_sent_total`, `superstep_bytes_received_total` | counter | — | bytes of frames this process wrote and read over TCP |
 //! | `superstep_worker_messages_total` | counter | `job`, `stage` (`sent`, `delivered`) | the workers' messages between supersteps: sent by their computes, and left the senders after combining |
 //! | `superstep_worker_message_bytes_total` | counter | `job` | the bytes of those messages that crossed between processes, encoded |
+//! | `superstep_worker_message_rounds` | gauge | `job` | the rounds of the exchange the last iteration's messages took: 1, more where a batch was larger than a frame |
 //!
 //! The master's process reports the job's metrics; every process its bytes.
 
@@ -38,6 +39,7 @@ pub(crate) struct JobMetrics {
     messages_sent: Counter,
     messages_delivered: Counter,
     message_bytes: Counter,
+    message_rounds: Gauge,
     /// The drops counted so far: each iteration adds what is new.
     counted: Drops,
 }
@@ -68,6 +70,7 @@ impl JobMetrics {
             messages_sent: metrics::counter!("superstep_worker_messages_total", "job" => job.to_string(), "stage" => "sent"),
             messages_delivered: metrics::counter!("superstep_worker_messages_total", "job" => job.to_string(), "stage" => "delivered"),
             message_bytes: metrics::counter!("superstep_worker_message_bytes_total", "job" => job.to_string()),
+            message_rounds: metrics::gauge!("superstep_worker_message_rounds", "job" => job.to_string()),
             counted: Drops::default(),
         }
     }
@@ -95,6 +98,7 @@ impl JobMetrics {
         self.messages_sent.increment(report.messages.sent);
         self.messages_delivered.increment(report.messages.delivered);
         self.message_bytes.increment(report.messages.bytes);
+        self.message_rounds.set(report.messages.rounds as f64);
         let new = |now: u64, before: u64| now.saturating_sub(before);
         self.stale.increment(new(drops.stale, self.counted.stale));
         self.duplicate

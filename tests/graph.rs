@@ -4,6 +4,8 @@
 //! checkpoints that hold the vertices without code of the program's; and errors that name
 //! the vertex, the file and the line.
 
+mod common;
+
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -535,6 +537,23 @@ fn the_largest_id_of_its_type_is_a_vertex_like_any_other() {
 }
 
 #[test]
+fn iterations_set_on_a_graph_job_fail_it_saying_to_set_max_supersteps() {
+    let outcome = GraphJob::builder(Components)
+        .edges(both_ways)
+        .max_supersteps(30)
+        .job()
+        .iterations(5)
+        .run();
+    let message = outcome.unwrap_err().to_string();
+    assert!(message.contains("not 5"), "{message}");
+    assert!(message.contains("31: 30 supersteps"), "{message}");
+    assert!(
+        message.contains("GraphBuilder::max_supersteps"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_custom_partitioner_that_gives_an_id_no_rank_fails_the_job_naming_the_vertex() {
     let dir = tempfile::tempdir().unwrap();
     let path = edge_file(
@@ -609,4 +628,122 @@ fn every_vertex_s_value_is_written_and_merged_into_one_file_when_the_job_ends() 
         !dir.path().join("components.tsv.parts").exists(),
         "the staging directory is removed"
     );
+}
+
+/// Five components, vertex i in the one of i % 5, with chords inside each: `n` vertices,
+/// `2 n` edges in an edge list, each way; and each vertex's component.
+#[cfg(feature = "tcp")]
+fn five_components(dir: &std::path::Path, n: u64) -> (std::path::PathBuf, Vec<(u64, u64)>) {
+    let lines: Vec<String> = (0..n)
+        .flat_map(|i| {
+            let chord = (i + 5 * (i * 7_919 % 1_000)) % n;
+            [(i, (i + 5) % n), (i, chord)]
+        })
+        .flat_map(|(u, v)| [format!("{u} {v}"), format!("{v} {u}")])
+        .collect();
+    let path = edge_file(dir, "edges.txt", &lines);
+    (path, (0..n).map(|i| (i, i % 5)).collect())
+}
+
+/// Across processes whose frames are small, a graph's edges going to their owners and a
+/// superstep's messages travel in several frames, and the values written are those of
+/// one process.
+#[cfg(all(feature = "tcp", feature = "pipeline"))]
+#[test]
+fn edges_and_messages_larger_than_a_frame_give_the_values_of_one_process() {
+    use superstep::coordinator::{FileMerge, MergeFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let n = 60_000;
+    let (path, want) = five_components(dir.path(), n);
+    let want: String = want.iter().map(|(id, c)| format!("{id}\t{c}\n")).collect();
+    let workers = 3;
+    for combine in [false, true] {
+        let target = dir.path().join(format!("components-{combine}.tsv"));
+        let path = path.clone();
+        let merged = target.clone();
+        let outcomes = common::over_tcp_with(
+            workers,
+            "graph-in-frames",
+            |s| s.max_frame = 64 << 10,
+            move |_, transport| {
+                let merge = FileMerge::new(&merged, MergeFormat::Lines);
+                let mut graph = GraphJob::builder(Components)
+                    .edge_list(Input::Lines {
+                        path: path.clone(),
+                        header: false,
+                    })
+                    .partitioner(Partitioner::Hash)
+                    .write_values(merge.staging().clone(), |id, c| format!("{id}\t{c}"))
+                    .keep_values(false);
+                if combine {
+                    graph = graph.combine(|least, label| *least = (*least).min(label));
+                }
+                graph.job().coordinator(merge).transport(transport).run()
+            },
+        );
+        let mut outcomes = outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(|e| panic!("combining {combine}: {e}")));
+        let outcome = outcomes.next().unwrap();
+        let written = std::fs::read_to_string(&target).unwrap();
+        let mut written: Vec<&str> = written.lines().collect();
+        written.sort_by_key(|line| line.split('\t').next().unwrap().parse::<u64>().unwrap());
+        assert!(written.join("\n") + "\n" == want, "combining {combine}");
+        assert_eq!(outcome.result.graph.edges, 4 * n, "combining {combine}");
+        let rounds = outcome.report.iterations.iter().map(|r| r.messages.rounds);
+        assert!(rounds.max() > Some(1), "combining {combine}: in one frame");
+        for other in outcomes {
+            assert_eq!(other.result.supersteps, outcome.result.supersteps);
+            assert_eq!(other.result.ended, Some(Ended::Halted));
+        }
+    }
+}
+
+/// A rank's values handed in for the job's result must fit one frame to the master's
+/// process: more fail the job naming the rank, the sizes and what to do. The master's
+/// result, values and all, goes to no other process, so it may be larger.
+#[cfg(feature = "tcp")]
+#[test]
+fn values_over_a_frame_fail_naming_the_rank_and_the_way_out_and_stay_in_the_master_s_process() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 5 bytes a vertex's value: 15,000 are 75 KB, over a frame of 64 KiB, 5,000 a
+    // rank of three fit; 15,000 a rank of two do not.
+    for (workers, n) in [(3, 15_000), (2, 30_000)] {
+        let (path, want) = five_components(dir.path(), n);
+        let outcomes = common::over_tcp_with(
+            workers,
+            "graph-values",
+            |s| s.max_frame = 64 << 10,
+            move |_, transport| {
+                GraphJob::builder(Components)
+                    .edge_list(Input::Files(vec![path.clone()]))
+                    .job()
+                    .transport(transport)
+                    .run()
+            },
+        );
+        if workers == 3 {
+            let mut outcomes = outcomes.into_iter().map(Result::unwrap);
+            assert_eq!(outcomes.next().unwrap().result.values(), &want[..]);
+            for other in outcomes {
+                assert!(other.result.values().is_empty());
+                assert_eq!(other.result.ended, Some(Ended::Halted));
+            }
+            continue;
+        }
+        let message = match &outcomes[0] {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("values over a frame were handed in"),
+        };
+        // Whichever rank came first.
+        assert!(
+            message.contains("'s 15000 vertices' values are"),
+            "{message}"
+        );
+        assert!(
+            message.contains("over the 64512 bytes one frame"),
+            "{message}"
+        );
+        assert!(message.contains("write_values"), "{message}");
+    }
 }

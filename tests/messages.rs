@@ -114,6 +114,7 @@ fn each_ranks_counts_reach_the_master_and_add_up_to_the_iterations() {
             sum.delivered += count.delivered;
             sum.bytes += count.bytes;
             sum.received += count.received;
+            sum.rounds = sum.rounds.max(count.rounds);
         }
         assert_eq!(
             sum,
@@ -153,28 +154,149 @@ fn messages_across_processes_over_tcp_are_those_in_memory() {
     }
 }
 
-/// One rank's batch for another over TCP is one frame: one larger than the frame limit
-/// fails the sender's superstep naming both ranks, the size and the limit — not as a
-/// connection lost.
+/// Rank `rank`, in each superstep, checks that it got from every rank, in rank order,
+/// the `big` notes each sent it in the superstep before — thousands, so that a batch
+/// takes more than one 64 KiB frame — and returns how many it got.
+#[cfg(any(feature = "tcp", feature = "sim"))]
+fn noting_many(workers: usize, big: u64) -> impl Fn(usize) -> FnWorker<common::WorkerFn> {
+    move |rank| {
+        worker(move |ctx| {
+            let i = ctx.iteration();
+            let got = ctx.messages::<Note>()?;
+            let sent = |s: u64| (0..big + s).map(move |k| (s, i - 1, k << 20));
+            let want = (0..workers as u64).flat_map(sent);
+            if i > 1 && !got.iter().copied().eq(want) {
+                return Err(format!("rank {rank} in {i}: not what was sent, in order").into());
+            }
+            let count = got.len() as u64;
+            for to in (0..workers).rev() {
+                ctx.send_all((0..big + rank as u64).map(|k| (to, (rank as u64, i, k << 20))))?;
+            }
+            Ok(count)
+        })
+    }
+}
+
+/// Across processes one rank's batch for another larger than a frame travels in several:
+/// each round of the exchange carries one frame from each rank to each, as many rounds
+/// as the largest batch needs, and the messages arrive whole, in the order they were
+/// sent, as in memory.
 #[cfg(feature = "tcp")]
 #[test]
-fn a_batch_over_the_frame_limit_fails_its_sender_naming_both_ranks_and_the_limit() {
+fn a_batch_over_the_frame_limit_travels_in_several_frames_and_arrives_in_order() {
+    let (workers, big) = (3, 20_000);
+    let in_memory = job(workers, 3, noting_many(workers, big))
+        .messages::<Note>()
+        .run()
+        .unwrap();
+    let outcomes = common::over_tcp_with(
+        workers,
+        "messages-in-frames",
+        |s| s.max_frame = 64 << 10,
+        move |_, transport| {
+            job(workers, 3, noting_many(workers, big))
+                .messages::<Note>()
+                .transport(transport)
+                .run()
+        },
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
+        if rank == 0 {
+            for r in &outcome.report.iterations {
+                // 8 to 12 bytes a note: 20,002 notes are about 225 KB, four frames of
+                // 64 KiB.
+                assert_eq!(r.messages.rounds, 4, "{:?}", r.messages);
+                assert_eq!(r.messages.received, (3 * big + 3) * workers as u64);
+            }
+        }
+    }
+    for r in &in_memory.report.iterations {
+        assert_eq!(r.messages.rounds, 1, "{:?}", r.messages);
+    }
+}
+
+/// A combiner folds what comes round by round: the sums over every sender's messages with
+/// one key are those of one frame, whatever the frames.
+#[cfg(feature = "tcp")]
+#[test]
+fn messages_combined_across_frames_sum_to_what_they_sum_in_memory() {
+    let workers = 3;
+    // Rank r sends rank `to` 30,000 keys, each twice, spread over the keys of every rank.
+    let summing = move |rank: usize| {
+        worker(move |ctx| {
+            let got = ctx.messages::<(u32, u64)>()?;
+            let mut sums = std::collections::BTreeMap::<u32, u64>::new();
+            for &(key, x) in got {
+                *sums.entry(key).or_default() += x;
+            }
+            let digest = sums.iter().fold(0u64, |h, (&k, &x)| {
+                h.rotate_left(5) ^ (u64::from(k) * 31 + x)
+            });
+            let i = ctx.iteration();
+            for to in 0..workers {
+                for key in 0..30_000u32 {
+                    for twice in 0..2 {
+                        let x = (i * 1_000 + rank as u64 * 10 + twice) << 24;
+                        ctx.send(to, (key * 7 + to as u32, x))?;
+                    }
+                }
+            }
+            // The master sums the ranks' results.
+            Ok((digest ^ sums.len() as u64) >> 8)
+        })
+    };
+    let in_memory = job(workers, 3, summing)
+        .combine_messages(|m: &(u32, u64)| m.0, |into, m| into.1 += m.1)
+        .run()
+        .unwrap();
+    let outcomes = common::over_tcp_with(
+        workers,
+        "combined-in-frames",
+        |s| s.max_frame = 64 << 10,
+        move |_, transport| {
+            job(workers, 3, summing)
+                .combine_messages(|m: &(u32, u64)| m.0, |into, m| into.1 += m.1)
+                .transport(transport)
+                .run()
+        },
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
+        if rank == 0 {
+            for r in &outcome.report.iterations {
+                assert!(r.messages.rounds > 1, "{:?}", r.messages);
+                // Folded where they were sent: one message a key from each sender.
+                assert_eq!(r.messages.delivered, 30_000 * 3 * workers as u64);
+            }
+        }
+    }
+}
+
+/// A single message larger than a frame cannot be split: it fails its sender's superstep
+/// naming both ranks, the size and the limit — not as a connection lost.
+#[cfg(feature = "tcp")]
+#[test]
+fn a_message_over_the_frame_limit_fails_its_sender_naming_both_ranks_and_the_limit() {
     let workers = 2;
     let outcomes = common::over_tcp_with(
         workers,
-        "messages-too-large",
+        "message-too-large",
         |s| s.max_frame = 64 << 10,
         move |_, transport| {
             job(workers, 2, |rank| {
                 worker(move |ctx| {
                     if rank == 1 {
-                        // 10,000 messages of 9 bytes: about 90 KB for rank 0.
-                        ctx.send_all((0..10_000u64).map(|k| (0, k << 32)))?;
+                        ctx.send(0, vec![1u64 << 40; 10])?;
+                        // 10,000 numbers of 9 bytes: about 90 KB in one message.
+                        ctx.send(0, vec![1u64 << 40; 10_000])?;
                     }
                     Ok(0)
                 })
             })
-            .messages::<u64>()
+            .messages::<Vec<u64>>()
             .transport(transport)
             .run()
         },
@@ -408,6 +530,39 @@ mod simulated {
             Ok(o) if *o.result == want => Ok(()),
             other => Err(format!("{other:?}")),
         });
+    }
+
+    /// A batch larger than a piece goes in rounds, and a crash or a lost piece between
+    /// two rounds of one exchange is recovered from like any other: the messages arrive
+    /// whole and in order, and the result is the fault-free one.
+    #[test]
+    fn batches_in_several_rounds_end_with_the_fault_free_result_whatever_the_faults() {
+        let make = || {
+            job(3, 3, noting_many(3, 300))
+                .messages::<Note>()
+                .sync_timeout(Duration::from_secs(1))
+                .failure_policy(FailurePolicy::RestartAll { max_attempts: 100 })
+        };
+        let real = make().run().unwrap();
+        // 300 notes of 8 bytes, 2.4 KB: they pass only in pieces of at most 1 KiB; in 4
+        // bytes, not even one note does.
+        let simulated = Simulation::from_job(make).max_piece(1024);
+        let run = simulated.clone().run(0);
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert_eq!(run.outcome.unwrap().result, real.result);
+        let run = Simulation::from_job(make).max_piece(4).run(0);
+        let error = run.outcome.unwrap_err().to_string();
+        assert!(
+            error.contains("over the transport's frame limit of 4 bytes"),
+            "{error}"
+        );
+        let want = *real.result;
+        simulated
+            .faults(Faults::all(0.05))
+            .check(0..100, move |run| match &run.outcome {
+                Ok(o) if *o.result == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            });
     }
 
     proptest::proptest! {

@@ -92,6 +92,8 @@ fn a_prometheus_scrape_shows_the_job_s_metrics() {
         })
         .and_then(|n| n.trim().parse::<u64>().ok());
     assert!(encoded.is_some_and(|n| n > 0), "{page}");
+    let rounds = r#"superstep_worker_message_rounds{job="scraped-messages"} 1"#;
+    assert!(page.contains(rounds), "{page}");
 }
 
 /// The bytes a scrape says this process sent and received over TCP.

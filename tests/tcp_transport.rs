@@ -1000,3 +1000,40 @@ fn the_builders_job_id_is_the_one_the_tcp_transport_uses() {
     .unwrap();
     assert_eq!(built.config().job_id, "ee");
 }
+
+/// The final result the worker processes get is what `result_for_worker_processes` makes
+/// of the master's, which the master's process keeps; a panic in it fails the job on
+/// every rank, and does not leave it waiting.
+#[test]
+fn worker_processes_get_the_result_made_for_them_and_a_panic_making_it_fails_the_job() {
+    for panics in [false, true] {
+        let outcomes = common::over_tcp(3, "for-workers", move |_, transport| {
+            Job::builder(summing_master(), |rank| FnWorker {
+                f: move |_: &mut WorkerContext<u64, u64>| Ok(rank as u64 + 1),
+            })
+            .iterations(2)
+            .result_for_worker_processes(move |sum: &u64| {
+                assert!(!panics, "no result for the workers");
+                sum + 1_000
+            })
+            .transport(transport)
+            .run()
+        });
+        if !panics {
+            // 1 + 2 + 3 in each of 2 iterations.
+            let results: Vec<u64> = outcomes.into_iter().map(|o| *o.unwrap().result).collect();
+            assert_eq!(results, [12, 1_012, 1_012]);
+            continue;
+        }
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let error = outcome
+                .err()
+                .unwrap_or_else(|| panic!("rank {rank} completed"));
+            let message = error.to_string();
+            assert!(
+                message.contains("no result for the workers"),
+                "rank {rank}: {message}"
+            );
+        }
+    }
+}

@@ -537,6 +537,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
         peers.is_some_and(|p| p.carries_values())
     }
 
+    /// The most bytes of an encoded piece the peers' transport carries in one frame, if
+    /// it has a limit (see [`PeerLink::max_piece`](crate::transport::PeerLink::max_piece)).
+    pub(crate) fn max_piece(&self) -> Option<usize> {
+        let peers = self.sync.as_ref().and_then(|s| s.peers.as_ref().ok());
+        peers.and_then(|p| p.max_piece())
+    }
+
     /// Checks that a collective can start, and counts it: its epoch.
     fn start_collective(
         &mut self,

@@ -441,8 +441,11 @@ pub struct GraphResult<I, V, A> {
 }
 
 impl<I: VertexId, V, A> GraphResult<I, V, A> {
-    /// Every vertex's value, in id order (empty while the job runs, and with
-    /// [`GraphBuilder::keep_values`] off).
+    /// Every vertex's value, in id order, in the master's process. Empty while the job
+    /// runs, with [`GraphBuilder::keep_values`] off, and in the workers' copy (the
+    /// outcome of a process without the master, and what worker interceptors see): the
+    /// values stay in the master's process (their size is the graph's), the rest of the
+    /// result goes to every worker.
     pub fn values(&self) -> &[(I, V)] {
         &self.values
     }
@@ -451,6 +454,23 @@ impl<I: VertexId, V, A> GraphResult<I, V, A> {
     pub fn value(&self, id: I) -> Option<&V> {
         let at = self.values.binary_search_by_key(&id, |(i, _)| *i).ok()?;
         Some(&self.values[at].1)
+    }
+
+    /// The result as the job's processes without the master get it: all but the values.
+    fn without_values(&self) -> Self
+    where
+        A: Clone,
+    {
+        GraphResult {
+            supersteps: self.supersteps,
+            aggregated: self.aggregated.clone(),
+            active: self.active,
+            messages: self.messages,
+            graph: self.graph,
+            ended: self.ended,
+            collect: self.collect,
+            values: Vec::new(),
+        }
     }
 }
 
@@ -642,7 +662,8 @@ impl<P: VertexProgram> GraphBuilder<P> {
     }
 
     /// The job that runs the program, to set as any other (workers, checkpoints, the
-    /// cluster…) and run. Its iteration count is the graph's: do not set it. A graph
+    /// cluster…) and run. Its iteration count is the graph's (one set on it fails the job
+    /// with [`GraphError::IterationsSet`]). A graph
     /// without edges set has no vertex but those of [`vertices`](Self::vertices).
     pub fn job(self) -> GraphJobBuilder<P> {
         let shared = Arc::new(run::Shared {
@@ -666,7 +687,8 @@ impl<P: VertexProgram> GraphBuilder<P> {
         let workers = Arc::clone(&shared);
         let mut job = Job::builder(master, move |_| run::GraphWorker::new(Arc::clone(&workers)))
             // The supersteps, and one to hand the values in.
-            .iterations(Iteration::from(shared.max_supersteps).saturating_add(1));
+            .iterations(Iteration::from(shared.max_supersteps).saturating_add(1))
+            .result_for_worker_processes(GraphResult::without_values);
         job = match self.combine {
             Some(combining) => (combining.mailbox)(job),
             None => job.messages::<(P::Id, P::Message)>(),

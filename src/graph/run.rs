@@ -462,16 +462,32 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             if let Some(output) = &self.shared.output {
                 self.write(output, ctx.rank())?;
             }
+            let values = if self.shared.keep_values {
+                self.values()
+            } else {
+                Vec::new()
+            };
+            // Handed in as this rank's result, in one frame where ranks reach the master's
+            // node over the network (over TCP every rank does, its own process's too):
+            // said here, with what to do, rather than as a frame refused.
+            if let Some(limit) = ctx.max_piece().filter(|_| !values.is_empty()) {
+                let bytes = crate::codec::encoded_len(&values);
+                if bytes > limit {
+                    return Err(GraphError::ValuesTooLarge {
+                        rank: ctx.rank(),
+                        vertices: values.len() as u64,
+                        bytes: bytes as u64,
+                        limit: limit as u64,
+                    }
+                    .into());
+                }
+            }
             return Ok(GraphPart {
                 active: 0,
                 sent: 0,
                 aggregate: None,
                 graph: self.state.as_ref().map(|s| s.graph).unwrap_or_default(),
-                values: if self.shared.keep_values {
-                    self.values()
-                } else {
-                    Vec::new()
-                },
+                values,
             });
         }
         let aggregated = last.map(|r| r.aggregated.clone()).unwrap_or_default();
@@ -851,6 +867,17 @@ impl<P: VertexProgram> MasterComputable for GraphMaster<P> {
         &mut self,
         ctx: &mut MasterContext<Result_<P>, Part<P>>,
     ) -> Result<Step<Result_<P>>, BoxError> {
+        let supersteps = self.shared.max_supersteps;
+        let want = supersteps.saturating_add(1);
+        if ctx.iterations() != want {
+            let set = ctx.iterations();
+            return Err(GraphError::IterationsSet {
+                set,
+                supersteps,
+                want,
+            }
+            .into());
+        }
         if let Some(last) = ctx.last_master_result().filter(|r| r.collect) {
             let mut values: Vec<(P::Id, P::Value)> = Vec::new();
             for part in ctx.worker_results() {

@@ -56,6 +56,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             events: Events::default(),
             transport: None,
             combine: None,
+            for_workers: None,
             checkpoint: None,
             coordinator: None,
             input: None,
@@ -137,6 +138,7 @@ pub struct JobBuilder<M, W> {
     events: Events,
     transport: Option<Box<dyn Transport<M, W>>>,
     pub(crate) combine: Option<Combine<M, W>>,
+    pub(crate) for_workers: Option<runtime::ForWorkersFn<M>>,
     pub(crate) checkpoint: Option<Checkpointing>,
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
@@ -481,6 +483,25 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// What the workers get of the job's final result: made by `make` from the master's,
+    /// once, where the master runs, and sent to every worker when the job completes — the
+    /// result of the [`JobOutcome`] of a process without the master, and what the
+    /// workers' interceptors' `post_application` sees. By default the master's final
+    /// result itself. The master's process's outcome keeps the master's result.
+    ///
+    /// A final result larger than a frame (`TcpSettings::max_frame`) cannot be sent and
+    /// fails the job as it ends; one that only the master's process needs can be sent
+    /// smaller: a graph job ([`GraphBuilder::job`](crate::graph::GraphBuilder::job))
+    /// sends its vertices' values to no worker. A panic in `make` fails the job as its
+    /// master's compute would.
+    pub fn result_for_worker_processes(
+        mut self,
+        make: impl Fn(&M) -> M + Send + Sync + 'static,
+    ) -> Self {
+        self.for_workers = Some(Arc::new(make));
+        self
+    }
+
     /// How the workers' results reach the master when the job combines them: each on its
     /// own, or folded among the workers first — see [`Aggregation`]. Default
     /// [`Aggregation::Auto`].
@@ -679,6 +700,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 worker_hooks: self.worker_hooks,
                 events: self.events,
                 combine: self.combine,
+                for_workers: self.for_workers,
                 checkpoint: self.checkpoint,
                 coordinator: self.coordinator,
                 input: self.input,
@@ -775,10 +797,13 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     /// Every superstep ends in an exchange among all the ranks, with a collective's
     /// rules: a rank whose compute ends more than `sync_timeout` after the first one's
     /// fails the superstep, naming it. Across processes one rank's messages to another in
-    /// one superstep travel in one frame, at most the transport's largest frame
-    /// (`TcpSettings::max_frame`, 256 MiB by default): a larger batch fails its sender's
-    /// superstep with [`SyncError::TooLarge`](crate::SyncError::TooLarge), naming both
-    /// ranks, the size and the limit.
+    /// one superstep travel in frames of at most the transport's largest
+    /// (`TcpSettings::max_frame`, 256 MiB by default): a larger batch goes in several, one
+    /// a round of the exchange, each round folded into the receiver's inbox before the
+    /// next comes ([`MailCount::rounds`](crate::MailCount::rounds) counts them). One
+    /// message larger than a frame fails its sender's superstep with
+    /// [`SyncError::TooLarge`](crate::SyncError::TooLarge), naming both ranks, the size
+    /// and the limit.
     ///
     /// ```
     /// # use superstep::prelude::*;

@@ -51,6 +51,7 @@ pub(crate) use collective::{
 pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
+pub(crate) use gate::ForWorkers;
 pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,

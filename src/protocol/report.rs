@@ -82,7 +82,7 @@ pub struct IterationTotals {
     pub most_results_held: usize,
     /// Ranks left out of them, summed ([`IterationReport::left_out`]).
     pub left_out: u64,
-    /// Their messages, summed ([`IterationReport::messages`]).
+    /// Their messages, summed ([`IterationReport::messages`]), and the most rounds one took.
     pub messages: MailCount,
 }
 
@@ -214,14 +214,20 @@ pub struct MailCount {
     /// Messages received from every rank (its own included), before they were combined
     /// on arrival.
     pub received: u64,
+    /// The most rounds of the exchange one superstep's messages took: 1, or — where one
+    /// rank's batch for a rank in another process was larger than a frame
+    /// (`TcpSettings::max_frame`) — as many as the most frames one batch took (each round
+    /// carries one frame from each rank to each). 0 where no messages were exchanged.
+    pub rounds: u64,
 }
 
 impl MailCount {
-    /// Adds `other`'s counts to these.
+    /// Adds `other`'s counts to these, and keeps the most rounds.
     pub(crate) fn add(&mut self, other: &MailCount) {
         self.sent += other.sent;
         self.delivered += other.delivered;
         self.bytes += other.bytes;
         self.received += other.received;
+        self.rounds = self.rounds.max(other.rounds);
     }
 }

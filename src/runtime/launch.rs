@@ -28,7 +28,9 @@ use crate::error::JobError;
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::JobConfig;
-use crate::protocol::{start_attempt, Combiner, MasterNode, NodeConfig, NodeSettings, ToWorker};
+use crate::protocol::{
+    start_attempt, Combiner, ForWorkers, MasterNode, NodeConfig, NodeSettings, ToWorker,
+};
 use crate::protocol::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport, WireCheck};
 
@@ -64,6 +66,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         events,
         mut transport,
         combine,
+        for_workers,
         checkpoint,
         mut coordinator,
         input,
@@ -199,6 +202,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
                 master,
                 hooks: master_hooks,
                 combine: combine.as_ref().map(|c| Arc::clone(&c.fold)),
+                for_workers,
                 store,
                 resuming,
                 resumed,
@@ -249,6 +253,8 @@ pub(crate) struct MasterParts<M, W> {
     pub(crate) master: DynMaster<M, W>,
     pub(crate) hooks: MasterHooks<M, W>,
     pub(crate) combine: Option<CombineFn<W>>,
+    /// The final result as worker processes get it, if not the master's.
+    pub(crate) for_workers: Option<super::ForWorkersFn<M>>,
     /// Where the master's checkpoints go, if the job keeps them.
     pub(crate) store: Option<SharedStore>,
     /// What a checkpoint must agree with to be resumed from.
@@ -299,8 +305,13 @@ pub(crate) fn master_process<M: Payload, W: Payload>(
     } else {
         task
     };
+    // User code too: a panic in it is the master's.
+    let for_workers = parts
+        .for_workers
+        .map(|make| -> ForWorkers<M> { Box::new(move |last| guarded(|| Ok(make(last)))) });
     let node = MasterNode::new(config, settings, attempt, combiner, task.resumed(), now)
-        .measuring_folds(crate::codec::encoded_len::<W>);
+        .measuring_folds(crate::codec::encoded_len::<W>)
+        .sending_workers(for_workers);
     (task, node)
 }
 

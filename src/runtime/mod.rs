@@ -91,6 +91,7 @@ pub(crate) struct Plan<M, W> {
     pub(crate) events: Events,
     pub(crate) transport: Box<dyn Transport<M, W>>,
     pub(crate) combine: Option<Combine<M, W>>,
+    pub(crate) for_workers: Option<ForWorkersFn<M>>,
     pub(crate) checkpoint: Option<Checkpointing>,
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
@@ -279,6 +280,10 @@ pub(crate) fn fingerprint<M, W>(
 
 /// The user's combiner of worker results (see `JobBuilder::combine`).
 pub(crate) type CombineFn<W> = Arc<dyn Fn(&mut W, W) + Send + Sync>;
+
+/// The final result as the job's worker processes get it, made from the master's (see
+/// `JobBuilder::result_for_worker_processes`).
+pub(crate) type ForWorkersFn<M> = Arc<dyn Fn(&M) -> M + Send + Sync>;
 
 /// How a job combines its workers' results: the fold, the workers' part when they fold
 /// among themselves, and what kind of fold it is.

@@ -145,6 +145,7 @@ fn lock<T>(task: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct MasterMade<M, W> {
     master: DynMaster<M, W>,
     hooks: MasterHooks<M, W>,
+    for_workers: Option<crate::runtime::ForWorkersFn<M>>,
     coordinator: Option<Box<dyn Coordinator>>,
 }
 
@@ -175,6 +176,8 @@ pub struct Simulation<M, W> {
     /// Whether its workers run as `superstep-launch` starts them, and its restarts left
     /// (see [`launched`](Simulation::launched)).
     launched: Option<u32>,
+    /// The most bytes of a piece between workers (see [`max_piece`](Simulation::max_piece)).
+    max_piece: Option<usize>,
     faults: Faults,
     schedule: Vec<Fault>,
 }
@@ -193,6 +196,7 @@ impl<M, W> Clone for Simulation<M, W> {
             store_outlives_host: self.store_outlives_host,
             messages: self.messages,
             launched: self.launched,
+            max_piece: self.max_piece,
             faults: self.faults,
             schedule: self.schedule.clone(),
         }
@@ -273,6 +277,7 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
                 MasterMade {
                     master: built.master,
                     hooks: built.master_hooks,
+                    for_workers: built.for_workers,
                     coordinator: built.coordinator,
                 }
             }),
@@ -286,9 +291,20 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
             store_outlives_host,
             messages,
             launched: None,
+            max_piece: None,
             faults: Faults::none(),
             schedule: Vec::new(),
         }
+    }
+
+    /// Carries at most `bytes` in one piece between workers, as TCP carries at most a
+    /// frame (`TcpSettings::max_frame`, less a frame's head): a superstep's batch of
+    /// messages larger travels in several rounds of the exchange, with the faults drawn
+    /// between them too; a piece of another collective larger fails its call
+    /// ([`SyncError::TooLarge`](crate::SyncError::TooLarge)). No limit by default.
+    pub fn max_piece(mut self, bytes: usize) -> Self {
+        self.max_piece = Some(bytes);
+        self
     }
 
     /// The faults to draw from each run's seed.

@@ -456,6 +456,14 @@ pub trait PeerLink: Send + Sync + 'static {
     fn spans_processes(&self) -> bool {
         true
     }
+
+    /// The most bytes of an encoded piece that one [`send`](Self::send) carries, if there
+    /// is a limit: the transport's largest frame less the frame's own head. A larger piece
+    /// is refused with [`TransportError::TooLarge`]; the messages between supersteps
+    /// travel in pieces of at most this size.
+    fn max_piece(&self) -> Option<usize> {
+        None
+    }
 }
 
 pub use crate::protocol::PeerEvent;

@@ -13,6 +13,11 @@ use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
 /// master's failure in [`Phase::Combine`].
 pub type Combiner<W> = Box<dyn FnMut(&mut W, W) -> Result<(), Cause> + Send>;
 
+/// Makes the final result the worker processes get from the master's (see
+/// [`MasterNode::sending_workers`](crate::protocol::MasterNode::sending_workers)). An `Err`
+/// fails the job as the master's failure in [`Phase::Compute`](crate::Phase::Compute).
+pub(crate) type ForWorkers<M> = Box<dyn Fn(&M) -> Result<M, Cause> + Send>;
+
 /// One completed round, summed up for the master.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gathered<W> {

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use super::config::{NodeConfig, Save};
 use super::{
-    Combiner, Envelope, FailurePolicy, Gate, GateOutput, Gathered, HaltedBy, IterationReport,
-    JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Replica, Schedule,
-    SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport, WorkerSave,
+    Combiner, Envelope, FailurePolicy, ForWorkers, Gate, GateOutput, Gathered, HaltedBy,
+    IterationReport, JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Replica,
+    Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
+    WorkerSave,
 };
 
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
@@ -179,6 +180,8 @@ pub(crate) struct MasterNode<M, W> {
     wait_said: Option<Instant>,
     /// How many bytes a fold encodes to, where `Aggregation::Auto` chooses by it.
     measure_fold: Option<fn(&W) -> usize>,
+    /// Makes the final result the workers get, if not the master's.
+    for_workers: Option<ForWorkers<M>>,
     /// The encoded size of the last iteration's fold, where measured.
     last_fold: Option<usize>,
     /// How the workers fold the results of the iteration under way.
@@ -241,6 +244,7 @@ impl<M, W> MasterNode<M, W> {
             votes_ignored: false,
             wait_said: None,
             measure_fold: None,
+            for_workers: None,
             last_fold: None,
             route: FoldRoute::Star,
             actions: VecDeque::new(),
@@ -255,6 +259,13 @@ impl<M, W> MasterNode<M, W> {
         });
         node.run_master(now, MasterWork::Start);
         node
+    }
+
+    /// Sends the workers, when the job completes, the final result `make` makes from the
+    /// master's (`None`: the master's itself); the node's outcome keeps the master's.
+    pub(crate) fn sending_workers(mut self, make: Option<ForWorkers<M>>) -> Self {
+        self.for_workers = make;
+        self
     }
 
     /// Measures each iteration's fold with `measure` (its encoded size), where the job's

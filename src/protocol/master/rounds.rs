@@ -225,6 +225,22 @@ impl<M, W> MasterNode<M, W> {
         last: Arc<M>,
         reach: &dyn Reach,
     ) {
+        // What the workers get, made first: where it fails, the job fails as it runs.
+        let theirs = match &self.for_workers {
+            Some(make) => match make(&last) {
+                Ok(theirs) => Arc::new(theirs),
+                Err(cause) => {
+                    let (iteration, phase) = (iterations, Phase::Compute);
+                    let error = JobError::Master {
+                        iteration,
+                        phase,
+                        cause,
+                    };
+                    return self.fail(now, error, reach);
+                }
+            },
+            None => Arc::clone(&last),
+        };
         self.report.halted_by = halted;
         if let Some(by) = halted {
             tracing::info!(iteration = iterations, ?by, "job halted");
@@ -246,7 +262,7 @@ impl<M, W> MasterNode<M, W> {
             attempt: self.attempt(),
             iterations,
             halted: halted.is_some(),
-            last,
+            last: theirs,
         }));
         let output = self.gate.drain(now);
         self.on_gate(now, output, reach);

@@ -98,6 +98,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 master: made.master,
                 hooks: made.hooks,
                 combine: self.sim.combine.as_ref().map(|c| Arc::clone(&c.fold)),
+                for_workers: made.for_workers,
                 store,
                 resuming,
                 resumed,

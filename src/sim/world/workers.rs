@@ -84,8 +84,8 @@ pub(super) enum FromCompute<W> {
 }
 
 /// A worker's sync calls and collectives, as its transport would carry them: to the
-/// simulator.
-pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>, VirtualNow);
+/// simulator, with the simulated clock and the most bytes of a piece to a peer.
+pub(super) struct CallLink<W>(mpsc::Sender<FromCompute<W>>, VirtualNow, Option<usize>);
 
 impl<W: Payload> SyncSender<W> for CallLink<W> {
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
@@ -110,6 +110,12 @@ impl<W: Payload> SyncSender<W> for CallLink<W> {
 
 impl<W: Payload> PeerLink for CallLink<W> {
     fn send(&self, to: Rank, msg: PeerMessage) -> Result<(), TransportError> {
+        if let (Some(limit), crate::protocol::PeerBody::Encoded(body)) = (self.2, &msg.body) {
+            if body.len() > limit {
+                let bytes = body.len();
+                return Err(TransportError::TooLarge { bytes, limit });
+            }
+        }
         self.0
             .send(FromCompute::Peer(to, msg))
             .map_err(|_| TransportError::Closed)
@@ -117,6 +123,10 @@ impl<W: Payload> PeerLink for CallLink<W> {
 
     /// The simulator hands each worker what its peers send.
     fn join(&self, _: Rank, _: crate::transport::PeerInbox) {}
+
+    fn max_piece(&self) -> Option<usize> {
+        self.2
+    }
 }
 
 /// A worker's end of barrier mode in the simulator.
@@ -208,7 +218,11 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         );
         let sync = self.job.barrier_mode.then(|| {
             let (to_sim, from) = mpsc::channel();
-            let link = Arc::new(CallLink(to_sim.clone(), self.clock.shared()));
+            let link = Arc::new(CallLink(
+                to_sim.clone(),
+                self.clock.shared(),
+                self.sim.max_piece,
+            ));
             let config = Arc::clone(&self.worker_config);
             let (link, answers) = crate::runtime::sync_calls::sync_link(
                 Arc::clone(&link) as Arc<dyn SyncSender<W>>,

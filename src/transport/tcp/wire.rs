@@ -27,7 +27,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 15;
+pub const PROTOCOL_VERSION: u16 = 16;
 
 const HEADER: usize = 4 + 2;
 
@@ -357,6 +357,15 @@ pub(crate) fn encode_peer(
     Ok([out.freeze(), body])
 }
 
+/// The most a piece's frame holds before its body (the version, the call and its
+/// numbers), with room to spare: a frame's head is about 100 bytes.
+const PIECE_HEAD: usize = 1024;
+
+/// The largest body [`encode_peer`] frames within `max_frame`.
+pub(crate) fn max_piece(max_frame: usize) -> usize {
+    max_frame.saturating_sub(PIECE_HEAD)
+}
+
 /// Decodes one frame's content (what follows the length prefix).
 pub(crate) fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
     if frame.len() < 2 {
@@ -570,6 +579,31 @@ mod tests {
             encode_peer((0, call, 0, 0), body, 1024),
             Err(WireError::TooLarge { max: 1024, .. })
         ));
+    }
+
+    #[test]
+    fn a_piece_of_max_piece_bytes_fits_its_frame_whatever_its_call() {
+        // Every number at its largest, every name at its longest.
+        let call = CollectiveCall {
+            seq: u64::MAX,
+            at: crate::ids::CallAt {
+                iteration: u64::MAX,
+                call: u64::MAX,
+            },
+            kind: crate::ids::CollectiveKind::Reduce {
+                root: usize::MAX,
+                op: Some(crate::ids::ReduceOp::Min),
+            },
+            len: u64::MAX,
+            algorithm: crate::ids::Algorithm::Doubling,
+            chunk: u64::MAX,
+        };
+        let max_frame = HANDSHAKE_MAX_FRAME;
+        let body = Bytes::from(vec![7; max_piece(max_frame)]);
+        let numbers = (u32::MAX, call, u32::MAX, u32::MAX);
+        let [head, tail] = encode_peer(numbers, body, max_frame).unwrap();
+        assert!(head.len() + tail.len() - 4 <= max_frame);
+        assert!(head.len() < PIECE_HEAD / 4, "{} bytes of head", head.len());
     }
 
     #[test]

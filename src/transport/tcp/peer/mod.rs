@@ -809,6 +809,10 @@ impl PeerLink for Mesh {
             *self.inbox.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(inbox));
         }
     }
+
+    fn max_piece(&self) -> Option<usize> {
+        Some(wire::max_piece(self.settings.max_frame))
+    }
 }
 
 /// Says a peer's connection was lost, at DEBUG: a loss that matters is said where it does —

@@ -23,8 +23,10 @@ impl<M: Clone> Slots<M> {
         }
     }
 
-    /// Folds `message` into vertex `i`'s by `fold`, or makes it vertex `i`'s.
-    #[inline]
+    /// Folds `message` into vertex `i`'s by `fold`, or makes it vertex `i`'s. Inlined
+    /// where it is called, in the loops over a run of messages: a call per message costs
+    /// a superstep a tenth of its time.
+    #[inline(always)]
     pub(crate) fn fold(&mut self, i: usize, message: M, fold: impl Fn(&mut M, M)) {
         let bit = 1 << (i % 64);
         let word = &mut self.there[i / 64];
@@ -34,9 +36,16 @@ impl<M: Clone> Slots<M> {
         }
         *word |= bit;
         if self.messages.is_empty() {
-            self.messages = vec![message.clone(); self.len];
+            self.fill(&message);
         }
         self.messages[i] = message;
+    }
+
+    /// Makes the array of messages, at the first.
+    #[cold]
+    #[inline(never)]
+    fn fill(&mut self, first: &M) {
+        self.messages = vec![first.clone(); self.len];
     }
 
     /// Whether it has a place for no vertex.

@@ -573,8 +573,16 @@ where
             Some(c) => c.combine(&mut got, &mut self.inbox, &mut self.scratch),
             None => {
                 self.inbox.clear();
-                for batch in &mut got {
-                    self.inbox.append(batch);
+                let mut full = got.iter().enumerate().filter(|(_, b)| !b.is_empty());
+                match (full.next(), full.next()) {
+                    // One sender's batch (the other rank's, of two): the inbox itself, not
+                    // a copy of it; the inbox's buffer goes back to be sent into.
+                    (Some((from, _)), None) => std::mem::swap(&mut self.inbox, &mut got[from]),
+                    _ => {
+                        for batch in &mut got {
+                            self.inbox.append(batch);
+                        }
+                    }
                 }
             }
         }

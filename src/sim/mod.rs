@@ -301,7 +301,9 @@ impl<M: Payload, W: Payload> Simulation<M, W> {
     /// frame (`TcpSettings::max_frame`, less a frame's head): a superstep's batch of
     /// messages larger travels in several rounds of the exchange, with the faults drawn
     /// between them too; a piece of another collective larger fails its call
-    /// ([`SyncError::TooLarge`](crate::SyncError::TooLarge)). No limit by default.
+    /// ([`SyncError::TooLarge`](crate::SyncError::TooLarge)). No limit by default. A
+    /// piece of messages has an 11-byte head, so a limit below a message and its head
+    /// refuses every piece.
     pub fn max_piece(mut self, bytes: usize) -> Self {
         self.max_piece = Some(bytes);
         self

@@ -401,6 +401,12 @@ where
         Leaving::Pieces { pieces, rounds } => (pieces, rounds),
     };
     let rank = ctx.rank;
+    // A batch in fewer pieces than the most sends empty ones after its last.
+    let empty = {
+        let mut head = HEAD;
+        head[2..6].copy_from_slice(&mine.to_be_bytes());
+        Bytes::copy_from_slice(&head)
+    };
     let mut said: Vec<u32> = Vec::new();
     let mut rounds = mine;
     let mut k = 0;
@@ -409,12 +415,7 @@ where
             if to == rank {
                 return Bag::Values(Vec::new());
             }
-            // A batch in fewer pieces than the most sends empty ones after its last.
-            Bag::Encoded(pieces.next().unwrap_or_else(|| {
-                let mut empty = HEAD;
-                empty[2..6].copy_from_slice(&mine.to_be_bytes());
-                Bytes::copy_from_slice(&empty)
-            }))
+            Bag::Encoded(pieces.next().unwrap_or_else(|| empty.clone()))
         });
         let mut done = round(ctx, bags.collect())?;
         if k == 0 {
@@ -646,7 +647,7 @@ impl<G> Buffer for Bags<G> {
                 self.inbox[from] = batch;
                 self.rounds[from] = rounds;
             }
-            Bag::Encoded(_) => {}
+            Bag::Encoded(_) => debug_assert!(false, "a piece put before it was decoded"),
         }
     }
 

@@ -115,9 +115,10 @@ pub struct Report<W> {
     /// How long the worker's iteration (hooks and compute) took.
     pub elapsed: Duration,
     /// What the worker saved for the checkpoint of this iteration, in the iterations a
-    /// checkpoint is taken of (`JobBuilder::checkpoint`); `None` in the others.
+    /// checkpoint is taken of (`JobBuilder::checkpoint`); `None` in the others. Boxed:
+    /// a report moves a few times a round, and one without it stays small.
     #[serde(default)]
-    pub saved: Option<WorkerSave>,
+    pub saved: Option<Box<WorkerSave>>,
 }
 
 /// What a worker saves for a checkpoint of an iteration, and is given back when the job

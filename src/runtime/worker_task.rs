@@ -249,7 +249,11 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         // the fold among the workers that follow wait for the others.
         self.clock = Instant::now();
         let mail = self.post()?;
-        let saved = if save { Some(self.save()?) } else { None };
+        let saved = if save {
+            Some(Box::new(self.save()?))
+        } else {
+            None
+        };
         let result = self.share(result, fold)?;
         Ok(Report {
             attempt: self.attempt,

@@ -383,7 +383,7 @@ impl<W> Gate<W> {
                     if self.saved.is_empty() {
                         self.saved = vec![None; self.config.workers];
                     }
-                    self.saved[from] = Some(saved);
+                    self.saved[from] = Some(*saved);
                 }
                 if let Err(failed) = self.take_ready() {
                     return Some(GateOutput::Failed(failed));

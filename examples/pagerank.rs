@@ -95,21 +95,16 @@ fn main() -> ExitCode {
         Ok(_) => return ExitCode::SUCCESS,
         Err(code) => return code,
     };
-    let ranks: Vec<f64> = ran
-        .outcome
-        .result
-        .values()
-        .iter()
-        .map(|&(_, r)| r)
-        .collect();
+    let values = ran.outcome.result.values();
     println!(
         "{} supersteps in {:.2?}; the ranks sum to {:.9}",
         ran.outcome.result.supersteps,
         ran.took,
-        ranks.iter().sum::<f64>()
+        values.iter().map(|&(_, r)| r).sum::<f64>()
     );
     if args.no_check {
         return ExitCode::SUCCESS;
     }
+    let ranks: Vec<f64> = values.iter().map(|&(_, r)| r).collect();
     pagerank::check(&ran.graph, supersteps, &ranks)
 }

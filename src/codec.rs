@@ -91,6 +91,34 @@ pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_ser
     rmp_serde::from_slice(bytes)
 }
 
+/// Decodes `count` values written one after another over the whole of `bytes`, into a
+/// vector made once for them (`count` said ahead, bounded by the bytes, as each value
+/// takes one at least), not grown as they come. The error is a value's, or says that the
+/// bytes hold fewer or more than `count`.
+pub(crate) fn from_slice_each<T: DeserializeOwned>(
+    bytes: &[u8],
+    count: usize,
+) -> Result<Vec<T>, String> {
+    let mut values = Vec::with_capacity(count.min(bytes.len()));
+    let mut rest = bytes;
+    let mut de = rmp_serde::Deserializer::new(&mut rest);
+    for i in 0..count {
+        if de.get_ref().is_empty() {
+            return Err(format!(
+                "its bytes end after {i} of the {count} values it says it holds"
+            ));
+        }
+        values.push(serde::Deserialize::deserialize(&mut de).map_err(|e| e.to_string())?);
+    }
+    drop(de);
+    match rest.len() {
+        0 => Ok(values),
+        left => Err(format!(
+            "{left} bytes left over after the {count} values it says it holds"
+        )),
+    }
+}
+
 /// `value` as the receiving side of a wire would see it: encoded, then decoded. The error
 /// says which of the two failed.
 pub(crate) fn round_trip<T: Serialize + DeserializeOwned>(value: &T) -> Result<T, String> {

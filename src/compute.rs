@@ -736,6 +736,12 @@ impl<M, W> MasterContext<M, W> {
         &self.results
     }
 
+    /// The workers' results, to take parts of without a copy (a graph job's values, as
+    /// the job ends).
+    pub(crate) fn worker_results_mut(&mut self) -> &mut [W] {
+        &mut self.results
+    }
+
     /// When the job combines results as they arrive (`JobBuilder::combine`): every
     /// worker's result of this iteration folded in rank order, `combine(combine(r0, r1),
     /// r2)…`, so the master never held one per worker. `None` when the job does not

@@ -202,6 +202,13 @@ pub(crate) struct Mailbox<G> {
     /// By rank; made on the first send, kept with their capacity from one superstep to
     /// the next.
     out: Vec<Vec<G>>,
+    /// By rank, how many messages its batch held when it was last sent, and how many
+    /// bytes they took encoded.
+    last: Vec<usize>,
+    last_bytes: Vec<usize>,
+    /// By rank, whether its batch holds one message a key already, this superstep: not
+    /// combined again before it leaves.
+    folded: Vec<bool>,
     workers: usize,
     inbox: Vec<G>,
     /// A batch as combined, before it is encoded.
@@ -209,18 +216,32 @@ pub(crate) struct Mailbox<G> {
     scratch: Scratch,
     sent: u64,
     combiner: Option<Arc<dyn MessageCombiner<G>>>,
+    /// Whether the batches that arrive from other processes are combined again, all
+    /// senders' together (not where the receiver folds them into its own places itself,
+    /// as a graph job's workers do).
+    arrivals: bool,
 }
 
 impl<G: Send + 'static> Mailbox<G> {
-    pub(crate) fn new(workers: usize, combiner: Option<Arc<dyn MessageCombiner<G>>>) -> Self {
+    /// A mailbox for `workers` ranks; with a combiner, batches are combined before they
+    /// leave for another process, and, if `arrivals`, again as they arrive.
+    pub(crate) fn new(
+        workers: usize,
+        combiner: Option<Arc<dyn MessageCombiner<G>>>,
+        arrivals: bool,
+    ) -> Self {
         Mailbox {
             out: Vec::new(),
+            last: vec![0; workers],
+            last_bytes: vec![0; workers],
+            folded: vec![false; workers],
             workers,
             inbox: Vec::new(),
             combined: Vec::new(),
             scratch: Scratch::default(),
             sent: 0,
             combiner,
+            arrivals,
         }
     }
 
@@ -230,6 +251,14 @@ impl<G: Send + 'static> Mailbox<G> {
             self.out = (0..self.workers).map(|_| Vec::new()).collect();
         }
         &mut self.out
+    }
+
+    /// Says that the batch for rank `to` holds at most one message a key this superstep,
+    /// as it was folded where it was sent: it is not combined again before it leaves.
+    pub(crate) fn mark_folded(&mut self, to: Rank) {
+        if let Some(folded) = self.folded.get_mut(to) {
+            *folded = true;
+        }
     }
 
     /// Counts `n` messages sent into [`batches`](Self::batches) by hand.
@@ -243,9 +272,21 @@ impl<G: Send + 'static> Mailbox<G> {
         std::mem::take(&mut self.inbox)
     }
 
-    /// Returns a taken inbox's buffer, emptied, to be filled again.
+    /// Returns a taken inbox's buffer, emptied, to be filled again: sent into, if a rank's
+    /// batch has less room than the messages last sent it (so that in one process, where
+    /// batches are handed over as they are, a buffer goes from sender to receiver and
+    /// back, and a worker does not hold one to read and another to send into), or else
+    /// kept to receive into.
     pub(crate) fn give_back(&mut self, mut inbox: Vec<G>) {
         inbox.clear();
+        let short = (self.out.iter().zip(&self.last).enumerate())
+            .map(|(to, (batch, &last))| (to, last.saturating_sub(batch.capacity())))
+            .max_by_key(|&(_, short)| short);
+        if let Some((to, _)) =
+            short.filter(|&(to, short)| short > 0 && inbox.capacity() > self.out[to].capacity())
+        {
+            inbox = std::mem::replace(&mut self.out[to], inbox);
+        }
         if self.inbox.is_empty() && self.inbox.capacity() < inbox.capacity() {
             self.inbox = inbox;
         }
@@ -278,7 +319,7 @@ where
         Leaving::Values(out)
     } else {
         let limit = ctx.max_piece();
-        let pieces = out.iter().map(|batch| pieces(batch, limit));
+        let pieces = out.iter().map(|batch| pieces(batch, limit, 0));
         let pieces = pieces.collect::<Result<Vec<_>, _>>().map_err(|e| {
             SyncError::Codec(format!(
                 "rank {rank}'s values of type {} do not encode: {e}",
@@ -312,21 +353,32 @@ const HEAD: [u8; 11] = [0x92, 0xce, 0, 0, 0, 0, 0xdd, 0, 0, 0, 0];
 
 /// `batch` encoded in pieces of at most `limit` bytes each (with no limit, in one),
 /// every message whole in one piece; each head says how many messages its piece holds.
+/// `hint` is how many bytes the pieces may take in all (the batch before this one's, say):
+/// made that large at once, a piece does not grow from nothing, copied at every doubling.
 /// A message larger than the limit makes a piece of its own, which the transport refuses
 /// naming both ranks, the size and the limit.
 fn pieces<G: Serialize>(
     batch: &[G],
     limit: Option<usize>,
+    hint: usize,
 ) -> Result<Vec<Vec<u8>>, rmp_serde::encode::Error> {
     let limit = limit.unwrap_or(usize::MAX);
+    let mut left = hint;
+    // A piece of what is left of the hint, a message over the limit included.
+    let made = |left: usize| {
+        let mut piece = Vec::with_capacity(left.min(limit).saturating_add(64).max(HEAD.len()));
+        piece.extend_from_slice(&HEAD);
+        piece
+    };
     let mut pieces = Vec::new();
-    let mut piece = HEAD.to_vec();
+    let mut piece = made(left);
     let mut count = 0u32;
     for message in batch {
         let at = piece.len();
         crate::codec::write(&mut piece, message)?;
         if count > 0 && (piece.len() > limit || count == u32::MAX) {
-            let mut next = HEAD.to_vec();
+            left = left.saturating_sub(at);
+            let mut next = made(left);
             next.extend_from_slice(&piece[at..]);
             piece.truncate(at);
             piece[7..11].copy_from_slice(&count.to_be_bytes());
@@ -516,7 +568,9 @@ where
         let leaving = if encoded {
             let mut by_rank = Vec::with_capacity(n);
             for (to, batch) in self.out.iter_mut().enumerate() {
-                let leaving = match &self.combiner {
+                self.last[to] = batch.len();
+                let folded = std::mem::take(&mut self.folded[to]);
+                let leaving = match self.combiner.as_ref().filter(|_| !folded) {
                     Some(c) => {
                         c.combine(
                             std::slice::from_mut(batch),
@@ -533,13 +587,14 @@ where
                     by_rank.push(Vec::new());
                     continue;
                 }
-                let pieces = pieces(leaving, limit).map_err(|e| {
+                let pieces = pieces(leaving, limit, self.last_bytes[to]).map_err(|e| {
                     SyncError::Codec(format!(
                         "rank {rank}'s messages of type {} to rank {to} do not encode: {e}",
                         std::any::type_name::<G>()
                     ))
                 })?;
-                count.bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+                self.last_bytes[to] = pieces.iter().map(Vec::len).sum();
+                count.bytes += self.last_bytes[to] as u64;
                 by_rank.push(pieces);
                 leaving.clear();
             }
@@ -547,6 +602,7 @@ where
         } else {
             let batches = self.out.iter_mut().enumerate().map(|(to, batch)| {
                 count.delivered += batch.len() as u64;
+                self.last[to] = batch.len();
                 let batch = std::mem::take(batch);
                 // The own slot is never sent.
                 if to == rank {
@@ -570,7 +626,8 @@ where
             count.received += came.iter().map(|b| b.len() as u64).sum::<u64>();
             gather(&mut got, came);
         })? as u64;
-        match self.combiner.as_ref().filter(|_| encoded) {
+        self.folded.fill(false);
+        match self.combiner.as_ref().filter(|_| encoded && self.arrivals) {
             Some(c) => c.combine(&mut got, &mut self.inbox, &mut self.scratch),
             None => {
                 self.inbox.clear();
@@ -670,9 +727,19 @@ impl<G: Serialize + DeserializeOwned> Carried for Bags<G> {
     }
 
     fn decode(bytes: Bytes) -> Result<Bag<G>, String> {
-        match decode_as_is(&bytes)? {
-            (0, _) => Err("a piece that says its sender's batches take 0 rounds".into()),
-            (rounds, batch) => Ok(Bag::Came(rounds, batch)),
+        // A piece as `pieces` writes it: its messages into a vector made for as many as
+        // its head says, not grown as they are decoded.
+        let (rounds, batch) = match bytes.split_first_chunk::<11>() {
+            Some((head, body)) if [head[0], head[1], head[6]] == [HEAD[0], HEAD[1], HEAD[6]] => {
+                let rounds = u32::from_be_bytes([head[2], head[3], head[4], head[5]]);
+                let count = u32::from_be_bytes([head[7], head[8], head[9], head[10]]);
+                (rounds, crate::codec::from_slice_each(body, count as usize)?)
+            }
+            _ => decode_as_is(&bytes)?,
+        };
+        match rounds {
+            0 => Err("a piece that says its sender's batches take 0 rounds".into()),
+            rounds => Ok(Bag::Came(rounds, batch)),
         }
     }
 }
@@ -758,7 +825,7 @@ mod tests {
 
     #[test]
     fn an_empty_inbox_saves_nothing_and_a_full_one_round_trips() {
-        let mut mailbox = Mailbox::<u32>::new(2, None);
+        let mut mailbox = Mailbox::<u32>::new(2, None, true);
         let post: &mut dyn Post<(), ()> = &mut mailbox;
         assert_eq!(post.save().unwrap(), Vec::<u8>::new());
         post.restore(&[]).unwrap();
@@ -766,10 +833,34 @@ mod tests {
         let post: &mut dyn Post<(), ()> = &mut mailbox;
         let saved = post.save().unwrap();
         assert!(!saved.is_empty());
-        let mut other = Mailbox::<u32>::new(2, None);
+        let mut other = Mailbox::<u32>::new(2, None, true);
         let into: &mut dyn Post<(), ()> = &mut other;
         into.restore(&saved).unwrap();
         assert_eq!(other.inbox, vec![4, 5]);
+    }
+
+    #[test]
+    fn a_piece_whose_head_miscounts_its_messages_fails_to_decode() {
+        let batch: Vec<u32> = vec![1, 2, 300];
+        let piece = pieces(&batch, None, 0).unwrap().remove(0);
+        let mut said = piece.clone();
+        said[2..6].copy_from_slice(&1u32.to_be_bytes());
+        let Ok(Bag::Came(1, back)) = Bags::<u32>::decode(Bytes::from(said.clone())) else {
+            panic!("a piece as written decodes");
+        };
+        assert_eq!(back, batch);
+        for count in [2u32, 4, u32::MAX] {
+            let mut wrong = said.clone();
+            wrong[7..11].copy_from_slice(&count.to_be_bytes());
+            let Err(e) = Bags::<u32>::decode(Bytes::from(wrong)) else {
+                panic!("a head that says {count} messages of 3 decodes");
+            };
+            let want = match count {
+                2 => "3 bytes left over after the 2 values it says it holds".to_string(),
+                n => format!("its bytes end after 3 of the {n} values it says it holds"),
+            };
+            assert_eq!(e, want);
+        }
     }
 
     /// Each key once, where it first came, its later messages folded into it in order:
@@ -829,10 +920,11 @@ mod tests {
         fn a_batch_in_pieces_decodes_to_itself_in_order_each_piece_within_the_limit(
             lens in proptest::collection::vec(0usize..40, 0..300),
             limit in proptest::option::of(12usize..400),
+            hint in proptest::sample::select(vec![0usize, 100, 1 << 20]),
         ) {
             // Messages of many sizes: strings of `len` letters.
             let batch: Vec<String> = lens.iter().map(|&n| "x".repeat(n)).collect();
-            let pieces = pieces(&batch, limit).unwrap();
+            let pieces = pieces(&batch, limit, hint).unwrap();
             let leaving = Leaving::<String>::pieces(vec![Vec::new(), pieces], 0);
             let Leaving::Pieces { pieces, rounds } = leaving else { unreachable!() };
             let pieces: Vec<Bytes> = pieces.into_iter().nth(1).unwrap().collect();

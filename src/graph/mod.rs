@@ -591,9 +591,12 @@ impl<P: VertexProgram> GraphBuilder<P> {
         self.combine = Some(Combining {
             folds: Arc::new(run::ByFold(fold)),
             mailbox: Box::new(move |job: GraphJobBuilder<P>| {
-                job.combine_messages(
+                // Combined before they leave a process; a worker folds what arrives into
+                // its vertices' places itself.
+                job.combine_messages_with(
                     |m: &(P::Id, P::Message)| m.0,
                     move |into: &mut (P::Id, P::Message), m| by_key(&mut into.1, m.1),
+                    false,
                 )
             }),
         });

@@ -75,9 +75,19 @@ impl Owners {
         }
     }
 
-    /// The rank that owns `id`.
-    #[inline]
+    /// The rank that owns `id`: for ranges, inlined where a message is sent (a call per
+    /// message was a sixth of PageRank's time across processes).
+    #[inline(always)]
     pub(crate) fn of(&self, id: u64) -> Result<Rank, GraphError> {
+        if matches!(self.way, Partitioner::Ranges) && (!self.bounded || id < self.vertices) {
+            return Ok(self.in_ranges(id));
+        }
+        self.of_any(id)
+    }
+
+    /// [`of`](Self::of) for any partitioner, and for an id out of bounds.
+    #[inline(never)]
+    fn of_any(&self, id: u64) -> Result<Rank, GraphError> {
         if self.bounded && id >= self.vertices {
             return Err(self.no_such(
                 id,

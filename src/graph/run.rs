@@ -562,6 +562,8 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
                 }
             }
             folds.fold_run(incoming, &mut local);
+            // Read: its buffer is this superstep's to send into.
+            mail.give_back(std::mem::take(&mut inbox));
         } else {
             inbox.sort_by_key(|(id, _)| *id);
         }
@@ -658,6 +660,14 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         let (sent, remote, aggregate) = (post.sent, post.remote, post.aggregating);
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         mail.count_sent(remote);
+        for (to, _) in far
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+        {
+            mail.mark_folded(to);
+        }
         mail.give_back(inbox);
         Ok(GraphPart {
             active,
@@ -878,23 +888,28 @@ impl<P: VertexProgram> MasterComputable for GraphMaster<P> {
             }
             .into());
         }
-        if let Some(last) = ctx.last_master_result().filter(|r| r.collect) {
+        if let Some(last) = ctx.last_master_result().filter(|r| r.collect).cloned() {
+            // Taken from the workers' parts, not copied: a graph's values may be most of
+            // the master's memory.
+            let parts = ctx.worker_results_mut();
+            let total: usize = parts.iter().map(|p| p.values.len()).sum();
             let mut values: Vec<(P::Id, P::Value)> = Vec::new();
-            for part in ctx.worker_results() {
-                values.extend(part.values.iter().cloned());
+            for part in parts {
+                let mut part = std::mem::take(&mut part.values);
+                if values.is_empty() {
+                    values = part;
+                    values.reserve_exact(total - values.len());
+                } else {
+                    values.append(&mut part);
+                }
             }
             if !values.is_sorted_by_key(|(id, _)| *id) {
                 values.sort_unstable_by_key(|(id, _)| *id);
             }
             return Ok(Step::Halt(GraphResult {
-                supersteps: last.supersteps,
-                aggregated: last.aggregated.clone(),
-                active: last.active,
-                messages: last.messages,
-                graph: last.graph,
-                ended: last.ended,
                 collect: false,
                 values,
+                ..last
             }));
         }
         let parts = ctx.worker_results();

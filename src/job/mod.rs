@@ -839,7 +839,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
     where
         G: Serialize + DeserializeOwned + Send + 'static,
     {
-        self.mailing::<G>(None)
+        self.mailing::<G>(None, false)
     }
 
     /// As [`messages`](Self::messages), with a combiner (Giraph's `MessageCombiner`):
@@ -870,19 +870,37 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         G: Serialize + DeserializeOwned + Send + 'static,
         K: std::hash::Hash + Eq + Send + 'static,
     {
-        let combiner: Arc<dyn MessageCombiner<G>> = Arc::new(ByKey::new(key, fold));
-        self.mailing(Some(combiner))
+        self.combine_messages_with(key, fold, true)
     }
 
-    /// Makes every worker with a mailbox of `G`, combined by `combiner`.
-    fn mailing<G>(mut self, combiner: Option<Arc<dyn MessageCombiner<G>>>) -> Self
+    /// As [`combine_messages`](Self::combine_messages), combined before they leave the
+    /// sender and, if `arrivals`, again as they arrive (not where the receiver folds them
+    /// into places of its own, as a graph job's workers do).
+    pub(crate) fn combine_messages_with<G, K>(
+        self,
+        key: impl Fn(&G) -> K + Send + Sync + 'static,
+        fold: impl Fn(&mut G, G) + Send + Sync + 'static,
+        arrivals: bool,
+    ) -> Self
+    where
+        G: Serialize + DeserializeOwned + Send + 'static,
+        K: std::hash::Hash + Eq + Send + 'static,
+    {
+        let combiner: Arc<dyn MessageCombiner<G>> = Arc::new(ByKey::new(key, fold));
+        self.mailing(Some(combiner), arrivals)
+    }
+
+    /// Makes every worker with a mailbox of `G`, combined by `combiner` (as they arrive
+    /// too, if `arrivals`).
+    fn mailing<G>(mut self, combiner: Option<Arc<dyn MessageCombiner<G>>>, arrivals: bool) -> Self
     where
         G: Serialize + DeserializeOwned + Send + 'static,
     {
         self.config.barrier_mode = true;
         self.messages = Some(std::any::type_name::<G>());
-        let make: MakePost<M, W> =
-            Arc::new(move |workers| Box::new(Mailbox::<G>::new(workers, combiner.clone())));
+        let make: MakePost<M, W> = Arc::new(move |workers| {
+            Box::new(Mailbox::<G>::new(workers, combiner.clone(), arrivals))
+        });
         let inner = Arc::clone(&self.workers);
         self.workers = Arc::new(move |rank| -> DynWorker<M, W> {
             Box::new(WithMail {

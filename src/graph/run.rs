@@ -85,8 +85,6 @@ const RUN: usize = 4096;
 pub(crate) trait Folds<M>: Send + Sync {
     /// Folds each `(vertex, message)` of `run` into `slots`, by vertex, emptying it.
     fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>);
-    /// Folds each `(rank, vertex, message)` of `run` into `slots[rank]`, emptying it.
-    fn fold_far(&self, slots: &mut [Slots<M>], run: &mut Vec<(u32, u32, M)>);
 }
 
 /// [`Folds`] by a closure.
@@ -96,12 +94,6 @@ impl<M: Clone, F: Fn(&mut M, M) + Send + Sync> Folds<M> for ByFold<F> {
     fn fold_run(&self, slots: &mut Slots<M>, run: &mut Vec<(u32, M)>) {
         for (i, message) in run.drain(..) {
             slots.fold(i as usize, message, &*self.0);
-        }
-    }
-
-    fn fold_far(&self, slots: &mut [Slots<M>], run: &mut Vec<(u32, u32, M)>) {
-        for (rank, i, message) in run.drain(..) {
-            slots[rank as usize].fold(i as usize, message, &*self.0);
         }
     }
 }
@@ -187,8 +179,8 @@ pub(crate) struct GraphWorker<P: VertexProgram> {
     shared: Arc<Shared<P>>,
     /// The run of messages to its own vertices, kept with its capacity.
     local: Vec<(u32, P::Message)>,
-    /// The run of messages to other ranks' vertices folded where they are sent.
-    far_run: Vec<(u32, u32, P::Message)>,
+    /// By rank, the run of messages to its vertices folded where they are sent.
+    far_runs: Vec<Vec<(u32, P::Message)>>,
     /// The job's workers (from `init`).
     workers: usize,
     state: Option<State<P>>,
@@ -199,7 +191,7 @@ impl<P: VertexProgram> GraphWorker<P> {
         GraphWorker {
             shared,
             local: Vec::new(),
-            far_run: Vec::new(),
+            far_runs: Vec::new(),
             workers: 1,
             state: None,
         }
@@ -567,6 +559,8 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
         } else {
             inbox.sort_by_key(|(id, _)| *id);
         }
+        let mut far_runs = std::mem::take(&mut self.far_runs);
+        far_runs.resize_with(far.as_ref().map_or(0, Vec::len), Vec::new);
         let post = Post::<P> {
             rank,
             owners,
@@ -576,7 +570,7 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             combine: self.shared.combine.as_deref(),
             local,
             far: far.as_deref_mut().filter(|far| !far.is_empty()),
-            far_run: std::mem::take(&mut self.far_run),
+            far_runs,
             aggregate: self.shared.aggregate.as_deref(),
             aggregating: None,
             sent: 0,
@@ -642,9 +636,9 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             folds.fold_run(pending, &mut post.local);
         }
         if let (Some(folds), Some(far)) = (post.combine, post.far.as_deref_mut()) {
-            folds.fold_far(far, &mut post.far_run);
             // Each rank's messages, folded, into its batch in vertex order.
             for (to, slots) in far.iter_mut().enumerate() {
+                folds.fold_run(slots, &mut post.far_runs[to]);
                 let start = post.owners.range(to).map_or(0, |r| r.start);
                 for (i, message) in slots.iter() {
                     let id = P::Id::from_u64(start + i as u64).unwrap_or_else(|| {
@@ -656,7 +650,7 @@ impl<P: VertexProgram> WorkerComputable for GraphWorker<P> {
             }
         }
         self.local = post.local;
-        self.far_run = post.far_run;
+        self.far_runs = post.far_runs;
         let (sent, remote, aggregate) = (post.sent, post.remote, post.aggregating);
         let mail = mailbox::<_, _, (P::Id, P::Message)>(ctx)?;
         mail.count_sent(remote);
@@ -807,8 +801,8 @@ pub(crate) struct Post<'a, P: VertexProgram> {
     local: Vec<(u32, P::Message)>,
     /// By rank, the messages to its vertices folded as they are sent (see `State::far`).
     far: Option<&'a mut [Slots<P::Message>]>,
-    /// Sends to other ranks' vertices, by rank and place, waiting to be folded in.
-    far_run: Vec<(u32, u32, P::Message)>,
+    /// Sends to other ranks' vertices, by rank, by place, waiting to be folded in.
+    far_runs: Vec<Vec<(u32, P::Message)>>,
     aggregate: Option<&'a FoldFn<P::Aggregate>>,
     /// What this rank's vertices aggregated, from the first value; `None` before it.
     aggregating: Option<P::Aggregate>,
@@ -837,11 +831,10 @@ impl<P: VertexProgram> Post<'_, P> {
         if let (Some(far), Some(folds)) = (self.far.as_deref_mut(), self.combine) {
             let slots = &mut far[owner];
             if !slots.is_empty() {
-                let start = self.owners.start(owner);
-                self.far_run
-                    .push((owner as u32, (to.to_u64() - start) as u32, message));
-                if self.far_run.len() == RUN {
-                    folds.fold_far(far, &mut self.far_run);
+                let run = &mut self.far_runs[owner];
+                run.push(((to.to_u64() - self.owners.start(owner)) as u32, message));
+                if run.len() == RUN {
+                    folds.fold_run(slots, run);
                 }
                 self.sent += 1;
                 self.remote += 1;

@@ -92,14 +92,17 @@ pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_ser
 }
 
 /// Decodes `count` values written one after another over the whole of `bytes`, into a
-/// vector made once for them (`count` said ahead, bounded by the bytes, as each value
-/// takes one at least), not grown as they come. The error is a value's, or says that the
+/// vector made once for them (`count` said ahead, bounded by the bytes), not grown as
+/// they come. The error is a value's, or says that the
 /// bytes hold fewer or more than `count`.
 pub(crate) fn from_slice_each<T: DeserializeOwned>(
     bytes: &[u8],
     count: usize,
 ) -> Result<Vec<T>, String> {
-    let mut values = Vec::with_capacity(count.min(bytes.len()));
+    // A head that says more than its bytes can hold makes no more than four times their
+    // size before they run out.
+    let most = (bytes.len() * 4 / std::mem::size_of::<T>().max(1)).max(1);
+    let mut values = Vec::with_capacity(count.min(most));
     let mut rest = bytes;
     let mut de = rmp_serde::Deserializer::new(&mut rest);
     for i in 0..count {

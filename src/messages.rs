@@ -273,13 +273,15 @@ impl<G: Send + 'static> Mailbox<G> {
     }
 
     /// Returns a taken inbox's buffer, emptied, to be filled again: sent into, if a rank's
-    /// batch has less room than the messages last sent it (so that in one process, where
+    /// batch is empty and has less room than the messages last sent it (so that in one process, where
     /// batches are handed over as they are, a buffer goes from sender to receiver and
     /// back, and a worker does not hold one to read and another to send into), or else
     /// kept to receive into.
     pub(crate) fn give_back(&mut self, mut inbox: Vec<G>) {
         inbox.clear();
+        // Only an empty batch: one that was sent into this superstep keeps its messages.
         let short = (self.out.iter().zip(&self.last).enumerate())
+            .filter(|(_, (batch, _))| batch.is_empty())
             .map(|(to, (batch, &last))| (to, last.saturating_sub(batch.capacity())))
             .max_by_key(|&(_, short)| short);
         if let Some((to, _)) =
@@ -837,6 +839,27 @@ mod tests {
         let into: &mut dyn Post<(), ()> = &mut other;
         into.restore(&saved).unwrap();
         assert_eq!(other.inbox, vec![4, 5]);
+    }
+
+    #[test]
+    fn an_inbox_given_back_goes_to_an_empty_batch_short_of_room_and_never_over_a_full_one() {
+        let mut mailbox = Mailbox::<u32>::new(3, None, true);
+        mailbox.batches();
+        mailbox.last = vec![0, 100, 50];
+        // Rank 1's batch was sent into this superstep; rank 2's is empty.
+        mailbox.out[1] = vec![7, 8];
+        mailbox.give_back(Vec::with_capacity(120));
+        assert_eq!(
+            mailbox.out[1],
+            [7, 8],
+            "a batch sent into keeps its messages"
+        );
+        assert!(mailbox.out[2].is_empty() && mailbox.out[2].capacity() >= 120);
+        assert_eq!(mailbox.inbox.capacity(), 0);
+        // No batch short of room: kept to receive into.
+        mailbox.give_back(Vec::with_capacity(30));
+        assert!(mailbox.inbox.capacity() >= 30);
+        assert_eq!(mailbox.out[1], [7, 8]);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use superstep::coordinator::Input;
 use superstep::graph::{
     Context, Ended, GraphError, GraphInfo, GraphJob, Messages, Partitioner, Vertex, VertexProgram,
 };
+use superstep::transport::MemoryTransport;
 use superstep::{BoxError, FailurePolicy};
 
 /// Label propagation: each vertex ends with the least id of its component.
@@ -119,6 +120,63 @@ fn components_are_the_same_whatever_the_partitioner_the_workers_and_the_combiner
                 );
                 assert_eq!(outcome.result.value(900_001), Some(&900_000));
             }
+        }
+    }
+}
+
+/// Every vertex tells its mirror in the other half of the ids 1 in superstep 0; in
+/// superstep 1 vertex 0 alone tells its mirror 100; each vertex ends with the sum of what
+/// it heard.
+struct Burst {
+    half: u32,
+}
+
+impl VertexProgram for Burst {
+    type Id = u32;
+    type Value = u64;
+    type Edge = ();
+    type Message = u64;
+    type Aggregate = ();
+
+    fn initial(&self, _: u32, _: &GraphInfo) -> u64 {
+        0
+    }
+
+    fn compute(
+        &self,
+        vertex: &mut Vertex<'_, Self>,
+        heard: Messages<'_, Self>,
+        ctx: &mut Context<'_, Self>,
+    ) -> Result<(), BoxError> {
+        *vertex.value_mut() += heard.sum::<u64>();
+        let mirror = (vertex.id() + self.half) % (2 * self.half);
+        match ctx.superstep() {
+            0 => ctx.send(mirror, 1)?,
+            1 if vertex.id() == 0 => ctx.send(mirror, 100)?,
+            _ => {}
+        }
+        vertex.vote_to_halt();
+        Ok(())
+    }
+}
+
+#[test]
+fn a_few_messages_after_many_all_arrive_in_one_process_as_encoded() {
+    let half = 1_000;
+    for check in [false, true] {
+        let outcome = GraphJob::builder(Burst { half })
+            .vertices(u64::from(2 * half))
+            .job()
+            .workers(2)
+            // Handed over as they are (as release builds do), or encoded on the way.
+            .transport(MemoryTransport::new().wire_check(check))
+            .run()
+            .unwrap();
+        let values = outcome.result.values();
+        assert_eq!(values.len(), 2 * half as usize);
+        for &(id, value) in values {
+            let want = if id == half { 101 } else { 1 };
+            assert_eq!(value, want, "vertex {id}, wire check {check}");
         }
     }
 }
@@ -298,6 +356,23 @@ fn a_message_to_a_vertex_no_partition_owns_fails_the_job_naming_it() {
         said.contains("message(s) to vertex 12, which rank 1's partition does not hold"),
         "{said}"
     );
+    // Past the ids the edges name, with a combiner: encoded on the way (the wire check),
+    // messages to another rank's range are folded where they are sent, but not this one.
+    for check in [true, false] {
+        let err = GraphJob::builder(Astray)
+            .edges(|add| add(2, 5, ()))
+            .combine(|_, _| {})
+            .job()
+            .workers(2)
+            .transport(MemoryTransport::new().wire_check(check))
+            .run()
+            .unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains("message(s) to vertex 12, which rank 1's partition does not hold"),
+            "wire check {check}: {said}"
+        );
+    }
 }
 
 #[test]

@@ -830,9 +830,12 @@ impl<P: VertexProgram> Post<'_, P> {
         };
         if let (Some(far), Some(folds)) = (self.far.as_deref_mut(), self.combine) {
             let slots = &mut far[owner];
-            if !slots.is_empty() {
+            // An id past the range's span (the last rank's, when the span is only the ids
+            // the edges name) goes as it is, for its receiver to name.
+            let i = to.to_u64().wrapping_sub(self.owners.start(owner));
+            if i < slots.len() as u64 {
                 let run = &mut self.far_runs[owner];
-                run.push(((to.to_u64() - self.owners.start(owner)) as u32, message));
+                run.push((i as u32, message));
                 if run.len() == RUN {
                     folds.fold_run(slots, run);
                 }

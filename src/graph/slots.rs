@@ -53,6 +53,11 @@ impl<M: Clone> Slots<M> {
         self.len == 0
     }
 
+    /// For how many vertices it has a place.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Vertex `i`'s message.
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<&M> {

@@ -93,8 +93,8 @@ pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_ser
 
 /// Decodes `count` values written one after another over the whole of `bytes`, into a
 /// vector made once for them (`count` said ahead, bounded by the bytes), not grown as
-/// they come. The error is a value's, or says that the
-/// bytes hold fewer or more than `count`.
+/// they come. The error is a value's, or says that the bytes hold fewer or more than
+/// `count`.
 pub(crate) fn from_slice_each<T: DeserializeOwned>(
     bytes: &[u8],
     count: usize,

@@ -614,7 +614,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.call(epoch, kind, message)?;
+        sync.call(epoch, kind, message, true)?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
         in_span(span, sync.answer(epoch, wait)).await
     }

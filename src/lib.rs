@@ -285,7 +285,7 @@ struct ReadmeDoctests;
 /// assert!(gate.open(now, 1));
 /// for (rank, result) in [(1, 20), (0, 10)] {
 ///     let result = Share::Own(result);
-///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None };
+///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0 };
 ///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
 ///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
 ///     {

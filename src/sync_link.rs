@@ -151,18 +151,21 @@ impl<W> SyncLink<W> {
 }
 
 impl<W> SyncLink<W> {
-    /// Tells the master's node of this rank's call `epoch`.
+    /// Tells the master's node of this rank's call `epoch`; `awaits`: the call waits for
+    /// its word that every rank made it.
     pub(crate) fn call(
         &self,
         epoch: Epoch,
         kind: SyncKind,
         message: Vec<u8>,
+        awaits: bool,
     ) -> Result<(), SyncError> {
         let call = ToMaster::Sync {
             attempt: self.attempt,
             epoch,
             kind,
             message,
+            awaits,
         };
         self.link
             .send_call(call)

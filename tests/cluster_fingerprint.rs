@@ -293,6 +293,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
                     halt_vote: false,
                     mail: Default::default(),
                     saved: None,
+                    calls: 0,
                     elapsed: Duration::ZERO,
                 }))
                 .unwrap(),

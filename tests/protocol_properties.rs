@@ -123,7 +123,7 @@ proptest! {
             }
             let mut completed = Vec::new();
             for (r, it, value) in msgs {
-                let msg = ToMaster::Result(Report { attempt: 0, iteration: it, result: Share::Own(value), halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None });
+                let msg = ToMaster::Result(Report { attempt: 0, iteration: it, result: Share::Own(value), halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0 });
                 if let Some(out) = gate.on_message(t0, Envelope { from: r, msg }) {
                     completed.push(out);
                 }
@@ -166,7 +166,7 @@ proptest! {
                 let rank = pending.remove(order[k % order.len()].index(pending.len()));
                 k += 1;
                 let message = vec![rank as u8, epoch as u8];
-                let step = sync.on_call(t0, rank, epoch, SyncKind::AllGather, message);
+                let step = sync.on_call(t0, rank, epoch, SyncKind::AllGather, message, true);
                 prop_assert_eq!(step.failed, None);
                 answered.extend(step.replies);
             }

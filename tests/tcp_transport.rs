@@ -450,6 +450,7 @@ fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_re
             halt_vote: false,
             mail: Default::default(),
             saved: None,
+            calls: 0,
             elapsed: Duration::ZERO,
         })
     };

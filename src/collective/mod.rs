@@ -18,6 +18,12 @@
 //! than `sync_timeout` (and a few seconds) fails naming the ranks it waits for; a lost peer
 //! fails it at once, naming the peer. Collectives and sync calls share one count (the
 //! epoch).
+//!
+//! The master's node holds these rules without standing in a call's way: a call whose
+//! result holds a piece of every rank's (an `all_reduce`, a `reduce` on its root), each
+//! piece checked against the receiver's own call, proves that every rank made it, and
+//! returns once its exchange is done. A broadcast's ranks, a `reduce`'s other ranks and an
+//! empty value wait for the node's word that every rank made the call.
 
 use std::ops::Range;
 use std::sync::mpsc::RecvTimeoutError;
@@ -34,7 +40,7 @@ pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, Fol
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{
-    exchange, segment, CallSetup, CallShape, CallStart, Carried, RankCall, SendFailure,
+    exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, RankCall, SendFailure,
 };
 use crate::sync_link::{awaitable, block, in_span, Incoming, Wait};
 use crate::transport::TransportError;
@@ -579,9 +585,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // The master's node hears of the call as of a sync call, and holds the rules: the
         // same call on every rank, within the sync timeout of the first, none returned
         // without it; it answers every rank when they are broken. The values themselves
-        // go worker to worker.
+        // go worker to worker; a rank whose result will prove that every rank made the
+        // call (`vouches`) does not wait for the node's word that they did.
+        let awaits = !shape.is_some_and(|s| {
+            usize::try_from(s.len).is_ok_and(|len| vouches(kind, self.workers, self.rank, len))
+        });
         let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
-        sync.call(epoch, SyncKind::Collective(kind), shape)?;
+        sync.call(epoch, SyncKind::Collective(kind), shape, awaits)?;
         Ok(epoch)
     }
 

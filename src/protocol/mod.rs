@@ -43,11 +43,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
-pub(crate) use collective::segment;
 pub(crate) use collective::CallShape;
 pub(crate) use collective::{
     exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure,
 };
+pub(crate) use collective::{segment, vouches};
 pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
@@ -119,6 +119,12 @@ pub struct Report<W> {
     /// a report moves a few times a round, and one without it stays small.
     #[serde(default)]
     pub saved: Option<Box<WorkerSave>>,
+    /// How many sync calls and collectives the worker had made in its attempt when its
+    /// iteration ended (the epoch of its next call): the master's node tells a rank that
+    /// returned without a call from one whose call is still on its way — a collective
+    /// returns without the node's word, so its call may come after the result.
+    #[serde(default)]
+    pub calls: Epoch,
 }
 
 /// What a worker saves for a checkpoint of an iteration, and is given back when the job
@@ -243,6 +249,10 @@ pub enum ToMaster<W> {
         kind: SyncKind,
         /// The encoded message (empty for `barrier()`).
         message: Vec<u8>,
+        /// Whether the worker waits for the node's word that every rank made the call.
+        /// A collective whose result proves it (an `all_reduce`: a piece of every rank's
+        /// is in it) does not: the node answers it only with an error.
+        awaits: bool,
     },
     /// The copy of a checkpoint this worker's process keeps, offered to a master's node
     /// its link reached (before the worker registers), for a master that lost its own.

@@ -1,6 +1,7 @@
 //! `barrier()` and `all_gather()` inside a worker's compute: the epochs of Spark's barrier
 //! execution mode.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,13 @@ pub struct SyncStep {
 /// [`handle_timeout`](Self::handle_timeout) when [`poll_timeout`](Self::poll_timeout) has
 /// passed. Send every reply of the returned [`SyncStep`]s; after a failure every later
 /// call is answered with that failure.
+///
+/// A rank may call again before its earlier call's epoch met, and return from compute
+/// before its last call arrived here: a collective whose result proves that every rank
+/// made it returns without this node's word (its `awaits` is false). A rank's calls of
+/// later epochs are kept, in order, and taken when their epoch opens; a rank that
+/// returned is named as returning without a call only when the count of calls it made
+/// says so.
 #[derive(Debug)]
 pub struct SyncState {
     workers: usize,
@@ -40,11 +48,26 @@ pub struct SyncState {
     /// The epoch of the iteration's first call: calls are named by their number in it.
     iteration_epoch: Epoch,
     kind: Option<SyncKind>,
-    calls: Vec<Option<(SyncKind, Vec<u8>)>>,
+    calls: Vec<Option<Call>>,
+    /// Calls of later epochs, per rank, in the order they came, with when they came.
+    ahead: Vec<VecDeque<(Instant, Epoch, Call)>>,
+    /// Per rank, the epoch its next call is of.
+    next: Vec<Epoch>,
     arrived: usize,
     first_arrival: Option<Instant>,
-    returned: Vec<bool>,
+    /// Per rank whose compute of the iteration returned, how many calls it had made.
+    returned: Vec<Option<Epoch>>,
     failure: Option<SyncError>,
+}
+
+/// One rank's call.
+#[derive(Debug)]
+struct Call {
+    kind: SyncKind,
+    message: Vec<u8>,
+    /// Whether the rank waits for this node's word that every rank made the call (every
+    /// call but a collective whose result proves it); an error is said to every rank.
+    awaits: bool,
 }
 
 impl SyncState {
@@ -57,10 +80,12 @@ impl SyncState {
             iteration: 0,
             iteration_epoch: 0,
             kind: None,
-            calls: vec![None; workers],
+            calls: (0..workers).map(|_| None).collect(),
+            ahead: (0..workers).map(|_| VecDeque::new()).collect(),
+            next: vec![0; workers],
             arrived: 0,
             first_arrival: None,
-            returned: vec![false; workers],
+            returned: vec![None; workers],
             failure: None,
         }
     }
@@ -80,10 +105,11 @@ impl SyncState {
     pub fn new_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;
         self.iteration_epoch = self.epoch;
-        self.returned.iter_mut().for_each(|r| *r = false);
+        self.returned.iter_mut().for_each(|r| *r = None);
     }
 
-    /// Rank `rank` made its call `epoch` of kind `kind` with `message`.
+    /// Rank `rank` made its call `epoch` of kind `kind` with `message`; `awaits`: it waits
+    /// for the word that every rank made it (an error is said to it either way).
     pub fn on_call(
         &mut self,
         now: Instant,
@@ -91,11 +117,55 @@ impl SyncState {
         epoch: Epoch,
         kind: SyncKind,
         message: Vec<u8>,
+        awaits: bool,
     ) -> SyncStep {
-        let mut step = SyncStep::default();
+        let step = SyncStep::default();
         if rank >= self.workers {
             return step;
         }
+        let call = Call {
+            kind,
+            message,
+            awaits,
+        };
+        if self.failure.is_none() && epoch > self.epoch {
+            if epoch == self.next[rank] {
+                // Ahead of the epoch gathering: kept until it opens.
+                self.next[rank] = epoch + 1;
+                self.ahead[rank].push_back((now, epoch, call));
+                return step;
+            }
+            if epoch < self.next[rank] {
+                return step; // a call kept already, delivered twice
+            }
+            // A call that skips one of the rank's: out of step, refused below.
+        }
+        let mut step = self.arrive(now, rank, epoch, call);
+        self.take_ahead(&mut step);
+        step
+    }
+
+    /// Takes the calls kept for the epochs that opened, as they came.
+    fn take_ahead(&mut self, step: &mut SyncStep) {
+        while self.failure.is_none() {
+            let epoch = self.epoch;
+            let Some(rank) = (0..self.workers)
+                .find(|&r| self.ahead[r].front().is_some_and(|(_, e, _)| *e == epoch))
+            else {
+                return;
+            };
+            let (at, epoch, call) = self.ahead[rank].pop_front().expect("looked at above");
+            let taken = self.arrive(at, rank, epoch, call);
+            step.replies.extend(taken.replies);
+            if step.failed.is_none() {
+                step.failed = taken.failed;
+            }
+        }
+    }
+
+    /// Rank `rank`'s call `epoch`, which is not ahead of the epoch gathering.
+    fn arrive(&mut self, now: Instant, rank: Rank, epoch: Epoch, call: Call) -> SyncStep {
+        let mut step = SyncStep::default();
         if let Some(failure) = &self.failure {
             step.replies.push((rank, epoch, Err(failure.clone())));
             return step;
@@ -122,7 +192,9 @@ impl SyncState {
         if self.calls[rank].is_some() {
             return step; // the same call delivered twice
         }
-        self.calls[rank] = Some((kind, message));
+        let kind = call.kind;
+        self.calls[rank] = Some(call);
+        self.next[rank] = self.next[rank].max(epoch + 1);
         self.arrived += 1;
         if self.first_arrival.is_none() {
             self.first_arrival = Some(now);
@@ -135,28 +207,33 @@ impl SyncState {
             return self.fail(unmatched);
         }
         if self.arrived == self.workers {
-            let messages: Arc<Vec<Vec<u8>>> = Arc::new(
-                self.calls
-                    .iter_mut()
-                    .map(|c| c.take().map(|(_, m)| m).unwrap_or_default())
-                    .collect(),
-            );
-            for r in 0..self.workers {
-                step.replies
-                    .push((r, self.epoch, Ok(Arc::clone(&messages))));
+            let awaiting: Vec<Rank> = (0..self.workers)
+                .filter(|&r| self.calls[r].as_ref().is_some_and(|c| c.awaits))
+                .collect();
+            if !awaiting.is_empty() {
+                let messages: Arc<Vec<Vec<u8>>> = Arc::new(
+                    self.calls
+                        .iter_mut()
+                        .map(|c| c.take().map(|c| c.message).unwrap_or_default())
+                        .collect(),
+                );
+                for r in awaiting {
+                    step.replies
+                        .push((r, self.epoch, Ok(Arc::clone(&messages))));
+                }
             }
             self.next_epoch();
         }
         step
     }
 
-    /// Rank `rank`'s compute of the current iteration returned: it makes no more calls in
-    /// this iteration.
-    pub fn on_returned(&mut self, rank: Rank, iteration: Iteration) -> SyncStep {
+    /// Rank `rank`'s compute of the current iteration returned, having made `calls` calls
+    /// in the attempt (the epoch of its next): it makes no more calls in this iteration.
+    pub fn on_returned(&mut self, rank: Rank, iteration: Iteration, calls: Epoch) -> SyncStep {
         if rank >= self.workers || self.failure.is_some() || iteration != self.iteration {
             return SyncStep::default();
         }
-        self.returned[rank] = true;
+        self.returned[rank] = Some(calls);
         match self.unmatched() {
             Some(unmatched) => self.fail(unmatched),
             None => SyncStep::default(),
@@ -218,11 +295,13 @@ impl SyncState {
     }
 
     /// An epoch in progress that some rank can no longer join: it returned from compute
-    /// without the call.
+    /// without the call (it had made no more calls than the epochs before).
     fn unmatched(&self) -> Option<SyncError> {
         let kind = self.kind?;
         let returned: Vec<Rank> = (0..self.workers)
-            .filter(|&r| self.returned[r] && self.calls[r].is_none())
+            .filter(|&r| {
+                self.calls[r].is_none() && self.returned[r].is_some_and(|made| made <= self.epoch)
+            })
             .collect();
         if returned.is_empty() {
             return None;
@@ -247,7 +326,7 @@ impl SyncState {
     /// first whose shape is known. Two collectives are named as calls, the two ranks in
     /// rank order; other calls by every rank's kind.
     fn differs(&self, rank: Rank) -> Option<SyncError> {
-        let (kind, message) = self.calls[rank].as_ref()?;
+        let Call { kind, message, .. } = self.calls[rank].as_ref()?;
         let others = || {
             self.calls
                 .iter()
@@ -255,7 +334,14 @@ impl SyncState {
                 .filter(move |(r, _)| *r != rank)
                 .filter_map(|(r, c)| c.as_ref().map(|c| (r, c)))
         };
-        let (first, (first_kind, first_message)) = others().next()?;
+        let (
+            first,
+            Call {
+                kind: first_kind,
+                message: first_message,
+                ..
+            },
+        ) = others().next()?;
         let (SyncKind::Collective(mine), SyncKind::Collective(theirs)) = (kind, first_kind) else {
             if kind == first_kind {
                 return None;
@@ -264,7 +350,7 @@ impl SyncState {
                 .calls
                 .iter()
                 .enumerate()
-                .filter_map(|(r, c)| c.as_ref().map(|(k, _)| (r, *k)))
+                .filter_map(|(r, c)| c.as_ref().map(|c| (r, c.kind)))
                 .collect();
             return Some(SyncError::Mismatch {
                 at: self.at(),
@@ -276,8 +362,8 @@ impl SyncState {
         } else {
             let shape = shape_of(message)?;
             others()
-                .find_map(|(r, (k, m))| match k {
-                    SyncKind::Collective(k) => shape_of(m).map(|s| (r, *k, Some(s))),
+                .find_map(|(r, c)| match c.kind {
+                    SyncKind::Collective(k) => shape_of(&c.message).map(|s| (r, k, Some(s))),
                     _ => None,
                 })
                 .filter(|(_, _, theirs)| *theirs != Some(shape))?
@@ -296,12 +382,18 @@ impl SyncState {
         })
     }
 
-    /// Answers every waiting rank with `error`, and keeps it for every later call.
+    /// Answers every waiting rank with `error` — those in the epoch gathering, and those
+    /// whose later calls are kept — and keeps it for every later call.
     fn fail(&mut self, error: SyncError) -> SyncStep {
         let mut step = SyncStep::default();
         for (r, call) in self.calls.iter().enumerate() {
             if call.is_some() {
                 step.replies.push((r, self.epoch, Err(error.clone())));
+            }
+        }
+        for (r, ahead) in self.ahead.iter_mut().enumerate() {
+            for (_, epoch, _) in ahead.drain(..) {
+                step.replies.push((r, epoch, Err(error.clone())));
             }
         }
         self.next_epoch();
@@ -345,14 +437,14 @@ mod tests {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, T);
         assert!(s
-            .on_call(t0, 2, 0, SyncKind::AllGather, b"c".to_vec())
+            .on_call(t0, 2, 0, SyncKind::AllGather, b"c".to_vec(), true)
             .replies
             .is_empty());
         assert!(s
-            .on_call(t0, 0, 0, SyncKind::AllGather, b"a".to_vec())
+            .on_call(t0, 0, 0, SyncKind::AllGather, b"a".to_vec(), true)
             .replies
             .is_empty());
-        let step = s.on_call(t0, 1, 0, SyncKind::AllGather, b"b".to_vec());
+        let step = s.on_call(t0, 1, 0, SyncKind::AllGather, b"b".to_vec(), true);
         let all = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
         assert_eq!(
             ok(&step),
@@ -367,8 +459,8 @@ mod tests {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, T);
         s.new_iteration(1);
-        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
-        let step = s.on_call(t0, 2, 0, SyncKind::AllGather, vec![]);
+        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![], true);
+        let step = s.on_call(t0, 2, 0, SyncKind::AllGather, vec![], true);
         let error = SyncError::Mismatch {
             at: CallAt {
                 iteration: 1,
@@ -382,7 +474,7 @@ mod tests {
             error.to_string(),
             "different calls at call 1 of iteration 1: rank 0 called barrier(), rank 2 called all_gather(); every rank must make the same sync calls and collectives in the same order"
         );
-        let late = s.on_call(t0, 1, 0, SyncKind::Barrier, vec![]);
+        let late = s.on_call(t0, 1, 0, SyncKind::Barrier, vec![], true);
         assert_eq!(
             late.replies,
             vec![(1, 0, Err(error))],
@@ -410,9 +502,9 @@ mod tests {
         let mut s = SyncState::new(3, T);
         s.new_iteration(2);
         let (k, m) = collective(sum, Some(5));
-        assert_eq!(s.on_call(t0, 2, 0, k, m), SyncStep::default());
+        assert_eq!(s.on_call(t0, 2, 0, k, m, true), SyncStep::default());
         let (k, m) = collective(sum, Some(4));
-        let step = s.on_call(t0, 0, 0, k, m);
+        let step = s.on_call(t0, 0, 0, k, m, true);
         let error = step.failed.expect("the length differs");
         assert_eq!(step.replies.len(), 2, "both waiting ranks are answered");
         assert_eq!(
@@ -424,9 +516,12 @@ mod tests {
         let mut s = SyncState::new(3, T);
         s.new_iteration(1);
         let (k, m) = collective(CollectiveKind::Broadcast { root: 0 }, None);
-        s.on_call(t0, 1, 0, k, m);
+        s.on_call(t0, 1, 0, k, m, true);
         let (k, m) = collective(sum, Some(1));
-        let error = s.on_call(t0, 2, 0, k, m).failed.expect("the kinds differ");
+        let error = s
+            .on_call(t0, 2, 0, k, m, true)
+            .failed
+            .expect("the kinds differ");
         assert_eq!(
             error.to_string(),
             "different collectives at call 1 of iteration 1: rank 1 called broadcast from rank 0, rank 2 called all_reduce(sum) of 1 element(s) by recursive doubling; every rank must make the same collective calls in the same order"
@@ -437,7 +532,11 @@ mod tests {
         let bcast = CollectiveKind::Broadcast { root: 1 };
         for (rank, len) in [(0, None), (1, Some(9)), (2, None)] {
             let (k, m) = collective(bcast, len);
-            assert_eq!(s.on_call(t0, rank, 0, k, m).failed, None, "rank {rank}");
+            assert_eq!(
+                s.on_call(t0, rank, 0, k, m, true).failed,
+                None,
+                "rank {rank}"
+            );
         }
         assert_eq!(s.epoch(), 1, "the broadcast met");
     }
@@ -448,14 +547,16 @@ mod tests {
         let mut s = SyncState::new(2, T);
         s.new_iteration(1);
         for epoch in 0..3 {
-            s.on_call(t0, 0, epoch, SyncKind::Barrier, vec![]);
-            s.on_call(t0, 1, epoch, SyncKind::Barrier, vec![]);
+            s.on_call(t0, 0, epoch, SyncKind::Barrier, vec![], true);
+            s.on_call(t0, 1, epoch, SyncKind::Barrier, vec![], true);
         }
         s.new_iteration(2);
-        s.on_call(t0, 0, 3, SyncKind::Barrier, vec![]);
-        s.on_call(t0, 1, 3, SyncKind::Barrier, vec![]);
-        s.on_call(t0, 0, 4, SyncKind::Barrier, vec![]);
-        let error = s.on_call(t0, 1, 4, SyncKind::AllGather, vec![]).failed;
+        s.on_call(t0, 0, 3, SyncKind::Barrier, vec![], true);
+        s.on_call(t0, 1, 3, SyncKind::Barrier, vec![], true);
+        s.on_call(t0, 0, 4, SyncKind::Barrier, vec![], true);
+        let error = s
+            .on_call(t0, 1, 4, SyncKind::AllGather, vec![], true)
+            .failed;
         assert!(
             matches!(
                 error,
@@ -476,7 +577,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, T);
         let t1 = t0 + Duration::from_secs(100);
-        s.on_call(t1, 1, 0, SyncKind::Barrier, vec![]);
+        s.on_call(t1, 1, 0, SyncKind::Barrier, vec![], true);
         assert_eq!(s.poll_timeout(), Some(t1 + T));
         assert_eq!(
             s.handle_timeout(t1 + T - Duration::from_millis(1)),
@@ -501,8 +602,8 @@ mod tests {
     fn a_call_arriving_after_the_deadline_fails_the_epoch_instead_of_completing_it() {
         let t0 = Instant::now();
         let mut s = SyncState::new(2, T);
-        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
-        let step = s.on_call(t0 + T, 1, 0, SyncKind::Barrier, vec![]);
+        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![], true);
+        let step = s.on_call(t0 + T, 1, 0, SyncKind::Barrier, vec![], true);
         assert!(
             matches!(step.failed, Some(SyncError::TimedOut { ref missing, .. }) if missing == &vec![1])
         );
@@ -515,7 +616,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, Duration::MAX);
         assert_eq!(s.expire(t0), SyncStep::default(), "nothing gathers");
-        s.on_call(t0, 2, 0, SyncKind::Barrier, vec![]);
+        s.on_call(t0, 2, 0, SyncKind::Barrier, vec![], true);
         assert!(s.is_gathering());
         let step = s.expire(t0 + T);
         assert!(
@@ -529,8 +630,8 @@ mod tests {
         let mut s = SyncState::new(3, T);
         s.new_iteration(4);
         // Rank 1 returns first; rank 0 then calls.
-        assert_eq!(s.on_returned(1, 4), SyncStep::default());
-        let step = s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
+        assert_eq!(s.on_returned(1, 4, 0), SyncStep::default());
+        let step = s.on_call(t0, 0, 0, SyncKind::Barrier, vec![], true);
         assert_eq!(
             step.failed,
             Some(SyncError::Unmatched {
@@ -546,8 +647,8 @@ mod tests {
         // And the other way round: a call waits, then a rank returns.
         let mut s = SyncState::new(2, T);
         s.new_iteration(1);
-        s.on_call(t0, 0, 0, SyncKind::AllGather, vec![]);
-        let step = s.on_returned(1, 1);
+        s.on_call(t0, 0, 0, SyncKind::AllGather, vec![], true);
+        let step = s.on_returned(1, 1, 0);
         assert!(
             matches!(step.failed, Some(SyncError::Unmatched { ref returned, .. }) if returned == &vec![1])
         );
@@ -560,17 +661,17 @@ mod tests {
         let mut s = SyncState::new(2, T);
         for epoch in 0..3 {
             s.new_iteration(epoch + 1);
-            s.on_call(t0, 0, epoch, SyncKind::Barrier, vec![]);
+            s.on_call(t0, 0, epoch, SyncKind::Barrier, vec![], true);
             assert_eq!(
-                s.on_call(t0, 1, epoch, SyncKind::Barrier, vec![])
+                s.on_call(t0, 1, epoch, SyncKind::Barrier, vec![], true)
                     .replies
                     .len(),
                 2
             );
-            s.on_returned(0, epoch + 1);
-            s.on_returned(1, epoch + 1);
+            s.on_returned(0, epoch + 1, epoch + 1);
+            s.on_returned(1, epoch + 1, epoch + 1);
         }
-        let step = s.on_call(t0, 0, 7, SyncKind::Barrier, vec![]);
+        let step = s.on_call(t0, 0, 7, SyncKind::Barrier, vec![], true);
         assert_eq!(
             step.replies,
             vec![(
@@ -589,8 +690,8 @@ mod tests {
     fn an_abort_releases_every_waiting_rank_with_the_job_failure() {
         let t0 = Instant::now();
         let mut s = SyncState::new(3, T);
-        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![]);
-        s.on_call(t0, 2, 0, SyncKind::Barrier, vec![]);
+        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![], true);
+        s.on_call(t0, 2, 0, SyncKind::Barrier, vec![], true);
         let error = JobError::Runtime {
             message: "rank 1 died".into(),
         };
@@ -601,5 +702,116 @@ mod tests {
             step.replies,
             vec![(0, 0, expected.clone()), (2, 0, expected)]
         );
+    }
+
+    /// An `all_reduce(sum)` of `len` elements, as its call carries it.
+    fn shape(len: u64) -> Vec<u8> {
+        collective(CollectiveKind::AllReduce(Some(ReduceOp::Sum)), Some(len)).1
+    }
+
+    const SUM: SyncKind = SyncKind::Collective(CollectiveKind::AllReduce(Some(ReduceOp::Sum)));
+
+    #[test]
+    fn calls_ahead_of_the_epoch_are_kept_for_it_and_only_ranks_that_await_are_answered() {
+        // Rank 0's all_reduces return without a word of this node's: it calls epochs 1
+        // and 2 before the other ranks' calls of epoch 0 come.
+        let t0 = Instant::now();
+        let mut s = SyncState::new(3, T);
+        s.new_iteration(1);
+        for epoch in 0..3 {
+            let step = s.on_call(t0, 0, epoch, SUM, shape(1), false);
+            assert_eq!(step, SyncStep::default(), "epoch {epoch}");
+        }
+        assert_eq!(s.epoch(), 0);
+        // The same call delivered twice, kept or gathering, changes nothing.
+        assert_eq!(
+            s.on_call(t0, 0, 1, SUM, shape(1), false),
+            SyncStep::default()
+        );
+        assert_eq!(
+            s.on_call(t0, 0, 0, SUM, shape(1), false),
+            SyncStep::default()
+        );
+        // Rank 0 returned, its three calls made: two are still to be met, none missing.
+        assert_eq!(s.on_returned(0, 1, 3), SyncStep::default());
+        s.on_call(t0, 1, 0, SUM, shape(1), false);
+        // Rank 2 awaits the word (say its result proves nothing of the others): the epoch
+        // meets, and it alone is answered; rank 0's call of epoch 1 is taken at once.
+        let step = s.on_call(t0, 2, 0, SUM, shape(1), true);
+        assert_eq!(step.failed, None);
+        assert_eq!(
+            step.replies
+                .iter()
+                .map(|(r, e, _)| (*r, *e))
+                .collect::<Vec<_>>(),
+            vec![(2, 0)]
+        );
+        assert_eq!(s.epoch(), 1);
+        assert!(s.is_gathering(), "rank 0's call of epoch 1 is in");
+        // Rank 1's result overtook its call of epoch 1: it made two calls, so that call
+        // is on its way, not missing.
+        assert_eq!(s.on_returned(1, 1, 2), SyncStep::default());
+        s.on_call(t0, 1, 1, SUM, shape(1), false);
+        // Epoch 1 meets, answering no one (no rank awaits a word); epoch 2 opens with rank
+        // 0's call in it — which rank 1, returned after two calls, never makes.
+        let step = s.on_call(t0, 2, 1, SUM, shape(1), false);
+        assert!(
+            matches!(
+                &step.failed,
+                Some(SyncError::Unmatched { returned, waiting, .. })
+                    if returned == &vec![1] && waiting == &vec![0]
+            ),
+            "{step:?}"
+        );
+        assert_eq!(
+            step.replies
+                .iter()
+                .map(|(r, e, _)| (*r, *e))
+                .collect::<Vec<_>>(),
+            vec![(0, 2)],
+            "rank 0, ahead in epoch 2, hears of it"
+        );
+    }
+
+    #[test]
+    fn a_mismatch_answers_the_ranks_whose_later_calls_are_kept() {
+        let t0 = Instant::now();
+        let mut s = SyncState::new(2, T);
+        s.new_iteration(1);
+        s.on_call(t0, 0, 0, SUM, shape(4), false);
+        s.on_call(t0, 0, 1, SUM, shape(4), false);
+        s.on_call(t0, 0, 2, SUM, shape(4), false);
+        let step = s.on_call(t0, 1, 0, SUM, shape(5), false);
+        assert!(matches!(
+            step.failed,
+            Some(SyncError::CollectiveMismatch {
+                rank: 0,
+                peer: 1,
+                ..
+            })
+        ));
+        let mut answered: Vec<(Rank, Epoch)> =
+            step.replies.iter().map(|(r, e, _)| (*r, *e)).collect();
+        answered.sort_unstable();
+        assert_eq!(answered, vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+        assert!(step.replies.iter().all(|(_, _, result)| result.is_err()));
+    }
+
+    #[test]
+    fn a_kept_call_times_out_from_when_it_came() {
+        let t0 = Instant::now();
+        let mut s = SyncState::new(2, T);
+        s.new_iteration(1);
+        s.on_call(t0, 0, 0, SUM, shape(1), false);
+        s.on_call(t0, 0, 1, SUM, shape(1), false);
+        s.on_call(t0 + T / 2, 1, 0, SUM, shape(1), false);
+        // Epoch 1 gathers from rank 0's call, which came at t0.
+        assert_eq!(s.epoch(), 1);
+        assert_eq!(s.poll_timeout(), Some(t0 + T));
+        let step = s.handle_timeout(t0 + T);
+        assert!(matches!(
+            step.failed,
+            Some(SyncError::TimedOut { ref missing, .. }) if missing == &vec![1]
+        ));
     }
 }

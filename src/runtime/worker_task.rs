@@ -263,6 +263,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             mail,
             elapsed: self.clock.saturating_duration_since(started),
             saved,
+            calls: self.ctx.epoch,
         })
     }
 

@@ -39,8 +39,8 @@ pub use call::PeerEvent;
 pub(crate) use call::{exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure};
 #[cfg(test)]
 use plan::effective;
-pub(crate) use plan::segment;
 use plan::{plan, Apply, Transfer};
+pub(crate) use plan::{segment, vouches};
 
 /// The value a collective runs on, as a row of elements: what a piece of it is, and how a
 /// received piece is put into it or folded with it.
@@ -178,6 +178,8 @@ pub struct Exchange<B: Buffer> {
     early: HashMap<(usize, u32), B::Part>,
     outbox: VecDeque<(Rank, Piece<B::Part>)>,
     buffer: B,
+    /// Whether the result, once done, holds a piece of every rank's (`plan::vouches`).
+    vouches: bool,
 }
 
 impl<B: Buffer> fmt::Debug for Exchange<B> {
@@ -221,6 +223,7 @@ impl<B: Buffer> Exchange<B> {
             receives,
             early: HashMap::new(),
             outbox: VecDeque::new(),
+            vouches: vouches(call.kind, ranks, rank, buffer.len()),
             buffer,
         };
         for index in 0..chunks {
@@ -232,6 +235,14 @@ impl<B: Buffer> Exchange<B> {
     /// The call.
     pub fn call(&self) -> &CollectiveCall {
         &self.call
+    }
+
+    /// Whether the result, once [`is_done`](Self::is_done), proves that every rank made
+    /// this call: it holds a piece of every other rank's, come straight from it or through
+    /// ranks that folded or passed it on, each checked against the receiver's call. An
+    /// `all_reduce` does; a broadcast, a reduce off its root, an empty value do not.
+    pub fn vouches(&self) -> bool {
+        self.vouches
     }
 
     /// Whether every piece was received and every piece to send handed out by

@@ -72,6 +72,31 @@ pub(crate) fn segment(len: usize, n: usize, i: usize) -> Range<usize> {
     start..start + base + usize::from(i < extra)
 }
 
+/// Whether rank `rank`'s result of `kind` on `len` elements among `ranks` ranks holds a
+/// piece of every other rank's — come straight from it or through ranks that folded or
+/// passed it on. Every piece is checked against the receiver's own call before it is
+/// applied (`RankCall`), so such a result proves that every rank made this very call: the
+/// rank may return it without the master's node's word. The others — a broadcast, a
+/// reduce's ranks other than its root, a segment of no elements, an empty value — prove
+/// nothing of some rank, and wait for that word.
+pub(crate) fn vouches(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize) -> bool {
+    if ranks <= 1 {
+        return true;
+    }
+    if len == 0 {
+        return false;
+    }
+    match kind {
+        CollectiveKind::AllReduce(_) | CollectiveKind::Messages => true,
+        // Its own segment comes folded over every rank.
+        CollectiveKind::ReduceScatter(_) => !segment(len, ranks, rank).is_empty(),
+        // Every rank's segment comes around the ring to every rank.
+        CollectiveKind::AllGather => len >= ranks,
+        CollectiveKind::Reduce { root, .. } => rank == root,
+        CollectiveKind::Broadcast { .. } => false,
+    }
+}
+
 /// Rank `rank`'s plan for `kind` by `algorithm` among `ranks` ranks, on a value of `len`
 /// elements. `algorithm` is taken as [`effective`] says.
 pub(crate) fn plan(

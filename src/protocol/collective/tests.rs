@@ -301,6 +301,79 @@ fn every_collective_by_every_algorithm_ends_with_the_answer_on_every_rank() {
     }
 }
 
+/// The ranks whose values reach a rank's result (its own among them).
+fn reached(rank: Rank, result: &Words) -> std::collections::BTreeSet<Rank> {
+    let mut ranks: std::collections::BTreeSet<Rank> = result
+        .values
+        .iter()
+        .flat_map(|v| v.split_inclusive('>'))
+        .filter_map(|w| w.strip_prefix('<')?.split('.').next()?.parse().ok())
+        .collect();
+    ranks.insert(rank);
+    ranks
+}
+
+#[test]
+fn a_result_vouches_for_every_rank_only_when_every_rank_s_value_reached_it() {
+    // A rank returns a result without the master's node's word when its exchange says the
+    // result vouches for every rank: each piece is checked against the receiver's call, so
+    // a value of every rank's in it proves that every rank made this very call. It must
+    // never vouch for a rank whose value did not reach it; and where a value of every
+    // rank's reaches every rank (`all_reduce`, the messages, a full `all_gather`), it
+    // vouches.
+    for ranks in 1..=9 {
+        for len in [0, 1, 2, 5, 9, 17] {
+            for chunk in [1, 3, 64] {
+                for algorithm in ALGORITHMS {
+                    let mut kinds = kinds(ranks, 2);
+                    kinds.push(CollectiveKind::Messages);
+                    for kind in kinds {
+                        let len = match kind {
+                            CollectiveKind::Messages => ranks * ranks,
+                            _ => len,
+                        };
+                        let inputs: Vec<Words> = (0..ranks)
+                            .map(|r| match kind {
+                                CollectiveKind::Messages => words(
+                                    (0..len)
+                                        .map(|e| match e / ranks == r {
+                                            true => word(r, e),
+                                            false => String::new(),
+                                        })
+                                        .collect(),
+                                ),
+                                _ => input(kind, ranks, r, len),
+                            })
+                            .collect();
+                        let call = call(kind, algorithm, len, chunk);
+                        let vouch: Vec<bool> = (0..ranks)
+                            .map(|r| Exchange::new(call, ranks, r, inputs[r].clone()).vouches())
+                            .collect();
+                        let results = run(call, inputs, 7);
+                        for (r, result) in results.iter().enumerate() {
+                            let all = reached(r, result).len() == ranks;
+                            let what = format!(
+                                "{kind} by {algorithm}, rank {r} of {ranks}, {len} elements, chunk {chunk}"
+                            );
+                            assert!(
+                                !vouch[r] || all,
+                                "{what}: vouches for ranks it did not hear"
+                            );
+                            let complete = matches!(
+                                kind,
+                                CollectiveKind::AllReduce(_) | CollectiveKind::Messages
+                            ) || (kind == CollectiveKind::AllGather && len >= ranks);
+                            if complete && len > 0 {
+                                assert!(vouch[r], "{what}: heard every rank, does not vouch");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 

@@ -36,6 +36,7 @@ fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
         halt_vote: false,
         mail: Default::default(),
         saved: None,
+        calls: 0,
         elapsed: Duration::ZERO,
     })
 }
@@ -118,6 +119,7 @@ fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
         halt_vote: s.ends_with('!'),
         mail: Default::default(),
         saved: None,
+        calls: 0,
         elapsed: Duration::from_millis(s.len() as u64),
     })
 }
@@ -549,6 +551,7 @@ fn share(iteration: Iteration, share: Share<String>, vote: bool) -> ToMaster<Str
         halt_vote: vote,
         mail: Default::default(),
         saved: None,
+        calls: 0,
         elapsed: Duration::ZERO,
     })
 }
@@ -615,6 +618,7 @@ fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() 
         halt_vote: false,
         mail: Default::default(),
         saved: None,
+        calls: 0,
         elapsed: Duration::ZERO,
     });
     gate.on_message(t0, env(1, passed));

@@ -405,9 +405,10 @@ impl<M, W> MasterNode<M, W> {
                 epoch,
                 kind,
                 message,
+                awaits,
             } => {
                 if attempt == self.attempt() {
-                    let step = self.sync.on_call(now, from, epoch, kind, message);
+                    let step = self.sync.on_call(now, from, epoch, kind, message, awaits);
                     self.apply(now, step, reach);
                 }
                 return;
@@ -417,7 +418,7 @@ impl<M, W> MasterNode<M, W> {
                 if report.attempt == self.attempt() && self.config.job.barrier_mode =>
             {
                 // Its compute returned: it makes no more sync calls this iteration.
-                let step = self.sync.on_returned(from, report.iteration);
+                let step = self.sync.on_returned(from, report.iteration, report.calls);
                 self.apply(now, step, reach);
             }
             ToMaster::Done {

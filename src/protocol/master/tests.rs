@@ -178,6 +178,7 @@ impl Harness {
             halt_vote: false,
             mail: Default::default(),
             saved: None,
+            calls: 0,
             elapsed: Duration::ZERO,
         };
         self.from(rank, ToMaster::Result(report));

@@ -58,6 +58,7 @@ fn report(iteration: Iteration) -> Worked<u64> {
         halt_vote: false,
         mail: Default::default(),
         saved: None,
+        calls: 0,
         elapsed: Duration::ZERO,
     }))
 }

@@ -441,13 +441,16 @@ where
     }
 
     /// The call's end, once it ended (taken once): the buffer its exchange made, when
-    /// this rank's part is done and the master's node said every rank made the call — a
-    /// rank whose part needs no one else's (a broadcast's root) does not run ahead into
-    /// calls the others have not reached, so the node meets one epoch at a time.
+    /// this rank's part is done and either its result proves that every rank made the
+    /// call ([`Exchange::vouches`]: an `all_reduce`, the messages — no word of the master's
+    /// node awaited, so its round trip is off the call's path) or the node said so. A rank
+    /// whose result proves nothing of some rank (a broadcast, a reduce off its root, an
+    /// empty value) never returns it before that word.
     pub(crate) fn poll_outcome(&mut self) -> Option<Result<B, SyncError>> {
         let done = matches!(
             (&self.stage, &self.start),
-            (Stage::Running, CallStart::Known(exchange)) if self.released && exchange.is_done()
+            (Stage::Running, CallStart::Known(exchange))
+                if exchange.is_done() && (self.released || exchange.vouches())
         );
         if done {
             self.stage = Stage::Over;

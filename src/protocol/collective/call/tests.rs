@@ -126,7 +126,9 @@ fn ended<B>(end: Option<Result<B, SyncError>>) -> SyncError {
 }
 
 #[test]
-fn two_ranks_sum_and_end_once_the_master_s_node_released_the_call() {
+fn two_ranks_sum_and_end_once_their_part_is_done_without_the_master_s_node_s_word() {
+    // Each rank's sum holds the other's piece, checked against its own call: it proves
+    // that both made the call, and the call ends on it.
     let now = Instant::now();
     let (mut early_a, mut early_b) = (Early::new(ATTEMPT), Early::new(ATTEMPT));
     let mut a = summing(0, 2, vec![1.0, 2.0], now, &mut early_a);
@@ -135,25 +137,84 @@ fn two_ranks_sum_and_end_once_the_master_s_node_released_the_call() {
         assert_eq!(to, 1);
         b.handle_peer(now, PeerEvent::Message(m), &mut early_b);
     }
+    assert!(
+        a.poll_outcome().is_none(),
+        "rank 0 waits for rank 1's piece"
+    );
     for (to, m) in sent(&mut b) {
         assert_eq!(to, 0);
         a.handle_peer(now, PeerEvent::Message(m), &mut early_a);
     }
-    // Its part is done, but not every rank is known to have made the call.
-    assert!(a.poll_outcome().is_none());
-    a.handle_answer(EPOCH - 1, Ok(()));
-    assert!(
-        a.poll_outcome().is_none(),
-        "an earlier call's answer releases nothing"
+    for call in [&mut a, &mut b] {
+        let sums = call.poll_outcome().expect("done").expect("summed");
+        assert_eq!(sums.0, vec![11.0, 22.0]);
+        assert!(call.poll_outcome().is_none(), "an end is taken once");
+        assert!(call.poll_timeout().is_none());
+        // The node's word, if it comes late, changes nothing.
+        call.handle_answer(EPOCH, Err(SyncError::NoAnswer(PATIENCE)));
+        assert!(call.poll_outcome().is_none());
+    }
+}
+
+#[test]
+fn a_rank_whose_result_proves_nothing_of_the_others_ends_once_the_master_s_node_released_it() {
+    // A reduce to rank 0: rank 1 only sends, so its part is done at once — yet it heard
+    // nothing of rank 0's call, and waits for the node's word that every rank made it.
+    let now = Instant::now();
+    let reduce = CallShape::call(
+        Some(CallShape {
+            len: 2,
+            algorithm: Algorithm::Tree,
+            chunk: 1024,
+        }),
+        EPOCH,
+        CallAt {
+            iteration: 3,
+            call: 1,
+        },
+        CollectiveKind::Reduce {
+            root: 0,
+            op: Some(crate::ids::ReduceOp::Sum),
+        },
     );
-    a.handle_answer(EPOCH, Ok(()));
+    let (mut early_a, mut early_b) = (Early::new(ATTEMPT), Early::new(ATTEMPT));
+    let start =
+        |rank, values| CallStart::Known(Box::new(exchange(reduce, 2, rank, Sums(values), false)));
+    let mut a = RankCall::new(
+        setup(0, 2, false),
+        start(0, vec![1.0, 2.0]),
+        false,
+        now,
+        &mut early_a,
+    );
+    let mut b = RankCall::new(
+        setup(1, 2, false),
+        start(1, vec![10.0, 20.0]),
+        false,
+        now,
+        &mut early_b,
+    );
+    for (to, m) in sent(&mut b) {
+        assert_eq!(to, 0);
+        a.handle_peer(now, PeerEvent::Message(m), &mut early_a);
+    }
+    assert!(sent(&mut a).is_empty());
     let sums = a
         .poll_outcome()
-        .expect("released and done")
+        .expect("the root heard rank 1")
         .expect("summed");
     assert_eq!(sums.0, vec![11.0, 22.0]);
-    assert!(a.poll_outcome().is_none(), "an end is taken once");
-    assert!(a.poll_timeout().is_none());
+    assert!(
+        b.poll_outcome().is_none(),
+        "its part is done, the others unknown"
+    );
+    b.handle_answer(EPOCH - 1, Ok(()));
+    assert!(
+        b.poll_outcome().is_none(),
+        "an earlier call's answer releases nothing"
+    );
+    b.handle_answer(EPOCH, Ok(()));
+    assert!(b.poll_outcome().expect("released").is_ok());
 }
 
 #[test]

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The instructions of a worker round in memory, counted by callgrind, against a baseline.
+
+    python3 .ci/instructions.py target/release/examples/profile_iteration           # check
+    python3 .ci/instructions.py target/release/examples/profile_iteration --update  # new baseline
+
+`profile_iteration W N auto` runs a job of W workers whose compute does nothing for N
+iterations, the whole job on its coordination thread. The instructions of a worker round
+are the difference between two runs of N1 and N2 iterations over (N2 - N1) x W: start-up
+and shutdown cancel out. Two runs of the same build agree within 0.2%; timings on a shared
+machine do not come near that, so this is the check that the round did not grow.
+
+Fails (exit 1) when a count is more than 5% above the baseline in `.ci/instructions.json`.
+The counts are of the code one compiler made: with another `rustc` than the baseline's, it
+prints both and passes (run `--update` on the new compiler's first green commit).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instructions.json")
+# (workers, fewer iterations, more iterations)
+RUNS = [(16, 1000, 3000), (256, 100, 300)]
+TOLERANCE = 1.05
+
+
+def collected(binary, workers, iterations):
+    """The instructions callgrind counts in one run of the job."""
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            binary,
+            str(workers),
+            str(iterations),
+            "auto",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if not found:
+        sys.exit(f"callgrind gave no count for {workers} workers:\n{out.stderr}")
+    return int(found.group(1))
+
+
+def per_worker_round(binary, workers, fewer, more):
+    return (collected(binary, workers, more) - collected(binary, workers, fewer)) / (
+        (more - fewer) * workers
+    )
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 1:
+        sys.exit(__doc__)
+    binary = args[0]
+    rustc = subprocess.run(
+        ["rustc", "--version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    counts = {
+        str(workers): round(per_worker_round(binary, workers, fewer, more), 1)
+        for workers, fewer, more in RUNS
+    }
+    if "--update" in sys.argv:
+        with open(BASELINE, "w") as f:
+            json.dump({"rustc": rustc, "per_worker_round": counts}, f, indent=2)
+            f.write("\n")
+        print(f"baseline written: {counts} ({rustc})")
+        return
+    with open(BASELINE) as f:
+        baseline = json.load(f)
+    grown = []
+    for workers, count in counts.items():
+        base = baseline["per_worker_round"].get(workers)
+        ratio = count / base if base else float("nan")
+        print(
+            f"{workers} workers: {count:.1f} instructions a worker round, "
+            f"baseline {base} ({ratio:.3f}x)"
+        )
+        if base and ratio > TOLERANCE:
+            grown.append(workers)
+    if baseline["rustc"] != rustc:
+        print(
+            f"the baseline was counted on {baseline['rustc']}, this is {rustc}: "
+            "not compared (update the baseline on this compiler)"
+        )
+        return
+    if grown:
+        sys.exit(
+            f"a worker round grew more than {TOLERANCE - 1:.0%} at {', '.join(grown)} "
+            "workers: find where (PERFORMANCE.md, 'Measuring'), or if it earns its place, "
+            "say so in the commit and run with --update"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -479,8 +479,15 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// with the job's first failure). Needs a job built with `barrier_mode(true)`; without
     /// it this fails at once with [`SyncError::NotEnabled`]. Only `compute` may call it
     /// (in `init` it fails with [`SyncError::OutsideCompute`]).
+    ///
+    /// Where the workers reach each other (in one process, or over TCP's peer mesh) the
+    /// ranks meet among themselves, a dissemination barrier of log₂(ranks) steps: the call
+    /// returns once what every rank sent reached this one, without a round trip through
+    /// the master's node (which still hears of the call and holds the rules above). There
+    /// it also fails as a collective does: when a peer is lost
+    /// ([`SyncError::PeerLost`]) or stops sending ([`SyncError::CollectiveTimedOut`]).
     pub fn barrier(&mut self) -> Result<(), SyncError> {
-        block(self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Block)).map(drop)
+        block(self.barrier_in(Wait::Block))
     }
 
     /// [`barrier`](Self::barrier) as a future, for a compute that runs an async runtime:
@@ -491,9 +498,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// polled, so a future dropped before it finishes leaves the other ranks to fail the
     /// call (as a rank that returned without it), and this rank's next calls out of step.
     pub async fn barrier_async(&mut self) -> Result<(), SyncError> {
-        self.sync_call_in(SyncKind::Barrier, Vec::new(), Wait::Await)
-            .await
-            .map(drop)
+        self.barrier_in(Wait::Await).await
     }
 
     /// Sends `message` to every rank and returns every rank's message of the same epoch, in

@@ -888,8 +888,14 @@ struct Called<'a>(&'a CollectiveCall);
 impl fmt::Display for Called<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let call = self.0;
-        if call.chunk == 0 || call.kind == CollectiveKind::Messages {
-            // Known by its kind alone (a broadcast's receiver), or the superstep's messages.
+        if call.chunk == 0
+            || matches!(
+                call.kind,
+                CollectiveKind::Messages | CollectiveKind::Barrier
+            )
+        {
+            // Known by its kind alone (a broadcast's receiver, a barrier), or the
+            // superstep's messages.
             return write!(f, "{}", call.kind);
         }
         write!(

@@ -120,6 +120,22 @@ pub enum CollectiveKind {
     /// Every rank sends each rank its own part and ends with the part every rank sent it:
     /// the messages of a superstep (`WorkerContext::send`).
     Messages,
+    /// Every rank waits until every rank made the call, no value carried:
+    /// [`barrier`](crate::WorkerContext::barrier) where the workers reach each other, a
+    /// dissemination among them (log₂(ranks) steps, each rank sending one piece a step).
+    /// The master's node knows it as [`SyncKind::Barrier`].
+    Barrier,
+}
+
+impl CollectiveKind {
+    /// The call as the master's node and the errors of sync calls know it: a barrier is
+    /// `barrier()` whichever way it goes.
+    pub fn sync_kind(self) -> SyncKind {
+        match self {
+            CollectiveKind::Barrier => SyncKind::Barrier,
+            kind => SyncKind::Collective(kind),
+        }
+    }
 }
 
 impl fmt::Display for CollectiveKind {
@@ -137,6 +153,7 @@ impl fmt::Display for CollectiveKind {
             CollectiveKind::Broadcast { root } => write!(f, "broadcast from rank {root}"),
             CollectiveKind::AllGather => f.write_str("all_gather"),
             CollectiveKind::Messages => f.write_str("messages"),
+            CollectiveKind::Barrier => f.write_str("barrier()"),
         }
     }
 }
@@ -195,8 +212,9 @@ impl fmt::Display for CollectiveCall {
             // length is the ranks' pairs.
             return write!(f, "the superstep's messages ({})", self.at);
         }
-        if self.chunk == 0 {
-            // Known by its kind alone: a broadcast's receiver before its first piece.
+        if self.chunk == 0 || self.kind == CollectiveKind::Barrier {
+            // Known by its kind alone: a broadcast's receiver before its first piece, or a
+            // barrier, which carries no value.
             return write!(f, "{} ({})", self.kind, self.at);
         }
         write!(

@@ -1021,6 +1021,45 @@ fn in_barrier_mode_a_crash_under_fail_ends_the_job_with_no_rank_left_waiting() {
     }
 }
 
+/// Calls `barrier()` three times each compute.
+struct Barriers;
+
+impl WorkerComputable for Barriers {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        for _ in 0..3 {
+            ctx.barrier()?;
+        }
+        Ok(ctx.rank() as u64)
+    }
+}
+
+#[test]
+fn a_barrier_goes_among_the_workers_in_log2_ranks_steps() {
+    // Where the workers reach each other a barrier is a dissemination among them: at each
+    // of log₂(ranks) steps every rank sends one piece, and no rank waits for a word of the
+    // master's node. 4 ranks, 2 steps; 5 iterations of 3 barriers; and the pieces that
+    // came are all there were (none lost or doubled).
+    for (workers, steps) in [(4, 2), (5, 3)] {
+        let run = Simulation::from_job(move || {
+            Job::builder(Fold::default(), |_| Barriers)
+                .workers(workers)
+                .iterations(5)
+                .barrier_mode(true)
+        })
+        .run(0);
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert!(run.outcome.is_ok(), "{:?}", run.outcome);
+        assert_eq!(
+            run.stats.pieces,
+            5 * 3 * workers as u64 * steps,
+            "{workers} workers"
+        );
+    }
+}
+
 #[test]
 fn the_simulator_refuses_settings_the_runtime_refuses() {
     let run = Simulation::from_job(|| {

@@ -351,6 +351,34 @@ impl<M, W: 'static> WorkerContext<M, W> {
             .expect("a whole value keeps its one element"))
     }
 
+    /// `barrier()`: where the workers reach each other (a peer mesh: in one process, or
+    /// TCP's), a dissemination among them — no word of the master's node awaited, each
+    /// rank's call proven by the pieces that reach it; otherwise a sync call the node
+    /// answers once every rank made it.
+    pub(crate) async fn barrier_in(&mut self, wait: Wait) -> Result<(), SyncError> {
+        let peers = self.sync.as_ref().is_some_and(|sync| sync.peers.is_ok());
+        if !peers {
+            return self
+                .sync_call_in(SyncKind::Barrier, Vec::new(), wait)
+                .await
+                .map(drop);
+        }
+        let buffer = Whole {
+            value: vec![()],
+            // A barrier carries nothing.
+            fold: |_: &mut (), _: ()| {},
+        };
+        self.collective_in(
+            CollectiveKind::Barrier,
+            Algorithm::Doubling,
+            1,
+            buffer,
+            wait,
+        )
+        .await
+        .map(drop)
+    }
+
     /// Every rank's encoded `all_gather` message of this epoch, in rank order (see
     /// [`GatherRoute`]). Around the ring, each rank sends and receives every other rank's
     /// message once: (ranks − 1) messages, the least an all-gather can move, and no rank
@@ -569,7 +597,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 });
             }
         }
-        let called = SyncKind::Collective(kind);
+        let called = kind.sync_kind();
         let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute(called));
@@ -591,7 +619,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             usize::try_from(s.len).is_ok_and(|len| vouches(kind, self.workers, self.rank, len))
         });
         let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
-        sync.call(epoch, SyncKind::Collective(kind), shape, awaits)?;
+        sync.call(epoch, called, shape, awaits)?;
         Ok(epoch)
     }
 
@@ -612,7 +640,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     {
         let span = tracing::debug_span!("collective", rank = self.rank, epoch);
         in_span(span, async move {
-            let called = SyncKind::Collective(start.kind());
+            let called = start.kind().sync_kind();
             let at = self.call_at(epoch);
             let (rank, workers) = (self.rank, self.workers);
             let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;

@@ -67,6 +67,9 @@ pub struct SimStats {
     pub drops: Drops,
     /// Messages delivered (to the master, to workers, and between workers).
     pub messages: u64,
+    /// Of those, the pieces delivered between workers: of collectives, barriers, folds
+    /// among the workers and messages between supersteps.
+    pub pieces: u64,
     /// The longest a worker's compute waited in one sync call or collective, in virtual
     /// time: a lost peer or a failed job releases every wait, so it stays within the
     /// job's bounds.

@@ -87,7 +87,7 @@ pub(crate) fn vouches(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize
         return false;
     }
     match kind {
-        CollectiveKind::AllReduce(_) | CollectiveKind::Messages => true,
+        CollectiveKind::AllReduce(_) | CollectiveKind::Messages | CollectiveKind::Barrier => true,
         // Its own segment comes folded over every rank.
         CollectiveKind::ReduceScatter(_) => !segment(len, ranks, rank).is_empty(),
         // Every rank's segment comes around the ring to every rank.
@@ -115,6 +115,7 @@ pub(crate) fn plan(
     match (kind, effective(kind, algorithm, ranks)) {
         (CollectiveKind::AllGather, _) => ring_gather(&mut plan, n, rank, len, 0),
         (CollectiveKind::Messages, _) => all_to_all(&mut plan, n, rank),
+        (CollectiveKind::Barrier, _) => dissemination(&mut plan, n, rank, all),
         (CollectiveKind::ReduceScatter(_), _) => ring_scatter(&mut plan, n, rank, len),
         (CollectiveKind::AllReduce(_), Algorithm::Ring) => {
             ring_scatter(&mut plan, n, rank, len);
@@ -194,6 +195,21 @@ fn all_to_all(plan: &mut Vec<Transfer>, n: usize, rank: Rank) {
         let from = (rank + n - k) % n;
         let at = from * n + rank;
         plan.push(recv(from, k as u32, at..at + 1, Apply::Put));
+    }
+}
+
+/// A dissemination barrier (Hensgen, Finkel and Manber): at step `k` each rank sends to the
+/// rank `2^k` after it and receives from the rank `2^k` before it, so after ⌈log₂ n⌉ steps
+/// what every rank sent has reached every rank, through the ranks between. What comes is
+/// folded after the rank's own (a barrier's value is nothing; a test's words show who was
+/// heard).
+fn dissemination(plan: &mut Vec<Transfer>, n: usize, rank: Rank, all: Range<usize>) {
+    let mut k = 0u32;
+    while (1usize << k) < n {
+        let hop = 1usize << k;
+        plan.push(send((rank + hop) % n, k, all.clone()));
+        plan.push(recv((rank + n - hop) % n, k, all.clone(), Apply::FoldAfter));
+        k += 1;
     }
 }
 

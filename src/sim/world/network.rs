@@ -163,6 +163,9 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// What a peer sent the worker of `to` arrives: its compute, if it waits, goes on.
     pub(super) fn deliver_to_peer(&mut self, to: Rank, event: PeerEvent) {
         self.stats.messages += 1;
+        if matches!(event, PeerEvent::Message(_)) {
+            self.stats.pieces += 1;
+        }
         if let Some(sync) = &self.nodes[to].sync {
             sync.answers.peer(event);
         }

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """The instructions of a worker round in memory, counted by callgrind, against a baseline.
 
-    python3 .ci/instructions.py target/release/examples/profile_iteration           # check
-    python3 .ci/instructions.py target/release/examples/profile_iteration --update  # new baseline
+    python3 .ci/instructions.py BUILD target/release/examples/profile_iteration           # check
+    python3 .ci/instructions.py BUILD target/release/examples/profile_iteration --update  # new baseline
+
+BUILD names the build the counts are of (`default`: the default features; `all`: every
+feature), each with its own baseline.
 
 `profile_iteration W N auto` runs a job of W workers whose compute does nothing for N
 iterations, the whole job on its coordination thread. The instructions of a worker round
@@ -57,9 +60,9 @@ def per_worker_round(binary, workers, fewer, more):
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 1:
+    if len(args) != 2:
         sys.exit(__doc__)
-    binary = args[0]
+    build, binary = args
     rustc = subprocess.run(
         ["rustc", "--version"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -67,20 +70,27 @@ def main():
         str(workers): round(per_worker_round(binary, workers, fewer, more), 1)
         for workers, fewer, more in RUNS
     }
+    try:
+        with open(BASELINE) as f:
+            baselines = json.load(f)
+    except FileNotFoundError:
+        baselines = {}
     if "--update" in sys.argv:
+        baselines[build] = {"rustc": rustc, "per_worker_round": counts}
         with open(BASELINE, "w") as f:
-            json.dump({"rustc": rustc, "per_worker_round": counts}, f, indent=2)
+            json.dump(baselines, f, indent=2, sort_keys=True)
             f.write("\n")
-        print(f"baseline written: {counts} ({rustc})")
+        print(f"baseline of the {build} build written: {counts} ({rustc})")
         return
-    with open(BASELINE) as f:
-        baseline = json.load(f)
+    baseline = baselines.get(build)
+    if baseline is None:
+        sys.exit(f"no baseline for the {build} build in {BASELINE}: run with --update")
     grown = []
     for workers, count in counts.items():
         base = baseline["per_worker_round"].get(workers)
         ratio = count / base if base else float("nan")
         print(
-            f"{workers} workers: {count:.1f} instructions a worker round, "
+            f"{build} build, {workers} workers: {count:.1f} instructions a worker round, "
             f"baseline {base} ({ratio:.3f}x)"
         )
         if base and ratio > TOLERANCE:
@@ -93,8 +103,8 @@ def main():
         return
     if grown:
         sys.exit(
-            f"a worker round grew more than {TOLERANCE - 1:.0%} at {', '.join(grown)} "
-            "workers: find where (PERFORMANCE.md, 'Measuring'), or if it earns its place, "
+            f"a worker round of the {build} build grew more than {TOLERANCE - 1:.0%} at "
+            f"{', '.join(grown)} workers: find where (PERFORMANCE.md, 'Measuring'), or if it earns its place, "
             "say so in the commit and run with --update"
         )
 

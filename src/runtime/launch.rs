@@ -213,8 +213,9 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             NodeSettings {
                 local: (0..config.workers).map(|r| local.is_local(r)).collect(),
                 coordinated: job.coordination.is_set(),
+                listening: events.is_listened_to(),
                 // (The metrics are recorded from the node's events.)
-                listening: events.is_listened_to() || cfg!(feature = "metrics"),
+                metrics: cfg!(feature = "metrics"),
             },
             &job_id,
             Instant::now(),

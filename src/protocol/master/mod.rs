@@ -102,9 +102,12 @@ pub(crate) struct NodeSettings {
     pub(crate) local: Vec<bool>,
     /// Whether the job has a coordinator, whose `on_finish` or `on_error` ends it.
     pub(crate) coordinated: bool,
-    /// Whether the job's events are made: someone listens, or the driver records metrics
-    /// from them.
+    /// Whether someone subscribed to the job's events: then every event is made.
     pub(crate) listening: bool,
+    /// Whether the driver records metrics from the events of iterations and recoveries:
+    /// then those are made, with nobody subscribed — not the per-worker ones, which would
+    /// cost every worker's round for nothing.
+    pub(crate) metrics: bool,
 }
 
 /// The master's node: registration, rounds, sync epochs, recovery, the schedule and the
@@ -345,6 +348,13 @@ impl<M, W> MasterNode<M, W> {
     }
 
     fn event(&mut self, make: impl FnOnce() -> JobEvent) {
+        if self.settings.listening || self.settings.metrics {
+            self.actions.push_back(Action::Event(make()));
+        }
+    }
+
+    /// An event of one worker's (its result taken, its end): made only for subscribers.
+    fn worker_event(&mut self, make: impl FnOnce() -> JobEvent) {
         if self.settings.listening {
             self.actions.push_back(Action::Event(make()));
         }
@@ -458,7 +468,7 @@ impl<M, W> MasterNode<M, W> {
         let registered_before = self.gate.is_registered(from);
         let output = self.gate.on_message(now, env);
         if let Some(taken) = self.gate.take_accepted() {
-            self.event(|| JobEvent::WorkerReported {
+            self.worker_event(|| JobEvent::WorkerReported {
                 rank: taken.rank,
                 iteration: taken.iteration,
                 elapsed: taken.elapsed,
@@ -466,7 +476,7 @@ impl<M, W> MasterNode<M, W> {
             });
         }
         if !done_before && self.gate.is_done(from) {
-            self.event(|| JobEvent::WorkerDone { rank: from });
+            self.worker_event(|| JobEvent::WorkerDone { rank: from });
         }
         if !registered_before
             && self.gate.is_registered(from)

@@ -78,6 +78,7 @@ impl Harness {
                 local,
                 coordinated: false,
                 listening: false,
+                metrics: false,
             },
             0,
             None,

@@ -110,6 +110,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 local: (0..self.job.workers).map(|r| self.hosted(r)).collect(),
                 coordinated: coordination.is_some(),
                 listening: false,
+                metrics: false,
             },
             &self.job_id,
             self.clock.instant(),

@@ -44,8 +44,12 @@ def collected(binary, workers, iterations):
         ],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:
+        sys.exit(
+            f"{binary} {workers} {iterations} auto failed under callgrind "
+            f"(exit {out.returncode}):\n{out.stdout}\n{out.stderr}"
+        )
     found = re.search(r"Collected : (\d+)", out.stderr)
     if not found:
         sys.exit(f"callgrind gave no count for {workers} workers:\n{out.stderr}")
@@ -88,12 +92,14 @@ def main():
     grown = []
     for workers, count in counts.items():
         base = baseline["per_worker_round"].get(workers)
-        ratio = count / base if base else float("nan")
+        if not base:
+            sys.exit(f"the {build} build's baseline has no count at {workers} workers: run with --update")
+        ratio = count / base
         print(
             f"{build} build, {workers} workers: {count:.1f} instructions a worker round, "
             f"baseline {base} ({ratio:.3f}x)"
         )
-        if base and ratio > TOLERANCE:
+        if ratio > TOLERANCE:
             grown.append(workers)
     if baseline["rustc"] != rustc:
         print(

@@ -473,8 +473,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// epoch: the n-th sync call of every rank meets the n-th of every other, counted
     /// across iterations). Spark's `BarrierTaskContext.barrier()`.
     ///
-    /// Fails — every rank of the epoch with the same error — when ranks make different
-    /// calls, when not every rank arrives within `sync_timeout` of the first, when a rank
+    /// Fails — every rank of the epoch, with the same error where the master's node says
+    /// it — when ranks make different calls, when not every rank arrives within
+    /// `sync_timeout` of the first, when a rank
     /// returns from its compute without the call, or when the job fails meanwhile (then
     /// with the job's first failure). Needs a job built with `barrier_mode(true)`; without
     /// it this fails at once with [`SyncError::NotEnabled`]. Only `compute` may call it

@@ -518,7 +518,9 @@ pub enum JobError {
     },
 }
 
-/// Why a sync call failed. Every rank waiting in the epoch gets the same error.
+/// Why a sync call failed. Every rank waiting in the epoch gets the same error from the
+/// master's node; a rank whose collective met a piece of another call, or lost a peer, says
+/// so itself.
 #[derive(Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum SyncError {

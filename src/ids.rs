@@ -92,8 +92,9 @@ impl fmt::Display for ReduceOp {
     }
 }
 
-/// Which collective a rank called.
+/// Which collective a rank called. More may come: match it with a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum CollectiveKind {
     /// Every rank ends with every rank's values combined, element by element by the op,
     /// or (`None`) by the user's own fold

@@ -16,14 +16,19 @@
 //! does not make it within `sync_timeout` of the first, is named; a job's failure releases
 //! every rank waiting at once. A call whose peers all made it but stop sending for longer
 //! than `sync_timeout` (and a few seconds) fails naming the ranks it waits for; a lost peer
-//! fails it at once, naming the peer. Collectives and sync calls share one count (the
-//! epoch).
+//! fails it naming the peer — at once once the master's node said every rank made the
+//! call, otherwise when its word comes, the job's failure, or a second, whichever is first
+//! (the word may say the peer's process ended over a call of another kind: that mistake is
+//! then the error). Collectives and sync calls share one count (the epoch).
 //!
 //! The master's node holds these rules without standing in a call's way: a call whose
-//! result holds a piece of every rank's (an `all_reduce`, a `reduce` on its root), each
-//! piece checked against the receiver's own call, proves that every rank made it, and
-//! returns once its exchange is done. A broadcast's ranks, a `reduce`'s other ranks and an
-//! empty value wait for the node's word that every rank made the call.
+//! result holds a piece of every rank's (an `all_reduce`, a barrier among the workers, the
+//! fold of results on rank 0), each piece checked against the receiver's own call, proves
+//! that every rank made it, and returns once its exchange is done. A broadcast's ranks,
+//! the fold's other ranks and an empty value wait for the node's word that every rank made
+//! the call. So the error a rank gets is its own call's: a rank whose call met a piece of
+//! another names both calls at once, while others may hear the node's word of the same
+//! mistake.
 
 use std::ops::Range;
 use std::sync::mpsc::RecvTimeoutError;
@@ -623,10 +628,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
         Ok(epoch)
     }
 
-    /// Sends and receives the pieces of call `epoch` until this rank's part is done, and
-    /// the master's node said every rank made the call (`released`: it said so already).
-    /// The call's rules are its [`RankCall`]'s: this only carries what it sends, waits as
-    /// long as it says, and hands it what comes, with the link's time.
+    /// Sends and receives the pieces of call `epoch` until this rank's part is done and its
+    /// result proves that every rank made the call, or the master's node said so
+    /// (`released`: it said so already). The call's rules are its [`RankCall`]'s: this only
+    /// carries what it sends, waits as long as it says, and hands it what comes, with the
+    /// link's time. A barrier's wait is a `sync` span, as a barrier through the master's
+    /// node is; every other call's a `collective` span.
     async fn drive<B>(
         &mut self,
         epoch: Epoch,
@@ -638,7 +645,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Carried,
         B::Part: Send + 'static,
     {
-        let span = tracing::debug_span!("collective", rank = self.rank, epoch);
+        let span = match start.kind() {
+            CollectiveKind::Barrier => {
+                tracing::debug_span!("sync", rank = self.rank, epoch, kind = %SyncKind::Barrier)
+            }
+            _ => tracing::debug_span!("collective", rank = self.rank, epoch),
+        };
         in_span(span, async move {
             let called = start.kind().sync_kind();
             let at = self.call_at(epoch);

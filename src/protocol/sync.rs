@@ -196,9 +196,9 @@ impl SyncState {
         self.calls[rank] = Some(call);
         self.next[rank] = self.next[rank].max(epoch + 1);
         self.arrived += 1;
-        if self.first_arrival.is_none() {
-            self.first_arrival = Some(now);
-        }
+        // A kept call may have come before one taken earlier (kept calls are taken rank by
+        // rank): the epoch's wait counts from the first to come.
+        self.first_arrival = Some(self.first_arrival.map_or(now, |first| first.min(now)));
         if let Some(differ) = self.differs(rank) {
             return self.fail(differ);
         }
@@ -813,5 +813,16 @@ mod tests {
             step.failed,
             Some(SyncError::TimedOut { ref missing, .. }) if missing == &vec![1]
         ));
+        // Kept calls of several ranks: the epoch counts from the first to come, not from
+        // the lowest rank's.
+        let mut s = SyncState::new(3, T);
+        s.new_iteration(1);
+        s.on_call(t0, 1, 0, SUM, shape(1), false);
+        s.on_call(t0, 1, 1, SUM, shape(1), false);
+        s.on_call(t0 + T / 4, 0, 0, SUM, shape(1), false);
+        s.on_call(t0 + T / 4, 0, 1, SUM, shape(1), false);
+        s.on_call(t0 + T / 2, 2, 0, SUM, shape(1), false);
+        assert_eq!(s.epoch(), 1);
+        assert_eq!(s.poll_timeout(), Some(t0 + T), "rank 1's call came first");
     }
 }

@@ -4,7 +4,9 @@
 //! of it, when something is queued) is queued for the I/O thread's writer, which writes in
 //! order. The writer's own heartbeats go the same way, so no two writes ever interleave.
 //! A frame may be sent as parts (a piece's head and its body); what is queued is then a
-//! part, written in order with the rest.
+//! part, written in order with the rest. A frame no one waits on may be held back
+//! ([`Lane::defer`]) until the next frame goes — the writer's heartbeat, at the latest —
+//! and go with it in one write.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -29,6 +31,8 @@ struct Inner {
     /// Frames, or parts of one, queued for the writer and not written yet: while there
     /// are any, a new frame queues behind them.
     queued: usize,
+    /// Frames held back until the next frame goes ([`Lane::defer`]).
+    deferred: Vec<Bytes>,
 }
 
 impl Lane {
@@ -39,6 +43,7 @@ impl Lane {
             inner: Mutex::new(Inner {
                 writer: None,
                 queued: 0,
+                deferred: Vec::new(),
             }),
             queue,
         };
@@ -61,21 +66,53 @@ impl Lane {
         #[cfg(feature = "metrics")]
         crate::metrics::sent(parts.iter().map(Bytes::len).sum());
         let mut inner = self.lock();
-        for mut rest in parts {
-            if inner.queued == 0 {
-                if let Some(writer) = &inner.writer {
-                    match writer.try_write(&rest) {
-                        Ok(n) if n == rest.len() => continue,
-                        Ok(n) if n > 0 => rest = rest.slice(n..),
-                        // Would block, or failed: the writer waits for the socket, or finds
-                        // the failure.
-                        _ => {}
-                    }
+        match inner.deferred.len() {
+            0 => {}
+            1 => {
+                let frame = inner.deferred.pop().expect("one is held");
+                self.put(&mut inner, frame)?;
+            }
+            _ => {
+                // In one write: they are small, and went out one by one they would cost
+                // the write each that holding them back saves.
+                let held = std::mem::take(&mut inner.deferred);
+                let mut joined = bytes::BytesMut::with_capacity(held.iter().map(Bytes::len).sum());
+                held.iter()
+                    .for_each(|frame| joined.extend_from_slice(frame));
+                self.put(&mut inner, joined.freeze())?;
+            }
+        }
+        for rest in parts {
+            self.put(&mut inner, rest)?;
+        }
+        Ok(())
+    }
+
+    /// Holds `frame` back until the next frame is sent — a heartbeat within the
+    /// heartbeat interval, if nothing else — and sends it then, ahead of it: for word no
+    /// one waits on, which so costs no write of its own.
+    pub(super) fn defer(&self, frame: Bytes) {
+        #[cfg(feature = "metrics")]
+        crate::metrics::sent(frame.len());
+        self.lock().deferred.push(frame);
+    }
+
+    /// Writes `rest` at once if nothing is queued and the socket takes it, else (what is
+    /// left of it) queues it for the writer.
+    fn put(&self, inner: &mut Inner, mut rest: Bytes) -> Result<(), Closed> {
+        if inner.queued == 0 {
+            if let Some(writer) = &inner.writer {
+                match writer.try_write(&rest) {
+                    Ok(n) if n == rest.len() => return Ok(()),
+                    Ok(n) if n > 0 => rest = rest.slice(n..),
+                    // Would block, or failed: the writer waits for the socket, or finds
+                    // the failure.
+                    _ => {}
                 }
             }
-            self.queue.send(rest).map_err(|_| Closed)?;
-            inner.queued += 1;
         }
+        self.queue.send(rest).map_err(|_| Closed)?;
+        inner.queued += 1;
         Ok(())
     }
 
@@ -99,6 +136,8 @@ impl Lane {
             dropped += 1;
         }
         inner.queued = 0;
+        dropped += inner.deferred.len();
+        inner.deferred.clear();
         dropped
     }
 }
@@ -165,4 +204,80 @@ async fn write_all(writer: &OwnedWriteHalf, mut buf: &[u8]) -> std::io::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A lane whose writer runs on a connection to a listener on loopback, with the
+    /// heartbeat `beat` every `interval`; and the listener's end, to read what came.
+    async fn connected(
+        beat: &'static [u8],
+        interval: Duration,
+    ) -> (Arc<Lane>, TcpStream, tokio::sync::watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_read, write) = client.into_split();
+        let (lane, mut queue) = Lane::new();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let weak = Arc::downgrade(&lane);
+        tokio::spawn(async move {
+            let beat = Bytes::from_static(beat);
+            let _ =
+                super::super::conn::write_loop(weak, write, &mut queue, stopped, beat, interval)
+                    .await;
+        });
+        // The writer is running once a frame sent goes out.
+        (lane, server, stop)
+    }
+
+    async fn read(server: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        tokio::time::timeout(Duration::from_secs(10), server.read_exact(&mut got))
+            .await
+            .expect("the bytes came in time")
+            .unwrap();
+        got
+    }
+
+    #[tokio::test]
+    async fn a_frame_held_back_goes_ahead_of_the_next_frame_in_one_write() {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.send(Bytes::from_static(b"first;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"first;");
+        lane.defer(Bytes::from_static(b"held-1;"));
+        lane.defer(Bytes::from_static(b"held-2;"));
+        // Nothing goes while only held-back frames wait.
+        let mut probe = [0u8; 1];
+        let quiet = tokio::time::timeout(Duration::from_millis(100), server.peek(&mut probe)).await;
+        assert!(quiet.is_err(), "a held-back frame went on its own");
+        lane.send(Bytes::from_static(b"next;")).unwrap();
+        assert_eq!(read(&mut server, 19).await, b"held-1;held-2;next;");
+    }
+
+    #[tokio::test]
+    async fn a_frame_held_back_goes_with_the_heartbeat_when_nothing_else_does() {
+        let (lane, mut server, _stop) = connected(b"<beat>", Duration::from_millis(50)).await;
+        lane.defer(Bytes::from_static(b"held;"));
+        assert_eq!(read(&mut server, 11).await, b"held;<beat>");
+    }
+
+    #[tokio::test]
+    async fn clearing_a_lane_drops_what_it_held_back() {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.defer(Bytes::from_static(b"held;"));
+        let (_tx, mut rx) = mpsc::unbounded_channel();
+        assert_eq!(lane.clear(&mut rx), 1);
+        lane.send(Bytes::from_static(b"after;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"after;");
+    }
 }

@@ -434,7 +434,7 @@ pub trait WorkerLink<W>: Send + Sync + 'static {
     /// Sends `msg` to the master's node, which receives it stamped with this worker's rank.
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError>;
 
-    /// Sends `msg` soon: with the next message, or within a heartbeat interval — in order
+    /// Sends `msg` soon: with the next message, or within a few milliseconds — in order
     /// with every other. For word the master's node needs but no one waits on: the call
     /// of a collective that returns without the node's answer. The default sends it now.
     fn send_soon(&self, msg: ToMaster<W>) -> Result<(), TransportError> {

@@ -14,7 +14,7 @@ use crate::error::{BoxError, JobError};
 use crate::ids::{CallAt, Epoch, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
 use crate::protocol::{Gathered, SyncResult};
-use crate::sync_link::{awaitable, block, in_span, Notice, SyncLink, Wait};
+use crate::sync_link::{awaitable, block, in_span, SyncLink, Wait};
 
 /// What the master's compute returns: its result of the iteration, and whether to go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -620,7 +620,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.call(epoch, kind, message, Notice::Awaited)?;
+        sync.call(epoch, kind, message, true)?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
         in_span(span, sync.answer(epoch, wait)).await
     }

@@ -19,12 +19,6 @@ pub(crate) trait SyncSender<W>: Send + Sync {
     /// Sends the call; an error says why it could not go, as the job would fail with it.
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError>;
 
-    /// Sends a call whose answer no one waits for, soon (see
-    /// [`WorkerLink::send_soon`](crate::transport::WorkerLink::send_soon)); by default now.
-    fn send_call_soon(&self, call: ToMaster<W>) -> Result<(), JobError> {
-        self.send_call(call)
-    }
-
     /// The compute is about to wait for what comes next, nothing having come, until
     /// `until` at the latest (`None`: as long as it takes): said once per wait, however
     /// often the wait wakes to say it still waits. The simulator, which runs one thread
@@ -72,19 +66,6 @@ pub(crate) struct SyncLink<W> {
     pub(crate) said_waiting: std::sync::atomic::AtomicBool,
     /// Woken after each send on the channel of `answers`: what an `_async` call awaits.
     pub(crate) arrived: Arc<tokio::sync::Notify>,
-}
-
-/// How the master's node hears of a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Notice {
-    /// Now, and the call waits for its word that every rank made it.
-    Awaited,
-    /// Now, with no word awaited: this rank's result proves the call, but another rank
-    /// waits for the word (a reduce's other ranks), which needs this call.
-    Now,
-    /// With the next message or heartbeat, no rank awaiting a word: one write for many
-    /// calls, none on a call's way.
-    Soon,
 }
 
 /// How a sync call or a collective waits for what comes next: blocking the compute's
@@ -170,15 +151,15 @@ impl<W> SyncLink<W> {
 }
 
 impl<W> SyncLink<W> {
-    /// Tells the master's node of this rank's call `epoch`, as `notice` says.
+    /// Tells the master's node of this rank's call `epoch`; `awaits`: the call waits for
+    /// its word that every rank made it.
     pub(crate) fn call(
         &self,
         epoch: Epoch,
         kind: SyncKind,
         message: Vec<u8>,
-        notice: Notice,
+        awaits: bool,
     ) -> Result<(), SyncError> {
-        let awaits = notice == Notice::Awaited;
         let call = ToMaster::Sync {
             attempt: self.attempt,
             epoch,
@@ -186,11 +167,9 @@ impl<W> SyncLink<W> {
             message,
             awaits,
         };
-        let sent = match notice {
-            Notice::Soon => self.link.send_call_soon(call),
-            Notice::Awaited | Notice::Now => self.link.send_call(call),
-        };
-        sent.map_err(|e| SyncError::JobFailed(Box::new(e)))
+        self.link
+            .send_call(call)
+            .map_err(|e| SyncError::JobFailed(Box::new(e)))
     }
 
     /// The job's failure, once this worker heard of it, as every rank waiting in a call

@@ -1,7 +1,8 @@
 //! The cost of one small call inside compute, in memory and in barrier mode: an iteration
 //! of four workers that make no call (the round alone, the baseline measured in the same
 //! run), one `barrier()`, or one `all_reduce` of a single `f64` — the call a training loop
-//! makes for a loss or a count.
+//! makes for a loss or a count; and eight such values, each in a call of its own or all in
+//! one `all_reduce_many`.
 //!
 //! ```text
 //! cargo bench --bench collective_latency
@@ -27,6 +28,10 @@ enum Call {
     None,
     Barrier,
     AllReduce,
+    /// Eight one-element values, each in its own `all_reduce`.
+    EightCalls,
+    /// The same eight values in one `all_reduce_many`.
+    EightInOne,
 }
 
 struct Caller {
@@ -47,9 +52,29 @@ impl WorkerComputable for Caller {
                 ctx.all_reduce(&mut loss, ReduceOp::Sum)?;
                 std::hint::black_box(&loss);
             }
+            Call::EightCalls => {
+                let mut values = eight(self.rank);
+                for value in &mut values {
+                    ctx.all_reduce(value, ReduceOp::Sum)?;
+                }
+                std::hint::black_box(&values);
+            }
+            Call::EightInOne => {
+                let mut values = eight(self.rank);
+                let mut each: Vec<&mut Floats> = values.iter_mut().collect();
+                ctx.all_reduce_many(&mut each, ReduceOp::Sum)?;
+                std::hint::black_box(&values);
+            }
         }
         Ok(ctx.last_master_result().copied().unwrap_or(0) + self.rank)
     }
+}
+
+/// Eight one-element values: a loss, a count, and the like.
+fn eight(rank: u64) -> Vec<Floats> {
+    (0..8)
+        .map(|k| Floats::from(vec![(rank + k) as f64]))
+        .collect()
 }
 
 /// The measured iterations' time, each from its broadcast to its master result.
@@ -78,6 +103,8 @@ fn in_memory(c: &mut Criterion) {
         ("round_alone", Call::None),
         ("barrier", Call::Barrier),
         ("all_reduce_8_bytes", Call::AllReduce),
+        ("eight_all_reduces", Call::EightCalls),
+        ("one_all_reduce_many_of_eight", Call::EightInOne),
     ] {
         group.bench_with_input(BenchmarkId::new(name, workers), &workers, |b, &n| {
             b.iter_custom(|iters| iterating(n, call, iters))

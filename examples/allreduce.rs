@@ -1,10 +1,12 @@
 //! Every rank contributes `--mb` MB of `f64` and every rank gets the sum, `--iterations`
 //! times: the collective a training loop runs on its gradients. Rank 0 prints one line,
-//! `allreduce mode=<mode> n=<ranks> mb=<MB> median_ms=<ms>`, the median over the
+//! `allreduce mode=<mode> n=<ranks> mb=<MB> median_ms=<ms>` (with `values=<V>` before
+//! `median_ms` when a call sums more than one value), the median over the
 //! iterations after the first (which opens the connections).
 //!
 //! - `--mode all-reduce` (the default): `ctx.all_reduce` inside compute, worker to worker
-//!   around the ring (barrier mode); the time is the slowest rank's call.
+//!   around the ring (barrier mode); the time is the slowest rank's call. With `--values
+//!   V`, each call sums V values of `--mb` together (`ctx.all_reduce_many`).
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
 //!   sum to every worker with the next iteration — everything through rank 0; the time
 //!   is the master's round, from one sum to the next.
@@ -50,6 +52,10 @@ struct Args {
     /// (OSU's, say) time a small collective.
     #[arg(long, default_value_t = 1)]
     calls: u32,
+    /// How many values of `--mb` each call sums (`--mode all-reduce`): more than one go
+    /// together in one `all_reduce_many`, the time still a call's.
+    #[arg(long, default_value_t = 1)]
+    values: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -88,6 +94,7 @@ struct Rank {
     mode: Mode,
     len: usize,
     calls: u32,
+    values: u32,
 }
 
 impl WorkerComputable for Rank {
@@ -103,10 +110,22 @@ impl WorkerComputable for Rank {
                     if call > 0 {
                         values = contribution(ctx.rank(), self.len);
                     }
+                    let mut more: Vec<Floats> = (1..self.values)
+                        .map(|_| contribution(ctx.rank(), self.len))
+                        .collect();
                     let started = Instant::now();
-                    ctx.all_reduce(&mut values, ReduceOp::Sum)?;
+                    if more.is_empty() {
+                        ctx.all_reduce(&mut values, ReduceOp::Sum)?;
+                    } else {
+                        let mut all: Vec<&mut Floats> = more.iter_mut().collect();
+                        all.push(&mut values);
+                        ctx.all_reduce_many(&mut all, ReduceOp::Sum)?;
+                    }
                     took += started.elapsed().as_secs_f64() * 1e3;
                     check(&values, ctx.workers())?;
+                    for value in &more {
+                        check(value, ctx.workers())?;
+                    }
                 }
                 let took = took / f64::from(self.calls.max(1));
                 Ok(Floats::from(vec![took]))
@@ -127,6 +146,8 @@ impl WorkerComputable for Rank {
 struct Timing {
     mode: Mode,
     mb: f64,
+    /// How many values a call sums, when more than one.
+    values: u32,
     last: Option<Instant>,
     times: Vec<f64>,
 }
@@ -179,8 +200,13 @@ impl MasterComputable for Timing {
                 Mode::Star => "star",
                 Mode::Fold => "fold",
             };
+            let values = if self.values > 1 {
+                format!(" values={}", self.values)
+            } else {
+                String::new()
+            };
             println!(
-                "allreduce mode={mode} n={} mb={} median_ms={:.4}",
+                "allreduce mode={mode} n={} mb={}{values} median_ms={:.4}",
                 ctx.workers(),
                 self.mb,
                 median(&self.times)
@@ -217,13 +243,19 @@ fn main() -> ExitCode {
     let master = Timing {
         mode: args.mode,
         mb: args.mb,
+        values: args.values,
         last: None,
         times: Vec::new(),
     };
-    let (mode, calls) = (args.mode, args.calls);
-    let mut job = Job::builder(master, move |_| Rank { mode, len, calls })
-        .job_id("allreduce")
-        .workers(args.workers);
+    let (mode, calls, values) = (args.mode, args.calls, args.values);
+    let mut job = Job::builder(master, move |_| Rank {
+        mode,
+        len,
+        calls,
+        values,
+    })
+    .job_id("allreduce")
+    .workers(args.workers);
     if mode == Mode::Fold {
         job = job.combine_by(ReduceOp::Sum);
     }

@@ -744,7 +744,37 @@ impl fmt::Display for CallsDiffer<'_> {
             chunk: peer_call.chunk,
             ..*call
         } == *peer_call;
-        if same_but_len {
+        let split_otherwise = match (call.kind, peer_call.kind) {
+            (
+                CollectiveKind::AllReduceMany { op, .. },
+                CollectiveKind::AllReduceMany { op: peer_op, .. },
+            ) => {
+                // The way is chosen by the values' size together: it differs with it.
+                op == peer_op
+                    && CollectiveCall {
+                        kind: peer_call.kind,
+                        len: peer_call.len,
+                        algorithm: peer_call.algorithm,
+                        ..*call
+                    } == *peer_call
+            }
+            _ => false,
+        };
+        if split_otherwise {
+            let values = |kind| match kind {
+                CollectiveKind::AllReduceMany {
+                    values, lengths, ..
+                } => (values, lengths),
+                _ => (0, 0),
+            };
+            let ((values, lengths), (peer_values, peer_lengths)) =
+                (values(call.kind), values(peer_call.kind));
+            write!(
+                f,
+                "different collectives at {}: rank {} called all_reduce_many with {} value(s) of {} element(s) in all (lengths #{:016x}), rank {} with {} of {} (lengths #{:016x}); every rank must pass as many values, each as long as the other ranks' value in its place",
+                call.at, self.rank, values, call.len, lengths, self.peer, peer_values, peer_call.len, peer_lengths
+            )
+        } else if same_but_len {
             write!(
                 f,
                 "different collectives at {}: rank {} called {} with {} element(s), rank {} with {}; every rank must pass a value of the same length",

@@ -100,6 +100,18 @@ pub enum CollectiveKind {
     /// or (`None`) by the user's own fold
     /// ([`all_reduce_with`](crate::WorkerContext::all_reduce_with)).
     AllReduce(Option<ReduceOp>),
+    /// Every rank ends with each of its values combined with the same value of every other
+    /// rank's, element by element by the op, the values carried in one exchange
+    /// ([`all_reduce_many`](crate::WorkerContext::all_reduce_many)).
+    AllReduceMany {
+        /// How elements are combined.
+        op: ReduceOp,
+        /// How many values the call passed.
+        values: u32,
+        /// A fingerprint of the values' lengths, in order: calls that split the same
+        /// number of elements otherwise differ in it.
+        lengths: u64,
+    },
     /// Every rank ends with its own segment of every rank's values combined, element by
     /// element by the op (`None`: by a fold of the user's).
     ReduceScatter(Option<ReduceOp>),
@@ -145,6 +157,14 @@ impl fmt::Display for CollectiveKind {
             // The user's own fold: the call that makes it.
             CollectiveKind::AllReduce(None) => f.write_str("all_reduce_with"),
             CollectiveKind::AllReduce(Some(op)) => write!(f, "all_reduce({op})"),
+            CollectiveKind::AllReduceMany {
+                op,
+                values,
+                lengths,
+            } => write!(
+                f,
+                "all_reduce_many({op}) [{values} value(s), lengths #{lengths:016x}]"
+            ),
             CollectiveKind::ReduceScatter(Some(op)) => write!(f, "reduce_scatter({op})"),
             CollectiveKind::ReduceScatter(None) => f.write_str("reduce_scatter by a fold"),
             CollectiveKind::Reduce { root, op: Some(op) } => {
@@ -198,7 +218,8 @@ pub struct CollectiveCall {
     pub at: CallAt,
     /// What was called.
     pub kind: CollectiveKind,
-    /// How many elements the value has (1 for a value that is not split).
+    /// How many elements the value has (1 for a value that is not split; for
+    /// `AllReduceMany`, every value's together).
     pub len: u64,
     /// How the values travel.
     pub algorithm: Algorithm,

@@ -98,6 +98,126 @@ fn all_reduce_gives_every_rank_the_sum_min_and_max_small_and_large_on_any_number
 }
 
 #[test]
+fn all_reduce_many_gives_each_value_what_its_own_all_reduce_gives_in_one_call() {
+    // Values of any lengths (an empty one too) go together: small ones by recursive
+    // doubling, with a large one (20,000 elements) around the ring. Each ends as its own
+    // `all_reduce` would leave it, on every rank, on any number of ranks.
+    for workers in [1, 2, 3, 4, 8] {
+        for lengths in [vec![3, 0, 100, 1], vec![5, 20_000, 7]] {
+            let seen = Seen::default();
+            let record = seen.clone();
+            let sizes = lengths.clone();
+            job(workers, 2, move |rank| {
+                let (record, sizes) = (record.clone(), sizes.clone());
+                worker(move |ctx| {
+                    let i = ctx.iteration();
+                    for op in [ReduceOp::Sum, ReduceOp::Max] {
+                        let mut many: Vec<Floats> = sizes
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &len)| Floats::from(values(rank + k, i, len)))
+                            .collect();
+                        let mut each = many.clone();
+                        let mut refs: Vec<&mut Floats> = many.iter_mut().collect();
+                        ctx.all_reduce_many(&mut refs, op)?;
+                        for one in &mut each {
+                            ctx.all_reduce(one, op)?;
+                        }
+                        for (k, (got, want)) in many.iter().zip(&each).enumerate() {
+                            record.push(rank, i * 100 + op as u64 * 10 + k as u64, got);
+                            record.push(
+                                rank,
+                                1_000_000 + i * 100 + op as u64 * 10 + k as u64,
+                                want,
+                            );
+                        }
+                    }
+                    Ok(0)
+                })
+            })
+            .transport(MemoryTransport::new().wire_check(true))
+            .run()
+            .unwrap();
+            let seen = seen.all();
+            assert_eq!(seen.len(), workers * 2 * 2 * lengths.len() * 2);
+            for (rank, key, got) in &seen {
+                if *key >= 1_000_000 {
+                    continue;
+                }
+                let want = seen
+                    .iter()
+                    .find(|(r, k, _)| r == rank && *k == key + 1_000_000)
+                    .map(|(_, _, v)| v)
+                    .unwrap();
+                assert_eq!(
+                    got, want,
+                    "{workers} ranks, lengths {lengths:?}, rank {rank}, key {key}"
+                );
+                // And the sum is the sum: value k of ranks 0.. is values(rank + k, ..).
+                let (i, op, k) = (key / 100, key / 10 % 10, (key % 10) as usize);
+                if op == ReduceOp::Sum as u64 {
+                    let all: Vec<Vec<f64>> =
+                        (0..workers).map(|r| values(r + k, i, lengths[k])).collect();
+                    let sum: Vec<f64> = (0..lengths[k])
+                        .map(|e| all.iter().map(|v| v[e]).sum())
+                        .collect();
+                    assert_eq!(got, &sum, "{workers} ranks, value {k}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_many_on_values_split_otherwise_fails_every_rank_naming_the_calls() {
+    // As many elements in all, split otherwise on rank 1 (5 + 3 against 3 + 5), or in
+    // fewer values (8): every rank's call fails, the job names both calls.
+    for other in [vec![5, 3], vec![8]] {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let other_split = other.clone();
+        let err = job(3, 1, move |rank| {
+            let (seen, other) = (Arc::clone(&seen), other_split.clone());
+            worker(move |ctx| {
+                let lengths = if rank == 1 { other.clone() } else { vec![3, 5] };
+                let mut many: Vec<Floats> = lengths
+                    .iter()
+                    .map(|&len| Floats::from(vec![1.0; len]))
+                    .collect();
+                let mut refs: Vec<&mut Floats> = many.iter_mut().collect();
+                let result = ctx.all_reduce_many(&mut refs, ReduceOp::Sum);
+                seen.lock().unwrap().push((rank, result.clone()));
+                result?;
+                Ok(0)
+            })
+        })
+        .run()
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("every rank must pass as many values, each as long as the other ranks' value in its place"),
+            "{other:?}: {text}"
+        );
+        let n = other.len();
+        assert!(
+            text.contains(&format!(
+                "rank 1 called all_reduce_many with {n} value(s) of 8"
+            )) || text.contains(&format!("rank 1 with {n} of 8")),
+            "{other:?}: {text}"
+        );
+        let calls = calls.lock().unwrap();
+        assert!(
+            calls.iter().any(|(rank, _)| *rank == 1)
+                && calls.iter().all(|(_, result)| matches!(
+                    result,
+                    Err(SyncError::CollectiveMismatch { .. } | SyncError::Mismatch { .. })
+                )),
+            "every rank's call fails naming the calls: {calls:?}"
+        );
+    }
+}
+
+#[test]
 fn all_reduce_by_the_chain_sums_floats_bit_for_bit_as_the_master_folds_results() {
     let workers = 6;
     let len = 5_000;
@@ -392,6 +512,19 @@ fn checking(
             let got: Vec<u64> = ctx.broadcast(root, mine.as_ref())?;
             if got != vec![i; 70_000] {
                 return Err(format!("rank {rank}: a wrong broadcast").into());
+            }
+            let (mut few, mut many) = (
+                Floats::from(values(rank, i, 3)),
+                Floats::from(values(rank + 1, i, 30_000)),
+            );
+            ctx.all_reduce_many(&mut [&mut few, &mut many], ReduceOp::Max)?;
+            let max = |k: usize, len: usize, e: usize| {
+                (0..workers)
+                    .map(|r| values(r + k, i, len)[e])
+                    .fold(f64::NEG_INFINITY, f64::max)
+            };
+            if few[2] != max(0, 3, 2) || many[29_999] != max(1, 30_000, 29_999) {
+                return Err(format!("rank {rank}: a wrong all_reduce_many").into());
             }
             let all = ctx.all_reduce_with(format!("{rank};"), |a, b| a.push_str(&b))?;
             let want: String = (0..workers).map(|r| format!("{r};")).collect();

@@ -1,5 +1,6 @@
-//! Collectives among the workers, inside `compute` in barrier mode: `all_reduce`,
-//! `reduce_scatter`, `broadcast` and a fold of any serde type, carried worker to worker
+//! Collectives among the workers, inside `compute` in barrier mode: `all_reduce` (of one
+//! value, or of several in one exchange: `all_reduce_many`), `reduce_scatter`,
+//! `broadcast` and a fold of any serde type, carried worker to worker
 //! over the transport's peer mesh — never through the master. A large `all_gather`
 //! across processes goes around the ring of ranks too; a small one rides on the call the
 //! master's node checks anyway.
@@ -99,7 +100,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: &mut Floats<T>,
         op: ReduceOp,
     ) -> Result<(), SyncError> {
-        let algorithm = by_size(values);
+        let algorithm = by_size::<T>(values.len());
         block(self.all_reduce_in(values, op, algorithm, Wait::Block))
     }
 
@@ -127,7 +128,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: &mut Floats<T>,
         op: ReduceOp,
     ) -> Result<(), SyncError> {
-        let algorithm = by_size(values);
+        let algorithm = by_size::<T>(values.len());
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
     }
 
@@ -154,6 +155,73 @@ impl<M, W: 'static> WorkerContext<M, W> {
         algorithm: Algorithm,
     ) -> Result<(), SyncError> {
         self.all_reduce_in(values, op, algorithm, Wait::Await).await
+    }
+
+    /// Combines several values at once, each element by element with `op` with the same
+    /// value of every other rank's, in one exchange: the values go together as one, so `k`
+    /// small values cost one call's latency rather than `k` (as Horovod fuses tensors).
+    /// The way is chosen by their size together, as [`all_reduce`](Self::all_reduce)
+    /// chooses it.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # use superstep::collective::ReduceOp;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let mut weights = Floats::from(vec![0.5; 64]);
+    /// let mut bias = Floats::from(vec![0.1; 4]);
+    /// let mut loss = Floats::from(vec![1.5]);
+    /// ctx.all_reduce_many(&mut [&mut weights, &mut bias, &mut loss], ReduceOp::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Every rank must pass as many values, each as long as the other ranks' value in its
+    /// place ([`SyncError::CollectiveMismatch`] otherwise, naming two ranks and their
+    /// calls); it fails as [`all_reduce`](Self::all_reduce) does.
+    pub fn all_reduce_many<T: Element>(
+        &mut self,
+        values: &mut [&mut Floats<T>],
+        op: ReduceOp,
+    ) -> Result<(), SyncError> {
+        block(self.all_reduce_many_in(values, op, Wait::Block))
+    }
+
+    /// [`all_reduce_many`](Self::all_reduce_many) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn all_reduce_many_async<T: Element>(
+        &mut self,
+        values: &mut [&mut Floats<T>],
+        op: ReduceOp,
+    ) -> Result<(), SyncError> {
+        self.all_reduce_many_in(values, op, Wait::Await).await
+    }
+
+    async fn all_reduce_many_in<T: Element>(
+        &mut self,
+        values: &mut [&mut Floats<T>],
+        op: ReduceOp,
+        wait: Wait,
+    ) -> Result<(), SyncError> {
+        let lengths: Vec<usize> = values.iter().map(|value| value.len()).collect();
+        let kind = CollectiveKind::AllReduceMany {
+            op,
+            values: u32::try_from(values.len()).unwrap_or(u32::MAX),
+            lengths: fingerprint(&lengths),
+        };
+        let mut together = Vec::with_capacity(lengths.iter().sum());
+        for value in values.iter() {
+            together.extend_from_slice(&value.0);
+        }
+        let algorithm = by_size::<T>(together.len());
+        let buffer = Elements::new(&mut together[..], op);
+        self.collective_in(kind, algorithm, chunk_of::<T>(), buffer, wait)
+            .await?;
+        let mut rest = &together[..];
+        for value in values.iter_mut() {
+            let (mine, others) = rest.split_at(value.len());
+            value.0.copy_from_slice(mine);
+            rest = others;
+        }
+        Ok(())
     }
 
     async fn all_reduce_in<T: Element>(
@@ -715,14 +783,27 @@ impl<M, W: 'static> WorkerContext<M, W> {
     }
 }
 
-/// The way an `all_reduce` of `values` takes: recursive doubling below [`SMALL`] bytes,
-/// the ring above.
-fn by_size<T: Element>(values: &Floats<T>) -> Algorithm {
-    if values.len().saturating_mul(std::mem::size_of::<T>()) < SMALL {
+/// The way an `all_reduce` of `len` elements takes: recursive doubling below [`SMALL`]
+/// bytes, the ring above.
+fn by_size<T: Element>(len: usize) -> Algorithm {
+    if len.saturating_mul(std::mem::size_of::<T>()) < SMALL {
         Algorithm::Doubling
     } else {
         Algorithm::Ring
     }
+}
+
+/// A fingerprint of values' lengths, in order (64-bit FNV-1a over each length's eight
+/// bytes): the same on every rank and every platform, so ranks that split their elements
+/// otherwise make calls that differ.
+fn fingerprint(lengths: &[usize]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for len in lengths {
+        for byte in (*len as u64).to_le_bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
 }
 
 /// How many elements of `T` travel in one piece.

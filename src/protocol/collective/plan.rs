@@ -87,7 +87,10 @@ pub(crate) fn vouches(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize
         return false;
     }
     match kind {
-        CollectiveKind::AllReduce(_) | CollectiveKind::Messages | CollectiveKind::Barrier => true,
+        CollectiveKind::AllReduce(_)
+        | CollectiveKind::AllReduceMany { .. }
+        | CollectiveKind::Messages
+        | CollectiveKind::Barrier => true,
         // Its own segment comes folded over every rank.
         CollectiveKind::ReduceScatter(_) => !segment(len, ranks, rank).is_empty(),
         // Every rank's segment comes around the ring to every rank.
@@ -117,11 +120,11 @@ pub(crate) fn plan(
         (CollectiveKind::Messages, _) => all_to_all(&mut plan, n, rank),
         (CollectiveKind::Barrier, _) => dissemination(&mut plan, n, rank, all),
         (CollectiveKind::ReduceScatter(_), _) => ring_scatter(&mut plan, n, rank, len),
-        (CollectiveKind::AllReduce(_), Algorithm::Ring) => {
+        (CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. }, Algorithm::Ring) => {
             ring_scatter(&mut plan, n, rank, len);
             ring_gather(&mut plan, n, rank, len, n as u32);
         }
-        (CollectiveKind::AllReduce(_), Algorithm::Chain) => {
+        (CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. }, Algorithm::Chain) => {
             chain_reduce(&mut plan, n, rank, all.clone(), 0);
             // Back along the chain: each link's other direction, so the way back overlaps
             // the way out.
@@ -132,7 +135,10 @@ pub(crate) fn plan(
                 plan.push(send(rank - 1, 1, all));
             }
         }
-        (CollectiveKind::AllReduce(_), Algorithm::Doubling) => {
+        (
+            CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. },
+            Algorithm::Doubling,
+        ) => {
             let mut bit = 0u32;
             while (1usize << bit) < n {
                 let partner = rank ^ (1 << bit);
@@ -146,7 +152,7 @@ pub(crate) fn plan(
                 bit += 1;
             }
         }
-        (CollectiveKind::AllReduce(_), _) => {
+        (CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. }, _) => {
             tree_reduce(&mut plan, n, rank, 0, all.clone(), 0);
             tree_broadcast(&mut plan, n, rank, 0, all, 64);
         }

@@ -173,6 +173,11 @@ fn kinds(ranks: usize, root: usize) -> Vec<CollectiveKind> {
     let root = root % ranks;
     vec![
         CollectiveKind::AllReduce(None),
+        CollectiveKind::AllReduceMany {
+            op: crate::ids::ReduceOp::Sum,
+            values: 3,
+            lengths: 7,
+        },
         CollectiveKind::ReduceScatter(None),
         CollectiveKind::Reduce { root, op: None },
         CollectiveKind::Broadcast { root },
@@ -186,7 +191,9 @@ fn kinds(ranks: usize, root: usize) -> Vec<CollectiveKind> {
 /// rank 0. A reduce along the chain keeps it to every root.
 fn keeps_order(kind: CollectiveKind, algorithm: Algorithm, ranks: usize) -> bool {
     match (kind, effective(kind, algorithm, ranks)) {
-        (CollectiveKind::AllReduce(_), Algorithm::Ring) => false,
+        (CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. }, Algorithm::Ring) => {
+            false
+        }
         (CollectiveKind::ReduceScatter(_), _) => false,
         (CollectiveKind::Reduce { .. }, Algorithm::Ring | Algorithm::Chain) => true,
         (CollectiveKind::Reduce { root, .. }, _) => root == 0,
@@ -206,7 +213,7 @@ fn check(kind: CollectiveKind, algorithm: Algorithm, ranks: usize, len: usize, r
         }
     };
     match kind {
-        CollectiveKind::AllReduce(_) => {
+        CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. } => {
             for result in results {
                 assert_eq!(result.values, results[0].values, "{what}: ranks differ");
                 for (e, value) in result.values.iter().enumerate() {
@@ -365,6 +372,7 @@ fn a_result_vouches_for_every_rank_only_when_every_rank_s_value_reached_it() {
                             let complete = matches!(
                                 kind,
                                 CollectiveKind::AllReduce(_)
+                                    | CollectiveKind::AllReduceMany { .. }
                                     | CollectiveKind::Messages
                                     | CollectiveKind::Barrier
                             ) || (kind == CollectiveKind::AllGather && len >= ranks);

@@ -27,7 +27,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 18;
+pub const PROTOCOL_VERSION: u16 = 19;
 
 const HEADER: usize = 4 + 2;
 
@@ -599,11 +599,21 @@ mod tests {
             chunk: u64::MAX,
         };
         let max_frame = HANDSHAKE_MAX_FRAME;
-        let body = Bytes::from(vec![7; max_piece(max_frame)]);
-        let numbers = (u32::MAX, call, u32::MAX, u32::MAX);
-        let [head, tail] = encode_peer(numbers, body, max_frame).unwrap();
-        assert!(head.len() + tail.len() - 4 <= max_frame);
-        assert!(head.len() < PIECE_HEAD / 4, "{} bytes of head", head.len());
+        let many = CollectiveCall {
+            kind: crate::ids::CollectiveKind::AllReduceMany {
+                op: crate::ids::ReduceOp::Min,
+                values: u32::MAX,
+                lengths: u64::MAX,
+            },
+            ..call
+        };
+        for call in [call, many] {
+            let body = Bytes::from(vec![7; max_piece(max_frame)]);
+            let numbers = (u32::MAX, call, u32::MAX, u32::MAX);
+            let [head, tail] = encode_peer(numbers, body, max_frame).unwrap();
+            assert!(head.len() + tail.len() - 4 <= max_frame);
+            assert!(head.len() < PIECE_HEAD / 4, "{} bytes of head", head.len());
+        }
     }
 
     #[test]

@@ -96,8 +96,9 @@ const RANDOM_KILL_IN_COLLECTIVES: &str = "gang-random-collectives";
 /// Every compute takes `SLOW_BY` and makes an `all_reduce`, whose sum it checks.
 /// Under `RestartAll`, in a job with Pregel messages (every rank sends each other one in
 /// every superstep, and checks what it got): rank 2 kills the master's process just after
-/// its messages of iteration 3 left — rank 0's worker dies with it, amid the exchange —
-/// and every worker must start over with the master started again.
+/// its messages of iteration 3 left — rank 0's worker dies with it, amid the exchange;
+/// its compute of iteration 4 waits for that death, so the job cannot end before — and
+/// every worker must start over with the master started again.
 const KILL_MASTER_IN_MESSAGES: &str = "gang-kill-master-in-messages";
 /// Every rank sends each other one a message in every superstep, and checks those it got.
 const MESSAGES: &str = "messages";
@@ -114,8 +115,9 @@ const KILL_MASTER_AFTER_COMMIT: &str = "kill-master-after-commit";
 const KILL_MASTER_WIPED: &str = "kill-master-wiped";
 /// Under `RestartAll`: rank 2's process killed in its compute of iteration 3 (every worker
 /// restarts from the checkpoint of 2, as attempt 1), then the master's killed as in
-/// `KILL_MASTER_WIPED`. Started again on an empty directory, the master runs attempt 1
-/// again (no checkpoint says otherwise), and every worker must still start over.
+/// `KILL_MASTER_WIPED`. Started again on an empty directory, the master runs an attempt
+/// past any the lost one could run (no checkpoint says it ran 1), and every worker starts
+/// over.
 const GANG_KILL_COMPUTE_THEN_MASTER_WIPED: &str = "gang-kill-compute-then-master-wiped";
 /// As `KILL_MASTER_WIPED`, with the job's default copies: none, every process being on the
 /// master's host.
@@ -369,6 +371,11 @@ impl WorkerComputable for Faulty {
                 let result = self.inner.compute(ctx);
                 kill_master_soon();
                 return result;
+            }
+            if (rank, ctx.iteration()) == (2, 4) {
+                // The kill is certain to come before the job could end: on a loaded
+                // machine the rest of the job takes less than its 300 µs.
+                wait_for_death_of("master.killed");
             }
         }
         if self.fault == Some(SLOW_COLLECTIVES) {
@@ -812,16 +819,24 @@ fn a_master_started_again_on_an_empty_checkpoint_directory_resumes_from_a_worker
             "{behaviour}: {stderr}"
         );
         // The checkpoint of 2 went with the master's directory; rank 1's process kept a
-        // copy, and the master started again resumed from it, not from the start.
+        // copy, and the master started again resumed from it, not from the start — in an
+        // attempt past every one the lost master could run: 1 under `Fail`, 3 (its
+        // `max_attempts`) under `RestartAll`.
         let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
-        assert_eq!(resumed, "1 RESUMED Some(2)", "{behaviour}: {stderr}");
+        let attempt = if behaviour == KILL_MASTER_WIPED { 1 } else { 3 };
+        assert_eq!(
+            resumed,
+            format!("{attempt} RESUMED Some(2)"),
+            "{behaviour}: {stderr}"
+        );
     }
-    // The master started again runs the attempt the lost one ran: rank 1's process,
-    // whose worker restarted once with rank 2's loss (keeping the copy of 2 it was sent
-    // before), replaces it again all the same.
+    // The lost master had run attempt 1 (rank 2's loss) when it died, which no checkpoint
+    // records: the master started again runs attempt 3, past every one the lost one could
+    // run, not 1 again. Rank 1's process, whose worker restarted once with rank 2's loss
+    // (keeping the copy of 2 it was sent before), replaces it again.
     let (stdout, stderr) = launched_to(&expected, 3, GANG_KILL_COMPUTE_THEN_MASTER_WIPED);
     let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
-    assert_eq!(resumed, "1 RESUMED Some(2)", "{stderr}");
+    assert_eq!(resumed, "3 RESUMED Some(2)", "{stderr}");
     let replaced = stderr
         .lines()
         .filter(|l| l.starts_with("[1]") && l.contains("this one is replaced"))
@@ -1245,8 +1260,9 @@ fn under_mpirun_a_process_killed_ends_the_run_and_the_run_requeued_resumes_to_th
         );
     }
     assert_eq!(
+        // Started again once under `RestartAll { max_attempts: 3 }`: attempt 3.
         mpi_line_of(&stdout, 0, "ATTEMPT "),
-        Some("1 RESUMED Some(2)"),
+        Some("3 RESUMED Some(2)"),
         "{stdout}"
     );
 }

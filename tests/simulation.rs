@@ -1233,12 +1233,10 @@ fn a_worker_started_again_during_a_long_partition_connects_once_it_heals() {
 }
 
 /// A worker of barrier mode whose compute combines its values with its peers': a sum of
-/// a small value (recursive doubling) and of a large one (the ring), with `many` the
-/// maximum of two values in one exchange (`all_reduce_many`), a broadcast from a
+/// a small value (recursive doubling) and of a large one (the ring), the maximum of two
+/// values in one exchange (`all_reduce_many`), a broadcast from a
 /// rank that moves each iteration, and a gather. Its result depends on every one of them.
-struct Collecting {
-    many: bool,
-}
+struct Collecting;
 
 /// Rank `rank`'s values after the master result `last`: small integers, so that a float
 /// sum grouped any way is exact.
@@ -1264,9 +1262,7 @@ impl WorkerComputable for Collecting {
         ctx.all_reduce(&mut large, ReduceOp::Sum)?;
         // Two values in one exchange.
         let (mut few, mut more) = (collected(rank, last, 3), collected(rank + 1, last, 40));
-        if self.many {
-            ctx.all_reduce_many(&mut [&mut few, &mut more], ReduceOp::Max)?;
-        }
+        ctx.all_reduce_many(&mut [&mut few, &mut more], ReduceOp::Max)?;
         let root = last as usize % workers;
         let told: u64 = ctx.broadcast(root, (rank == root).then_some(&mix(last, 7)))?;
         let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;
@@ -1277,11 +1273,7 @@ impl WorkerComputable for Collecting {
 }
 
 fn collecting(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
-    collecting_with(policy, false)
-}
-
-fn collecting_with(policy: FailurePolicy, many: bool) -> superstep::JobBuilder<u64, u64> {
-    Job::builder(Fold::default(), move |_| Collecting { many })
+    Job::builder(Fold::default(), |_| Collecting)
         .job_id("collecting")
         .workers(4)
         .iterations(5)
@@ -1307,21 +1299,6 @@ fn collectives_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults()
     let (one, two) = (faulty.run(5), faulty.run(5));
     assert_eq!(one.trace, two.trace);
     assert_eq!(one.stats, two.stats);
-}
-
-#[test]
-fn values_in_one_exchange_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults() {
-    // `all_reduce_many` beside the other collectives: the simulated job ends as the real
-    // one, and as itself under crashes, delays and retransmissions.
-    let real = collecting_with(FailurePolicy::Fail, true).run().unwrap();
-    let run = Simulation::from_job(|| collecting_with(FailurePolicy::Fail, true)).run(0);
-    assert!(run.violations.is_empty(), "{:?}", run.violations);
-    assert_eq!(run.outcome.unwrap().result, real.result);
-    let fault_free = *collecting(FailurePolicy::Fail).run().unwrap().result;
-    assert_ne!(*real.result, fault_free, "the maximum of the values counts");
-    Simulation::from_job(|| collecting_with(FailurePolicy::RestartAll { max_attempts: 100 }, true))
-        .faults(Faults::all(0.05))
-        .check(0..150, ends_with(*real.result));
 }
 
 #[test]

@@ -57,7 +57,7 @@ pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
     Reach, Resumed,
 };
-pub(crate) use recovery::{restarts_all, start_attempt};
+pub(crate) use recovery::{attempts_per_process, restarts_all, start_attempt};
 pub use recovery::{FailurePolicy, Recover, Recovery};
 pub use report::{
     DurationTotals, IterationReport, IterationTotals, JobOutcome, JobReport, MailCount, Recovered,

@@ -58,7 +58,9 @@ pub enum FailurePolicy {
     ContinueWithout,
     /// Restart every worker as a new attempt (Spark's barrier stages): the master resumes
     /// from its last checkpoint (or from the start without one), messages of the old
-    /// attempt are fenced off as stale. At most `max_attempts` attempts in all.
+    /// attempt are fenced off as stale. At most `max_attempts` attempts for each start of
+    /// the master's process (one started again by its launcher counts anew: the
+    /// launcher's restarts bound those).
     ///
     /// Across processes each live process replaces its own worker — a new one from the
     /// factory, whose `init` runs again — when the master's node tells it to; a dead
@@ -136,6 +138,8 @@ pub struct Recovery {
     workers: usize,
     quorum: usize,
     attempt: Attempt,
+    /// The attempt this process started in: `RestartAll`'s attempts are counted from it.
+    first: Attempt,
     restarts: u32,
     replacing: Vec<bool>,
     lost: Vec<bool>,
@@ -152,6 +156,7 @@ impl Recovery {
             workers,
             quorum,
             attempt,
+            first: attempt,
             restarts: 0,
             replacing: vec![false; workers],
             lost: vec![false; workers],
@@ -238,7 +243,7 @@ impl Recovery {
                 Recover::LeaveOut(rank)
             }
             FailurePolicy::RestartAll { max_attempts } => {
-                if self.attempt + 1 >= max_attempts {
+                if self.attempt.saturating_sub(self.first) + 1 >= max_attempts {
                     return Some(Recover::Fail(error));
                 }
                 self.restarted(self.attempt + 1);
@@ -299,16 +304,37 @@ pub(crate) fn restarts_all(policy: FailurePolicy, barrier_mode: bool) -> bool {
     }
 }
 
-/// The attempt a master's node starts in: 0 in the first process; in one started again
-/// in the place of one that died (for the `restarted`-th time), the newest checkpoint's
-/// attempt plus `restarted`. That is past the checkpoint's, and past that of the process
-/// before (its own checkpoint's, no newer, plus one less), so messages of the attempt the
-/// workers ran before are stale to the new one.
-pub(crate) fn start_attempt(restarted: u32, checkpoint: Option<Attempt>) -> Attempt {
+/// The most attempts one master's process runs under `policy`: `max_attempts` under
+/// `RestartAll`, one more than `max_restarts` under `RestartWorker` in barrier mode (each
+/// replacement a new attempt), one otherwise.
+pub(crate) fn attempts_per_process(policy: FailurePolicy, barrier_mode: bool) -> u32 {
+    match policy {
+        FailurePolicy::RestartAll { max_attempts } => max_attempts.max(1),
+        FailurePolicy::RestartWorker { max_restarts } if barrier_mode => {
+            max_restarts.saturating_add(1)
+        }
+        _ => 1,
+    }
+}
+
+/// The attempt a master's node starts in: 0 in the first process; in one started again in
+/// the place of one that died (for the `restarted`-th time), `restarted` times the most
+/// attempts one process runs (`per_process`), and past the newest checkpoint's. The
+/// process before ran its attempts from its own start — `restarted - 1` times as many —
+/// up to fewer than `per_process` more, gang restarts its checkpoints may not have seen
+/// included: every attempt of a process is past every attempt of the processes before
+/// it, so the pieces and messages of an attempt the workers ran before are stale to the
+/// new one, never taken for its own.
+pub(crate) fn start_attempt(
+    restarted: u32,
+    checkpoint: Option<Attempt>,
+    per_process: u32,
+) -> Attempt {
     if restarted == 0 {
         return 0;
     }
-    checkpoint.unwrap_or(0).saturating_add(restarted)
+    let past = checkpoint.map_or(0, |c| c.saturating_add(1));
+    restarted.saturating_mul(per_process.max(1)).max(past)
 }
 
 #[cfg(test)]
@@ -317,13 +343,17 @@ mod tests {
 
     #[test]
     fn a_master_started_again_runs_an_attempt_past_every_earlier_one() {
-        assert_eq!(start_attempt(0, None), 0);
-        assert_eq!(start_attempt(0, Some(4)), 0, "a first process starts at 0");
+        assert_eq!(start_attempt(0, None, 3), 0);
+        assert_eq!(
+            start_attempt(0, Some(4), 3),
+            0,
+            "a first process starts at 0"
+        );
         // Restarts with checkpoints no newer each time: strictly increasing, and past
         // the checkpoint's attempt.
         let mut before = 0;
         for (restarted, checkpoint) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(3))] {
-            let attempt = start_attempt(restarted, checkpoint);
+            let attempt = start_attempt(restarted, checkpoint, 1);
             assert!(
                 attempt > before,
                 "restart {restarted}: {attempt} after {before}"
@@ -331,6 +361,39 @@ mod tests {
             assert!(checkpoint.is_none_or(|c| attempt > c));
             before = attempt;
         }
+    }
+
+    #[test]
+    fn a_master_started_again_runs_no_attempt_its_process_before_ran_in_a_gang_restart() {
+        // Each process of the master runs up to three attempts under `RestartAll
+        // { max_attempts: 3 }`, the gang restarts after its newest checkpoint recorded by
+        // none: the next process starts past all of them, whatever checkpoint it finds.
+        let policy = FailurePolicy::RestartAll { max_attempts: 3 };
+        let per_process = attempts_per_process(policy, false);
+        let mut ran = Vec::new();
+        let mut checkpoint = None;
+        for restarted in 0..4 {
+            let first = start_attempt(restarted, checkpoint, per_process);
+            let mut r = Recovery::new(policy, 2, 2, first);
+            let mut attempts = vec![first];
+            while let Some(Recover::RestartAll(a)) = r.on_failure(crashed(0)) {
+                attempts.push(a);
+            }
+            assert_eq!(attempts.len(), 3, "process {restarted}: {attempts:?}");
+            assert!(
+                attempts.iter().all(|a| ran.iter().all(|b| a > b)),
+                "process {restarted} runs {attempts:?} after {ran:?}"
+            );
+            // Its checkpoint, if any, is of its first attempt: the gang restarts after it
+            // are recorded nowhere.
+            checkpoint = Some(first);
+            ran.extend(attempts);
+        }
+        // In barrier mode `RestartWorker` restarts every rank as a new attempt too.
+        let gang = FailurePolicy::RestartWorker { max_restarts: 2 };
+        assert_eq!(attempts_per_process(gang, true), 3);
+        assert_eq!(attempts_per_process(gang, false), 1);
+        assert_eq!(attempts_per_process(FailurePolicy::Fail, true), 1);
     }
     use crate::error::Cause;
 

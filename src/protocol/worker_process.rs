@@ -189,8 +189,8 @@ impl<M> WorkerProcess<M> {
         };
         match (&mut linked.route, restart) {
             // A master's node reached again starts every worker over even in the worker's
-            // own attempt: one started on an empty store may run the attempt the master it
-            // replaces ran (`protocol::start_attempt` without a checkpoint).
+            // own attempt: a master's attempt is past every one its process before could
+            // run (`protocol::start_attempt`) only if its launcher counted its starts.
             (Route::To { attempt: now }, Some((attempt, cause))) if attempt != *now || again => {
                 linked.route = Route::Replacing {
                     attempt,

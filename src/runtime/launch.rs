@@ -29,7 +29,8 @@ use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::JobConfig;
 use crate::protocol::{
-    start_attempt, Combiner, ForWorkers, MasterNode, NodeConfig, NodeSettings, ToWorker,
+    attempts_per_process, start_attempt, Combiner, ForWorkers, MasterNode, NodeConfig,
+    NodeSettings, ToWorker,
 };
 use crate::protocol::{JobOutcome, JobReport};
 use crate::transport::{LinkSpec, Transport, WireCheck};
@@ -369,7 +370,13 @@ async fn open_master<M: Payload, W: Payload>(
         Some(store) => resume::<M>(store.lock().as_mut(), &resuming)?,
         None => None,
     };
-    let attempt = start_attempt(o.restarted, resumed.as_ref().map(|r| r.attempt));
+    let job = &o.node_config.job;
+    let per_process = attempts_per_process(job.failure_policy, job.barrier_mode);
+    let attempt = start_attempt(
+        o.restarted,
+        resumed.as_ref().map(|r| r.attempt),
+        per_process,
+    );
     if o.restarted > 0 {
         tracing::warn!(
             restarted = o.restarted,

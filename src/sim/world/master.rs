@@ -52,8 +52,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             self.stats.skipped_checkpoints += skipped;
             self.log(|| format!("the master skips {skipped} damaged checkpoint(s)"));
         }
-        let attempt =
-            crate::protocol::start_attempt(restarted, resumed.as_ref().map(|r| r.attempt));
+        let per_process =
+            crate::protocol::attempts_per_process(self.job.failure_policy, self.job.barrier_mode);
+        let attempt = crate::protocol::start_attempt(
+            restarted,
+            resumed.as_ref().map(|r| r.attempt),
+            per_process,
+        );
         if let Some(r) = &resumed {
             let iteration = r.iteration;
             self.log(|| format!("the master resumes from the checkpoint of iteration {iteration}"));

@@ -143,8 +143,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let arrives = (self.clock.now + wait + self.latency())
             .max(self.peer_arrivals[peer][to] + Duration::from_micros(1));
         let after = arrives - self.clock.now;
-        // In the attempt the worker of `to` runs: the simulator's connections are its.
+        // A connection is between two workers of one attempt, and is that attempt's. A
+        // worker of `to` that runs another attempt than the worker of `peer` had none to
+        // it (it joined after, or will be replaced): over TCP a loss from before a worker
+        // joined never reaches it (`Mesh::joined`), nor does one here.
         let attempt = self.nodes[to].worker.attempt();
+        if self.nodes[peer].worker.attempt() != attempt {
+            return;
+        }
         let event = PeerEvent::Lost {
             rank: peer,
             attempt,

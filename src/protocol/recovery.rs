@@ -49,7 +49,8 @@ pub enum FailurePolicy {
     /// recovery counts as one replacement.
     #[serde(alias = "restart_worker")]
     RestartWorker {
-        /// The most replacements over the whole job.
+        /// The most replacements for each start of the master's process (one started
+        /// again by its launcher counts anew).
         max_restarts: u32,
     },
     /// Go on without the worker for the rest of the job, as long as the workers left are
@@ -226,11 +227,15 @@ impl Recovery {
                 if self.restarts >= max_restarts {
                     return Some(Recover::Fail(error));
                 }
-                self.restarts += 1;
                 if self.gang {
-                    self.restarted(self.attempt + 1);
-                    return Some(Recover::RestartAll(self.attempt));
+                    let Some(next) = self.next_attempt() else {
+                        return Some(Recover::Fail(error));
+                    };
+                    self.restarts += 1;
+                    self.restarted(next);
+                    return Some(Recover::RestartAll(next));
                 }
+                self.restarts += 1;
                 self.replacing[rank] = true;
                 Recover::RestartWorker(rank)
             }
@@ -242,14 +247,25 @@ impl Recovery {
                 self.lost[rank] = true;
                 Recover::LeaveOut(rank)
             }
-            FailurePolicy::RestartAll { max_attempts } => {
-                if self.attempt.saturating_sub(self.first) + 1 >= max_attempts {
+            FailurePolicy::RestartAll { .. } => {
+                let Some(next) = self.next_attempt() else {
                     return Some(Recover::Fail(error));
-                }
-                self.restarted(self.attempt + 1);
-                Recover::RestartAll(self.attempt)
+                };
+                self.restarted(next);
+                Recover::RestartAll(next)
             }
         })
+    }
+
+    /// The attempt a gang restart goes on in, if this process may run another: its
+    /// attempts are counted from its first ([`attempts_per_process`]), and never pass the
+    /// last [`Attempt`].
+    fn next_attempt(&self) -> Option<Attempt> {
+        let ran = self.attempt.saturating_sub(self.first).saturating_add(1);
+        if ran >= attempts_per_process(self.policy, self.gang) {
+            return None;
+        }
+        self.attempt.checked_add(1)
     }
 
     /// The replacement of `rank` registered: a failure of it is a new failure again.
@@ -304,17 +320,22 @@ pub(crate) fn restarts_all(policy: FailurePolicy, barrier_mode: bool) -> bool {
     }
 }
 
+/// The most attempts one master's process runs, whatever its policy says: room for 65,536
+/// processes' attempts in an [`Attempt`].
+const MOST_ATTEMPTS_PER_PROCESS: u32 = 1 << 16;
+
 /// The most attempts one master's process runs under `policy`: `max_attempts` under
 /// `RestartAll`, one more than `max_restarts` under `RestartWorker` in barrier mode (each
-/// replacement a new attempt), one otherwise.
+/// replacement a new attempt), one otherwise — and never more than 65,536.
 pub(crate) fn attempts_per_process(policy: FailurePolicy, barrier_mode: bool) -> u32 {
-    match policy {
+    let most = match policy {
         FailurePolicy::RestartAll { max_attempts } => max_attempts.max(1),
         FailurePolicy::RestartWorker { max_restarts } if barrier_mode => {
             max_restarts.saturating_add(1)
         }
         _ => 1,
-    }
+    };
+    most.min(MOST_ATTEMPTS_PER_PROCESS)
 }
 
 /// The attempt a master's node starts in: 0 in the first process; in one started again in
@@ -394,6 +415,16 @@ mod tests {
         assert_eq!(attempts_per_process(gang, true), 3);
         assert_eq!(attempts_per_process(gang, false), 1);
         assert_eq!(attempts_per_process(FailurePolicy::Fail, true), 1);
+        // "Unlimited" attempts: a process runs 65,536 at most, and the last attempt
+        // fails the job rather than wrapping to 0.
+        let unlimited = FailurePolicy::RestartAll {
+            max_attempts: u32::MAX,
+        };
+        assert_eq!(attempts_per_process(unlimited, false), 1 << 16);
+        let last = start_attempt(u32::MAX, None, 1 << 16);
+        assert_eq!(last, Attempt::MAX);
+        let mut r = Recovery::new(unlimited, 2, 2, last);
+        assert!(matches!(r.on_failure(crashed(0)), Some(Recover::Fail(_))));
     }
     use crate::error::Cause;
 

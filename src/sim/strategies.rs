@@ -147,9 +147,8 @@ pub fn recovering_policy(faults: u32) -> impl Strategy<Value = FailurePolicy> {
         Just(FailurePolicy::RestartWorker {
             max_restarts: faults.max(1),
         }),
-        // A master started again takes an attempt past every earlier one (its newest
-        // checkpoint's plus how many times it was started again), so attempts can run ahead
-        // of the failures: room for that.
+        // Attempts are counted for each start of the master's process: as many as the
+        // failures, with room to spare.
         Just(FailurePolicy::RestartAll {
             max_attempts: faults
                 .saturating_mul(faults)

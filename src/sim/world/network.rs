@@ -143,12 +143,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let arrives = (self.clock.now + wait + self.latency())
             .max(self.peer_arrivals[peer][to] + Duration::from_micros(1));
         let after = arrives - self.clock.now;
-        // A connection is between two workers of one attempt, and is that attempt's. A
-        // worker of `to` that runs another attempt than the worker of `peer` had none to
-        // it (it joined after, or will be replaced): over TCP a loss from before a worker
-        // joined never reaches it (`Mesh::joined`), nor does one here.
+        // A worker of `to` that joined a newer attempt than the worker of `peer` ran had no
+        // connection to it: over TCP a loss from before a worker joined never reaches it
+        // (`Mesh::joined`), nor does one here. One still in an older attempt hears it in
+        // its own, as over its lanes opened then.
         let attempt = self.nodes[to].worker.attempt();
-        if self.nodes[peer].worker.attempt() != attempt {
+        if self.nodes[peer].worker.attempt() < attempt {
             return;
         }
         let event = PeerEvent::Lost {

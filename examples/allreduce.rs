@@ -7,6 +7,8 @@
 //! - `--mode all-reduce` (the default): `ctx.all_reduce` inside compute, worker to worker
 //!   around the ring (barrier mode); the time is the slowest rank's call. With `--values
 //!   V`, each call sums V values of `--mb` together (`ctx.all_reduce_many`).
+//! - `--mode barrier`: `ctx.barrier()` inside compute, `--calls` times; no values travel
+//!   (`--mb` is ignored). The time is the slowest rank's call.
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
 //!   sum to every worker with the next iteration — everything through rank 0; the time
 //!   is the master's round, from one sum to the next.
@@ -47,7 +49,7 @@ struct Args {
     /// How many ranks, in one process (a cluster's environment gives its own).
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// How many `all_reduce` calls each compute makes back to back (`--mode all-reduce`);
+    /// How many `all_reduce` (or `barrier`) calls each compute makes back to back;
     /// the time is a call's, their total over their number — the way latency benchmarks
     /// (OSU's, say) time a small collective.
     #[arg(long, default_value_t = 1)]
@@ -61,6 +63,7 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
     AllReduce,
+    Barrier,
     Star,
     Fold,
 }
@@ -130,6 +133,14 @@ impl WorkerComputable for Rank {
                 let took = took / f64::from(self.calls.max(1));
                 Ok(Floats::from(vec![took]))
             }
+            Mode::Barrier => {
+                let started = Instant::now();
+                for _ in 0..self.calls.max(1) {
+                    ctx.barrier()?;
+                }
+                let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
+                Ok(Floats::from(vec![took]))
+            }
             Mode::Star => {
                 if let Some(sum) = ctx.last_master_result() {
                     check(sum, ctx.workers())?;
@@ -162,7 +173,7 @@ impl MasterComputable for Timing {
     ) -> Result<Step<Floats>, BoxError> {
         let first = ctx.is_first_iteration();
         let next = match self.mode {
-            Mode::AllReduce => {
+            Mode::AllReduce | Mode::Barrier => {
                 let slowest = ctx
                     .worker_results()
                     .iter()
@@ -197,6 +208,7 @@ impl MasterComputable for Timing {
         if ctx.iteration() == ctx.iterations() {
             let mode = match self.mode {
                 Mode::AllReduce => "all-reduce",
+                Mode::Barrier => "barrier",
                 Mode::Star => "star",
                 Mode::Fold => "fold",
             };

@@ -14,7 +14,7 @@ use crate::error::{BoxError, JobError};
 use crate::ids::{CallAt, Epoch, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
 use crate::protocol::{Gathered, SyncResult};
-use crate::sync_link::{awaitable, block, in_span, SyncLink, Wait};
+use crate::sync_link::{awaitable, block, in_span, Notice, SyncLink, Wait};
 
 /// What the master's compute returns: its result of the iteration, and whether to go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,9 +246,9 @@ pub struct WorkerContext<M, W> {
     pub(crate) epoch: Epoch,
     /// The epoch of the iteration's first call: calls are named by their number in it.
     pub(crate) iteration_epoch: Epoch,
-    /// Whether a sync call or collective of this worker failed as a mistake in the
-    /// program: its compute's failure then is one ([`Cause::is_mistake`]).
-    pub(crate) mistake: bool,
+    /// The first sync call or collective of this worker that failed as a mistake in the
+    /// program: its compute's failure then is one ([`Cause::is_mistake`]), carrying it.
+    pub(crate) mistake: Option<SyncError>,
     pub(crate) sync: Option<SyncLink<W>>,
     /// This worker's part of the input, if the job has one.
     pub(crate) shard: Option<Shard>,
@@ -325,7 +325,7 @@ impl<M, W> WorkerContext<M, W> {
             halt_vote: false,
             epoch: 0,
             iteration_epoch: 0,
-            mistake: false,
+            mistake: None,
             sync: None,
             shard: None,
             rows: RowCounts::default(),
@@ -599,8 +599,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// Notes whether `result` is a mistake in the program ([`SyncError::is_mistake`]), so
     /// that the compute's failure is one however the code wraps or words the error.
     pub(crate) fn note<T>(&mut self, result: Result<T, SyncError>) -> Result<T, SyncError> {
-        if result.as_ref().is_err_and(SyncError::is_mistake) {
-            self.mistake = true;
+        if let Err(error) = &result {
+            if error.is_mistake() && self.mistake.is_none() {
+                self.mistake = Some(error.clone());
+            }
         }
         result
     }
@@ -620,7 +622,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.call(epoch, kind, message, true)?;
+        sync.call(epoch, kind, message, Notice::Awaited)?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
         in_span(span, sync.answer(epoch, wait)).await
     }

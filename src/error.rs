@@ -125,8 +125,9 @@ pub enum CauseKind {
 /// Why user code failed: its error message or panic message.
 ///
 /// In-process, the original error is kept and returned by
-/// [`source`](std::error::Error::source); over a network only the kind, the message and
-/// whether it is a mistake in the program ([`Cause::is_mistake`]) travel.
+/// [`source`](std::error::Error::source); over a network only the kind, the message,
+/// whether it is a mistake in the program ([`Cause::is_mistake`]) and the rule its sync
+/// call broke ([`Cause::broken_rule`]) travel.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct Cause {
     kind: CauseKind,
@@ -134,6 +135,10 @@ pub struct Cause {
     /// A mistake in the program ([`Cause::is_mistake`]).
     #[serde(default)]
     mistake: bool,
+    /// The sync call's or collective's failure that made it a mistake, when the runtime
+    /// saw it ([`Cause::broken_rule`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    broke: Option<Box<SyncError>>,
     #[serde(skip)]
     source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
@@ -146,6 +151,7 @@ impl Cause {
             kind: CauseKind::Error,
             message: error.to_string(),
             mistake,
+            broke: None,
             source: Some(Arc::from(error)),
         }
     }
@@ -163,6 +169,7 @@ impl Cause {
             kind: CauseKind::Panic,
             message,
             mistake: false,
+            broke: None,
             source: None,
         }
     }
@@ -173,6 +180,7 @@ impl Cause {
             kind,
             message: message.into(),
             mistake: false,
+            broke: None,
             source: None,
         }
     }
@@ -202,13 +210,23 @@ impl Cause {
     pub fn is_mistake(&self) -> bool {
         self.mistake
     }
+
+    /// The failure of the sync call or collective whose broken rule made this cause a
+    /// mistake ([`is_mistake`](Self::is_mistake)), when the code failed after one: a
+    /// [`SyncError::CollectiveMismatch`] naming both calls, say. It crosses a network
+    /// with the message, so every rank still waiting in a call when the job fails of it
+    /// gets this error, as the rank that met it did.
+    pub fn broken_rule(&self) -> Option<&SyncError> {
+        self.broke.as_deref()
+    }
 }
 
 impl Cause {
     /// This cause, as a mistake in the program: the code failed after a sync call or
-    /// collective broke the job's rules.
-    pub(crate) fn mistaken(mut self) -> Self {
+    /// collective broke the job's rules, failing with `broken`.
+    pub(crate) fn mistaken(mut self, broken: SyncError) -> Self {
         self.mistake = true;
+        self.broke = Some(Box::new(broken));
         self
     }
 }

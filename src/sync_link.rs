@@ -19,6 +19,12 @@ pub(crate) trait SyncSender<W>: Send + Sync {
     /// Sends the call; an error says why it could not go, as the job would fail with it.
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError>;
 
+    /// Sends a call whose answer no one waits for, soon (see
+    /// [`WorkerLink::send_soon`](crate::transport::WorkerLink::send_soon)); by default now.
+    fn send_call_soon(&self, call: ToMaster<W>) -> Result<(), JobError> {
+        self.send_call(call)
+    }
+
     /// The compute is about to wait for what comes next, nothing having come, until
     /// `until` at the latest (`None`: as long as it takes): said once per wait, however
     /// often the wait wakes to say it still waits. The simulator, which runs one thread
@@ -66,6 +72,19 @@ pub(crate) struct SyncLink<W> {
     pub(crate) said_waiting: std::sync::atomic::AtomicBool,
     /// Woken after each send on the channel of `answers`: what an `_async` call awaits.
     pub(crate) arrived: Arc<tokio::sync::Notify>,
+}
+
+/// How the master's node hears of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// Now, and the call waits for its word that every rank made it.
+    Awaited,
+    /// Now, with no word awaited: this rank's result proves the call, but another rank
+    /// waits for the word (a reduce's other ranks), which needs this call.
+    Now,
+    /// With the next message or heartbeat, no rank awaiting a word: one write for many
+    /// calls, none on a call's way.
+    Soon,
 }
 
 /// How a sync call or a collective waits for what comes next: blocking the compute's
@@ -151,15 +170,15 @@ impl<W> SyncLink<W> {
 }
 
 impl<W> SyncLink<W> {
-    /// Tells the master's node of this rank's call `epoch`; `awaits`: the call waits for
-    /// its word that every rank made it.
+    /// Tells the master's node of this rank's call `epoch`, as `notice` says.
     pub(crate) fn call(
         &self,
         epoch: Epoch,
         kind: SyncKind,
         message: Vec<u8>,
-        awaits: bool,
+        notice: Notice,
     ) -> Result<(), SyncError> {
+        let awaits = notice == Notice::Awaited;
         let call = ToMaster::Sync {
             attempt: self.attempt,
             epoch,
@@ -167,16 +186,25 @@ impl<W> SyncLink<W> {
             message,
             awaits,
         };
-        self.link
-            .send_call(call)
-            .map_err(|e| SyncError::JobFailed(Box::new(e)))
+        let sent = match notice {
+            Notice::Soon => self.link.send_call_soon(call),
+            Notice::Awaited | Notice::Now => self.link.send_call(call),
+        };
+        sent.map_err(|e| SyncError::JobFailed(Box::new(e)))
     }
 
     /// The job's failure, once this worker heard of it, as every rank waiting in a call
-    /// gets it: a sync failure as it is, another wrapped.
+    /// gets it: a sync failure as it is — also one a rank met itself (two calls that
+    /// differ, found in a peer's piece) and failed its compute of —, another wrapped.
     pub(crate) fn failure(&self) -> Option<SyncError> {
         self.ended.get().map(|e| match e {
             JobError::Sync(failed) => failed.clone(),
+            JobError::Worker { cause, .. } => match cause.broken_rule() {
+                Some(
+                    broken @ (SyncError::Mismatch { .. } | SyncError::CollectiveMismatch { .. }),
+                ) => broken.clone(),
+                _ => SyncError::JobFailed(Box::new(e.clone())),
+            },
             other => SyncError::JobFailed(Box::new(other.clone())),
         })
     }
@@ -366,5 +394,61 @@ mod tests {
         answers.wake();
         let ended = waiting.join().unwrap();
         assert!(matches!(ended, Err(mpsc::RecvTimeoutError::Timeout)));
+    }
+
+    #[test]
+    fn a_job_failed_of_a_ranks_mismatch_fails_a_waiting_call_with_that_mismatch() {
+        use crate::error::{BoxError, Cause, Phase};
+        use crate::ids::CallAt;
+        let mismatch = SyncError::Mismatch {
+            at: CallAt {
+                iteration: 1,
+                call: 1,
+            },
+            calls: vec![(0, SyncKind::Barrier), (1, SyncKind::AllGather)],
+        };
+        let failed = |cause: Cause| JobError::Worker {
+            rank: 1,
+            iteration: 1,
+            phase: Phase::Compute,
+            cause,
+        };
+        let rank_local = SyncError::OutsideCompute(SyncKind::Barrier);
+        let plain = Cause::from_error(BoxError::from("no such file"));
+        let cases = [
+            // The rank that met the mismatch failed its compute of it: every waiting
+            // rank gets the mismatch itself, as that rank did.
+            (
+                plain.clone().mistaken(mismatch.clone()),
+                Some(mismatch.clone()),
+            ),
+            // A mistake of the rank's own (a call where none may be made) names that
+            // rank's code: the others hear of the job's failure.
+            (plain.clone().mistaken(rank_local), None),
+            (plain, None),
+        ];
+        for (cause, expected) in cases {
+            let config = Arc::new(crate::protocol::NodeConfig::for_tests().worker());
+            let (said, _heard) = mpsc::channel();
+            let driven = Arc::new(Driven {
+                now: Mutex::new(Instant::now()),
+                said,
+            });
+            let (sync, _answers) = crate::runtime::sync_calls::sync_link::<u64>(
+                Arc::new(driven),
+                1,
+                config,
+                Err("none"),
+            );
+            // As it reaches a worker of another process.
+            let job_error = crate::codec::round_trip(&failed(cause)).unwrap();
+            assert!(sync.failure().is_none());
+            sync.ended.set(job_error.clone()).unwrap();
+            let got = sync.failure().unwrap();
+            match expected {
+                Some(expected) => assert_eq!(got, expected),
+                None => assert_eq!(got, SyncError::JobFailed(Box::new(job_error))),
+            }
+        }
     }
 }

@@ -552,6 +552,43 @@ fn collectives_across_processes_over_tcp_give_what_they_give_in_memory() {
     }
 }
 
+#[cfg(feature = "tcp")]
+#[test]
+fn calls_held_back_on_the_way_to_the_master_reach_it_within_a_short_sync_timeout() {
+    // An all_reduce's call to the master's node goes with the next frame, or after a few
+    // milliseconds: never a heartbeat (here four seconds) later. Each rank computes a while
+    // after its calls — rank 2 for 600 ms — so a call held back until the rank's result
+    // would reach the master long after rank 0's, past the 300 ms sync timeout.
+    let workers = 3;
+    let outcomes = common::over_tcp_with(
+        workers,
+        "held-calls",
+        |s| s.heartbeat_interval = std::time::Duration::from_secs(4),
+        move |_, transport| {
+            job(workers, 2, move |rank| {
+                worker(move |ctx| {
+                    for _ in 0..3 {
+                        let mut one = Floats::from(vec![1.0f64]);
+                        ctx.all_reduce(&mut one, ReduceOp::Sum)?;
+                        if one[0] != workers as f64 {
+                            return Err(format!("rank {rank}: a wrong sum {}", one[0]).into());
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(300 * rank as u64));
+                    Ok(1)
+                })
+            })
+            .sync_timeout(std::time::Duration::from_millis(300))
+            .transport(transport)
+            .run()
+        },
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.iterations, 2, "rank {rank}");
+    }
+}
+
 /// Rank `rank`'s `all_gather` message in iteration `i`: large (about 120 KB encoded) but
 /// on rank 1, whose message is small.
 #[cfg(feature = "tcp")]

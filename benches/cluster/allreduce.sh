@@ -6,7 +6,7 @@
 #   benches/cluster/allreduce.sh [ITERATIONS] [NS...] [-- MB...]
 #
 # Runs rank r of n on host h<r> (rank 0, the master, on h0), for n in 2 4 8, S in 1 8 MB,
-# every mode (MODES: all-reduce star fold); prints each run's line from rank 0:
+# every mode (MODES: all-reduce barrier star fold; CALLS calls a compute, default 1); prints each run's line from rank 0:
 #   allreduce mode=<mode> n=<n> mb=<S> median_ms=<ms>
 # Build first: cargo build --release --example allreduce
 set -euo pipefail
@@ -16,6 +16,7 @@ BIN=${BIN:-target/release/examples/allreduce}
 MODES=${MODES:-"all-reduce star fold"}
 NS=${NS:-"2 4 8"}
 MBS=${MBS:-"1 8"}
+CALLS=${CALLS:-1}
 [ -x "$BIN" ] || { echo "no $BIN: cargo build --release --example allreduce" >&2; exit 1; }
 ip netns list | grep -qw h0 || { echo "no emulated cluster: ../shared/cluster-emulation/setup.sh 8 1gbit 0" >&2; exit 1; }
 out=$(mktemp -d)
@@ -28,7 +29,7 @@ for mode in $MODES; do
       for r in $(seq $((n - 1)) -1 0); do
         ip netns exec "h$r" env SUPERSTEP_RANK="$r" SUPERSTEP_WORLD_SIZE="$n" \
           SUPERSTEP_MASTER_ADDR=10.77.0.1:29500 SUPERSTEP_SECRET=bench SUPERSTEP_BIND=0.0.0.0 \
-          timeout 600 "$BIN" --mb "$mb" --iterations "$ITERATIONS" --mode "$mode" \
+          timeout 600 "$BIN" --mb "$mb" --iterations "$ITERATIONS" --mode "$mode" --calls "$CALLS" \
           >"$out/$r.out" 2>&1 &
         pids+=($!)
       done

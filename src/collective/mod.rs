@@ -46,9 +46,10 @@ pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, Fol
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{
-    exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, RankCall, SendFailure,
+    all_vouch, exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, RankCall,
+    SendFailure,
 };
-use crate::sync_link::{awaitable, block, in_span, Incoming, Wait};
+use crate::sync_link::{awaitable, block, in_span, Incoming, Notice, Wait};
 use crate::transport::TransportError;
 pub(crate) use buffers::fold_into;
 use buffers::{Elements, Whole};
@@ -688,11 +689,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // without it; it answers every rank when they are broken. The values themselves
         // go worker to worker; a rank whose result will prove that every rank made the
         // call (`vouches`) does not wait for the node's word that they did.
-        let awaits = !shape.is_some_and(|s| {
-            usize::try_from(s.len).is_ok_and(|len| vouches(kind, self.workers, self.rank, len))
-        });
+        let len = shape.and_then(|s| usize::try_from(s.len).ok());
+        let notice = match len {
+            Some(len) if all_vouch(kind, self.workers, len) => Notice::Soon,
+            Some(len) if vouches(kind, self.workers, self.rank, len) => Notice::Now,
+            _ => Notice::Awaited,
+        };
         let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
-        sync.call(epoch, called, shape, awaits)?;
+        sync.call(epoch, called, shape, notice)?;
         Ok(epoch)
     }
 

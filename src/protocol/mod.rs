@@ -44,10 +44,10 @@ use crate::error::{ErrorSource, JobError};
 use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::CallShape;
+pub(crate) use collective::{all_vouch, segment, vouches};
 pub(crate) use collective::{
     exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure,
 };
-pub(crate) use collective::{segment, vouches};
 pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;

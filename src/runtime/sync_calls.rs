@@ -80,6 +80,10 @@ impl<W: Payload> SyncSender<W> for LinkCalls<W> {
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
         self.0.send(call).map_err(JobError::from)
     }
+
+    fn send_call_soon(&self, call: ToMaster<W>) -> Result<(), JobError> {
+        self.0.send_soon(call).map_err(JobError::from)
+    }
 }
 
 /// A worker's end of barrier mode: its sync calls go out on `link`, in `attempt`, and each

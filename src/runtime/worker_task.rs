@@ -103,10 +103,9 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
     fn fail(&self, phase: Phase, cause: Cause) -> JobError {
         // After a sync call or collective that broke the job's rules, the failure is the
         // program's, whatever error the code made of it.
-        let cause = if self.ctx.mistake {
-            cause.mistaken()
-        } else {
-            cause
+        let cause = match &self.ctx.mistake {
+            Some(broken) => cause.mistaken(broken.clone()),
+            None => cause,
         };
         JobError::Worker {
             rank: self.ctx.rank,

@@ -433,6 +433,13 @@ pub trait MasterLink<M>: Send + 'static {
 pub trait WorkerLink<W>: Send + Sync + 'static {
     /// Sends `msg` to the master's node, which receives it stamped with this worker's rank.
     fn send(&self, msg: ToMaster<W>) -> Result<(), TransportError>;
+
+    /// Sends `msg` soon: with the next message, or within a few milliseconds — in order
+    /// with every other. For word the master's node needs but no one waits on: the call
+    /// of a collective that returns without the node's answer. The default sends it now.
+    fn send_soon(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
+        self.send(msg)
+    }
 }
 
 /// A worker's way to the other workers, for collectives (`all_reduce`, `broadcast`, …):

@@ -39,8 +39,8 @@ pub use call::PeerEvent;
 pub(crate) use call::{exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure};
 #[cfg(test)]
 use plan::effective;
+pub(crate) use plan::{all_vouch, segment, vouches};
 use plan::{plan, Apply, Transfer};
-pub(crate) use plan::{segment, vouches};
 
 /// The value a collective runs on, as a row of elements: what a piece of it is, and how a
 /// received piece is put into it or folded with it.

@@ -100,6 +100,23 @@ pub(crate) fn vouches(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize
     }
 }
 
+/// Whether every rank's result of `kind` on `len` elements among `ranks` ranks vouches for
+/// every rank ([`vouches`]): then no rank waits for the master's node's word on the call.
+pub(crate) fn all_vouch(kind: CollectiveKind, ranks: usize, len: usize) -> bool {
+    if ranks <= 1 {
+        return true;
+    }
+    match kind {
+        CollectiveKind::AllReduce(_)
+        | CollectiveKind::AllReduceMany { .. }
+        | CollectiveKind::Messages
+        | CollectiveKind::Barrier => len > 0,
+        // Every rank's segment holds elements.
+        CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather => len >= ranks,
+        CollectiveKind::Reduce { .. } | CollectiveKind::Broadcast { .. } => false,
+    }
+}
+
 /// Rank `rank`'s plan for `kind` by `algorithm` among `ranks` ranks, on a value of `len`
 /// elements. `algorithm` is taken as [`effective`] says.
 pub(crate) fn plan(

@@ -3,7 +3,7 @@ use std::ops::Range;
 
 use proptest::prelude::*;
 
-use super::plan::segment;
+use super::plan::{all_vouch, segment};
 use super::*;
 use crate::ids::{Algorithm, CollectiveKind, ReduceOp};
 
@@ -359,6 +359,11 @@ fn a_result_vouches_for_every_rank_only_when_every_rank_s_value_reached_it() {
                         let vouch: Vec<bool> = (0..ranks)
                             .map(|r| Exchange::new(call, ranks, r, inputs[r].clone()).vouches())
                             .collect();
+                        assert_eq!(
+                            all_vouch(kind, ranks, len),
+                            vouch.iter().all(|&v| v),
+                            "{kind}, {ranks} ranks, {len} elements: every rank vouches"
+                        );
                         let results = run(call, inputs, 7);
                         for (r, result) in results.iter().enumerate() {
                             let all = reached(r, result).len() == ranks;

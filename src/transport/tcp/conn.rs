@@ -298,9 +298,10 @@ pub(super) async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> st
 }
 
 /// The writer of a connection's lane ([`Lane`]): lets senders write directly while it
-/// runs, writes the frames they queued, and sends a heartbeat whenever no queued frame
-/// went out for a heartbeat interval (frames written directly do not put it off: a
-/// heartbeat is a few bytes). When the transport stops, writes what is still queued, then
+/// runs, writes the frames they queued, sends what the lane held back once it was held
+/// for [`HOLD`](super::lane::HOLD), and sends a heartbeat whenever no queued frame went
+/// out for a heartbeat interval (frames written directly do not put it off: a heartbeat
+/// is a few bytes). When the transport stops, writes what is still held and queued, then
 /// ends; the write half is shut down when the last handle on it goes. Returns why a write
 /// failed, if one did.
 pub(super) async fn write_loop(
@@ -313,14 +314,26 @@ pub(super) async fn write_loop(
 ) -> Result<(), String> {
     let failed = |e: std::io::Error| format!("could not write to it: {e}");
     let writing = Writing::start(lane, writer);
+    let held = Arc::clone(&writing.held);
+    // When what the lane holds back is to go, once it holds something.
+    let mut flush_at: Option<tokio::time::Instant> = None;
+    let far = || tokio::time::Instant::now() + Duration::from_secs(3600);
     loop {
         tokio::select! {
             frame = queue.recv() => match frame {
                 Some(frame) => writing.write_queued(&frame).await.map_err(failed)?,
                 None => break,
             },
+            _ = held.notified(), if flush_at.is_none() => {
+                flush_at = Some(tokio::time::Instant::now() + super::lane::HOLD);
+            }
+            _ = tokio::time::sleep_until(flush_at.unwrap_or_else(far)), if flush_at.is_some() => {
+                flush_at = None;
+                writing.flush_held();
+            }
             _ = tokio::time::sleep(interval) => writing.send(heartbeat.clone()),
             _ = stop.changed() => {
+                writing.flush_held();
                 writing.stop();
                 while let Ok(frame) = queue.try_recv() {
                     writing.write_queued(&frame).await.map_err(failed)?;

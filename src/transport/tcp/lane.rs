@@ -4,13 +4,25 @@
 //! of it, when something is queued) is queued for the I/O thread's writer, which writes in
 //! order. The writer's own heartbeats go the same way, so no two writes ever interleave.
 //! A frame may be sent as parts (a piece's head and its body); what is queued is then a
-//! part, written in order with the rest.
+//! part, written in order with the rest. A frame no one waits on may be held back
+//! ([`Lane::defer`]) until the next frame goes, or for [`HOLD`] at most (the writer then
+//! sends it), and goes ahead of the next frame — with it in one write, when that is small.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
+
+/// The longest a frame is held back ([`Lane::defer`]) with nothing else sent: far below
+/// any sync timeout, so that the master's node hears of a call in time, and long enough
+/// for a run of small collectives to go in one write.
+pub(super) const HOLD: Duration = Duration::from_millis(2);
+
+/// The most bytes of the next frame copied into one write with what was held back ahead
+/// of it; a larger one goes as a write of its own.
+const JOIN: usize = 16 * 1024;
 
 /// The lane's queue is gone: its connection ended.
 #[derive(Debug)]
@@ -20,6 +32,8 @@ pub(super) struct Closed;
 pub(super) struct Lane {
     inner: Mutex<Inner>,
     queue: mpsc::UnboundedSender<Bytes>,
+    /// Told when a frame is held back and none was: the writer sends it after [`HOLD`].
+    held: Arc<Notify>,
 }
 
 struct Inner {
@@ -29,6 +43,8 @@ struct Inner {
     /// Frames, or parts of one, queued for the writer and not written yet: while there
     /// are any, a new frame queues behind them.
     queued: usize,
+    /// Frames held back until the next frame goes ([`Lane::defer`]).
+    deferred: Vec<Bytes>,
 }
 
 impl Lane {
@@ -39,8 +55,10 @@ impl Lane {
             inner: Mutex::new(Inner {
                 writer: None,
                 queued: 0,
+                deferred: Vec::new(),
             }),
             queue,
+            held: Arc::new(Notify::new()),
         };
         (Arc::new(lane), rx)
     }
@@ -61,21 +79,71 @@ impl Lane {
         #[cfg(feature = "metrics")]
         crate::metrics::sent(parts.iter().map(Bytes::len).sum());
         let mut inner = self.lock();
-        for mut rest in parts {
-            if inner.queued == 0 {
-                if let Some(writer) = &inner.writer {
-                    match writer.try_write(&rest) {
-                        Ok(n) if n == rest.len() => continue,
-                        Ok(n) if n > 0 => rest = rest.slice(n..),
-                        // Would block, or failed: the writer waits for the socket, or finds
-                        // the failure.
-                        _ => {}
-                    }
+        if inner.deferred.is_empty() {
+            for rest in parts {
+                self.put(&mut inner, rest)?;
+            }
+            return Ok(());
+        }
+        // What was held back goes first, in one write with the frame when that is small:
+        // one by one they would cost the writes that holding them back saves.
+        let held = std::mem::take(&mut inner.deferred);
+        let small = parts.iter().map(Bytes::len).sum::<usize>() <= JOIN;
+        let mut joined = bytes::BytesMut::new();
+        held.iter()
+            .for_each(|frame| joined.extend_from_slice(frame));
+        if small {
+            parts.iter().for_each(|part| joined.extend_from_slice(part));
+            return self.put(&mut inner, joined.freeze());
+        }
+        self.put(&mut inner, joined.freeze())?;
+        for rest in parts {
+            self.put(&mut inner, rest)?;
+        }
+        Ok(())
+    }
+
+    /// Holds `frame` back until the next frame is sent, or [`HOLD`] passed (the writer
+    /// then sends it), and sends it ahead of that: for word no one waits on, which so
+    /// costs no write of its own.
+    pub(super) fn defer(&self, frame: Bytes) -> Result<(), Closed> {
+        if self.queue.is_closed() {
+            return Err(Closed);
+        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::sent(frame.len());
+        let first = {
+            let mut inner = self.lock();
+            inner.deferred.push(frame);
+            inner.deferred.len() == 1
+        };
+        if first {
+            self.held.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Sends what is held back, if anything is.
+    pub(super) fn flush_held(&self) -> Result<(), Closed> {
+        self.send_parts::<0>([])
+    }
+
+    /// Writes `rest` at once if nothing is queued and the socket takes it, else (what is
+    /// left of it) queues it for the writer.
+    fn put(&self, inner: &mut Inner, mut rest: Bytes) -> Result<(), Closed> {
+        if inner.queued == 0 {
+            if let Some(writer) = &inner.writer {
+                match writer.try_write(&rest) {
+                    Ok(n) if n == rest.len() => return Ok(()),
+                    Ok(n) if n > 0 => rest = rest.slice(n..),
+                    // Would block, or failed: the writer waits for the socket, or finds
+                    // the failure.
+                    _ => {}
                 }
             }
-            self.queue.send(rest).map_err(|_| Closed)?;
-            inner.queued += 1;
         }
+        self.queue.send(rest).map_err(|_| Closed)?;
+        inner.queued += 1;
         Ok(())
     }
 
@@ -99,6 +167,8 @@ impl Lane {
             dropped += 1;
         }
         inner.queued = 0;
+        dropped += inner.deferred.len();
+        inner.deferred.clear();
         dropped
     }
 }
@@ -108,6 +178,8 @@ impl Lane {
 pub(super) struct Writing {
     lane: Weak<Lane>,
     writer: Arc<OwnedWriteHalf>,
+    /// Told when the lane holds a frame back ([`Lane::defer`]).
+    pub(super) held: Arc<Notify>,
 }
 
 impl Writing {
@@ -115,10 +187,14 @@ impl Writing {
     /// directly.
     pub(super) fn start(lane: Weak<Lane>, writer: OwnedWriteHalf) -> Self {
         let writer = Arc::new(writer);
-        if let Some(lane) = lane.upgrade() {
-            lane.open(Some(Arc::clone(&writer)));
-        }
-        Writing { lane, writer }
+        let held = match lane.upgrade() {
+            Some(lane) => {
+                lane.open(Some(Arc::clone(&writer)));
+                Arc::clone(&lane.held)
+            }
+            None => Arc::new(Notify::new()),
+        };
+        Writing { lane, writer, held }
     }
 
     /// Writes a queued frame (or part of one) whole, waiting for the socket as it must.
@@ -135,6 +211,13 @@ impl Writing {
     pub(super) fn send(&self, frame: Bytes) {
         if let Some(lane) = self.lane.upgrade() {
             let _ = lane.send(frame);
+        }
+    }
+
+    /// Sends what the lane holds back ([`Lane::defer`]).
+    pub(super) fn flush_held(&self) {
+        if let Some(lane) = self.lane.upgrade() {
+            let _ = lane.flush_held();
         }
     }
 
@@ -165,4 +248,93 @@ async fn write_all(writer: &OwnedWriteHalf, mut buf: &[u8]) -> std::io::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A lane whose writer runs on a connection to a listener on loopback, with the
+    /// heartbeat `beat` every `interval`; and the listener's end, to read what came.
+    async fn connected(
+        beat: &'static [u8],
+        interval: Duration,
+    ) -> (Arc<Lane>, TcpStream, tokio::sync::watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_read, write) = client.into_split();
+        let (lane, mut queue) = Lane::new();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let weak = Arc::downgrade(&lane);
+        tokio::spawn(async move {
+            let beat = Bytes::from_static(beat);
+            let _ =
+                super::super::conn::write_loop(weak, write, &mut queue, stopped, beat, interval)
+                    .await;
+        });
+        // The writer is running once a frame sent goes out.
+        (lane, server, stop)
+    }
+
+    async fn read(server: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        tokio::time::timeout(Duration::from_secs(10), server.read_exact(&mut got))
+            .await
+            .expect("the bytes came in time")
+            .unwrap();
+        got
+    }
+
+    #[tokio::test]
+    async fn a_frame_held_back_goes_ahead_of_the_next_frame() {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.send(Bytes::from_static(b"first;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"first;");
+        lane.defer(Bytes::from_static(b"held-1;")).unwrap();
+        lane.defer(Bytes::from_static(b"held-2;")).unwrap();
+        lane.send(Bytes::from_static(b"next;")).unwrap();
+        assert_eq!(read(&mut server, 19).await, b"held-1;held-2;next;");
+    }
+
+    #[tokio::test]
+    async fn a_frame_held_back_goes_on_its_own_once_held_long_enough() {
+        // No heartbeat for an hour: what sends it is the writer, after `HOLD`.
+        let (lane, mut server, _stop) = connected(b"<beat>", Duration::from_secs(3600)).await;
+        let held = tokio::time::Instant::now();
+        lane.defer(Bytes::from_static(b"held;")).unwrap();
+        assert_eq!(read(&mut server, 5).await, b"held;");
+        assert!(
+            held.elapsed() >= HOLD,
+            "it went before it was held {HOLD:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stopping_writer_sends_what_is_held_back_and_a_closed_lane_holds_nothing() {
+        let (lane, mut server, stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.defer(Bytes::from_static(b"held;")).unwrap();
+        stop.send(true).unwrap();
+        assert_eq!(read(&mut server, 5).await, b"held;");
+        let (closed, queue) = Lane::new();
+        drop(queue);
+        assert!(closed.defer(Bytes::from_static(b"lost;")).is_err());
+    }
+
+    #[tokio::test]
+    async fn clearing_a_lane_drops_what_it_held_back() {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.defer(Bytes::from_static(b"held;")).unwrap();
+        let (_tx, mut rx) = mpsc::unbounded_channel();
+        assert_eq!(lane.clear(&mut rx), 1);
+        lane.send(Bytes::from_static(b"after;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"after;");
+    }
 }

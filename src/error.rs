@@ -1077,6 +1077,25 @@ impl fmt::Display for Hook {
 }
 
 impl JobError {
+    /// This failure of the job as a rank waiting in a sync call or collective gets it,
+    /// whether from the master's node (its answer to a call it holds) or from the job's
+    /// end: a sync failure as it is; a rank's compute that failed after its call met two
+    /// calls that differ ([`Cause::broken_rule`]) as that mismatch, so that every rank
+    /// gets the same typed error whichever saw the mistake first; any other wrapped in
+    /// [`SyncError::JobFailed`].
+    pub(crate) fn as_sync_failure(&self) -> SyncError {
+        match self {
+            JobError::Sync(failed) => failed.clone(),
+            JobError::Worker { cause, .. } => match cause.broken_rule() {
+                Some(
+                    broken @ (SyncError::Mismatch { .. } | SyncError::CollectiveMismatch { .. }),
+                ) => broken.clone(),
+                _ => SyncError::JobFailed(Box::new(self.clone())),
+            },
+            other => SyncError::JobFailed(Box::new(other.clone())),
+        }
+    }
+
     /// A transport's failure: `message` names the peer and what was done; `source` is the
     /// error underneath, if there is one.
     pub(crate) fn transport(message: impl Into<String>, source: Option<ErrorSource>) -> Self {

@@ -194,19 +194,9 @@ impl<W> SyncLink<W> {
     }
 
     /// The job's failure, once this worker heard of it, as every rank waiting in a call
-    /// gets it: a sync failure as it is — also one a rank met itself (two calls that
-    /// differ, found in a peer's piece) and failed its compute of —, another wrapped.
+    /// gets it ([`JobError::as_sync_failure`]).
     pub(crate) fn failure(&self) -> Option<SyncError> {
-        self.ended.get().map(|e| match e {
-            JobError::Sync(failed) => failed.clone(),
-            JobError::Worker { cause, .. } => match cause.broken_rule() {
-                Some(
-                    broken @ (SyncError::Mismatch { .. } | SyncError::CollectiveMismatch { .. }),
-                ) => broken.clone(),
-                _ => SyncError::JobFailed(Box::new(e.clone())),
-            },
-            other => SyncError::JobFailed(Box::new(other.clone())),
-        })
+        self.ended.get().map(JobError::as_sync_failure)
     }
 
     /// What comes next, waiting until `deadline` (`None`: as long as it takes) as `wait`

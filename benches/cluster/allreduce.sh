@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ITERATIONS=${1:-10}
 BIN=${BIN:-target/release/examples/allreduce}
-MODES=${MODES:-"all-reduce star fold"}
+MODES=${MODES:-"all-reduce barrier star fold"}
 NS=${NS:-"2 4 8"}
 MBS=${MBS:-"1 8"}
 CALLS=${CALLS:-1}

@@ -67,6 +67,26 @@ const SMALL: usize = 64 * 1024;
 /// within 3%, 2 MiB 25% more.
 const CHUNK: usize = 64 * 1024;
 
+/// The shortest sync timeout under which a call's word to the master's node may go soon
+/// (`Notice::Soon`: held back a few milliseconds at most, over TCP): fifty times the
+/// longest hold, so that holding it never counts against the timeout.
+const SOON_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How the master's node hears of `rank`'s call of `kind` (of `len` elements, if known)
+/// among `workers` ranks, in a job whose sync timeout is `sync_timeout`.
+fn notice(
+    kind: CollectiveKind,
+    (rank, workers): (Rank, usize),
+    len: Option<usize>,
+    sync_timeout: std::time::Duration,
+) -> Notice {
+    match len {
+        Some(len) if sync_timeout >= SOON_WITHIN && all_vouch(kind, workers, len) => Notice::Soon,
+        Some(len) if vouches(kind, workers, rank, len) => Notice::Now,
+        _ => Notice::Awaited,
+    }
+}
+
 /// How a rank's `all_gather` message reaches the master's node: small ones (and every
 /// one where the ranks share a process, or cannot reach each other) as the bytes
 /// themselves, which ride on the call the node checks and come back in its answer; a
@@ -688,13 +708,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // same call on every rank, within the sync timeout of the first, none returned
         // without it; it answers every rank when they are broken. The values themselves
         // go worker to worker; a rank whose result will prove that every rank made the
-        // call (`vouches`) does not wait for the node's word that they did.
+        // call (`vouches`) does not wait for the node's word that they did; where no rank
+        // does, its word may go soon (a few milliseconds later at most), unless the sync
+        // timeout is so short that those would count.
         let len = shape.and_then(|s| usize::try_from(s.len).ok());
-        let notice = match len {
-            Some(len) if all_vouch(kind, self.workers, len) => Notice::Soon,
-            Some(len) if vouches(kind, self.workers, self.rank, len) => Notice::Now,
-            _ => Notice::Awaited,
-        };
+        let notice = notice(
+            kind,
+            (self.rank, self.workers),
+            len,
+            sync.config.job.sync_timeout,
+        );
         let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
         sync.call(epoch, called, shape, notice)?;
         Ok(epoch)
@@ -813,4 +836,32 @@ fn fingerprint(lengths: &[usize]) -> u64 {
 /// How many elements of `T` travel in one piece.
 fn chunk_of<T>() -> u64 {
     (CHUNK / std::mem::size_of::<T>().max(1)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_call_goes_soon_only_where_no_rank_awaits_the_word_and_the_sync_timeout_is_not_short() {
+        let sum = CollectiveKind::AllReduce(Some(ReduceOp::Sum));
+        let minute = Duration::from_secs(60);
+        assert_eq!(notice(sum, (1, 4), Some(1), minute), Notice::Soon);
+        assert_eq!(notice(sum, (1, 4), Some(1), SOON_WITHIN), Notice::Soon);
+        // A sync timeout a hold of a few milliseconds would count against.
+        let short = Duration::from_millis(5);
+        assert_eq!(notice(sum, (1, 4), Some(1), short), Notice::Now);
+        // A reduce's root proves the call, the other ranks await the word: it goes now.
+        let reduce = CollectiveKind::Reduce {
+            op: Some(ReduceOp::Sum),
+            root: 0,
+        };
+        assert_eq!(notice(reduce, (0, 4), Some(1), minute), Notice::Now);
+        assert_eq!(notice(reduce, (1, 4), Some(1), minute), Notice::Awaited);
+        // An empty value proves nothing; nor does a call known by its kind alone.
+        assert_eq!(notice(sum, (1, 4), Some(0), minute), Notice::Awaited);
+        assert_eq!(notice(sum, (1, 4), None, minute), Notice::Awaited);
+    }
 }

@@ -240,12 +240,13 @@ impl SyncState {
         }
     }
 
-    /// The job failed: release every waiting rank with the job's failure.
+    /// The job failed: release every waiting rank with the job's failure, as a waiting
+    /// rank gets it ([`JobError::as_sync_failure`]: a rank's mismatch as that mismatch).
     pub fn abort(&mut self, error: &JobError) -> SyncStep {
         if self.failure.is_some() {
             return SyncStep::default();
         }
-        let mut step = self.fail(SyncError::JobFailed(Box::new(error.clone())));
+        let mut step = self.fail(error.as_sync_failure());
         step.failed = None; // the job has failed already
         step
     }
@@ -702,6 +703,41 @@ mod tests {
             step.replies,
             vec![(0, 0, expected.clone()), (2, 0, expected)]
         );
+    }
+
+    #[test]
+    fn an_abort_for_a_ranks_mismatch_answers_every_waiting_rank_with_that_mismatch() {
+        use crate::error::{BoxError, Cause, Phase};
+        // Ranks 0 and 1 made the same call; rank 2 made another, whose call had not
+        // reached the node when rank 0 met its piece and failed its compute of it.
+        let t0 = Instant::now();
+        let mut s = SyncState::new(3, T);
+        s.on_call(t0, 0, 0, SyncKind::Barrier, vec![], true);
+        s.on_call(t0, 1, 0, SyncKind::Barrier, vec![], true);
+        let mismatch = SyncError::Mismatch {
+            at: CallAt {
+                iteration: 1,
+                call: 1,
+            },
+            calls: vec![(0, SyncKind::Barrier), (2, SyncKind::AllGather)],
+        };
+        let cause = Cause::from_error(BoxError::from(mismatch.to_string()));
+        let error = JobError::Worker {
+            rank: 0,
+            iteration: 1,
+            phase: Phase::Compute,
+            cause: cause.mistaken(mismatch.clone()),
+        };
+        let step = s.abort(&error);
+        assert_eq!(step.failed, None);
+        let expected = Err(mismatch.clone());
+        assert_eq!(
+            step.replies,
+            vec![(0, 0, expected.clone()), (1, 0, expected)]
+        );
+        // Rank 2's call, once it comes, gets it too.
+        let step = s.on_call(t0, 2, 0, SyncKind::AllGather, vec![], true);
+        assert_eq!(step.replies, vec![(2, 0, Err(mismatch))]);
     }
 
     /// An `all_reduce(sum)` of `len` elements, as its call carries it.

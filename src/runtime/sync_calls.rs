@@ -4,7 +4,7 @@
 
 use std::sync::{mpsc, Arc};
 
-use crate::error::{JobError, SyncError};
+use crate::error::JobError;
 use crate::ids::{Attempt, Epoch};
 use crate::payload::Payload;
 use crate::protocol::{Early, SyncResult, ToMaster, WorkerConfig};
@@ -47,7 +47,7 @@ impl SyncAnswers {
     pub(crate) fn end(&self, error: &JobError) {
         if self.ended.set(error.clone()).is_ok() {
             // Wakes a compute waiting in a sync call: not its epoch, so it looks.
-            let failed = SyncError::JobFailed(Box::new(error.clone()));
+            let failed = error.as_sync_failure();
             self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
         }
     }

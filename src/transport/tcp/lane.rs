@@ -15,9 +15,10 @@ use bytes::Bytes;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, Notify};
 
-/// The longest a frame is held back ([`Lane::defer`]) with nothing else sent: far below
-/// any sync timeout, so that the master's node hears of a call in time, and long enough
-/// for a run of small collectives to go in one write.
+/// The longest a frame is held back ([`Lane::defer`]) with nothing else sent: long enough
+/// for a run of small collectives to go in one write, and far below the sync timeouts
+/// under which a collective's call is held at all (100 ms and longer: `SOON_WITHIN` in
+/// `collective`), so that the master's node hears of a call in time.
 pub(super) const HOLD: Duration = Duration::from_millis(2);
 
 /// The most bytes of the next frame copied into one write with what was held back ahead

@@ -82,8 +82,9 @@ pub(crate) enum Notice {
     /// Now, with no word awaited: this rank's result proves the call, but another rank
     /// waits for the word (a reduce's other ranks), which needs this call.
     Now,
-    /// With the next message or heartbeat, no rank awaiting a word: one write for many
-    /// calls, none on a call's way.
+    /// With the rank's next frame to the master's node, or a few milliseconds later at
+    /// most (over TCP: `lane::HOLD`), no rank awaiting a word: one write for many calls,
+    /// none on a call's way.
     Soon,
 }
 
@@ -190,7 +191,11 @@ impl<W> SyncLink<W> {
             Notice::Soon => self.link.send_call_soon(call),
             Notice::Awaited | Notice::Now => self.link.send_call(call),
         };
-        sent.map_err(|e| SyncError::JobFailed(Box::new(e)))
+        // A link closed by the job's end: the call fails as every waiting rank's does.
+        sent.map_err(|e| {
+            self.failure()
+                .unwrap_or_else(|| SyncError::JobFailed(Box::new(e)))
+        })
     }
 
     /// The job's failure, once this worker heard of it, as every rank waiting in a call

@@ -7,6 +7,9 @@
 //! - `--mode all-reduce` (the default): `ctx.all_reduce` inside compute, worker to worker
 //!   around the ring (barrier mode); the time is the slowest rank's call. With `--values
 //!   V`, each call sums V values of `--mb` together (`ctx.all_reduce_many`).
+//! - `--mode started`: as `all-reduce`, but the `--values` values each go in a call of
+//!   their own, all started together (`ctx.start_all_reduce`) and then finished
+//!   (`ctx.finish`): several calls in flight at once. The time is still a call's of all.
 //! - `--mode barrier`: `ctx.barrier()` inside compute, `--calls` times; no values travel
 //!   (`--mb` is ignored). The time is the slowest rank's call.
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
@@ -55,7 +58,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     calls: u32,
     /// How many values of `--mb` each call sums (`--mode all-reduce`): more than one go
-    /// together in one `all_reduce_many`, the time still a call's.
+    /// together in one `all_reduce_many`, the time still a call's. In `--mode started`,
+    /// how many calls are in flight together.
     #[arg(long, default_value_t = 1)]
     values: u32,
 }
@@ -63,6 +67,7 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
     AllReduce,
+    Started,
     Barrier,
     Star,
     Fold,
@@ -133,6 +138,21 @@ impl WorkerComputable for Rank {
                 let took = took / f64::from(self.calls.max(1));
                 Ok(Floats::from(vec![took]))
             }
+            Mode::Started => {
+                let started = Instant::now();
+                for _ in 0..self.calls.max(1) {
+                    let mut flying = Vec::new();
+                    for _ in 0..self.values.max(1) {
+                        let mine = contribution(ctx.rank(), self.len);
+                        flying.push(ctx.start_all_reduce(mine, ReduceOp::Sum)?);
+                    }
+                    for call in flying {
+                        check(&ctx.finish(call)?, ctx.workers())?;
+                    }
+                }
+                let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
+                Ok(Floats::from(vec![took]))
+            }
             Mode::Barrier => {
                 let started = Instant::now();
                 for _ in 0..self.calls.max(1) {
@@ -173,7 +193,7 @@ impl MasterComputable for Timing {
     ) -> Result<Step<Floats>, BoxError> {
         let first = ctx.is_first_iteration();
         let next = match self.mode {
-            Mode::AllReduce | Mode::Barrier => {
+            Mode::AllReduce | Mode::Started | Mode::Barrier => {
                 let slowest = ctx
                     .worker_results()
                     .iter()
@@ -208,6 +228,7 @@ impl MasterComputable for Timing {
         if ctx.iteration() == ctx.iterations() {
             let mode = match self.mode {
                 Mode::AllReduce => "all-reduce",
+                Mode::Started => "started",
                 Mode::Barrier => "barrier",
                 Mode::Star => "star",
                 Mode::Fold => "fold",

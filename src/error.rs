@@ -698,6 +698,27 @@ pub enum SyncError {
     /// `enable_all`), or make the blocking call.
     #[error("the _async sync calls and collectives wait on Tokio's timers: await them on a Tokio runtime with its timers enabled, or make the blocking call")]
     NoTimer,
+    /// A compute returned with collectives it started
+    /// ([`start_all_reduce`](crate::WorkerContext::start_all_reduce)) and did not finish:
+    /// its peers would wait for its part.
+    ///
+    /// Remedy: [`finish`](crate::WorkerContext::finish) every call a compute starts.
+    #[error("rank {rank} returned from compute with {} started and not finished: finish every call a compute starts (WorkerContext::finish)", Started(.calls))]
+    Unfinished {
+        /// The rank.
+        rank: Rank,
+        /// The calls, in the order they were started.
+        calls: Vec<CollectiveCall>,
+    },
+    /// A call was to be finished on a rank that does not have it under way: started by
+    /// another rank's context, or in another compute.
+    #[error("rank {rank} has no call #{epoch} under way to finish: a call is finished in the compute, and on the rank, that started it")]
+    NotStarted {
+        /// The rank asked to finish it.
+        rank: Rank,
+        /// The call's number among the rank's sync calls.
+        epoch: Epoch,
+    },
 }
 
 impl SyncError {
@@ -714,6 +735,8 @@ impl SyncError {
                 | SyncError::NotEnabled(_)
                 | SyncError::NoSuchRank { .. }
                 | SyncError::NothingToBroadcast(_)
+                | SyncError::Unfinished { .. }
+                | SyncError::NotStarted { .. }
         )
     }
 }
@@ -978,6 +1001,20 @@ impl fmt::Display for Made<'_> {
                 None => write!(f, "rank {rank} called {kind}"),
             },
         }
+    }
+}
+
+/// Calls started and not finished, as an error lists them.
+struct Started<'a>(&'a [CollectiveCall]);
+impl fmt::Display for Started<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, call) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{call}")?;
+        }
+        Ok(())
     }
 }
 

@@ -9,9 +9,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::error::{JobError, SyncError};
-use crate::ids::{Attempt, Epoch, SyncKind};
-use crate::protocol::{Early, SyncResult, ToMaster, WorkerConfig};
-use crate::transport::{PeerEvent, PeerLink};
+use crate::ids::{Attempt, Epoch, Rank, SyncKind};
+use crate::protocol::{
+    Early, Flight, Flights, PeerMessage, SendFailure, SyncResult, ToMaster, WorkerConfig,
+};
+use crate::transport::{PeerEvent, PeerLink, TransportError};
 
 /// Where a worker's sync calls go: its link to the master's node, as its driver (the
 /// runtime's worker, or the simulator) gives it.
@@ -59,6 +61,8 @@ pub(crate) struct SyncLink<W> {
     pub(crate) peers: Result<Arc<dyn PeerLink>, &'static str>,
     /// Pieces of collectives this rank has not called yet, and peers lost.
     pub(crate) early: Early,
+    /// The collectives this rank started and has not finished: every wait drives them.
+    pub(crate) flying: Flights,
     pub(crate) attempt: Attempt,
     /// The worker's settings: how long a call waits for an answer before giving up on the
     /// master's node (`sync_patience`: longer than the sync timeout, which normally
@@ -143,30 +147,155 @@ pub(crate) enum Incoming {
     Wake,
 }
 
+/// A wait for the master's node's answer to this rank's call `epoch`, at most until
+/// `deadline`: what its peers send meanwhile is kept for the calls it is for.
+struct Answer {
+    epoch: Epoch,
+    deadline: Option<Instant>,
+    patience: std::time::Duration,
+    result: Option<SyncResult>,
+}
+
+impl Flight for Answer {
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn handle_peer(&mut self, _: Instant, event: PeerEvent, early: &mut Early) {
+        // A peer's piece of a later call, or of this one (an all_gather's ring, which may
+        // start before this answer comes here; or another call, which the master's node
+        // fails on every rank): kept.
+        early.keep(event, self.epoch);
+    }
+
+    fn handle_answer(&mut self, answered: Epoch, result: &SyncResult) {
+        if answered == self.epoch && self.result.is_none() {
+            self.result = Some(result.clone());
+        }
+    }
+
+    fn handle_job_failed(&mut self, failure: SyncError) {
+        self.result.get_or_insert(Err(failure));
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.result
+                .get_or_insert(Err(SyncError::NoAnswer(self.patience)));
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline.filter(|_| self.result.is_none())
+    }
+
+    fn settled(&mut self) -> bool {
+        self.result.is_some()
+    }
+}
+
 impl<W> SyncLink<W> {
     /// The master's node's answer to this rank's call `epoch`, waited for at most the
     /// worker's `sync_patience`.
     pub(crate) async fn answer(&mut self, epoch: Epoch, wait: Wait) -> SyncResult {
         let patience = self.config.sync_patience;
-        let deadline = self.now().checked_add(patience);
+        let mut answer = Answer {
+            epoch,
+            deadline: self.now().checked_add(patience),
+            patience,
+            result: None,
+        };
+        self.drive(&mut answer, wait).await;
+        answer.result.expect("a driven wait ends settled")
+    }
+
+    /// Drives `main` until it ends, and with it every call in flight: sends what they
+    /// send, hands each what comes for it, and wakes them at the times they ask.
+    pub(crate) async fn drive<F: Flight + ?Sized>(&mut self, main: &mut F, wait: Wait) {
         loop {
+            self.send(main);
+            self.flying.settle();
+            if main.settled() {
+                return;
+            }
+            let deadline = match (main.poll_timeout(), self.flying.poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             match self.next(wait, deadline).await {
-                Ok(Incoming::Answer(answered, result)) if answered == epoch => return result,
-                // A peer's piece of a later call, or of this one (an all_gather's ring,
-                // which may start before this answer comes here; or another call, which
-                // the master's node fails on every rank): kept.
-                Ok(Incoming::Peer(event)) => self.early.keep(event, epoch),
-                // Not this call's answer: the job failed (the actor woke this call to say
-                // so), or it answers an earlier call that failed.
-                Ok(Incoming::Answer(..)) => match self.failure() {
-                    Some(e) => return Err(e),
-                    None => continue,
+                Ok(Incoming::Peer(event)) => {
+                    let now = self.now();
+                    if let Some(event) = self.flying.handle_peer(now, event, &mut self.early) {
+                        main.handle_peer(now, event, &mut self.early);
+                    }
+                }
+                Ok(Incoming::Answer(answered, result)) => {
+                    // Not a call's own answer: the job failed (the worker woke the wait
+                    // to say so), or it answers an earlier call.
+                    let failure = self.failure();
+                    main.handle_answer(answered, &result);
+                    if let Some(e) = failure.clone().filter(|_| answered != main.epoch()) {
+                        main.handle_job_failed(e);
+                    }
+                    self.flying
+                        .handle_answer(answered, &result, failure.as_ref());
+                }
+                Ok(Incoming::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => match self.failure() {
+                    Some(e) => {
+                        self.flying.handle_job_failed(&e);
+                        main.handle_job_failed(e);
+                    }
+                    None => {
+                        let now = self.now();
+                        self.flying.handle_timeout(now);
+                        main.handle_timeout(now);
+                    }
                 },
-                // A wake-up before the deadline: the wait goes on.
-                Ok(Incoming::Wake) => continue,
-                Err(_) => return Err(self.failure().unwrap_or(SyncError::NoAnswer(patience))),
+                // The worker is gone: nothing more comes.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let e = self
+                        .failure()
+                        .unwrap_or(SyncError::NoAnswer(self.config.sync_patience));
+                    self.flying.handle_job_failed(&e);
+                    main.handle_job_failed(e);
+                }
             }
         }
+    }
+
+    /// Sends what `main`, then the calls in flight, have to send; a piece that cannot go
+    /// is handed back to its call.
+    fn send<F: Flight + ?Sized>(&mut self, main: &mut F) {
+        while let Some((to, msg)) = main.poll_send() {
+            let call = msg.call;
+            if let Err(failure) = self.send_piece(to, msg) {
+                main.handle_send_failed(self.now(), to, call, failure);
+            }
+        }
+        self.send_flights();
+    }
+
+    /// Sends what the calls in flight have to send.
+    pub(crate) fn send_flights(&mut self) {
+        while let Some((to, msg)) = self.flying.poll_send() {
+            let call = msg.call;
+            if let Err(failure) = self.send_piece(to, msg) {
+                let now = self.now();
+                self.flying.handle_send_failed(now, to, call, failure);
+            }
+        }
+    }
+
+    /// Sends `msg` to rank `to`.
+    fn send_piece(&self, to: Rank, msg: PeerMessage) -> Result<(), SendFailure> {
+        let peers = self
+            .peers
+            .as_ref()
+            .map_err(|why| SendFailure::Lost((*why).to_owned()))?;
+        peers.send(to, msg).map_err(|e| match e {
+            TransportError::TooLarge { bytes, limit } => SendFailure::TooLarge { bytes, limit },
+            e => SendFailure::Lost(e.to_string()),
+        })
     }
 }
 

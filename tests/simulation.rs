@@ -1239,6 +1239,9 @@ fn a_worker_started_again_during_a_long_partition_connects_once_it_heals() {
 struct Collecting {
     /// Whether its compute makes the `all_reduce_many`.
     many: bool,
+    /// Whether it starts the large sum first and finishes it last, its other calls made
+    /// while it is in flight (`start_all_reduce`), rather than making it in turn.
+    in_flight: bool,
 }
 
 /// Rank `rank`'s values after the master result `last`: small integers, so that a float
@@ -1259,10 +1262,20 @@ impl WorkerComputable for Collecting {
         use superstep::collective::ReduceOp;
         let (rank, workers) = (ctx.rank(), ctx.workers());
         let last = ctx.last_master_result().copied().unwrap_or(1) % 1_000;
+        let large = collected(rank, last, 20_000);
+        let (started, mut large) = if self.in_flight {
+            (
+                Some(ctx.start_all_reduce(large, ReduceOp::Sum)?),
+                Floats::default(),
+            )
+        } else {
+            (None, large)
+        };
         let mut small = collected(rank, last, 10);
         ctx.all_reduce(&mut small, ReduceOp::Sum)?;
-        let mut large = collected(rank, last, 20_000);
-        ctx.all_reduce(&mut large, ReduceOp::Sum)?;
+        if started.is_none() {
+            ctx.all_reduce(&mut large, ReduceOp::Sum)?;
+        }
         // Two values in one exchange.
         let (mut few, mut more) = (collected(rank, last, 3), collected(rank + 1, last, 40));
         if self.many {
@@ -1271,6 +1284,9 @@ impl WorkerComputable for Collecting {
         let root = last as usize % workers;
         let told: u64 = ctx.broadcast(root, (rank == root).then_some(&mix(last, 7)))?;
         let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;
+        if let Some(started) = started {
+            large = ctx.finish(started)?;
+        }
         let sums = mix(small[3] as u64, large[12_345] as u64);
         let sums = mix(sums, mix(few[2] as u64, more[39] as u64));
         Ok(mix(sums, all.iter().fold(told, |a, &v| mix(a, v))))
@@ -1283,7 +1299,19 @@ fn collecting(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
 
 /// [`collecting`], its worker making the `all_reduce_many` or not.
 fn collecting_with(policy: FailurePolicy, many: bool) -> superstep::JobBuilder<u64, u64> {
-    Job::builder(Fold::default(), move |_| Collecting { many })
+    collecting_as(
+        policy,
+        Collecting {
+            many,
+            in_flight: false,
+        },
+    )
+}
+
+/// [`collecting`] by workers like `like`.
+fn collecting_as(policy: FailurePolicy, like: Collecting) -> superstep::JobBuilder<u64, u64> {
+    let Collecting { many, in_flight } = like;
+    Job::builder(Fold::default(), move |_| Collecting { many, in_flight })
         .job_id("collecting")
         .workers(4)
         .iterations(5)
@@ -1309,6 +1337,31 @@ fn collectives_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults()
     let (one, two) = (faulty.run(5), faulty.run(5));
     assert_eq!(one.trace, two.trace);
     assert_eq!(one.stats, two.stats);
+}
+
+#[test]
+fn calls_in_flight_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults() {
+    // The large sum started first and finished last, the other calls made meanwhile:
+    // the same result as made in turn, in the runtime and in the simulator, also with
+    // workers and the master crashing (inside a wait that drives the call in flight) and
+    // pieces delayed.
+    let in_turn = *collecting(FailurePolicy::Fail).run().unwrap().result;
+    let in_flight = || Collecting {
+        many: true,
+        in_flight: true,
+    };
+    let real = collecting_as(FailurePolicy::Fail, in_flight())
+        .run()
+        .unwrap();
+    assert_eq!(*real.result, in_turn);
+    let run = Simulation::from_job(move || collecting_as(FailurePolicy::Fail, in_flight())).run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(*run.outcome.unwrap().result, in_turn);
+    Simulation::from_job(move || {
+        collecting_as(FailurePolicy::RestartAll { max_attempts: 100 }, in_flight())
+    })
+    .faults(Faults::all(0.05))
+    .check(0..100, ends_with(in_turn));
 }
 
 #[test]

@@ -22,6 +22,11 @@
 //! (the word may say the peer's process ended over a call of another kind: that mistake is
 //! then the error). Collectives and sync calls share one count (the epoch).
 //!
+//! A call can also be started and finished later ([`WorkerContext::start_all_reduce`],
+//! [`WorkerContext::start_barrier`], [`WorkerContext::finish`]): several may be under
+//! way at once, each wait of the rank's driving them all; they count in the order they
+//! were started.
+//!
 //! The master's node holds these rules without standing in a call's way: a call whose
 //! result holds a piece of every rank's (an `all_reduce`, a barrier among the workers, the
 //! fold of results on rank 0), each piece checked against the receiver's own call, proves
@@ -32,7 +37,6 @@
 //! mistake.
 
 use std::ops::Range;
-use std::sync::mpsc::RecvTimeoutError;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -41,19 +45,20 @@ use crate::compute::WorkerContext;
 use crate::error::SyncError;
 pub(crate) mod buffers;
 mod fold;
+mod started;
 
 pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{
-    all_vouch, exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, RankCall,
-    SendFailure,
+    all_vouch, exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, Flying,
+    RankCall,
 };
-use crate::sync_link::{awaitable, block, in_span, Incoming, Notice, Wait};
-use crate::transport::TransportError;
+use crate::sync_link::{awaitable, block, in_span, Notice, Wait};
 pub(crate) use buffers::fold_into;
 use buffers::{Elements, Whole};
 pub(crate) use fold::FoldAmong;
+pub use started::Started;
 
 /// Below this many bytes a value takes the latency-optimal way (log₂(ranks) steps),
 /// above it the ring.
@@ -626,24 +631,25 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Carried,
         B::Part: Send + 'static,
     {
-        let result = self
-            .collective_made(kind, algorithm, chunk, buffer, wait)
-            .await;
+        let result = match self.begin(kind, algorithm, chunk, buffer, wait) {
+            Ok((epoch, start)) => self.drive(epoch, start, false, wait).await,
+            Err(e) => Err(e),
+        };
         self.note(result)
     }
 
-    /// [`collective_in`](Self::collective_in), its failure not noted yet.
-    async fn collective_made<B>(
+    /// Makes call `kind` on `buffer` (the master's node hears of it): its epoch, and this
+    /// rank's exchange, its first pieces ready.
+    fn begin<B>(
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
         chunk: u64,
         buffer: B,
         wait: Wait,
-    ) -> Result<B, SyncError>
+    ) -> Result<(Epoch, CallStart<B>), SyncError>
     where
         B: Carried,
-        B::Part: Send + 'static,
     {
         let shape = CallShape {
             len: buffer.len() as u64,
@@ -654,8 +660,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let call = CallShape::call(Some(shape), epoch, self.call_at(epoch), kind);
         let values = self.peers_take_values();
         let exchange = exchange(call, self.workers, self.rank, buffer, values);
-        self.drive(epoch, CallStart::Known(Box::new(exchange)), false, wait)
-            .await
+        Ok((epoch, CallStart::Known(Box::new(exchange))))
     }
 
     /// Whether this rank's peers take pieces as values (in one process), rather than
@@ -725,10 +730,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// Sends and receives the pieces of call `epoch` until this rank's part is done and its
     /// result proves that every rank made the call, or the master's node said so
-    /// (`released`: it said so already). The call's rules are its [`RankCall`]'s: this only
-    /// carries what it sends, waits as long as it says, and hands it what comes, with the
-    /// link's time. A barrier's wait is a `sync` span, as a barrier through the master's
-    /// node is; every other call's a `collective` span.
+    /// (`released`: it said so already) — and with it the calls in flight. The call's rules
+    /// are its [`RankCall`]'s: this only carries what it sends, waits as long as it says,
+    /// and hands it what comes, with the link's time.
     async fn drive<B>(
         &mut self,
         epoch: Epoch,
@@ -740,73 +744,66 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Carried,
         B::Part: Send + 'static,
     {
-        let span = match start.kind() {
+        let span = self.call_span(epoch, start.kind());
+        in_span(span, async move {
+            let call = self.rank_call(epoch, start, released)?;
+            let mut flying = Flying::new(call);
+            let sync = self
+                .sync
+                .as_mut()
+                .expect("a rank call is made with a sync link");
+            sync.drive(&mut flying, wait).await;
+            flying.end().expect("a driven call ends settled")
+        })
+        .await
+    }
+
+    /// The span a wait in call `epoch` of `kind` is in: a barrier's a `sync` span, as a
+    /// barrier through the master's node is; every other call's a `collective` span.
+    fn call_span(&self, epoch: Epoch, kind: CollectiveKind) -> tracing::Span {
+        match kind {
             CollectiveKind::Barrier => {
                 tracing::debug_span!("sync", rank = self.rank, epoch, kind = %SyncKind::Barrier)
             }
             _ => tracing::debug_span!("collective", rank = self.rank, epoch),
+        }
+    }
+
+    /// This rank's call `epoch` from `start`, with what came early for it.
+    fn rank_call<B>(
+        &mut self,
+        epoch: Epoch,
+        start: CallStart<B>,
+        released: bool,
+    ) -> Result<RankCall<B>, SyncError>
+    where
+        B: Carried,
+        B::Part: Send + 'static,
+    {
+        let called = start.kind().sync_kind();
+        let at = self.call_at(epoch);
+        let (rank, workers) = (self.rank, self.workers);
+        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
+        let peers = match &sync.peers {
+            Ok(peers) => peers,
+            Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
         };
-        in_span(span, async move {
-            let called = start.kind().sync_kind();
-            let at = self.call_at(epoch);
-            let (rank, workers) = (self.rank, self.workers);
-            let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
-            let peers = match &sync.peers {
-                Ok(peers) => std::sync::Arc::clone(peers),
-                Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
-            };
-            let setup = CallSetup {
-                rank,
-                workers,
-                attempt: sync.attempt,
-                epoch,
-                at,
-                patience: sync.config.sync_patience,
-                values: peers.carries_values(),
-            };
-            let mut call = RankCall::new(setup, start, released, sync.now(), &mut sync.early);
-            loop {
-                while let Some((to, msg)) = call.poll_send() {
-                    let piece_call = msg.call;
-                    if let Err(e) = peers.send(to, msg) {
-                        let failure = match e {
-                            TransportError::TooLarge { bytes, limit } => {
-                                SendFailure::TooLarge { bytes, limit }
-                            }
-                            e => SendFailure::Lost(e.to_string()),
-                        };
-                        call.handle_send_failed(sync.now(), to, piece_call, failure);
-                    }
-                }
-                if let Some(end) = call.poll_outcome() {
-                    return end;
-                }
-                match sync.next(wait, call.poll_timeout()).await {
-                    Ok(Incoming::Peer(event)) => {
-                        call.handle_peer(sync.now(), event, &mut sync.early)
-                    }
-                    Ok(Incoming::Answer(answered, result)) => {
-                        call.handle_answer(answered, result.map(drop));
-                        // Not this call's answer: the job failed (the worker woke this call
-                        // to say so), or it answers an earlier call.
-                        if let Some(e) = sync.failure().filter(|_| answered != epoch) {
-                            call.handle_job_failed(e);
-                        }
-                    }
-                    Ok(Incoming::Wake) | Err(RecvTimeoutError::Timeout) => match sync.failure() {
-                        Some(e) => call.handle_job_failed(e),
-                        None => call.handle_timeout(sync.now()),
-                    },
-                    // The worker is gone: nothing more comes.
-                    Err(RecvTimeoutError::Disconnected) => {
-                        return Err(sync
-                            .failure()
-                            .unwrap_or(SyncError::NoAnswer(sync.config.sync_patience)))
-                    }
-                }
-            }
-        })
-        .await
+        let setup = CallSetup {
+            rank,
+            workers,
+            attempt: sync.attempt,
+            epoch,
+            at,
+            patience: sync.config.sync_patience,
+            values: peers.carries_values(),
+        };
+        Ok(RankCall::new(
+            setup,
+            start,
+            released,
+            sync.now(),
+            &mut sync.early,
+        ))
     }
 }
 

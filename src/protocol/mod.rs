@@ -46,7 +46,7 @@ use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
 pub(crate) use collective::CallShape;
 pub(crate) use collective::{all_vouch, segment, vouches};
 pub(crate) use collective::{
-    exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure,
+    exchange, CallSetup, CallStart, Carried, Early, Flight, Flights, Flying, RankCall, SendFailure,
 };
 pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};

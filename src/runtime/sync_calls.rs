@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 use crate::error::JobError;
 use crate::ids::{Attempt, Epoch};
 use crate::payload::Payload;
-use crate::protocol::{Early, SyncResult, ToMaster, WorkerConfig};
+use crate::protocol::{Early, Flights, SyncResult, ToMaster, WorkerConfig};
 use crate::sync_link::{Incoming, SyncLink, SyncSender};
 use crate::transport::{PeerInbox, PeerLink, WorkerLink};
 
@@ -111,6 +111,7 @@ pub(crate) fn sync_link<W: Payload>(
         answers,
         peers,
         early: Early::new(attempt),
+        flying: Flights::default(),
         attempt,
         config,
         ended: Arc::clone(&ended),

@@ -10,7 +10,7 @@ use super::{DynWorker, OwnedEnding, WorkerHooks};
 use crate::collective::FoldAmong;
 use crate::compute::{JobEnd, WorkerContext};
 use crate::coordinator::Shard;
-use crate::error::{drop_guarded, Cause, JobError, Phase};
+use crate::error::{drop_guarded, Cause, JobError, Phase, SyncError};
 use crate::ids::{Attempt, FoldRoute, Rank};
 use crate::interceptor::Ending;
 use crate::payload::Payload;
@@ -98,6 +98,27 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             rows: std::mem::take(&mut self.ctx.rows),
             attachments: std::mem::take(&mut self.ctx.attachments),
         }
+    }
+
+    /// After a compute: the calls it started and did not finish end with it; when it
+    /// returned its result (`returned`), they fail it ([`SyncError::Unfinished`]) — its
+    /// peers would wait for its part. A compute that failed (of a call's error, say)
+    /// fails of its own error.
+    fn unfinished(&mut self, returned: bool) -> Result<(), Cause> {
+        let Some(sync) = self.ctx.sync.as_mut().filter(|s| !s.flying.is_empty()) else {
+            return Ok(());
+        };
+        let calls = sync.flying.calls();
+        sync.flying.clear();
+        if !returned {
+            return Ok(());
+        }
+        let error = SyncError::Unfinished {
+            rank: self.ctx.rank,
+            calls,
+        };
+        let result = self.ctx.note(Err(error.clone()));
+        result.map_err(|_: SyncError| Cause::from_error(Box::new(error)))
     }
 
     fn fail(&self, phase: Phase, cause: Cause) -> JobError {
@@ -231,8 +252,11 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let (computable, ctx) = (&mut self.computable, &mut self.ctx);
-        let result =
-            guarded(|| computable.compute(ctx)).map_err(|c| self.fail(Phase::Compute, c))?;
+        let result = guarded(|| computable.compute(ctx));
+        let result = self
+            .unfinished(result.is_ok())
+            .and(result)
+            .map_err(|c| self.fail(Phase::Compute, c))?;
         self.ctx.result = Some(result);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut().rev() {

@@ -21,6 +21,7 @@
 //! naming the peer, never a panic.
 
 mod call;
+mod flight;
 mod plan;
 #[cfg(test)]
 mod tests;
@@ -37,6 +38,7 @@ use crate::ids::{Algorithm, Attempt, CallAt, CollectiveCall, CollectiveKind, Epo
 
 pub use call::PeerEvent;
 pub(crate) use call::{exchange, CallSetup, CallStart, Carried, Early, RankCall, SendFailure};
+pub(crate) use flight::{Flight, Flights, Flying};
 #[cfg(test)]
 use plan::effective;
 pub(crate) use plan::{all_vouch, segment, vouches};

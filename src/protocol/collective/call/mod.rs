@@ -335,17 +335,25 @@ where
                 attempt,
                 reason,
             } if attempt == self.setup.attempt => {
+                self.handle_lost(now, peer, attempt, &reason);
                 early.keep(
                     PeerEvent::Lost {
                         rank: peer,
                         attempt,
-                        reason: reason.clone(),
+                        reason,
                     },
                     epoch,
                 );
-                self.lose(now, peer, reason);
             }
             other => early.keep(other, epoch),
+        }
+    }
+
+    /// A peer of `attempt` was lost (kept by whoever took the event): a call of that
+    /// attempt under way fails on it.
+    pub(crate) fn handle_lost(&mut self, now: Instant, peer: Rank, attempt: Attempt, reason: &str) {
+        if matches!(self.stage, Stage::Running) && attempt == self.setup.attempt {
+            self.lose(now, peer, reason.to_owned());
         }
     }
 

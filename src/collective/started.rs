@@ -1,0 +1,182 @@
+//! Collectives started now and finished later: a rank may have several under way at
+//! once, and compute between starting one and finishing it. Every wait of the rank's —
+//! finishing one of them, or any other call — drives them all, so a call started early
+//! goes on while the compute waits on another.
+
+use std::any::Any;
+use std::fmt;
+
+use super::buffers::{Elements, Whole};
+use super::{by_size, chunk_of, Algorithm, CollectiveKind, ReduceOp};
+use crate::compute::WorkerContext;
+use crate::error::SyncError;
+use crate::ids::{Epoch, Rank};
+use crate::payload::{Element, Floats};
+use crate::protocol::{Carried, Flying};
+use crate::sync_link::{awaitable, block, in_span, Wait};
+
+/// A collective this rank started and has not finished: give it to
+/// [`WorkerContext::finish`] (or [`finish_async`](WorkerContext::finish_async)) for its
+/// result, before the compute returns.
+///
+/// Its rules are every collective's: every rank makes the same calls in the same order —
+/// the order they are started in — whatever the order it finishes them in. A compute that
+/// returns with a call started and not finished fails ([`SyncError::Unfinished`]): its
+/// peers would wait for its part.
+#[must_use = "a started call must be finished (WorkerContext::finish): its peers wait for this rank's part"]
+pub struct Started<T> {
+    rank: Rank,
+    epoch: Epoch,
+    end: Ending<T>,
+}
+
+impl<T> fmt::Debug for Started<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Started")
+            .field("rank", &self.rank)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+/// How a call's result is made from the end its flight kept (`None`: the end is of
+/// another call's type).
+type Ending<T> = fn(Box<dyn Any>) -> Option<Result<T, SyncError>>;
+
+/// A barrier's buffer: one value of nothing, folded by doing nothing.
+type Passing = Whole<(), fn(&mut (), ())>;
+
+impl<M, W: 'static> WorkerContext<M, W> {
+    /// Starts an [`all_reduce`](Self::all_reduce) of `values` and returns at once, its
+    /// first pieces sent: [`finish`](Self::finish) gives the result. Start several, and
+    /// they go on together — each wait of this rank's drives them all — while the compute
+    /// does other work (as MPI's `MPI_Iallreduce`; to send several small values as one,
+    /// see [`all_reduce_many`](Self::all_reduce_many)).
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # use superstep::collective::ReduceOp;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let first = ctx.start_all_reduce(Floats::from(vec![0.5; 1 << 16]), ReduceOp::Sum)?;
+    /// let second = ctx.start_all_reduce(Floats::from(vec![1.0; 1 << 16]), ReduceOp::Max)?;
+    /// // ... compute while both go on ...
+    /// let first = ctx.finish(first)?;
+    /// let second = ctx.finish(second)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Fails as [`all_reduce`](Self::all_reduce) does: where it cannot start at once, the
+    /// rest when it is finished.
+    pub fn start_all_reduce<T: Element>(
+        &mut self,
+        values: Floats<T>,
+        op: ReduceOp,
+    ) -> Result<Started<Floats<T>>, SyncError> {
+        fn reduced<T: Element>(end: Box<dyn Any>) -> Option<Result<Floats<T>, SyncError>> {
+            ended::<Elements<Vec<T>, T>>(end).map(|r| r.map(|done| Floats(done.values)))
+        }
+        let kind = CollectiveKind::AllReduce(Some(op));
+        let algorithm = by_size::<T>(values.len());
+        let buffer = Elements::new(values.0, op);
+        let result = self.start(kind, algorithm, chunk_of::<T>(), buffer, reduced::<T>);
+        self.note(result)
+    }
+
+    /// Starts a [`barrier`](Self::barrier) among the workers and returns at once:
+    /// [`finish`](Self::finish) returns once every rank reached it (as MPI's
+    /// `MPI_Ibarrier`). Needs workers that reach each other ([`SyncError::NoPeers`]
+    /// otherwise).
+    pub fn start_barrier(&mut self) -> Result<Started<()>, SyncError> {
+        fn passed(end: Box<dyn Any>) -> Option<Result<(), SyncError>> {
+            ended::<Passing>(end).map(|r| r.map(drop))
+        }
+        let nothing: fn(&mut (), ()) = |_, _| {};
+        let buffer: Passing = Whole {
+            value: vec![()],
+            fold: nothing,
+        };
+        let kind = CollectiveKind::Barrier;
+        let result = self.start(kind, Algorithm::Doubling, 1, buffer, passed);
+        self.note(result)
+    }
+
+    /// Waits until `started` ends, driving every other call in flight meanwhile, and gives
+    /// its result — or its error, as the blocking call would have.
+    ///
+    /// A call this context did not start fails with [`SyncError::NotStarted`].
+    pub fn finish<T>(&mut self, started: Started<T>) -> Result<T, SyncError> {
+        block(self.finish_in(started, Wait::Block))
+    }
+
+    /// [`finish`](Self::finish) as a future; see
+    /// [`all_reduce_async`](Self::all_reduce_async).
+    pub async fn finish_async<T>(&mut self, started: Started<T>) -> Result<T, SyncError> {
+        self.finish_in(started, Wait::Await).await
+    }
+
+    async fn finish_in<T>(&mut self, started: Started<T>, wait: Wait) -> Result<T, SyncError> {
+        let result = self.finish_made(started, wait).await;
+        self.note(result)
+    }
+
+    /// [`finish_in`](Self::finish_in), its failure not noted yet.
+    async fn finish_made<T>(&mut self, started: Started<T>, wait: Wait) -> Result<T, SyncError> {
+        if wait == Wait::Await {
+            awaitable()?;
+        }
+        let Started { rank, epoch, end } = started;
+        let not_started = SyncError::NotStarted {
+            rank: self.rank,
+            epoch,
+        };
+        let flight = match self.sync.as_mut() {
+            Some(sync) if rank == self.rank => sync.flying.take(epoch),
+            _ => None,
+        };
+        let Some(mut flight) = flight else {
+            return Err(not_started);
+        };
+        let span = self.call_span(epoch, flight.call().kind);
+        let sync = self
+            .sync
+            .as_mut()
+            .expect("a call in flight has a sync link");
+        in_span(span, sync.drive(&mut *flight, wait)).await;
+        end(flight.into_end()).unwrap_or(Err(not_started))
+    }
+
+    /// Makes call `kind` on `buffer` and keeps it in flight, its first pieces sent.
+    fn start<B, T>(
+        &mut self,
+        kind: CollectiveKind,
+        algorithm: Algorithm,
+        chunk: u64,
+        buffer: B,
+        end: Ending<T>,
+    ) -> Result<Started<T>, SyncError>
+    where
+        B: Carried + Send + 'static,
+        B::Part: Send + 'static,
+    {
+        let (epoch, start) = self.begin(kind, algorithm, chunk, buffer, Wait::Block)?;
+        let call = self.rank_call(epoch, start, false)?;
+        let sync = self
+            .sync
+            .as_mut()
+            .expect("a rank call is made with a sync link");
+        sync.flying.push(Box::new(Flying::new(call)));
+        sync.send_flights();
+        Ok(Started {
+            rank: self.rank,
+            epoch,
+            end,
+        })
+    }
+}
+
+/// The end a flight of buffer `B` kept, if `end` is one.
+fn ended<B: 'static>(end: Box<dyn Any>) -> Option<Result<B, SyncError>> {
+    end.downcast::<Option<Result<B, SyncError>>>()
+        .ok()
+        .and_then(|end| *end)
+}

@@ -1,5 +1,5 @@
 //! Collectives started now and finished later (`start_all_reduce`, `start_barrier`,
-//! `finish`): several under way at once on a rank, finished in any order, while the rank
+//! `start_broadcast`, `finish`): several under way at once on a rank, finished in any order, while the rank
 //! makes other calls — in memory and across processes over TCP — with every collective's
 //! rules.
 
@@ -45,7 +45,7 @@ fn mistake(err: &JobError) -> bool {
 /// one (around the ring, many pieces), a small one.
 const LENGTHS: [usize; 3] = [5, 50_000, 3];
 
-/// A worker that starts three `all_reduce`s and a barrier together, then — before it
+/// A worker that starts three `all_reduce`s, a barrier and a broadcast together, then — before it
 /// finishes them, in an order of its rank's — makes a blocking `all_reduce` and an
 /// `all_gather` (a call through the master's node): each wait of its drives the calls in
 /// flight, or a rank waiting on another's part would wait for ever. Checks every sum
@@ -63,6 +63,10 @@ fn overlapping(
                 started.push(Some(ctx.start_all_reduce(mine, ReduceOp::Sum)?));
             }
             let barrier = ctx.start_barrier()?;
+            // A large broadcast from a rank that moves each iteration.
+            let root = i as usize % workers;
+            let mine = (rank == root).then(|| vec![i; 70_000]);
+            let told = ctx.start_broadcast(root, mine.as_ref())?;
             let mut done: Vec<Option<Floats>> = vec![None; LENGTHS.len()];
             if rank % 2 == 1 {
                 // Odd ranks finish the large one before their other calls.
@@ -71,27 +75,35 @@ fn overlapping(
             let mut between = Floats::from(values(rank, 9, i, 40));
             ctx.all_reduce(&mut between, ReduceOp::Sum)?;
             let ranks: Vec<u64> = ctx.all_gather(&(rank as u64))?;
-            // Every rank finishes the rest last to first: the barrier, then the calls.
-            if asynchronous {
+            // Every rank finishes the rest last to first: the broadcast, the barrier, then
+            // the sums.
+            let told: Vec<u64> = if asynchronous {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?;
-                runtime.block_on(async {
+                let told = runtime.block_on(async {
+                    let told = ctx.finish_async(told).await?;
                     ctx.finish_async(barrier).await?;
                     for k in (0..LENGTHS.len()).rev() {
                         if let Some(s) = started[k].take() {
                             done[k] = Some(ctx.finish_async(s).await?);
                         }
                     }
-                    Ok::<_, SyncError>(())
+                    Ok::<_, SyncError>(told)
                 })?;
+                told
             } else {
+                let told = ctx.finish(told)?;
                 ctx.finish(barrier)?;
                 for k in (0..LENGTHS.len()).rev() {
                     if let Some(s) = started[k].take() {
                         done[k] = Some(ctx.finish(s)?);
                     }
                 }
+                told
+            };
+            if told != vec![i; 70_000] {
+                return Err(format!("rank {rank}: a wrong broadcast").into());
             }
             if *between != sum(workers, 9, i, 40) {
                 return Err(format!("rank {rank}: a wrong sum of the call between").into());

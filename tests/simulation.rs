@@ -1282,11 +1282,18 @@ impl WorkerComputable for Collecting {
             ctx.all_reduce_many(&mut [&mut few, &mut more], ReduceOp::Max)?;
         }
         let root = last as usize % workers;
-        let told: u64 = ctx.broadcast(root, (rank == root).then_some(&mix(last, 7)))?;
-        let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;
-        if let Some(started) = started {
+        let value = mix(last, 7);
+        let mine = (rank == root).then_some(&value);
+        let (told, all) = if let Some(started) = started {
+            // The broadcast too goes on while the gather waits for the master's node.
+            let told = ctx.start_broadcast(root, mine)?;
+            let all: Vec<u64> = ctx.all_gather(&mix(rank as u64, last))?;
             large = ctx.finish(started)?;
-        }
+            (ctx.finish(told)?, all)
+        } else {
+            let told: u64 = ctx.broadcast(root, mine)?;
+            (told, ctx.all_gather(&mix(rank as u64, last))?)
+        };
         let sums = mix(small[3] as u64, large[12_345] as u64);
         let sums = mix(sums, mix(few[2] as u64, more[39] as u64));
         Ok(mix(sums, all.iter().fold(told, |a, &v| mix(a, v))))
@@ -1357,11 +1364,13 @@ fn calls_in_flight_run_in_the_simulator_as_in_the_runtime_and_recover_under_faul
     let run = Simulation::from_job(move || collecting_as(FailurePolicy::Fail, in_flight())).run(0);
     assert!(run.violations.is_empty(), "{:?}", run.violations);
     assert_eq!(*run.outcome.unwrap().result, in_turn);
-    Simulation::from_job(move || {
+    let faulty = Simulation::from_job(move || {
         collecting_as(FailurePolicy::RestartAll { max_attempts: 100 }, in_flight())
     })
-    .faults(Faults::all(0.05))
-    .check(0..100, ends_with(in_turn));
+    .faults(Faults::all(0.05));
+    faulty.check(0..100, ends_with(in_turn));
+    // Every rank a process of its own: processes die and start again.
+    faulty.launched(100).check(0..60, ends_with(in_turn));
 }
 
 #[test]

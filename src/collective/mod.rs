@@ -23,7 +23,8 @@
 //! then the error). Collectives and sync calls share one count (the epoch).
 //!
 //! A call can also be started and finished later ([`WorkerContext::start_all_reduce`],
-//! [`WorkerContext::start_barrier`], [`WorkerContext::finish`]): several may be under
+//! [`WorkerContext::start_barrier`], [`WorkerContext::start_broadcast`],
+//! [`WorkerContext::finish`]): several may be under
 //! way at once, each wait of the rank's driving them all; they count in the order they
 //! were started.
 //!
@@ -366,20 +367,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     {
         let kind = CollectiveKind::Broadcast { root: from };
         let bytes = if self.rank == from {
-            let Some(value) = value else {
-                return Err(SyncError::NothingToBroadcast(from));
-            };
-            let mut bytes = crate::codec::to_vec(value).map_err(|e| {
-                SyncError::Codec(format!(
-                    "rank {from}'s value to broadcast, a {}, does not encode: {e}",
-                    std::any::type_name::<T>()
-                ))
-            })?;
-            let algorithm = if bytes.len() < SMALL {
-                Algorithm::Tree
-            } else {
-                Algorithm::Ring
-            };
+            let (mut bytes, algorithm) = self.broadcast_bytes(from, value)?;
             let buffer = Elements::new(&mut bytes[..], ReduceOp::Sum);
             self.collective_in(kind, algorithm, CHUNK as u64, buffer, wait)
                 .await?;
@@ -387,13 +375,30 @@ impl<M, W: 'static> WorkerContext<M, W> {
         } else {
             self.broadcast_received(kind, wait).await?
         };
-        crate::codec::from_slice(&bytes).map_err(|e| {
+        decode_broadcast(&bytes, from, self.rank)
+    }
+
+    /// The root's value to broadcast, encoded, and the way it goes by its size.
+    fn broadcast_bytes<T: Serialize>(
+        &self,
+        from: Rank,
+        value: Option<&T>,
+    ) -> Result<(Vec<u8>, Algorithm), SyncError> {
+        let Some(value) = value else {
+            return Err(SyncError::NothingToBroadcast(from));
+        };
+        let bytes = crate::codec::to_vec(value).map_err(|e| {
             SyncError::Codec(format!(
-                "the value rank {from} broadcast does not decode as {} on rank {}: {e}",
-                std::any::type_name::<T>(),
-                self.rank
+                "rank {from}'s value to broadcast, a {}, does not encode: {e}",
+                std::any::type_name::<T>()
             ))
-        })
+        })?;
+        let algorithm = if bytes.len() < SMALL {
+            Algorithm::Tree
+        } else {
+            Algorithm::Ring
+        };
+        Ok((bytes, algorithm))
     }
 
     /// Every rank's `value` folded by `fold` (which must be associative), for any serde
@@ -577,29 +582,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
         kind: CollectiveKind,
         wait: Wait,
     ) -> Result<Vec<u8>, SyncError> {
-        /// The bytes a broadcast's first piece announces, as the root makes them (its
-        /// pieces, and a way of its); allocated without aborting on a length too large.
-        /// A broadcast only puts: the op is never used.
-        fn zeros(call: &CollectiveCall) -> Result<Elements<Vec<u8>, u8>, String> {
-            if call.chunk != CHUNK as u64
-                || !matches!(call.algorithm, Algorithm::Tree | Algorithm::Ring)
-            {
-                return Err(format!(
-                    "a broadcast is sent in pieces of {CHUNK} bytes by tree or ring, not {} by {}",
-                    call.chunk, call.algorithm
-                ));
-            }
-            let len = usize::try_from(call.len)
-                .map_err(|_| format!("{} bytes do not fit in memory", call.len))?;
-            let mut bytes = Vec::new();
-            bytes
-                .try_reserve_exact(len)
-                .map_err(|_| format!("{len} bytes could not be allocated"))?;
-            bytes.resize(len, 0);
-            Ok(Elements::new(bytes, ReduceOp::Sum))
-        }
         let epoch = self.start_collective(kind, None, wait)?;
-        let start = CallStart::Awaited { kind, make: zeros };
+        let start = CallStart::Awaited {
+            kind,
+            make: received,
+        };
         Ok(self.drive(epoch, start, false, wait).await?.values)
     }
 
@@ -805,6 +792,40 @@ impl<M, W: 'static> WorkerContext<M, W> {
             &mut sync.early,
         ))
     }
+}
+
+/// The bytes a broadcast's first piece announces, as the root makes them (its pieces,
+/// and a way of its); allocated without aborting on a length too large. A broadcast only
+/// puts: the op is never used.
+fn received(call: &CollectiveCall) -> Result<Elements<Vec<u8>, u8>, String> {
+    if call.chunk != CHUNK as u64 || !matches!(call.algorithm, Algorithm::Tree | Algorithm::Ring) {
+        return Err(format!(
+            "a broadcast is sent in pieces of {CHUNK} bytes by tree or ring, not {} by {}",
+            call.chunk, call.algorithm
+        ));
+    }
+    let len = usize::try_from(call.len)
+        .map_err(|_| format!("{} bytes do not fit in memory", call.len))?;
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len)
+        .map_err(|_| format!("{len} bytes could not be allocated"))?;
+    bytes.resize(len, 0);
+    Ok(Elements::new(bytes, ReduceOp::Sum))
+}
+
+/// Rank `from`'s broadcast value, from its `bytes` as rank `rank` got them.
+fn decode_broadcast<T: DeserializeOwned>(
+    bytes: &[u8],
+    from: Rank,
+    rank: Rank,
+) -> Result<T, SyncError> {
+    crate::codec::from_slice(bytes).map_err(|e| {
+        SyncError::Codec(format!(
+            "the value rank {from} broadcast does not decode as {} on rank {rank}: {e}",
+            std::any::type_name::<T>()
+        ))
+    })
 }
 
 /// The way an `all_reduce` of `len` elements takes: recursive doubling below [`SMALL`]

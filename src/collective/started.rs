@@ -7,12 +7,17 @@ use std::any::Any;
 use std::fmt;
 
 use super::buffers::{Elements, Whole};
-use super::{by_size, chunk_of, Algorithm, CollectiveKind, ReduceOp};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{
+    by_size, chunk_of, decode_broadcast, received, Algorithm, CollectiveKind, ReduceOp, CHUNK,
+};
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
 use crate::ids::{Epoch, Rank};
 use crate::payload::{Element, Floats};
-use crate::protocol::{Carried, Flying};
+use crate::protocol::{CallStart, Carried, Flying, RankCall};
 use crate::sync_link::{awaitable, block, in_span, Wait};
 
 /// A collective this rank started and has not finished: give it to
@@ -39,9 +44,9 @@ impl<T> fmt::Debug for Started<T> {
     }
 }
 
-/// How a call's result is made from the end its flight kept (`None`: the end is of
-/// another call's type).
-type Ending<T> = fn(Box<dyn Any>) -> Option<Result<T, SyncError>>;
+/// How a call's result is made from the end its flight kept on a rank, for a call of a
+/// kind (`None`: the end is of another call's type).
+type Ending<T> = fn(Box<dyn Any>, Rank, CollectiveKind) -> Option<Result<T, SyncError>>;
 
 /// A barrier's buffer: one value of nothing, folded by doing nothing.
 type Passing = Whole<(), fn(&mut (), ())>;
@@ -72,7 +77,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
         values: Floats<T>,
         op: ReduceOp,
     ) -> Result<Started<Floats<T>>, SyncError> {
-        fn reduced<T: Element>(end: Box<dyn Any>) -> Option<Result<Floats<T>, SyncError>> {
+        fn reduced<T: Element>(
+            end: Box<dyn Any>,
+            _: Rank,
+            _: CollectiveKind,
+        ) -> Option<Result<Floats<T>, SyncError>> {
             ended::<Elements<Vec<T>, T>>(end).map(|r| r.map(|done| Floats(done.values)))
         }
         let kind = CollectiveKind::AllReduce(Some(op));
@@ -82,12 +91,70 @@ impl<M, W: 'static> WorkerContext<M, W> {
         self.note(result)
     }
 
+    /// Starts a [`broadcast`](Self::broadcast) from rank `from` and returns at once (as
+    /// MPI's `MPI_Ibcast`): `from` passes `Some`, the others `None`;
+    /// [`finish`](Self::finish) gives every rank `from`'s value.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
+    /// let mine = (ctx.rank() == 0).then(|| vec![0.5f32; 1 << 20]);
+    /// let weights = ctx.start_broadcast(0, mine.as_ref())?;
+    /// // ... compute what does not need the weights ...
+    /// let weights: Vec<f32> = ctx.finish(weights)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn start_broadcast<T>(
+        &mut self,
+        from: Rank,
+        value: Option<&T>,
+    ) -> Result<Started<T>, SyncError>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
+        fn decoded<T: DeserializeOwned>(
+            end: Box<dyn Any>,
+            rank: Rank,
+            kind: CollectiveKind,
+        ) -> Option<Result<T, SyncError>> {
+            let CollectiveKind::Broadcast { root } = kind else {
+                return None;
+            };
+            let bytes = ended::<Elements<Vec<u8>, u8>>(end)?;
+            Some(bytes.and_then(|bytes| decode_broadcast(&bytes.values, root, rank)))
+        }
+        let result = self.start_broadcast_made(from, value, decoded::<T>);
+        self.note(result)
+    }
+
+    /// [`start_broadcast`](Self::start_broadcast), its failure not noted yet.
+    fn start_broadcast_made<T: Serialize>(
+        &mut self,
+        from: Rank,
+        value: Option<&T>,
+        end: Ending<T>,
+    ) -> Result<Started<T>, SyncError> {
+        let kind = CollectiveKind::Broadcast { root: from };
+        if self.rank == from {
+            let (bytes, algorithm) = self.broadcast_bytes(from, value)?;
+            let buffer = Elements::new(bytes, ReduceOp::Sum);
+            return self.start(kind, algorithm, CHUNK as u64, buffer, end);
+        }
+        let epoch = self.start_collective(kind, None, Wait::Block)?;
+        let start = CallStart::Awaited {
+            kind,
+            make: received,
+        };
+        let call = self.rank_call(epoch, start, false)?;
+        Ok(self.keep(epoch, call, end))
+    }
+
     /// Starts a [`barrier`](Self::barrier) among the workers and returns at once:
     /// [`finish`](Self::finish) returns once every rank reached it (as MPI's
     /// `MPI_Ibarrier`). Needs workers that reach each other ([`SyncError::NoPeers`]
     /// otherwise).
     pub fn start_barrier(&mut self) -> Result<Started<()>, SyncError> {
-        fn passed(end: Box<dyn Any>) -> Option<Result<(), SyncError>> {
+        fn passed(end: Box<dyn Any>, _: Rank, _: CollectiveKind) -> Option<Result<(), SyncError>> {
             ended::<Passing>(end).map(|r| r.map(drop))
         }
         let nothing: fn(&mut (), ()) = |_, _| {};
@@ -136,13 +203,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let Some(mut flight) = flight else {
             return Err(not_started);
         };
-        let span = self.call_span(epoch, flight.call().kind);
+        let kind = flight.call().kind;
+        let span = self.call_span(epoch, kind);
         let sync = self
             .sync
             .as_mut()
             .expect("a call in flight has a sync link");
         in_span(span, sync.drive(&mut *flight, wait)).await;
-        end(flight.into_end()).unwrap_or(Err(not_started))
+        end(flight.into_end(), rank, kind).unwrap_or(Err(not_started))
     }
 
     /// Makes call `kind` on `buffer` and keeps it in flight, its first pieces sent.
@@ -160,17 +228,26 @@ impl<M, W: 'static> WorkerContext<M, W> {
     {
         let (epoch, start) = self.begin(kind, algorithm, chunk, buffer, Wait::Block)?;
         let call = self.rank_call(epoch, start, false)?;
+        Ok(self.keep(epoch, call, end))
+    }
+
+    /// Keeps call `epoch` in flight, its first pieces sent.
+    fn keep<B, T>(&mut self, epoch: Epoch, call: RankCall<B>, end: Ending<T>) -> Started<T>
+    where
+        B: Carried + Send + 'static,
+        B::Part: Send + 'static,
+    {
         let sync = self
             .sync
             .as_mut()
             .expect("a rank call is made with a sync link");
         sync.flying.push(Box::new(Flying::new(call)));
         sync.send_flights();
-        Ok(Started {
+        Started {
             rank: self.rank,
             epoch,
             end,
-        })
+        }
     }
 }
 

@@ -241,7 +241,7 @@ impl SyncState {
     }
 
     /// The job failed: release every waiting rank with the job's failure, as a waiting
-    /// rank gets it ([`JobError::as_sync_failure`]: a rank's mismatch as that mismatch).
+    /// rank gets it (`JobError::as_sync_failure`: a rank's mismatch as that mismatch).
     pub fn abort(&mut self, error: &JobError) -> SyncStep {
         if self.failure.is_some() {
             return SyncStep::default();

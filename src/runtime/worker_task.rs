@@ -100,12 +100,18 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         }
     }
 
-    /// After a compute: the calls it started and did not finish end with it; when it
-    /// returned its result (`returned`), they fail it ([`SyncError::Unfinished`]) — its
-    /// peers would wait for its part. A compute that failed (of a call's error, say)
-    /// fails of its own error.
+    /// Whether the compute that just ended left calls it started unfinished.
+    fn left_calls(&self) -> bool {
+        self.ctx.sync.as_ref().is_some_and(|s| !s.flying.is_empty())
+    }
+
+    /// After a compute that left calls unfinished: they end with it, and — when it
+    /// returned its result (`returned`) — fail it ([`SyncError::Unfinished`]): its peers
+    /// would wait for its part. A compute that failed (of a call's error, say) fails of
+    /// its own error.
+    #[cold]
     fn unfinished(&mut self, returned: bool) -> Result<(), Cause> {
-        let Some(sync) = self.ctx.sync.as_mut().filter(|s| !s.flying.is_empty()) else {
+        let Some(sync) = self.ctx.sync.as_mut() else {
             return Ok(());
         };
         let calls = sync.flying.calls();
@@ -252,11 +258,11 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             })?;
         }
         let (computable, ctx) = (&mut self.computable, &mut self.ctx);
-        let result = guarded(|| computable.compute(ctx));
-        let result = self
-            .unfinished(result.is_ok())
-            .and(result)
-            .map_err(|c| self.fail(Phase::Compute, c))?;
+        let mut result = guarded(|| computable.compute(ctx));
+        if self.left_calls() {
+            result = self.unfinished(result.is_ok()).and(result);
+        }
+        let result = result.map_err(|c| self.fail(Phase::Compute, c))?;
         self.ctx.result = Some(result);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut().rev() {

@@ -384,6 +384,7 @@ impl<M, W> WorkerNode<M, W> {
     }
 
     /// A unit of the worker's code came back with `worked`, at `now`.
+    #[inline]
     pub(crate) fn handle_worked(&mut self, now: Instant, worked: Worked<W>) {
         let was = std::mem::replace(&mut self.code, Code::Home);
         if matches!(was, Code::Iterating { stale: true }) && matches!(worked, Worked::Iterated(_)) {

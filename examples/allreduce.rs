@@ -10,6 +10,8 @@
 //! - `--mode started`: as `all-reduce`, but the `--values` values each go in a call of
 //!   their own, all started together (`ctx.start_all_reduce`) and then finished
 //!   (`ctx.finish`): several calls in flight at once. The time is still a call's of all.
+//! - `--mode all-gather`: `ctx.all_gather()` of `--mb` of bytes from each rank inside
+//!   compute, `--calls` times. The time is the slowest rank's call.
 //! - `--mode barrier`: `ctx.barrier()` inside compute, `--calls` times; no values travel
 //!   (`--mb` is ignored). The time is the slowest rank's call.
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
@@ -68,6 +70,7 @@ struct Args {
 enum Mode {
     AllReduce,
     Started,
+    AllGather,
     Barrier,
     Star,
     Fold,
@@ -153,6 +156,18 @@ impl WorkerComputable for Rank {
                 let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
                 Ok(Floats::from(vec![took]))
             }
+            Mode::AllGather => {
+                let mine = vec![ctx.rank() as u8; (self.len * 8).max(1)];
+                let started = Instant::now();
+                for _ in 0..self.calls.max(1) {
+                    let all: Vec<Vec<u8>> = ctx.all_gather(&mine)?;
+                    if all.iter().enumerate().any(|(r, m)| m[0] != r as u8) {
+                        return Err("a wrong all_gather".into());
+                    }
+                }
+                let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
+                Ok(Floats::from(vec![took]))
+            }
             Mode::Barrier => {
                 let started = Instant::now();
                 for _ in 0..self.calls.max(1) {
@@ -193,7 +208,7 @@ impl MasterComputable for Timing {
     ) -> Result<Step<Floats>, BoxError> {
         let first = ctx.is_first_iteration();
         let next = match self.mode {
-            Mode::AllReduce | Mode::Started | Mode::Barrier => {
+            Mode::AllReduce | Mode::Started | Mode::AllGather | Mode::Barrier => {
                 let slowest = ctx
                     .worker_results()
                     .iter()
@@ -229,6 +244,7 @@ impl MasterComputable for Timing {
             let mode = match self.mode {
                 Mode::AllReduce => "all-reduce",
                 Mode::Started => "started",
+                Mode::AllGather => "all-gather",
                 Mode::Barrier => "barrier",
                 Mode::Star => "star",
                 Mode::Fold => "fold",

@@ -516,10 +516,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// # Ok(()) }
     /// ```
     ///
-    /// Fails as [`barrier`](Self::barrier) does. Across processes a message of 64 KiB or
-    /// more goes around the ring of workers rather than through the master (see
-    /// [`collective`](crate::collective)); that call can also fail as a collective does:
-    /// a peer lost ([`SyncError::PeerLost`]) or silent ([`SyncError::CollectiveTimedOut`]).
+    /// Where the workers reach each other, the messages go among them (log₂(ranks) steps;
+    /// across processes a message of 64 KiB or more then around the ring of workers: see
+    /// [`collective`](crate::collective)), the master's node checking the call but not on
+    /// its way. Fails as [`barrier`](Self::barrier) does, and as a collective does: a peer
+    /// lost ([`SyncError::PeerLost`]) or silent ([`SyncError::CollectiveTimedOut`]).
     pub fn all_gather<T>(&mut self, message: &T) -> Result<Vec<T::Owned>, SyncError>
     where
         T: Serialize + ToOwned + ?Sized,

@@ -964,11 +964,11 @@ impl fmt::Display for Called<'_> {
         if call.chunk == 0
             || matches!(
                 call.kind,
-                CollectiveKind::Messages | CollectiveKind::Barrier
+                CollectiveKind::Messages | CollectiveKind::Barrier | CollectiveKind::AllGather
             )
         {
-            // Known by its kind alone (a broadcast's receiver, a barrier), or the
-            // superstep's messages.
+            // Known by its kind alone (a broadcast's receiver, a barrier, an all-gather,
+            // whose elements are the ranks' messages), or the superstep's messages.
             return write!(f, "{}", call.kind);
         }
         write!(

@@ -142,10 +142,11 @@ pub enum CollectiveKind {
 
 impl CollectiveKind {
     /// The call as the master's node and the errors of sync calls know it: a barrier is
-    /// `barrier()` whichever way it goes.
+    /// `barrier()`, an all-gather `all_gather()`, whichever way they go.
     pub fn sync_kind(self) -> SyncKind {
         match self {
             CollectiveKind::Barrier => SyncKind::Barrier,
+            CollectiveKind::AllGather => SyncKind::AllGather,
             kind => SyncKind::Collective(kind),
         }
     }
@@ -172,7 +173,7 @@ impl fmt::Display for CollectiveKind {
             }
             CollectiveKind::Reduce { root, op: None } => write!(f, "reduce(a fold) to rank {root}"),
             CollectiveKind::Broadcast { root } => write!(f, "broadcast from rank {root}"),
-            CollectiveKind::AllGather => f.write_str("all_gather"),
+            CollectiveKind::AllGather => f.write_str("all_gather()"),
             CollectiveKind::Messages => f.write_str("messages"),
             CollectiveKind::Barrier => f.write_str("barrier()"),
         }
@@ -234,9 +235,15 @@ impl fmt::Display for CollectiveCall {
             // length is the ranks' pairs.
             return write!(f, "the superstep's messages ({})", self.at);
         }
-        if self.chunk == 0 || self.kind == CollectiveKind::Barrier {
-            // Known by its kind alone: a broadcast's receiver before its first piece, or a
-            // barrier, which carries no value.
+        if self.chunk == 0
+            || matches!(
+                self.kind,
+                CollectiveKind::Barrier | CollectiveKind::AllGather
+            )
+        {
+            // Known by its kind alone: a broadcast's receiver before its first piece, a
+            // barrier, which carries no value, or an all-gather, whose elements are the
+            // ranks' messages.
             return write!(f, "{} ({})", self.kind, self.at);
         }
         write!(

@@ -1060,6 +1060,46 @@ fn a_barrier_goes_among_the_workers_in_log2_ranks_steps() {
     }
 }
 
+/// Calls `all_gather()` three times each compute, and checks what it gives.
+struct Gathers;
+
+impl WorkerComputable for Gathers {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        for k in 0..3u64 {
+            let all: Vec<u64> = ctx.all_gather(&(ctx.rank() as u64 * 10 + k))?;
+            let want: Vec<u64> = (0..ctx.workers() as u64).map(|r| r * 10 + k).collect();
+            if all != want {
+                return Err(format!("all_gather gave {all:?}").into());
+            }
+        }
+        Ok(0)
+    }
+}
+
+#[test]
+fn a_small_all_gather_goes_among_the_workers_in_log2_ranks_steps() {
+    // Where the workers reach each other a small all_gather goes among them alone, no rank
+    // waiting for a word of the master's node: by recursive doubling, log₂(ranks) pieces
+    // a rank (4 ranks: 2); on a number of ranks that is not a power of two, up a tree and
+    // back down, two pieces for each rank but the root (5 ranks: 8 in all). 5 iterations
+    // of 3 calls; and the pieces that came are all there were.
+    for (workers, pieces) in [(4, 4 * 2), (5, 2 * 4)] {
+        let run = Simulation::from_job(move || {
+            Job::builder(Fold::default(), |_| Gathers)
+                .workers(workers)
+                .iterations(5)
+                .barrier_mode(true)
+        })
+        .run(0);
+        assert!(run.violations.is_empty(), "{:?}", run.violations);
+        assert!(run.outcome.is_ok(), "{:?}", run.outcome);
+        assert_eq!(run.stats.pieces, 5 * 3 * pieces, "{workers} workers");
+    }
+}
+
 #[test]
 fn the_simulator_refuses_settings_the_runtime_refuses() {
     let run = Simulation::from_job(|| {

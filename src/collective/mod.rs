@@ -1,9 +1,8 @@
 //! Collectives among the workers, inside `compute` in barrier mode: `all_reduce` (of one
 //! value, or of several in one exchange: `all_reduce_many`), `reduce_scatter`,
 //! `broadcast` and a fold of any serde type, carried worker to worker
-//! over the transport's peer mesh — never through the master. A large `all_gather`
-//! across processes goes around the ring of ranks too; a small one rides on the call the
-//! master's node checks anyway.
+//! over the transport's peer mesh — never through the master. So does `all_gather`
+//! (log₂(ranks) steps; across processes a large message then around the ring of ranks).
 //!
 //! Large values go around the ring of ranks in segments, chunked so that sending one
 //! chunk overlaps receiving and folding the next: each rank sends and receives about
@@ -93,11 +92,10 @@ fn notice(
     }
 }
 
-/// How a rank's `all_gather` message reaches the master's node: small ones (and every
-/// one where the ranks share a process, or cannot reach each other) as the bytes
-/// themselves, which ride on the call the node checks and come back in its answer; a
-/// large one across processes as its length alone, its bytes going around the ring of
-/// ranks once the answer says every rank made the call.
+/// How a rank's `all_gather` message goes in the exchange of every rank's: small ones
+/// (and every one where the ranks share a process) as the bytes themselves; a large one
+/// across processes as its length alone, its bytes going around the ring of ranks once
+/// that exchange said every rank made the call.
 #[derive(Debug, Serialize, serde::Deserialize)]
 enum GatherRoute {
     Here(Vec<u8>),
@@ -483,21 +481,33 @@ impl<M, W: 'static> WorkerContext<M, W> {
         .map(drop)
     }
 
-    /// Every rank's encoded `all_gather` message of this epoch, in rank order (see
-    /// [`GatherRoute`]). Around the ring, each rank sends and receives every other rank's
-    /// message once: (ranks − 1) messages, the least an all-gather can move, and no rank
-    /// carries more than that.
+    /// Every rank's encoded `all_gather` message, in rank order. Where the workers reach
+    /// each other, among them alone: every rank's message (or, a large one across
+    /// processes, its length: [`GatherRoute`]) by recursive doubling — log₂(ranks) steps,
+    /// the result proving that every rank made the call, no word of the master's node
+    /// awaited — and then, if some rank's went by its length, the large ones around the
+    /// ring of ranks, a call of its own: (ranks − 1) messages each way, the least an
+    /// all-gather can move. Otherwise a sync call the master's node answers with every
+    /// rank's message.
     pub(crate) async fn gather(
         &mut self,
         bytes: Vec<u8>,
         wait: Wait,
     ) -> Result<Vec<Vec<u8>>, SyncError> {
         let (rank, workers) = (self.rank, self.workers);
-        let far = self.sync.as_ref().is_some_and(|sync| {
-            sync.peers
-                .as_ref()
-                .is_ok_and(|peers| peers.spans_processes())
-        });
+        let far = match self.sync.as_ref().map(|sync| &sync.peers) {
+            Some(Ok(peers)) => peers.spans_processes(),
+            _ => {
+                let answer = self.sync_call_in(SyncKind::AllGather, bytes, wait).await?;
+                if answer.len() != workers {
+                    return Err(SyncError::Codec(format!(
+                        "the all_gather answer holds {} message(s), not one for each of the {workers} ranks",
+                        answer.len()
+                    )));
+                }
+                return Ok(answer.to_vec());
+            }
+        };
         let (sent, own) = if far && bytes.len() >= SMALL {
             (GatherRoute::Ring(bytes.len() as u64), bytes)
         } else {
@@ -508,18 +518,28 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 "rank {rank}'s all_gather message does not encode: {e}"
             ))
         })?;
-        let epoch = self.epoch;
-        let answer = self.sync_call_in(SyncKind::AllGather, sent, wait).await?;
-        if answer.len() != workers {
-            return Err(SyncError::Codec(format!(
-                "the all_gather answer holds {} message(s), not one for each of the {workers} ranks",
-                answer.len()
-            )));
-        }
-        let mut rows = Vec::with_capacity(answer.len());
+        let mut slots = vec![None; workers];
+        slots[rank] = Some(sent);
+        let routes = Whole {
+            value: slots,
+            fold: keep_held as fn(&mut Option<Vec<u8>>, Option<Vec<u8>>),
+        };
+        let kind = CollectiveKind::AllGather;
+        // The whole value in one piece a step.
+        let chunk = workers as u64;
+        let routes = self
+            .collective_in(kind, Algorithm::Doubling, chunk, routes, wait)
+            .await?
+            .value;
+        let mut rows = Vec::with_capacity(workers);
         let mut around = Vec::new();
-        for (from, entry) in answer.iter().enumerate() {
-            match crate::codec::from_slice::<GatherRoute>(entry) {
+        for (from, entry) in routes.into_iter().enumerate() {
+            let decoded = entry
+                .ok_or_else(|| "it never came".to_owned())
+                .and_then(|entry| {
+                    crate::codec::from_slice::<GatherRoute>(&entry).map_err(|e| e.to_string())
+                });
+            match decoded {
                 Ok(GatherRoute::Here(bytes)) => rows.push(bytes),
                 Ok(GatherRoute::Ring(len)) => {
                     around.push((from, len));
@@ -527,7 +547,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 }
                 Err(e) => {
                     return Err(SyncError::Codec(format!(
-                        "rank {from}'s all_gather message does not decode on rank {rank}: {e}"
+                        "rank {from}'s all_gather message on rank {rank}: {e}"
                     )))
                 }
             }
@@ -536,39 +556,25 @@ impl<M, W: 'static> WorkerContext<M, W> {
             return Ok(rows);
         }
         // Some rank's message goes around the ring: every rank's part in it is its own
-        // message when it went that way, nothing when the answer carried it already.
+        // message when it went that way, nothing when the first exchange carried it.
         let mut ring = vec![Vec::new(); workers];
         ring[rank] = own;
-        let call = CollectiveCall {
-            seq: epoch,
-            at: self.call_at(epoch),
-            kind: CollectiveKind::AllGather,
-            len: workers as u64,
-            algorithm: Algorithm::Ring,
-            chunk: 1,
-        };
         let buffer = Whole {
             value: ring,
             // An all-gather only puts.
             fold: |_: &mut Vec<u8>, _: Vec<u8>| {},
         };
-        let exchange = exchange(call, workers, rank, buffer, self.peers_take_values());
         let mut ring = self
-            .drive(epoch, CallStart::Known(Box::new(exchange)), true, wait)
+            .collective_in(kind, Algorithm::Ring, 1, buffer, wait)
             .await?
             .value;
         for (from, len) in around {
             let bytes = std::mem::take(&mut ring[from]);
             if bytes.len() as u64 != len {
-                return Err(SyncError::BadPiece {
-                    rank,
-                    call,
-                    peer: from,
-                    reason: format!(
-                        "its all_gather message came as {} byte(s), not the {len} it announced",
-                        bytes.len()
-                    ),
-                });
+                return Err(SyncError::Codec(format!(
+                    "rank {from}'s all_gather message came to rank {rank} as {} byte(s), not the {len} it announced",
+                    bytes.len()
+                )));
             }
             rows[from] = bytes;
         }
@@ -791,6 +797,14 @@ impl<M, W: 'static> WorkerContext<M, W> {
             sync.now(),
             &mut sync.early,
         ))
+    }
+}
+
+/// An all-gather's fold of two ranks' elements: the one that holds a message (each rank's
+/// element holds its own, every other none until it comes).
+fn keep_held(mine: &mut Option<Vec<u8>>, other: Option<Vec<u8>>) {
+    if mine.is_none() {
+        *mine = other;
     }
 }
 

@@ -51,9 +51,15 @@ impl Transfer {
 }
 
 /// The algorithm that runs: `Doubling` on a number of ranks that is not a power of two is
-/// a tree, and a ring of `all_gather` is the only `all_gather`.
+/// a tree; an `all_gather` goes by doubling (or its tree) or around the ring.
 pub(crate) fn effective(kind: CollectiveKind, algorithm: Algorithm, ranks: usize) -> Algorithm {
     match (kind, algorithm) {
+        (CollectiveKind::AllGather, Algorithm::Doubling | Algorithm::Tree)
+            if !ranks.is_power_of_two() =>
+        {
+            Algorithm::Tree
+        }
+        (CollectiveKind::AllGather, Algorithm::Doubling | Algorithm::Tree) => Algorithm::Doubling,
         (CollectiveKind::AllGather, _) => Algorithm::Ring,
         (CollectiveKind::ReduceScatter(_), _) => Algorithm::Ring,
         (_, Algorithm::Doubling) if !ranks.is_power_of_two() => Algorithm::Tree,
@@ -133,7 +139,7 @@ pub(crate) fn plan(
     let n = ranks;
     let all = 0..len;
     match (kind, effective(kind, algorithm, ranks)) {
-        (CollectiveKind::AllGather, _) => ring_gather(&mut plan, n, rank, len, 0),
+        (CollectiveKind::AllGather, Algorithm::Ring) => ring_gather(&mut plan, n, rank, len, 0),
         (CollectiveKind::Messages, _) => all_to_all(&mut plan, n, rank),
         (CollectiveKind::Barrier, _) => dissemination(&mut plan, n, rank, all),
         (CollectiveKind::ReduceScatter(_), _) => ring_scatter(&mut plan, n, rank, len),
@@ -152,8 +158,14 @@ pub(crate) fn plan(
                 plan.push(send(rank - 1, 1, all));
             }
         }
+        // An all-gather by doubling or its tree is an all-reduce whose fold keeps the
+        // element that holds something (each rank's own element holds its message, every
+        // other nothing yet): every transfer carries the whole value, so each chunk goes
+        // through the plan on its own as an all-reduce's does.
         (
-            CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. },
+            CollectiveKind::AllReduce(_)
+            | CollectiveKind::AllReduceMany { .. }
+            | CollectiveKind::AllGather,
             Algorithm::Doubling,
         ) => {
             let mut bit = 0u32;
@@ -169,7 +181,12 @@ pub(crate) fn plan(
                 bit += 1;
             }
         }
-        (CollectiveKind::AllReduce(_) | CollectiveKind::AllReduceMany { .. }, _) => {
+        (
+            CollectiveKind::AllReduce(_)
+            | CollectiveKind::AllReduceMany { .. }
+            | CollectiveKind::AllGather,
+            _,
+        ) => {
             tree_reduce(&mut plan, n, rank, 0, all.clone(), 0);
             tree_broadcast(&mut plan, n, rank, 0, all, 64);
         }

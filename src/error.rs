@@ -699,8 +699,9 @@ pub enum SyncError {
     #[error("the _async sync calls and collectives wait on Tokio's timers: await them on a Tokio runtime with its timers enabled, or make the blocking call")]
     NoTimer,
     /// A compute returned with collectives it started
-    /// ([`start_all_reduce`](crate::WorkerContext::start_all_reduce)) and did not finish:
-    /// its peers would wait for its part.
+    /// ([`start_all_reduce`](crate::WorkerContext::start_all_reduce)) and did not finish
+    /// (never given to `finish`, or its `finish_async` dropped half-way): its peers may
+    /// still wait for its part.
     ///
     /// Remedy: [`finish`](crate::WorkerContext::finish) every call a compute starts.
     #[error("rank {rank} returned from compute with {} started and not finished: finish every call a compute starts (WorkerContext::finish)", Started(.calls))]

@@ -194,6 +194,36 @@ impl Flight for Answer {
     }
 }
 
+/// A wait for a call in flight: nothing of its own; what comes for no call in flight is
+/// kept for the calls it is for, from `epoch` on.
+struct Idle {
+    epoch: Epoch,
+}
+
+impl Flight for Idle {
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn handle_peer(&mut self, _: Instant, event: PeerEvent, early: &mut Early) {
+        early.keep(event, self.epoch);
+    }
+
+    fn handle_answer(&mut self, _: Epoch, _: &SyncResult) {}
+
+    fn handle_job_failed(&mut self, _: SyncError) {}
+
+    fn handle_timeout(&mut self, _: Instant) {}
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn settled(&mut self) -> bool {
+        false
+    }
+}
+
 impl<W> SyncLink<W> {
     /// The master's node's answer to this rank's call `epoch`, waited for at most the
     /// worker's `sync_patience`.
@@ -212,10 +242,36 @@ impl<W> SyncLink<W> {
     /// Drives `main` until it ends, and with it every call in flight: sends what they
     /// send, hands each what comes for it, and wakes them at the times they ask.
     pub(crate) async fn drive<F: Flight + ?Sized>(&mut self, main: &mut F, wait: Wait) {
+        self.drive_until(main, wait, |main, _| main.settled()).await;
+    }
+
+    /// Drives the calls in flight until call `epoch` among them ended; it stays in flight
+    /// (a wait given up half-way leaves it there, to be finished or named). `next`: the
+    /// epoch of the rank's next call — pieces of earlier calls not in flight are stale.
+    pub(crate) async fn finish(&mut self, epoch: Epoch, next: Epoch, wait: Wait) {
+        let mut idle = Idle { epoch: next };
+        self.drive_until(&mut idle, wait, |_, flying| {
+            flying.call(epoch).is_none() || flying.ended(epoch)
+        })
+        .await;
+    }
+
+    /// [`drive`](Self::drive), until `done` says so.
+    async fn drive_until<F: Flight + ?Sized>(
+        &mut self,
+        main: &mut F,
+        wait: Wait,
+        mut done: impl FnMut(&mut F, &mut Flights) -> bool,
+    ) {
+        // The calls in flight went unattended while the rank did other work.
+        if !self.flying.is_empty() {
+            let now = self.now();
+            self.flying.resume(now);
+        }
         loop {
             self.send(main);
             self.flying.settle();
-            if main.settled() {
+            if done(main, &mut self.flying) {
                 return;
             }
             let deadline = match (main.poll_timeout(), self.flying.poll_timeout()) {

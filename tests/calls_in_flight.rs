@@ -269,3 +269,66 @@ fn a_call_finished_on_a_rank_that_did_not_start_it_fails_saying_so() {
         "{text}"
     );
 }
+
+#[test]
+fn a_call_left_unattended_while_its_rank_computes_waits_its_full_patience_once_attended() {
+    // A broadcast along the ranks (large: 0 → 1 → 2), each rank computing between
+    // starting and finishing it: rank 2 for 5.6 s, rank 1 — which passes the pieces on
+    // only when it waits — for 6.2 s, both past the silence limit a call counts from its
+    // start (a sync timeout of 100 ms, and five seconds more). Rank 2's wait, begun
+    // before rank 1 sends, counts its silence from its start: the call ends with the
+    // value on every rank.
+    let err = job(3, 1, |rank| {
+        worker(move |ctx| {
+            let mine = (rank == 0).then(|| vec![7u8; 100_000]);
+            let call = ctx.start_broadcast(0, mine.as_ref())?;
+            let computing = [0, 6200, 5600][rank];
+            std::thread::sleep(std::time::Duration::from_millis(computing));
+            let got = ctx.finish(call)?;
+            if got != vec![7u8; 100_000] {
+                return Err(format!("rank {rank}: a wrong broadcast").into());
+            }
+            Ok(0)
+        })
+    })
+    .sync_timeout(std::time::Duration::from_millis(100))
+    .run()
+    .err();
+    assert!(err.is_none(), "{err:?}");
+}
+
+#[test]
+fn a_finish_given_up_half_way_leaves_its_call_in_flight_to_be_named() {
+    // Rank 1 awaits its call's end for a moment only (rank 0 starts its part later): the
+    // call stays in flight, and the compute that returns without it fails naming it —
+    // rather than the job going on with rank 1's part never taken.
+    let err = job(2, 1, |rank| {
+        worker(move |ctx| {
+            if rank == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            let call = ctx.start_all_reduce(Floats::from(vec![1.0; 4]), ReduceOp::Sum)?;
+            if rank == 0 {
+                ctx.finish(call)?;
+                return Ok(0);
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let waited = runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_millis(20), ctx.finish_async(call))
+                    .await
+            });
+            assert!(waited.is_err(), "the call ended before rank 0 started");
+            Ok(0)
+        })
+    })
+    .run()
+    .unwrap_err();
+    assert!(mistake(&err), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 1 returned from compute with all_reduce(sum) of 4 element(s)"),
+        "{text}"
+    );
+}

@@ -53,10 +53,12 @@ type Passing = Whole<(), fn(&mut (), ())>;
 
 impl<M, W: 'static> WorkerContext<M, W> {
     /// Starts an [`all_reduce`](Self::all_reduce) of `values` and returns at once, its
-    /// first pieces sent: [`finish`](Self::finish) gives the result. Start several, and
-    /// they go on together — each wait of this rank's drives them all — while the compute
-    /// does other work (as MPI's `MPI_Iallreduce`; to send several small values as one,
-    /// see [`all_reduce_many`](Self::all_reduce_many)).
+    /// first pieces sent: [`finish`](Self::finish) gives the result. Its other steps go
+    /// while this rank waits — in `finish` or in any other call, each wait driving every
+    /// call in flight — so calls started together overlap their latencies (as MPI's
+    /// `MPI_Iallreduce`; to send several small values as one, see
+    /// [`all_reduce_many`](Self::all_reduce_many)). Compute between starting and finishing
+    /// holds back the steps the peers need from this rank.
     ///
     /// ```no_run
     /// # use superstep::prelude::*;
@@ -64,7 +66,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// # fn compute(ctx: &mut WorkerContext<(), ()>) -> Result<(), BoxError> {
     /// let first = ctx.start_all_reduce(Floats::from(vec![0.5; 1 << 16]), ReduceOp::Sum)?;
     /// let second = ctx.start_all_reduce(Floats::from(vec![1.0; 1 << 16]), ReduceOp::Max)?;
-    /// // ... compute while both go on ...
+    /// // ... compute; both calls' first pieces are on their way ...
     /// let first = ctx.finish(first)?;
     /// let second = ctx.finish(second)?;
     /// # Ok(()) }
@@ -196,21 +198,25 @@ impl<M, W: 'static> WorkerContext<M, W> {
             rank: self.rank,
             epoch,
         };
-        let flight = match self.sync.as_mut() {
-            Some(sync) if rank == self.rank => sync.flying.take(epoch),
+        let call = match self.sync.as_ref() {
+            Some(sync) if rank == self.rank => sync.flying.call(epoch),
             _ => None,
         };
-        let Some(mut flight) = flight else {
+        let Some(call) = call else {
             return Err(not_started);
         };
-        let kind = flight.call().kind;
-        let span = self.call_span(epoch, kind);
+        let span = self.call_span(epoch, call.kind);
+        let next = self.epoch;
         let sync = self
             .sync
             .as_mut()
             .expect("a call in flight has a sync link");
-        in_span(span, sync.drive(&mut *flight, wait)).await;
-        end(flight.into_end(), rank, kind).unwrap_or(Err(not_started))
+        // Driven where it is: a future dropped half-way leaves the call in flight.
+        in_span(span, sync.finish(epoch, next, wait)).await;
+        let Some(flight) = sync.flying.take(epoch) else {
+            return Err(not_started);
+        };
+        end(flight.into_end(), rank, call.kind).unwrap_or(Err(not_started))
     }
 
     /// Makes call `kind` on `buffer` and keeps it in flight, its first pieces sent.

@@ -43,6 +43,12 @@ pub(crate) trait Flight {
         let _ = (now, peer, attempt, reason);
     }
 
+    /// The rank waits again, at `now`, having done other work while this call was under
+    /// way.
+    fn resume(&mut self, now: Instant) {
+        let _ = now;
+    }
+
     /// The master's node's answer to this rank's call `answered`.
     fn handle_answer(&mut self, answered: Epoch, result: &SyncResult);
 
@@ -112,6 +118,10 @@ where
         self.call.handle_lost(now, peer, attempt, reason);
     }
 
+    fn resume(&mut self, now: Instant) {
+        self.call.resume(now);
+    }
+
     fn handle_answer(&mut self, answered: Epoch, result: &SyncResult) {
         self.call
             .handle_answer(answered, result.as_ref().map(drop).map_err(Clone::clone));
@@ -178,6 +188,28 @@ impl Flights {
     pub(crate) fn take(&mut self, epoch: Epoch) -> Option<Box<dyn Parked>> {
         let at = self.started.iter().position(|c| c.epoch() == epoch)?;
         Some(self.started.remove(at))
+    }
+
+    /// Call `epoch`, if it is in flight.
+    pub(crate) fn call(&self, epoch: Epoch) -> Option<CollectiveCall> {
+        self.started
+            .iter()
+            .find(|c| c.epoch() == epoch)
+            .map(|c| c.call())
+    }
+
+    /// Whether call `epoch` is in flight and ended.
+    pub(crate) fn ended(&mut self, epoch: Epoch) -> bool {
+        self.started
+            .iter_mut()
+            .any(|c| c.epoch() == epoch && c.settled())
+    }
+
+    /// The rank waits again, at `now`: see [`Flight::resume`].
+    pub(crate) fn resume(&mut self, now: Instant) {
+        for c in &mut self.started {
+            c.resume(now);
+        }
     }
 
     /// The calls in flight, in the order they were started.

@@ -357,6 +357,17 @@ where
         }
     }
 
+    /// The rank waits again, at `now`, after doing other work with this call under way: its
+    /// peers' silence counts from now at the earliest (while the rank did not wait, its
+    /// peers may have waited for it before they could send).
+    pub(crate) fn resume(&mut self, now: Instant) {
+        if matches!(self.stage, Stage::Running) {
+            if let Some(later) = now.checked_add(self.setup.patience) {
+                self.deadline = self.deadline.max(Some(later));
+            }
+        }
+    }
+
     /// The master's node's answer to this rank's sync call `answered`: for this call,
     /// `Ok` says every rank made it, the same to the length (its values may still be on
     /// their way), an error that the call broke — another call on some rank, a rank that

@@ -196,7 +196,13 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
                 tracing::debug!(rank = self.rank, "this worker's link is closed")
             }
             // The job ended for this worker (its link may be closed with it): nothing waits
-            // for what it says now.
+            // for what it says now. A link closed under it is the transport's end of the
+            // job for this worker — the master refused it, or was lost — which the
+            // transport says itself, and whose word (`ToWorker::Abort`) may still be on its
+            // way to the node.
+            Err(error @ TransportError::Closed) => {
+                tracing::debug!(rank = self.rank, %error, "could not reach the master")
+            }
             Err(error) if self.node.has_ended() => {
                 tracing::debug!(rank = self.rank, %error, "could not reach the master")
             }

@@ -14,6 +14,8 @@
 //!   compute, `--calls` times. The time is the slowest rank's call.
 //! - `--mode barrier`: `ctx.barrier()` inside compute, `--calls` times; no values travel
 //!   (`--mb` is ignored). The time is the slowest rank's call.
+//! - `--mode halves`: as `all-reduce`, each rank among its half of the ranks alone (the
+//!   even ranks, the odd ones: a `collective::Group` each, `ctx.among`), `--calls` times.
 //! - `--mode star`: each worker returns its values, the master sums them and sends the
 //!   sum to every worker with the next iteration — everything through rank 0; the time
 //!   is the master's round, from one sum to the next.
@@ -37,7 +39,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use superstep::collective::ReduceOp;
+use superstep::collective::{Group, ReduceOp};
 use superstep::prelude::*;
 
 #[derive(Parser, Debug)]
@@ -72,6 +74,7 @@ enum Mode {
     Started,
     AllGather,
     Barrier,
+    Halves,
     Star,
     Fold,
 }
@@ -176,6 +179,21 @@ impl WorkerComputable for Rank {
                 let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
                 Ok(Floats::from(vec![took]))
             }
+            Mode::Halves => {
+                let (rank, workers) = (ctx.rank(), ctx.workers());
+                let half = Group::new((rank % 2..workers).step_by(2))?;
+                let want: f64 = half.ranks().iter().map(|&r| r as f64 + 1.0).sum();
+                let started = Instant::now();
+                for _ in 0..self.calls.max(1) {
+                    let mut values = contribution(rank, self.len);
+                    ctx.among(&half)?.all_reduce(&mut values, ReduceOp::Sum)?;
+                    if values.first().is_some_and(|&x| x != want) {
+                        return Err(format!("{} summed among {half}, not {want}", values[0]).into());
+                    }
+                }
+                let took = started.elapsed().as_secs_f64() * 1e3 / f64::from(self.calls.max(1));
+                Ok(Floats::from(vec![took]))
+            }
             Mode::Star => {
                 if let Some(sum) = ctx.last_master_result() {
                     check(sum, ctx.workers())?;
@@ -208,7 +226,7 @@ impl MasterComputable for Timing {
     ) -> Result<Step<Floats>, BoxError> {
         let first = ctx.is_first_iteration();
         let next = match self.mode {
-            Mode::AllReduce | Mode::Started | Mode::AllGather | Mode::Barrier => {
+            Mode::AllReduce | Mode::Started | Mode::AllGather | Mode::Barrier | Mode::Halves => {
                 let slowest = ctx
                     .worker_results()
                     .iter()
@@ -246,6 +264,7 @@ impl MasterComputable for Timing {
                 Mode::Started => "started",
                 Mode::AllGather => "all-gather",
                 Mode::Barrier => "barrier",
+                Mode::Halves => "halves",
                 Mode::Star => "star",
                 Mode::Fold => "fold",
             };

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::coordinator::{Attachment, MalformedRows, RowCounts, Shard};
 use crate::error::SyncError;
 use crate::error::{BoxError, JobError};
-use crate::ids::{CallAt, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{Epoch, GroupId, Iteration, Rank, SyncKind};
 use crate::payload::Payload;
 use crate::protocol::{Gathered, SyncResult};
 use crate::sync_link::{awaitable, block, in_span, Notice, SyncLink, Wait};
@@ -242,10 +242,16 @@ pub struct WorkerContext<M, W> {
     pub(crate) last: Option<Arc<M>>,
     pub(crate) result: Option<W>,
     pub(crate) halt_vote: bool,
-    /// This rank's count of sync calls so far: the epoch of its next call.
+    /// This rank's count of sync calls and collectives among every rank so far: the epoch
+    /// of its next call (a group's are counted in `groups`).
     pub(crate) epoch: Epoch,
     /// The epoch of the iteration's first call: calls are named by their number in it.
     pub(crate) iteration_epoch: Epoch,
+    /// The group of ranks the collectives made now are among ([`WorkerContext::among`]):
+    /// `None`, every rank.
+    pub(crate) scope: Option<crate::group::Group>,
+    /// Per group of ranks this rank made calls among, its count of them.
+    pub(crate) groups: std::collections::BTreeMap<crate::ids::GroupId, crate::group::GroupCount>,
     /// The first sync call or collective of this worker that failed as a mistake in the
     /// program: its compute's failure then is one ([`Cause::is_mistake`]), carrying it.
     pub(crate) mistake: Option<SyncError>,
@@ -325,6 +331,8 @@ impl<M, W> WorkerContext<M, W> {
             halt_vote: false,
             epoch: 0,
             iteration_epoch: 0,
+            scope: None,
+            groups: std::collections::BTreeMap::new(),
             mistake: None,
             sync: None,
             shard: None,
@@ -555,11 +563,13 @@ impl<M, W: 'static> WorkerContext<M, W> {
                 std::any::type_name::<T>()
             ))
         })?;
+        let group = self.scope.clone();
         self.gather(bytes, wait)
             .await?
             .iter()
             .enumerate()
             .map(|(from, m)| {
+                let from = group.as_ref().map_or(from, |g| g.ranks()[from]);
                 crate::codec::from_slice(m).map_err(|e| {
                     SyncError::Codec(format!(
                         "rank {from}'s all_gather message does not decode as {} on rank {rank}: {e}",
@@ -570,7 +580,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
             .collect()
     }
 
-    /// How many sync calls this rank has made: the epoch of its next call.
+    /// How many sync calls and collectives among every rank this rank has made: the epoch
+    /// of its next such call. Calls among a group ([`among`](Self::among)) are counted
+    /// apart, each group's from 0.
     pub fn sync_epoch(&self) -> Epoch {
         self.epoch
     }
@@ -579,11 +591,6 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub(crate) fn enter_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;
         self.iteration_epoch = self.epoch;
-    }
-
-    /// Where this rank's call of `epoch` stands in the iteration.
-    pub(crate) fn call_at(&self, epoch: Epoch) -> CallAt {
-        CallAt::of(self.iteration, self.iteration_epoch, epoch)
     }
 
     /// Makes sync call `kind` with `message` and waits for the master's node's answer.
@@ -618,12 +625,17 @@ impl<M, W: 'static> WorkerContext<M, W> {
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute(kind));
         }
+        if self.scope.is_some() {
+            return Err(SyncError::NoPeers(
+                "a group's calls go among its ranks alone, and this job's transport gives them no way to each other".to_owned(),
+            ));
+        }
         if let Some(e) = sync.failure() {
             return Err(e);
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.call(epoch, kind, message, Notice::Awaited)?;
+        sync.call((epoch, GroupId::ALL, &[]), kind, message, Notice::Awaited)?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
         in_span(span, sync.answer(epoch, wait)).await
     }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{CallAt, CollectiveCall, CollectiveKind, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{
+    CallAt, CollectiveCall, CollectiveKind, Epoch, GroupId, Iteration, Rank, SyncKind,
+};
 
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -579,10 +581,12 @@ pub enum SyncError {
         waiting: Vec<Rank>,
     },
     /// The call's epoch is not the barrier's: the rank is out of step.
-    #[error("rank {rank} is out of step: it made its sync call {epoch} of the attempt (`WorkerContext::sync_epoch`, counted from 0) while the others are at {current}")]
+    #[error("rank {rank} is out of step: it made its call {epoch} of the attempt among {group} (counted from 0; among every rank, `WorkerContext::sync_epoch`) while the others are at {current}")]
     StaleEpoch {
         /// The rank.
         rank: Rank,
+        /// The ranks the call was among.
+        group: GroupId,
         /// The epoch it called in.
         epoch: Epoch,
         /// The barrier's epoch.
@@ -720,6 +724,21 @@ pub enum SyncError {
         /// The call's number among the rank's sync calls.
         epoch: Epoch,
     },
+    /// A group of ranks (`collective::Group`) that cannot be: no ranks, a rank twice, a
+    /// rank the job does not have.
+    #[error("not a group of ranks: {0}")]
+    BadGroup(String),
+    /// A rank made a call among a group it is not in, or named as a collective's root a
+    /// rank the group does not have.
+    #[error("rank {rank} is not in {group}, whose ranks are {ranks:?}: a group's calls are made by its ranks alone, and its root is one of them")]
+    NotInGroup {
+        /// The rank.
+        rank: Rank,
+        /// The group.
+        group: GroupId,
+        /// The group's ranks.
+        ranks: Vec<Rank>,
+    },
 }
 
 impl SyncError {
@@ -738,6 +757,8 @@ impl SyncError {
                 | SyncError::NothingToBroadcast(_)
                 | SyncError::Unfinished { .. }
                 | SyncError::NotStarted { .. }
+                | SyncError::BadGroup(_)
+                | SyncError::NotInGroup { .. }
         )
     }
 }

@@ -19,31 +19,106 @@ pub type Attempt = u32;
 /// n-th call of every other.
 pub type Epoch = u64;
 
+/// Which ranks a collective is among: every rank of the job ([`GroupId::ALL`]), or a
+/// group of them (`collective::Group`), known by a hash of its ranks — the same on every
+/// rank and every platform. A group's calls are counted apart from every other's.
+/// Displayed `group 1a2b3c4d5e6f7a8b`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub struct GroupId(pub u64);
+
+impl GroupId {
+    /// Every rank of the job.
+    pub const ALL: GroupId = GroupId(0);
+
+    /// The id of the group of `ranks` (in rank order, without duplicates): 64-bit FNV-1a
+    /// over each rank's eight bytes, never [`GroupId::ALL`].
+    pub fn of(ranks: &[Rank]) -> GroupId {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for rank in ranks {
+            for byte in (*rank as u64).to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        GroupId(hash.max(1))
+    }
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == GroupId::ALL {
+            return f.write_str("every rank");
+        }
+        write!(f, "group {:016x}", self.0)
+    }
+}
+
 /// Where a sync call or a collective stands, as every message names it: the iteration it
 /// was made in, and its number among that iteration's sync calls and collectives, counted
-/// from 1 (the same on every rank: the n-th call of each meets the n-th of every other).
-/// Displayed `call 2 of iteration 5`.
+/// from 1 (the same on every rank: the n-th call of each meets the n-th of every other),
+/// among the calls of its group of ranks. Displayed `call 2 of iteration 5`, or for a
+/// group's call `call 2 of group 1a2b3c4d5e6f7a8b in iteration 5`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct CallAt {
     /// The iteration the call was made in.
     pub iteration: Iteration,
-    /// The call's number among the iteration's, from 1.
+    /// The call's number among the iteration's calls of its group, from 1.
     pub call: u64,
+    /// The ranks it is among.
+    pub group: GroupId,
 }
 
 impl CallAt {
-    /// The call of `epoch` in an iteration whose first call had `first`.
+    /// The call of `epoch` in an iteration whose first call had `first`, among every
+    /// rank.
     pub(crate) fn of(iteration: Iteration, first: Epoch, epoch: Epoch) -> Self {
         CallAt {
             iteration,
             call: epoch.saturating_sub(first) + 1,
+            group: GroupId::ALL,
         }
+    }
+
+    /// The same call, of `group`'s calls.
+    pub(crate) fn in_group(self, group: GroupId) -> Self {
+        CallAt { group, ..self }
     }
 }
 
 impl fmt::Display for CallAt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "call {} of iteration {}", self.call, self.iteration)
+        if self.group == GroupId::ALL {
+            return write!(f, "call {} of iteration {}", self.call, self.iteration);
+        }
+        write!(
+            f,
+            "call {} of {} in iteration {}",
+            self.call, self.group, self.iteration
+        )
+    }
+}
+
+/// A rank's call as its pieces and answers find it: its group's, and its number among
+/// that group's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct CallKey {
+    pub(crate) group: GroupId,
+    pub(crate) epoch: Epoch,
+}
+
+impl CallKey {
+    /// Call `epoch` among every rank.
+    pub(crate) fn all(epoch: Epoch) -> Self {
+        CallKey {
+            group: GroupId::ALL,
+            epoch,
+        }
+    }
+
+    /// Whether this is a call of the same group before `other`.
+    pub(crate) fn before(self, other: CallKey) -> bool {
+        self.group == other.group && self.epoch < other.epoch
     }
 }
 
@@ -212,8 +287,8 @@ impl fmt::Display for Algorithm {
 /// collectives, what it is, how many elements, and how they travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CollectiveCall {
-    /// The call's epoch: its number, counted per rank from 0 over the attempt (as sync
-    /// calls' are), by which pieces find their call.
+    /// The call's epoch: its number, counted per rank from 0 over the attempt among its
+    /// group's calls (as sync calls' are), by which pieces find their call.
     pub seq: u64,
     /// Where it stands in its iteration, as messages name it.
     pub at: CallAt,
@@ -225,7 +300,17 @@ pub struct CollectiveCall {
     /// How the values travel.
     pub algorithm: Algorithm,
     /// How many elements travel in one piece.
-    pub chunk: u64,
+    pub chunk: u32,
+}
+
+impl CollectiveCall {
+    /// The call as pieces find it: its group's, and its number among that group's calls.
+    pub(crate) fn key(&self) -> CallKey {
+        CallKey {
+            group: self.at.group,
+            epoch: self.seq,
+        }
+    }
 }
 
 impl fmt::Display for CollectiveCall {

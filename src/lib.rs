@@ -218,6 +218,7 @@ pub mod coordinator;
 mod error;
 pub mod events;
 pub mod graph;
+mod group;
 mod ids;
 pub mod interceptor;
 mod job;
@@ -242,7 +243,7 @@ pub use error::{
     SyncError, Waiting,
 };
 pub use events::JobEvent;
-pub use ids::{Aggregation, Attempt, CallAt, Epoch, Iteration, Rank, SyncKind};
+pub use ids::{Aggregation, Attempt, CallAt, Epoch, GroupId, Iteration, Rank, SyncKind};
 pub use interceptor::{
     Ending, IterationTime, IterationTimer, MasterInterceptor, Side, WorkerInterceptor,
 };
@@ -285,7 +286,7 @@ struct ReadmeDoctests;
 /// assert!(gate.open(now, 1));
 /// for (rank, result) in [(1, 20), (0, 10)] {
 ///     let result = Share::Own(result);
-///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0 };
+///     let report = Report { attempt: 0, iteration: 1, result, halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0, group_calls: None };
 ///     if let Some(GateOutput::RoundComplete { gathered, .. }) =
 ///         gate.on_message(now, Envelope { from: rank, msg: ToMaster::Result(report) })
 ///     {
@@ -296,9 +297,9 @@ struct ReadmeDoctests;
 pub mod dev {
     pub use crate::protocol::{
         Accepted, Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered,
-        Next, Offer, PeerBody, PeerMessage, Piece, Recovery, Replica, Report, Round, Schedule,
-        Share, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait, WorkerCommand,
-        WorkerState,
+        GroupCalls, Next, Offer, PeerBody, PeerMessage, Piece, Recovery, Replica, Report, Round,
+        Schedule, Share, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
+        WorkerCommand, WorkerState,
     };
     /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for
     /// captures and tests): `Ok` with the message's kind, or why it could not be read.

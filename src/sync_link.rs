@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::error::{JobError, SyncError};
-use crate::ids::{Attempt, Epoch, Rank, SyncKind};
+use crate::ids::{Attempt, CallKey, Epoch, GroupId, Rank, SyncKind};
 use crate::protocol::{
     Early, Flight, Flights, PeerMessage, SendFailure, SyncResult, ToMaster, WorkerConfig,
 };
@@ -136,9 +136,9 @@ pub(crate) fn awaitable() -> Result<(), SyncError> {
 
 /// What reaches a worker's compute while it waits in a sync call or a collective.
 pub(crate) enum Incoming {
-    /// The master's node's answer to sync call `epoch` (or, at `Epoch::MAX`, word that the
-    /// job failed).
-    Answer(Epoch, SyncResult),
+    /// The master's node's answer to sync call `key` (or, at epoch `Epoch::MAX` of every
+    /// rank's, word that the job failed).
+    Answer(CallKey, SyncResult),
     /// A peer's piece, or a peer lost.
     Peer(PeerEvent),
     /// The time the compute said it waits until came ([`SyncSender::wakes`]): only a
@@ -157,19 +157,19 @@ struct Answer {
 }
 
 impl Flight for Answer {
-    fn epoch(&self) -> Epoch {
-        self.epoch
+    fn key(&self) -> CallKey {
+        CallKey::all(self.epoch)
     }
 
     fn handle_peer(&mut self, _: Instant, event: PeerEvent, early: &mut Early) {
         // A peer's piece of a later call, or of this one (an all_gather's ring, which may
         // start before this answer comes here; or another call, which the master's node
         // fails on every rank): kept.
-        early.keep(event, self.epoch);
+        early.keep(event, self.key());
     }
 
-    fn handle_answer(&mut self, answered: Epoch, result: &SyncResult) {
-        if answered == self.epoch && self.result.is_none() {
+    fn handle_answer(&mut self, answered: CallKey, result: &SyncResult) {
+        if answered == self.key() && self.result.is_none() {
             self.result = Some(result.clone());
         }
     }
@@ -195,21 +195,21 @@ impl Flight for Answer {
 }
 
 /// A wait for a call in flight: nothing of its own; what comes for no call in flight is
-/// kept for the calls it is for, from `epoch` on.
+/// kept for the calls it is for, from `next` on (of its group).
 struct Idle {
-    epoch: Epoch,
+    next: CallKey,
 }
 
 impl Flight for Idle {
-    fn epoch(&self) -> Epoch {
-        self.epoch
+    fn key(&self) -> CallKey {
+        self.next
     }
 
     fn handle_peer(&mut self, _: Instant, event: PeerEvent, early: &mut Early) {
-        early.keep(event, self.epoch);
+        early.keep(event, self.next);
     }
 
-    fn handle_answer(&mut self, _: Epoch, _: &SyncResult) {}
+    fn handle_answer(&mut self, _: CallKey, _: &SyncResult) {}
 
     fn handle_job_failed(&mut self, _: SyncError) {}
 
@@ -245,13 +245,13 @@ impl<W> SyncLink<W> {
         self.drive_until(main, wait, |main, _| main.settled()).await;
     }
 
-    /// Drives the calls in flight until call `epoch` among them ended; it stays in flight
+    /// Drives the calls in flight until call `key` among them ended; it stays in flight
     /// (a wait given up half-way leaves it there, to be finished or named). `next`: the
-    /// epoch of the rank's next call — pieces of earlier calls not in flight are stale.
-    pub(crate) async fn finish(&mut self, epoch: Epoch, next: Epoch, wait: Wait) {
-        let mut idle = Idle { epoch: next };
+    /// rank's next call of its group — pieces of earlier calls not in flight are stale.
+    pub(crate) async fn finish(&mut self, key: CallKey, next: CallKey, wait: Wait) {
+        let mut idle = Idle { next };
         self.drive_until(&mut idle, wait, |_, flying| {
-            flying.call(epoch).is_none() || flying.ended(epoch)
+            flying.call(key).is_none() || flying.ended(key)
         })
         .await;
     }
@@ -290,7 +290,7 @@ impl<W> SyncLink<W> {
                     // to say so), or it answers an earlier call.
                     let failure = self.failure();
                     main.handle_answer(answered, &result);
-                    if let Some(e) = failure.clone().filter(|_| answered != main.epoch()) {
+                    if let Some(e) = failure.clone().filter(|_| answered != main.key()) {
                         main.handle_job_failed(e);
                     }
                     self.flying
@@ -356,10 +356,11 @@ impl<W> SyncLink<W> {
 }
 
 impl<W> SyncLink<W> {
-    /// Tells the master's node of this rank's call `epoch`, as `notice` says.
+    /// Tells the master's node of this rank's call `epoch` among `group` (`ranks`: its
+    /// ranks, said with the rank's first call among it), as `notice` says.
     pub(crate) fn call(
         &self,
-        epoch: Epoch,
+        (epoch, group, ranks): (Epoch, GroupId, &[Rank]),
         kind: SyncKind,
         message: Vec<u8>,
         notice: Notice,
@@ -371,6 +372,8 @@ impl<W> SyncLink<W> {
             kind,
             message,
             awaits,
+            group,
+            ranks: ranks.to_vec(),
         };
         let sent = match notice {
             Notice::Soon => self.link.send_call_soon(call),
@@ -584,6 +587,7 @@ mod tests {
             at: CallAt {
                 iteration: 1,
                 call: 1,
+                group: crate::ids::GroupId::ALL,
             },
             calls: vec![(0, SyncKind::Barrier), (1, SyncKind::AllGather)],
         };

@@ -203,7 +203,8 @@ fn a_timeout_from_the_first_arrival_names_the_ranks_that_did_not_arrive_and_the_
                 (
                     CallAt {
                         iteration: 2,
-                        call: 1
+                        call: 1,
+                        group: superstep::GroupId::ALL,
                     },
                     SyncKind::Barrier
                 ),
@@ -257,7 +258,8 @@ fn a_rank_that_returns_without_the_call_the_others_made_is_named_at_once() {
                 (
                     CallAt {
                         iteration: 2,
-                        call: 1
+                        call: 1,
+                        group: superstep::GroupId::ALL,
                     },
                     SyncKind::Barrier
                 )
@@ -385,10 +387,12 @@ fn with_the_default_sync_timeout_an_iteration_timeout_still_names_who_did_not_ar
     .unwrap_err();
     match err {
         JobError::Sync(SyncError::TimedOut {
-            at: CallAt {
-                iteration: 1,
-                call: 1,
-            },
+            at:
+                CallAt {
+                    iteration: 1,
+                    call: 1,
+                    group: superstep::GroupId::ALL,
+                },
             missing,
             ..
         }) => assert_eq!(missing, vec![2]),

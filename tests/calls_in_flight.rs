@@ -147,16 +147,9 @@ fn calls_started_together_give_their_sums_finished_in_any_order_around_other_cal
 #[test]
 fn calls_started_together_across_processes_give_what_they_give_in_memory() {
     let workers = 4;
-    let in_memory = job(workers, 3, overlapping(workers, false)).run().unwrap();
-    let outcomes = common::over_tcp(workers, "in-flight", move |_, transport| {
+    common::same_over_tcp(workers, "in-flight", move || {
         job(workers, 3, overlapping(workers, false))
-            .transport(transport)
-            .run()
     });
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
-        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
-    }
 }
 
 #[test]

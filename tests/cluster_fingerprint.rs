@@ -294,6 +294,7 @@ fn a_stray_process_of_a_connected_rank_is_turned_away_without_touching_the_job()
                     mail: Default::default(),
                     saved: None,
                     calls: 0,
+                    group_calls: None,
                     elapsed: Duration::ZERO,
                 }))
                 .unwrap(),

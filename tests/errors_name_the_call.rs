@@ -193,7 +193,8 @@ fn calls_are_named_by_their_number_in_the_iteration() {
         *at,
         CallAt {
             iteration: 2,
-            call: 2
+            call: 2,
+            group: superstep::GroupId::ALL,
         }
     );
     let text = err.to_string();

@@ -123,7 +123,7 @@ proptest! {
             }
             let mut completed = Vec::new();
             for (r, it, value) in msgs {
-                let msg = ToMaster::Result(Report { attempt: 0, iteration: it, result: Share::Own(value), halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0 });
+                let msg = ToMaster::Result(Report { attempt: 0, iteration: it, result: Share::Own(value), halt_vote: false, mail: Default::default(), elapsed: Duration::ZERO, saved: None, calls: 0, group_calls: None });
                 if let Some(out) = gate.on_message(t0, Envelope { from: r, msg }) {
                     completed.push(out);
                 }

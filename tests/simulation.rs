@@ -1413,6 +1413,62 @@ fn calls_in_flight_run_in_the_simulator_as_in_the_runtime_and_recover_under_faul
     faulty.launched(100).check(0..60, ends_with(in_turn));
 }
 
+/// A worker of barrier mode whose compute makes collectives among its half of the ranks
+/// (the even or the odd: `collective::Group`) and one among every rank between them, the
+/// even half one call more than the odd. Its result depends on every one of them.
+struct Grouped;
+
+impl WorkerComputable for Grouped {
+    type MasterResult = u64;
+    type WorkerResult = u64;
+
+    fn compute(&mut self, ctx: &mut WorkerContext<u64, u64>) -> Result<u64, BoxError> {
+        use superstep::collective::{Group, ReduceOp};
+        let (rank, workers) = (ctx.rank(), ctx.workers());
+        let last = ctx.last_master_result().copied().unwrap_or(1) % 1_000;
+        let half = Group::new((rank % 2..workers).step_by(2))?;
+        let mut small = collected(rank, last, 10);
+        ctx.among(&half)?.all_reduce(&mut small, ReduceOp::Sum)?;
+        let mut every = collected(rank, last, 5);
+        ctx.all_reduce(&mut every, ReduceOp::Max)?;
+        let mut among = ctx.among(&half)?;
+        let root = half.ranks()[last as usize % half.size()];
+        let value = mix(last, rank as u64);
+        let told: u64 = among.broadcast(root, (rank == root).then_some(&value))?;
+        if rank % 2 == 0 {
+            among.barrier()?;
+        }
+        let all: Vec<u64> = among.all_gather(&mix(rank as u64, last))?;
+        let sums = mix(small[3] as u64, every[4] as u64);
+        Ok(mix(sums, all.iter().fold(told, |a, &v| mix(a, v))))
+    }
+}
+
+fn grouped(policy: FailurePolicy) -> superstep::JobBuilder<u64, u64> {
+    Job::builder(Fold::default(), |_| Grouped)
+        .job_id("grouped")
+        .workers(5)
+        .iterations(4)
+        .barrier_mode(true)
+        .sync_timeout(Duration::from_secs(1))
+        .failure_policy(policy)
+}
+
+#[test]
+fn collectives_among_groups_run_in_the_simulator_as_in_the_runtime_and_recover_under_faults() {
+    let real = *grouped(FailurePolicy::Fail).run().unwrap().result;
+    let run = Simulation::from_job(|| grouped(FailurePolicy::Fail)).run(0);
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert_eq!(*run.outcome.unwrap().result, real);
+    // Workers and the master crash — inside a group's call too — and pieces are delayed:
+    // restarting every worker, each group's calls counted from the start again, the job
+    // ends as without faults; also with every rank a process of its own.
+    let faulty = Simulation::from_job(|| grouped(FailurePolicy::RestartAll { max_attempts: 100 }))
+        .faults(Faults::all(0.05));
+    faulty.check(0..100, ends_with(real));
+    faulty.launched(100).check(0..60, ends_with(real));
+}
+
 #[test]
 fn a_worker_lost_inside_a_collective_releases_every_rank_within_the_sync_timeout() {
     // Under `Fail`, each seed a worker may crash during its compute — inside one of its

@@ -451,6 +451,7 @@ fn a_worker_reaches_a_master_started_again_learns_its_attempt_and_nothing_old_re
             mail: Default::default(),
             saved: None,
             calls: 0,
+            group_calls: None,
             elapsed: Duration::ZERO,
         })
     };

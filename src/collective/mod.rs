@@ -27,6 +27,12 @@
 //! way at once, each wait of the rank's driving them all; they count in the order they
 //! were started.
 //!
+//! Every collective can also run among a [`Group`] of the ranks alone
+//! ([`WorkerContext::among`]), as among an MPI communicator made of some of the world's
+//! ranks: its calls are counted apart from the job's and other groups', with the same
+//! rules inside the group, errors naming ranks as the job does and the call as `call 2 of
+//! group … in iteration 5`.
+//!
 //! The master's node holds these rules without standing in a call's way: a call whose
 //! result holds a piece of every rank's (an `all_reduce`, a barrier among the workers, the
 //! fold of results on rank 0), each piece checked against the receiver's own call, proves
@@ -45,19 +51,24 @@ use crate::compute::WorkerContext;
 use crate::error::SyncError;
 pub(crate) mod buffers;
 mod fold;
+mod group;
 mod started;
 
-pub use crate::ids::{Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, ReduceOp};
+pub use crate::group::Group;
+pub use crate::ids::{
+    Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, GroupId, ReduceOp,
+};
 use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{
-    all_vouch, exchange, segment, vouches, CallSetup, CallShape, CallStart, Carried, Flying,
-    RankCall,
+    all_vouch, exchange, placed, segment, vouches, CallSetup, CallShape, CallStart, Carried,
+    Flying, RankCall,
 };
 use crate::sync_link::{awaitable, block, in_span, Notice, Wait};
 pub(crate) use buffers::fold_into;
 use buffers::{Elements, Whole};
 pub(crate) use fold::FoldAmong;
+pub use group::Among;
 pub use started::Started;
 
 /// Below this many bytes a value takes the latency-optimal way (log₂(ranks) steps),
@@ -304,8 +315,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
 
     /// The elements of a value of `len` elements that
     /// [`reduce_scatter`](Self::reduce_scatter) gives this rank.
+    /// Among a group ([`among`](Self::among)), this rank's segment of the group's.
     pub fn segment(&self, len: usize) -> Range<usize> {
-        segment(len, self.workers, self.rank)
+        let (place, ranks) = self.place();
+        segment(len, ranks, place)
     }
 
     /// Every rank gets rank `from`'s value: `from` passes `Some`, the others `None` (their
@@ -367,7 +380,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let bytes = if self.rank == from {
             let (mut bytes, algorithm) = self.broadcast_bytes(from, value)?;
             let buffer = Elements::new(&mut bytes[..], ReduceOp::Sum);
-            self.collective_in(kind, algorithm, CHUNK as u64, buffer, wait)
+            self.collective_in(kind, algorithm, CHUNK as u32, buffer, wait)
                 .await?;
             bytes
         } else {
@@ -459,7 +472,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
     /// answers once every rank made it.
     pub(crate) async fn barrier_in(&mut self, wait: Wait) -> Result<(), SyncError> {
         let peers = self.sync.as_ref().is_some_and(|sync| sync.peers.is_ok());
-        if !peers {
+        if !peers && self.scope.is_none() {
             return self
                 .sync_call_in(SyncKind::Barrier, Vec::new(), wait)
                 .await
@@ -494,7 +507,11 @@ impl<M, W: 'static> WorkerContext<M, W> {
         bytes: Vec<u8>,
         wait: Wait,
     ) -> Result<Vec<Vec<u8>>, SyncError> {
-        let (rank, workers) = (self.rank, self.workers);
+        let rank = self.rank;
+        let (place, workers) = self.place();
+        // Among a group, the messages' places are its ranks'.
+        let group = self.scope.clone();
+        let name = |at: usize| group.as_ref().map_or(at, |g| g.ranks()[at]);
         let far = match self.sync.as_ref().map(|sync| &sync.peers) {
             Some(Ok(peers)) => peers.spans_processes(),
             _ => {
@@ -519,21 +536,22 @@ impl<M, W: 'static> WorkerContext<M, W> {
             ))
         })?;
         let mut slots = vec![None; workers];
-        slots[rank] = Some(sent);
+        slots[place] = Some(sent);
         let routes = Whole {
             value: slots,
             fold: keep_held as fn(&mut Option<Vec<u8>>, Option<Vec<u8>>),
         };
         let kind = CollectiveKind::AllGather;
         // The whole value in one piece a step.
-        let chunk = workers as u64;
+        let chunk = u32::try_from(workers).unwrap_or(u32::MAX);
         let routes = self
             .collective_in(kind, Algorithm::Doubling, chunk, routes, wait)
             .await?
             .value;
         let mut rows = Vec::with_capacity(workers);
         let mut around = Vec::new();
-        for (from, entry) in routes.into_iter().enumerate() {
+        for (at, entry) in routes.into_iter().enumerate() {
+            let from = name(at);
             let decoded = entry
                 .ok_or_else(|| "it never came".to_owned())
                 .and_then(|entry| {
@@ -542,7 +560,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
             match decoded {
                 Ok(GatherRoute::Here(bytes)) => rows.push(bytes),
                 Ok(GatherRoute::Ring(len)) => {
-                    around.push((from, len));
+                    around.push((at, len));
                     rows.push(Vec::new());
                 }
                 Err(e) => {
@@ -558,7 +576,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // Some rank's message goes around the ring: every rank's part in it is its own
         // message when it went that way, nothing when the first exchange carried it.
         let mut ring = vec![Vec::new(); workers];
-        ring[rank] = own;
+        ring[place] = own;
         let buffer = Whole {
             value: ring,
             // An all-gather only puts.
@@ -568,15 +586,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
             .collective_in(kind, Algorithm::Ring, 1, buffer, wait)
             .await?
             .value;
-        for (from, len) in around {
-            let bytes = std::mem::take(&mut ring[from]);
+        for (at, len) in around {
+            let bytes = std::mem::take(&mut ring[at]);
+            let from = name(at);
             if bytes.len() as u64 != len {
                 return Err(SyncError::Codec(format!(
                     "rank {from}'s all_gather message came to rank {rank} as {} byte(s), not the {len} it announced",
                     bytes.len()
                 )));
             }
-            rows[from] = bytes;
+            rows[at] = bytes;
         }
         Ok(rows)
     }
@@ -601,7 +620,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
-        chunk: u64,
+        chunk: u32,
         buffer: B,
     ) -> Result<B, SyncError>
     where
@@ -616,7 +635,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
-        chunk: u64,
+        chunk: u32,
         buffer: B,
         wait: Wait,
     ) -> Result<B, SyncError>
@@ -637,7 +656,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
-        chunk: u64,
+        chunk: u32,
         buffer: B,
         wait: Wait,
     ) -> Result<(Epoch, CallStart<B>), SyncError>
@@ -651,8 +670,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         };
         let epoch = self.start_collective(kind, Some(shape), wait)?;
         let call = CallShape::call(Some(shape), epoch, self.call_at(epoch), kind);
-        let values = self.peers_take_values();
-        let exchange = exchange(call, self.workers, self.rank, buffer, values);
+        let exchange = exchange(call, &self.call_setup(epoch)?, buffer);
         Ok((epoch, CallStart::Known(Box::new(exchange))))
     }
 
@@ -688,9 +706,12 @@ impl<M, W: 'static> WorkerContext<M, W> {
                     workers,
                 });
             }
+            if let Some(group) = self.scope.as_ref().filter(|g| !g.contains(root)) {
+                return Err(group.without(root));
+            }
         }
         let called = kind.sync_kind();
-        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
+        let sync = self.sync.as_ref().ok_or(SyncError::NotEnabled(called))?;
         if self.iteration == 0 {
             return Err(SyncError::OutsideCompute(called));
         }
@@ -700,8 +721,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         if let Err(why) = &sync.peers {
             return Err(SyncError::NoPeers((*why).to_owned()));
         }
-        let epoch = self.epoch;
-        self.epoch += 1;
+        let sync_timeout = sync.config.job.sync_timeout;
+        let epoch = self.count_call();
         // The master's node hears of the call as of a sync call, and holds the rules: the
         // same call on every rank, within the sync timeout of the first, none returned
         // without it; it answers every rank when they are broken. The values themselves
@@ -709,15 +730,22 @@ impl<M, W: 'static> WorkerContext<M, W> {
         // call (`vouches`) does not wait for the node's word that they did; where no rank
         // does, its word may go soon (a few milliseconds later at most), unless the sync
         // timeout is so short that those would count.
+        // (A group's calls, the same among its ranks.)
         let len = shape.and_then(|s| usize::try_from(s.len).ok());
-        let notice = notice(
-            kind,
-            (self.rank, self.workers),
-            len,
-            sync.config.job.sync_timeout,
-        );
+        let placed = self
+            .scope
+            .as_ref()
+            .map_or(kind, |g| placed(kind, g.ranks()));
+        let notice = notice(placed, self.place(), len, sync_timeout);
         let shape = crate::codec::to_vec(&shape).map_err(|e| SyncError::Codec(e.to_string()))?;
-        sync.call(epoch, called, shape, notice)?;
+        // A group's ranks go with the rank's first call among it: the node knows the group
+        // from then on.
+        let ranks = match &self.scope {
+            Some(group) if epoch == 0 => group.ranks(),
+            _ => &[],
+        };
+        let sync = self.sync.as_ref().expect("looked at above");
+        sync.call((epoch, self.scope_id(), ranks), called, shape, notice)?;
         Ok(epoch)
     }
 
@@ -773,23 +801,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         B: Carried,
         B::Part: Send + 'static,
     {
-        let called = start.kind().sync_kind();
-        let at = self.call_at(epoch);
-        let (rank, workers) = (self.rank, self.workers);
-        let sync = self.sync.as_mut().ok_or(SyncError::NotEnabled(called))?;
-        let peers = match &sync.peers {
-            Ok(peers) => peers,
-            Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
-        };
-        let setup = CallSetup {
-            rank,
-            workers,
-            attempt: sync.attempt,
-            epoch,
-            at,
-            patience: sync.config.sync_patience,
-            values: peers.carries_values(),
-        };
+        let setup = self.call_setup(epoch)?;
+        let sync = self.sync.as_mut().expect("a call set up has a sync link");
         Ok(RankCall::new(
             setup,
             start,
@@ -797,6 +810,30 @@ impl<M, W: 'static> WorkerContext<M, W> {
             sync.now(),
             &mut sync.early,
         ))
+    }
+
+    /// Who makes this rank's call `epoch`, among the ranks the collectives made now are
+    /// among, and the limits it keeps.
+    fn call_setup(&self, epoch: Epoch) -> Result<CallSetup, SyncError> {
+        let sync = self
+            .sync
+            .as_ref()
+            .ok_or(SyncError::NotEnabled(SyncKind::Barrier))?;
+        let peers = match &sync.peers {
+            Ok(peers) => peers,
+            Err(why) => return Err(SyncError::NoPeers((*why).to_owned())),
+        };
+        Ok(CallSetup {
+            rank: self.rank,
+            workers: self.workers,
+            group: self.scope_id(),
+            members: self.scope.as_ref().map(Group::members),
+            attempt: sync.attempt,
+            epoch,
+            at: self.call_at(epoch),
+            patience: sync.config.sync_patience,
+            values: peers.carries_values(),
+        })
     }
 }
 
@@ -812,7 +849,7 @@ fn keep_held(mine: &mut Option<Vec<u8>>, other: Option<Vec<u8>>) {
 /// and a way of its); allocated without aborting on a length too large. A broadcast only
 /// puts: the op is never used.
 fn received(call: &CollectiveCall) -> Result<Elements<Vec<u8>, u8>, String> {
-    if call.chunk != CHUNK as u64 || !matches!(call.algorithm, Algorithm::Tree | Algorithm::Ring) {
+    if call.chunk != CHUNK as u32 || !matches!(call.algorithm, Algorithm::Tree | Algorithm::Ring) {
         return Err(format!(
             "a broadcast is sent in pieces of {CHUNK} bytes by tree or ring, not {} by {}",
             call.chunk, call.algorithm
@@ -866,8 +903,8 @@ fn fingerprint(lengths: &[usize]) -> u64 {
 }
 
 /// How many elements of `T` travel in one piece.
-fn chunk_of<T>() -> u64 {
-    (CHUNK / std::mem::size_of::<T>().max(1)) as u64
+fn chunk_of<T>() -> u32 {
+    (CHUNK / std::mem::size_of::<T>().max(1)) as u32
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::compute::WorkerContext;
 use crate::error::SyncError;
-use crate::ids::{Epoch, Rank};
+use crate::ids::{CallKey, Epoch, Rank};
 use crate::payload::{Element, Floats};
 use crate::protocol::{CallStart, Carried, Flying, RankCall};
 use crate::sync_link::{awaitable, block, in_span, Wait};
@@ -31,7 +31,7 @@ use crate::sync_link::{awaitable, block, in_span, Wait};
 #[must_use = "a started call must be finished (WorkerContext::finish): its peers wait for this rank's part"]
 pub struct Started<T> {
     rank: Rank,
-    epoch: Epoch,
+    key: CallKey,
     end: Ending<T>,
 }
 
@@ -39,7 +39,8 @@ impl<T> fmt::Debug for Started<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Started")
             .field("rank", &self.rank)
-            .field("epoch", &self.epoch)
+            .field("group", &self.key.group)
+            .field("epoch", &self.key.epoch)
             .finish()
     }
 }
@@ -140,7 +141,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         if self.rank == from {
             let (bytes, algorithm) = self.broadcast_bytes(from, value)?;
             let buffer = Elements::new(bytes, ReduceOp::Sum);
-            return self.start(kind, algorithm, CHUNK as u64, buffer, end);
+            return self.start(kind, algorithm, CHUNK as u32, buffer, end);
         }
         let epoch = self.start_collective(kind, None, Wait::Block)?;
         let start = CallStart::Awaited {
@@ -193,27 +194,27 @@ impl<M, W: 'static> WorkerContext<M, W> {
         if wait == Wait::Await {
             awaitable()?;
         }
-        let Started { rank, epoch, end } = started;
+        let Started { rank, key, end } = started;
         let not_started = SyncError::NotStarted {
             rank: self.rank,
-            epoch,
+            epoch: key.epoch,
         };
         let call = match self.sync.as_ref() {
-            Some(sync) if rank == self.rank => sync.flying.call(epoch),
+            Some(sync) if rank == self.rank => sync.flying.call(key),
             _ => None,
         };
         let Some(call) = call else {
             return Err(not_started);
         };
-        let span = self.call_span(epoch, call.kind);
-        let next = self.epoch;
+        let span = self.call_span(key.epoch, call.kind);
+        let next = self.next_call(key.group);
         let sync = self
             .sync
             .as_mut()
             .expect("a call in flight has a sync link");
         // Driven where it is: a future dropped half-way leaves the call in flight.
-        in_span(span, sync.finish(epoch, next, wait)).await;
-        let Some(flight) = sync.flying.take(epoch) else {
+        in_span(span, sync.finish(key, next, wait)).await;
+        let Some(flight) = sync.flying.take(key) else {
             return Err(not_started);
         };
         end(flight.into_end(), rank, call.kind).unwrap_or(Err(not_started))
@@ -224,7 +225,7 @@ impl<M, W: 'static> WorkerContext<M, W> {
         &mut self,
         kind: CollectiveKind,
         algorithm: Algorithm,
-        chunk: u64,
+        chunk: u32,
         buffer: B,
         end: Ending<T>,
     ) -> Result<Started<T>, SyncError>
@@ -251,7 +252,10 @@ impl<M, W: 'static> WorkerContext<M, W> {
         sync.send_flights();
         Started {
             rank: self.rank,
-            epoch,
+            key: CallKey {
+                group: self.scope_id(),
+                epoch,
+            },
             end,
         }
     }

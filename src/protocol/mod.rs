@@ -22,6 +22,7 @@ mod collective;
 mod config;
 mod event;
 mod gate;
+mod groups;
 mod master;
 mod recovery;
 mod report;
@@ -40,11 +41,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ErrorSource, JobError};
-use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank, SyncKind};
+use crate::error::{ErrorSource, JobError, SyncError};
+use crate::ids::{Attempt, Epoch, FoldRoute, GroupId, Iteration, Rank, SyncKind};
 
 pub(crate) use collective::CallShape;
-pub(crate) use collective::{all_vouch, segment, vouches};
+pub(crate) use collective::{all_vouch, placed, segment, vouches};
 pub(crate) use collective::{
     exchange, CallSetup, CallStart, Carried, Early, Flight, Flights, Flying, RankCall, SendFailure,
 };
@@ -53,6 +54,7 @@ pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, W
 pub use event::JobEvent;
 pub(crate) use gate::ForWorkers;
 pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
+pub(crate) use groups::GroupEpochs;
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,
     Reach, Resumed,
@@ -110,8 +112,10 @@ pub struct Report<W> {
     pub result: Share<W>,
     /// Whether the worker voted to halt (see `JobConfig::worker_halt`).
     pub halt_vote: bool,
-    /// What its messages of the iteration came to (`JobBuilder::messages`; zero without).
-    pub mail: crate::protocol::MailCount,
+    /// What its messages of the iteration came to (`JobBuilder::messages`; `None`
+    /// without). Boxed: a job without messages moves no counts of them.
+    #[serde(default)]
+    pub mail: Option<Box<crate::protocol::MailCount>>,
     /// How long the worker's iteration (hooks and compute) took.
     pub elapsed: Duration,
     /// What the worker saved for the checkpoint of this iteration, in the iterations a
@@ -119,13 +123,22 @@ pub struct Report<W> {
     /// a report moves a few times a round, and one without it stays small.
     #[serde(default)]
     pub saved: Option<Box<WorkerSave>>,
-    /// How many sync calls and collectives the worker had made in its attempt when its
-    /// iteration ended (the epoch of its next call): the master's node tells a rank that
+    /// How many sync calls and collectives among every rank the worker had made in its
+    /// attempt when its iteration ended (the epoch of its next call): the master's node tells a rank that
     /// returned without a call from one whose call is still on its way — a collective
     /// returns without the node's word, so its call may come after the result.
     #[serde(default)]
     pub calls: Epoch,
+    /// The same, of each group of ranks the worker made calls among
+    /// (`collective::Group`); `None` when it made none among any. Boxed, as `saved`.
+    #[serde(default)]
+    pub group_calls: Option<Box<GroupCalls>>,
 }
+
+/// How many calls a worker made among each group of ranks in its attempt (the epoch of its
+/// next among each), in the order of the groups' ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupCalls(pub Vec<(GroupId, Epoch)>);
 
 /// What a worker saves for a checkpoint of an iteration, and is given back when the job
 /// resumes from it: its own state (`WorkerComputable::save_state`) and the messages sent
@@ -253,6 +266,12 @@ pub enum ToMaster<W> {
         /// A collective whose result proves it (an `all_reduce`: a piece of every rank's
         /// is in it) does not: the node answers it only with an error.
         awaits: bool,
+        /// The ranks the call is among: every rank ([`GroupId::ALL`]), or a group of them
+        /// (`collective::Group`), whose calls are counted apart.
+        group: GroupId,
+        /// The group's ranks, in rank order, with the worker's first call among it in its
+        /// attempt (empty otherwise, and for every rank's calls).
+        ranks: Vec<Rank>,
     },
     /// The copy of a checkpoint this worker's process keeps, offered to a master's node
     /// its link reached (before the worker registers), for a master that lost its own.
@@ -296,14 +315,17 @@ pub enum ToWorker<M> {
         /// The job's first failure.
         error: JobError,
     },
-    /// The answer to the worker's sync call `epoch`.
+    /// The answer to the worker's sync call `epoch` of `group`'s calls.
     SyncReply {
         /// The attempt of the job.
         attempt: Attempt,
         /// The call answered.
         epoch: Epoch,
-        /// Every rank's message in rank order, or why the epoch failed.
-        result: SyncResult,
+        /// The ranks it was among.
+        group: GroupId,
+        /// Every rank's message in rank order, or why the epoch failed (boxed: a reply
+        /// that says every rank made the call stays small).
+        result: Result<Arc<Vec<Vec<u8>>>, Box<SyncError>>,
     },
     /// Before the first iteration of an attempt that resumes from a checkpoint: what this
     /// worker saved in it, to restore before that iteration's compute.
@@ -450,10 +472,12 @@ impl<M> Clone for ToWorker<M> {
             ToWorker::SyncReply {
                 attempt,
                 epoch,
+                group,
                 result,
             } => ToWorker::SyncReply {
                 attempt: *attempt,
                 epoch: *epoch,
+                group: *group,
                 result: result.clone(),
             },
             ToWorker::Restore { attempt, save } => ToWorker::Restore {
@@ -479,7 +503,12 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Iterate { iteration, .. } => write!(f, "iterate {iteration}"),
             ToWorker::Finish { iterations, .. } => write!(f, "finish after {iterations}"),
             ToWorker::Abort { error, .. } => write!(f, "abort: {error}"),
-            ToWorker::SyncReply { epoch, .. } => write!(f, "answer to sync call {epoch}"),
+            ToWorker::SyncReply { epoch, group, .. } if *group == GroupId::ALL => {
+                write!(f, "answer to sync call {epoch}")
+            }
+            ToWorker::SyncReply { epoch, group, .. } => {
+                write!(f, "answer to sync call {epoch} among {group}")
+            }
             ToWorker::Restore { save, .. } => write!(
                 f,
                 "restore {} bytes of state and {} of messages",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::JobError;
 use crate::error::SyncError;
-use crate::ids::{CallAt, Epoch, Iteration, Rank, SyncKind};
+use crate::ids::{CallAt, Epoch, GroupId, Iteration, Rank, SyncKind};
 use crate::protocol::CallShape;
 
 /// What a sync call gets back: every rank's message in rank order (empty ones for
@@ -23,7 +23,8 @@ pub struct SyncStep {
     pub failed: Option<SyncError>,
 }
 
-/// The epochs of one attempt.
+/// The epochs of one attempt, of the calls among every rank or among a group of them
+/// ([`SyncState::among`]).
 ///
 /// Call order: [`new_iteration`](Self::new_iteration) when an iteration opens;
 /// [`on_call`](Self::on_call) for each call; [`on_returned`](Self::on_returned) when a
@@ -42,6 +43,10 @@ pub struct SyncStep {
 #[derive(Debug)]
 pub struct SyncState {
     workers: usize,
+    /// The group the calls are among, and its ranks in order (`None`: every rank, whose
+    /// place is its rank). Ranks come in and go out as the job's; inside, by place.
+    group: GroupId,
+    ranks: Option<Arc<[Rank]>>,
     timeout: Duration,
     epoch: Epoch,
     iteration: Iteration,
@@ -75,6 +80,8 @@ impl SyncState {
     pub fn new(workers: usize, timeout: Duration) -> Self {
         SyncState {
             workers,
+            group: GroupId::ALL,
+            ranks: None,
             timeout,
             epoch: 0,
             iteration: 0,
@@ -90,6 +97,49 @@ impl SyncState {
         }
     }
 
+    /// Epochs of the calls among the group of `ranks` (in rank order), each waiting at
+    /// most `timeout` from its first arrival. Ranks are the job's, in and out.
+    pub fn among(ranks: &[Rank], timeout: Duration) -> Self {
+        SyncState {
+            group: GroupId::of(ranks),
+            ranks: Some(ranks.into()),
+            ..SyncState::new(ranks.len(), timeout)
+        }
+    }
+
+    /// The group its calls are among.
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    /// The group's ranks (`None`: every rank).
+    pub fn ranks(&self) -> Option<&[Rank]> {
+        self.ranks.as_deref()
+    }
+
+    /// Whether `rank` makes calls among its ranks.
+    pub fn has(&self, rank: Rank) -> bool {
+        self.place(rank).is_some()
+    }
+
+    /// `rank`'s place among its ranks.
+    fn place(&self, rank: Rank) -> Option<usize> {
+        match &self.ranks {
+            None => (rank < self.workers).then_some(rank),
+            Some(ranks) => ranks.binary_search(&rank).ok(),
+        }
+    }
+
+    /// The rank at `place`.
+    fn name(&self, place: usize) -> Rank {
+        self.ranks.as_ref().map_or(place, |ranks| ranks[place])
+    }
+
+    /// The ranks at `places`.
+    fn names(&self, places: impl IntoIterator<Item = usize>) -> Vec<Rank> {
+        places.into_iter().map(|p| self.name(p)).collect()
+    }
+
     /// The epoch now gathering.
     pub fn epoch(&self) -> Epoch {
         self.epoch
@@ -98,7 +148,11 @@ impl SyncState {
     /// Forgets every epoch, for a new attempt whose workers count their sync calls from
     /// the start again. Release the old attempt's waiting ranks first ([`SyncState::abort`]).
     pub fn restart(&mut self) {
-        *self = SyncState::new(self.workers, self.timeout);
+        *self = SyncState {
+            group: self.group,
+            ranks: self.ranks.take(),
+            ..SyncState::new(self.workers, self.timeout)
+        };
     }
 
     /// An iteration opened: every rank computes again.
@@ -120,9 +174,9 @@ impl SyncState {
         awaits: bool,
     ) -> SyncStep {
         let step = SyncStep::default();
-        if rank >= self.workers {
+        let Some(rank) = self.place(rank) else {
             return step;
-        }
+        };
         let call = Call {
             kind,
             message,
@@ -163,29 +217,31 @@ impl SyncState {
         }
     }
 
-    /// Rank `rank`'s call `epoch`, which is not ahead of the epoch gathering.
-    fn arrive(&mut self, now: Instant, rank: Rank, epoch: Epoch, call: Call) -> SyncStep {
+    /// The rank at place `rank`'s call `epoch`, which is not ahead of the epoch gathering.
+    fn arrive(&mut self, now: Instant, rank: usize, epoch: Epoch, call: Call) -> SyncStep {
         let mut step = SyncStep::default();
+        let named = self.name(rank);
         if let Some(failure) = &self.failure {
-            step.replies.push((rank, epoch, Err(failure.clone())));
+            step.replies.push((named, epoch, Err(failure.clone())));
             return step;
         }
         if epoch != self.epoch {
             // The rank is out of step with the others: no later epoch can meet either.
             let error = SyncError::StaleEpoch {
-                rank,
+                rank: named,
+                group: self.group,
                 epoch,
                 current: self.epoch,
             };
             let mut step = self.fail(error.clone());
-            step.replies.push((rank, epoch, Err(error)));
+            step.replies.push((named, epoch, Err(error)));
             return step;
         }
         if self.poll_timeout().is_some_and(|deadline| now >= deadline) {
             // The deadline holds at arrival too, not only when the driver's timer fires.
             let mut step = self.handle_timeout(now);
             if let Some(failure) = &self.failure {
-                step.replies.push((rank, epoch, Err(failure.clone())));
+                step.replies.push((named, epoch, Err(failure.clone())));
             }
             return step;
         }
@@ -219,7 +275,7 @@ impl SyncState {
                 );
                 for r in awaiting {
                     step.replies
-                        .push((r, self.epoch, Ok(Arc::clone(&messages))));
+                        .push((self.name(r), self.epoch, Ok(Arc::clone(&messages))));
                 }
             }
             self.next_epoch();
@@ -230,9 +286,11 @@ impl SyncState {
     /// Rank `rank`'s compute of the current iteration returned, having made `calls` calls
     /// in the attempt (the epoch of its next): it makes no more calls in this iteration.
     pub fn on_returned(&mut self, rank: Rank, iteration: Iteration, calls: Epoch) -> SyncStep {
-        if rank >= self.workers || self.failure.is_some() || iteration != self.iteration {
+        let place = self.place(rank);
+        let Some(rank) = place.filter(|_| self.failure.is_none() && iteration == self.iteration)
+        else {
             return SyncStep::default();
-        }
+        };
         self.returned[rank] = Some(calls);
         match self.unmatched() {
             Some(unmatched) => self.fail(unmatched),
@@ -283,9 +341,7 @@ impl SyncState {
 
     /// Fails the gathering epoch as timed out, naming the ranks that did not arrive.
     fn time_out(&mut self, now: Instant) -> SyncStep {
-        let missing: Vec<Rank> = (0..self.workers)
-            .filter(|&r| self.calls[r].is_none())
-            .collect();
+        let missing = self.names((0..self.workers).filter(|&r| self.calls[r].is_none()));
         let waited = now.saturating_duration_since(self.first_arrival.unwrap_or(now));
         self.fail(SyncError::TimedOut {
             at: self.at(),
@@ -299,7 +355,7 @@ impl SyncState {
     /// without the call (it had made no more calls than the epochs before).
     fn unmatched(&self) -> Option<SyncError> {
         let kind = self.kind?;
-        let returned: Vec<Rank> = (0..self.workers)
+        let returned: Vec<usize> = (0..self.workers)
             .filter(|&r| {
                 self.calls[r].is_none() && self.returned[r].is_some_and(|made| made <= self.epoch)
             })
@@ -310,16 +366,14 @@ impl SyncState {
         Some(SyncError::Unmatched {
             at: self.at(),
             kind,
-            returned,
-            waiting: (0..self.workers)
-                .filter(|&r| self.calls[r].is_some())
-                .collect(),
+            returned: self.names(returned),
+            waiting: self.names((0..self.workers).filter(|&r| self.calls[r].is_some())),
         })
     }
 
     /// Where the call gathering stands in its iteration.
     fn at(&self) -> CallAt {
-        CallAt::of(self.iteration, self.iteration_epoch, self.epoch)
+        CallAt::of(self.iteration, self.iteration_epoch, self.epoch).in_group(self.group)
     }
 
     /// Whether `rank`'s call, just arrived, differs from those that came before: another
@@ -351,7 +405,7 @@ impl SyncState {
                 .calls
                 .iter()
                 .enumerate()
-                .filter_map(|(r, c)| c.as_ref().map(|c| (r, c.kind)))
+                .filter_map(|(r, c)| c.as_ref().map(|c| (self.name(r), c.kind)))
                 .collect();
             return Some(SyncError::Mismatch {
                 at: self.at(),
@@ -376,9 +430,9 @@ impl SyncState {
             std::mem::swap(&mut a, &mut b);
         }
         Some(SyncError::CollectiveMismatch {
-            rank: a.0,
+            rank: self.name(a.0),
             call: Box::new(a.1),
-            peer: b.0,
+            peer: self.name(b.0),
             peer_call: Box::new(b.1),
         })
     }
@@ -389,12 +443,14 @@ impl SyncState {
         let mut step = SyncStep::default();
         for (r, call) in self.calls.iter().enumerate() {
             if call.is_some() {
-                step.replies.push((r, self.epoch, Err(error.clone())));
+                step.replies
+                    .push((self.name(r), self.epoch, Err(error.clone())));
             }
         }
-        for (r, ahead) in self.ahead.iter_mut().enumerate() {
-            for (_, epoch, _) in ahead.drain(..) {
-                step.replies.push((r, epoch, Err(error.clone())));
+        for r in 0..self.workers {
+            let name = self.name(r);
+            for (_, epoch, _) in self.ahead[r].drain(..) {
+                step.replies.push((name, epoch, Err(error.clone())));
             }
         }
         self.next_epoch();
@@ -466,6 +522,7 @@ mod tests {
             at: CallAt {
                 iteration: 1,
                 call: 1,
+                group: crate::ids::GroupId::ALL,
             },
             calls: vec![(0, SyncKind::Barrier), (2, SyncKind::AllGather)],
         };
@@ -564,7 +621,8 @@ mod tests {
                 Some(SyncError::Mismatch {
                     at: CallAt {
                         iteration: 2,
-                        call: 2
+                        call: 2,
+                        ..
                     },
                     ..
                 })
@@ -639,6 +697,7 @@ mod tests {
                 at: CallAt {
                     iteration: 4,
                     call: 1,
+                    group: crate::ids::GroupId::ALL,
                 },
                 kind: SyncKind::Barrier,
                 returned: vec![1],
@@ -680,6 +739,7 @@ mod tests {
                 7,
                 Err(SyncError::StaleEpoch {
                     rank: 0,
+                    group: GroupId::ALL,
                     epoch: 7,
                     current: 3
                 })
@@ -718,6 +778,7 @@ mod tests {
             at: CallAt {
                 iteration: 1,
                 call: 1,
+                group: crate::ids::GroupId::ALL,
             },
             calls: vec![(0, SyncKind::Barrier), (2, SyncKind::AllGather)],
         };

@@ -5,7 +5,7 @@
 use std::sync::{mpsc, Arc};
 
 use crate::error::JobError;
-use crate::ids::{Attempt, Epoch};
+use crate::ids::{Attempt, CallKey, Epoch, GroupId};
 use crate::payload::Payload;
 use crate::protocol::{Early, Flights, SyncResult, ToMaster, WorkerConfig};
 use crate::sync_link::{Incoming, SyncLink, SyncSender};
@@ -36,10 +36,11 @@ impl Handing {
 }
 
 impl SyncAnswers {
-    /// The answer to call `epoch`, for the compute waiting in it (it may have given up
-    /// waiting already; then nobody listens).
-    pub(crate) fn answer(&self, epoch: Epoch, result: SyncResult) {
-        self.to.send(Incoming::Answer(epoch, result));
+    /// The answer to call `epoch` of `group`'s, for the compute waiting in it (it may have
+    /// given up waiting already; then nobody listens).
+    pub(crate) fn answer(&self, (epoch, group): (Epoch, GroupId), result: SyncResult) {
+        self.to
+            .send(Incoming::Answer(CallKey { group, epoch }, result));
     }
 
     /// The job failed with `error`: the call waiting, and every later one, fails with it
@@ -48,7 +49,8 @@ impl SyncAnswers {
         if self.ended.set(error.clone()).is_ok() {
             // Wakes a compute waiting in a sync call: not its epoch, so it looks.
             let failed = error.as_sync_failure();
-            self.to.send(Incoming::Answer(Epoch::MAX, Err(failed)));
+            self.to
+                .send(Incoming::Answer(CallKey::all(Epoch::MAX), Err(failed)));
         }
     }
 

@@ -36,6 +36,9 @@ impl<M: Payload, W: Payload> Host<M, W> for ActorHost<'_, M, W> {
         self.link.send(msg)
     }
 
+    // The unit given back is the one handed in, moved, only when the actor is gone: boxing
+    // it would cost every round an allocation.
+    #[allow(clippy::result_large_err)]
     fn homeward(&mut self) -> Homeward<M, W> {
         let addr = self.ctx.address();
         Box::new(move |done| match addr.try_send(Home(done)) {

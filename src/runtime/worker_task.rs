@@ -259,6 +259,9 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         }
         let (computable, ctx) = (&mut self.computable, &mut self.ctx);
         let mut result = guarded(|| computable.compute(ctx));
+        // The round's own exchanges (messages, the fold) are among every rank, whatever
+        // context among a group the compute left behind (one forgotten, not dropped).
+        self.ctx.scope = None;
         if self.left_calls() {
             result = self.unfinished(result.is_ok()).and(result);
         }
@@ -293,6 +296,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
             elapsed: self.clock.saturating_duration_since(started),
             saved,
             calls: self.ctx.epoch,
+            group_calls: self.ctx.group_calls(),
         })
     }
 
@@ -328,15 +332,17 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
 
     /// Sends the messages this compute sent to their ranks and takes in those sent to
     /// this one, when the job has messages.
-    fn post(&mut self) -> Result<MailCount, JobError> {
+    fn post(&mut self) -> Result<Option<Box<MailCount>>, JobError> {
         let Some(mut post) = self.ctx.mail.take() else {
-            return Ok(MailCount::default());
+            return Ok(None);
         };
         let _span = tracing::debug_span!("messages", rank = self.ctx.rank).entered();
         let ctx = &mut self.ctx;
         let posted = guarded(|| post.exchange(ctx).map_err(Into::into));
         self.ctx.mail = Some(post);
-        posted.map_err(|c| self.fail(Phase::Compute, c))
+        posted
+            .map(|mail| Some(Box::new(mail)))
+            .map_err(|c| self.fail(Phase::Compute, c))
     }
 
     /// What the worker sends the master of its `result`: the result itself, or — when

@@ -195,6 +195,25 @@ where
     over_tcp_with(world, job, |_| {}, run)
 }
 
+/// Runs the job `make` builds in memory, then every rank of it on its own TCP transport
+/// ([`over_tcp`], job name `name`), and asserts that every rank ends with the in-memory
+/// result.
+#[cfg(feature = "tcp")]
+pub fn same_over_tcp(
+    workers: usize,
+    name: &str,
+    make: impl Fn() -> JobBuilder<u64, u64> + Send + Sync + 'static,
+) {
+    let in_memory = make().run().unwrap();
+    let outcomes = over_tcp(workers, name, move |_, transport| {
+        make().transport(transport).run()
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome.result, in_memory.result, "rank {rank}");
+    }
+}
+
 /// [`over_tcp`], every rank's settings adjusted by `adjust`.
 #[cfg(feature = "tcp")]
 pub fn over_tcp_with<M, W, F>(

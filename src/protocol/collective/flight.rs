@@ -9,14 +9,14 @@ use std::time::Instant;
 use super::call::{Carried, Early, PeerEvent, RankCall, SendFailure};
 use super::PeerMessage;
 use crate::error::SyncError;
-use crate::ids::{Attempt, CollectiveCall, Epoch, Rank};
+use crate::ids::{Attempt, CallKey, CollectiveCall, Rank};
 use crate::protocol::SyncResult;
 
 /// What a wait drives: a call this rank made, as the inputs that reach it come. The
 /// order is [`RankCall`]'s, with [`settled`](Flight::settled) for its `poll_outcome`.
 pub(crate) trait Flight {
-    /// The call's number among the rank's sync calls.
-    fn epoch(&self) -> Epoch;
+    /// The call's group, and its number among the rank's calls of that group.
+    fn key(&self) -> CallKey;
 
     /// The next piece to send, to whom.
     fn poll_send(&mut self) -> Option<(Rank, PeerMessage)> {
@@ -50,7 +50,7 @@ pub(crate) trait Flight {
     }
 
     /// The master's node's answer to this rank's call `answered`.
-    fn handle_answer(&mut self, answered: Epoch, result: &SyncResult);
+    fn handle_answer(&mut self, answered: CallKey, result: &SyncResult);
 
     /// The job failed, as the worker heard.
     fn handle_job_failed(&mut self, failure: SyncError);
@@ -92,8 +92,8 @@ where
     B: Carried,
     B::Part: Send + 'static,
 {
-    fn epoch(&self) -> Epoch {
-        self.call.call().seq
+    fn key(&self) -> CallKey {
+        self.call.call().key()
     }
 
     fn poll_send(&mut self) -> Option<(Rank, PeerMessage)> {
@@ -122,7 +122,7 @@ where
         self.call.resume(now);
     }
 
-    fn handle_answer(&mut self, answered: Epoch, result: &SyncResult) {
+    fn handle_answer(&mut self, answered: CallKey, result: &SyncResult) {
         self.call
             .handle_answer(answered, result.as_ref().map(drop).map_err(Clone::clone));
     }
@@ -184,25 +184,25 @@ impl Flights {
         self.started.push(call);
     }
 
-    /// Takes call `epoch` out, if it is in flight.
-    pub(crate) fn take(&mut self, epoch: Epoch) -> Option<Box<dyn Parked>> {
-        let at = self.started.iter().position(|c| c.epoch() == epoch)?;
+    /// Takes call `key` out, if it is in flight.
+    pub(crate) fn take(&mut self, key: CallKey) -> Option<Box<dyn Parked>> {
+        let at = self.started.iter().position(|c| c.key() == key)?;
         Some(self.started.remove(at))
     }
 
-    /// Call `epoch`, if it is in flight.
-    pub(crate) fn call(&self, epoch: Epoch) -> Option<CollectiveCall> {
+    /// Call `key`, if it is in flight.
+    pub(crate) fn call(&self, key: CallKey) -> Option<CollectiveCall> {
         self.started
             .iter()
-            .find(|c| c.epoch() == epoch)
+            .find(|c| c.key() == key)
             .map(|c| c.call())
     }
 
-    /// Whether call `epoch` is in flight and ended.
-    pub(crate) fn ended(&mut self, epoch: Epoch) -> bool {
+    /// Whether call `key` is in flight and ended.
+    pub(crate) fn ended(&mut self, key: CallKey) -> bool {
         self.started
             .iter_mut()
-            .any(|c| c.epoch() == epoch && c.settled())
+            .any(|c| c.key() == key && c.settled())
     }
 
     /// The rank waits again, at `now`: see [`Flight::resume`].
@@ -240,7 +240,7 @@ impl Flights {
         call: CollectiveCall,
         failure: SendFailure,
     ) {
-        if let Some(c) = self.started.iter_mut().find(|c| c.epoch() == call.seq) {
+        if let Some(c) = self.started.iter_mut().find(|c| c.key() == call.key()) {
             c.handle_send_failed(now, to, call, failure);
         }
     }
@@ -256,7 +256,8 @@ impl Flights {
     ) -> Option<PeerEvent> {
         match &event {
             PeerEvent::Message(m) => {
-                match self.started.iter_mut().find(|c| c.epoch() == m.call.seq) {
+                let key = m.call.key();
+                match self.started.iter_mut().find(|c| c.key() == key) {
                     Some(c) => {
                         c.handle_peer(now, event, early);
                         None
@@ -281,13 +282,13 @@ impl Flights {
     /// if it failed.
     pub(crate) fn handle_answer(
         &mut self,
-        answered: Epoch,
+        answered: CallKey,
         result: &SyncResult,
         failure: Option<&SyncError>,
     ) {
         for c in &mut self.started {
             c.handle_answer(answered, result);
-            if let Some(e) = failure.filter(|_| c.epoch() != answered) {
+            if let Some(e) = failure.filter(|_| c.key() != answered) {
                 c.handle_job_failed(e.clone());
             }
         }

@@ -82,7 +82,7 @@ pub(crate) struct CallShape {
     /// How the values travel.
     pub(crate) algorithm: Algorithm,
     /// How many elements travel in one piece.
-    pub(crate) chunk: u64,
+    pub(crate) chunk: u32,
 }
 
 impl CallShape {
@@ -164,6 +164,26 @@ impl fmt::Debug for PeerBody {
     }
 }
 
+/// `rank`'s place among `members` (in rank order): its rank in the group. A rank the
+/// group does not have is past its places.
+fn place(members: &[Rank], rank: Rank) -> usize {
+    members.binary_search(&rank).unwrap_or(members.len())
+}
+
+/// `kind` as a group of `members` runs it: a root named by its rank is at its place.
+pub(crate) fn placed(kind: CollectiveKind, members: &[Rank]) -> CollectiveKind {
+    match kind {
+        CollectiveKind::Broadcast { root } => CollectiveKind::Broadcast {
+            root: place(members, root),
+        },
+        CollectiveKind::Reduce { root, op } => CollectiveKind::Reduce {
+            root: place(members, root),
+            op,
+        },
+        kind => kind,
+    }
+}
+
 /// One rank's part in one collective call.
 pub struct Exchange<B: Buffer> {
     call: CollectiveCall,
@@ -199,9 +219,40 @@ impl<B: Buffer> Exchange<B> {
     /// Rank `rank`'s part, among `ranks` ranks, in `call` on `buffer` (whose length is
     /// `call.len`). The first pieces to send are ready at once.
     pub fn new(call: CollectiveCall, ranks: usize, rank: Rank, buffer: B) -> Self {
+        Exchange::made(call, ranks, rank, buffer, None)
+    }
+
+    /// Rank `rank`'s part in `call` on `buffer` among the ranks of a group, `members` (in
+    /// rank order, `rank` among them): the plan is the group's as if its ranks were `0..`,
+    /// its pieces going to and coming from the ranks themselves.
+    pub(crate) fn among(call: CollectiveCall, members: &[Rank], rank: Rank, buffer: B) -> Self {
+        Exchange::made(call, members.len(), rank, buffer, Some(members))
+    }
+
+    fn made(
+        call: CollectiveCall,
+        ranks: usize,
+        rank: Rank,
+        buffer: B,
+        members: Option<&[Rank]>,
+    ) -> Self {
         debug_assert_eq!(buffer.len() as u64, call.len);
         let chunk = usize::try_from(call.chunk.max(1)).unwrap_or(usize::MAX);
-        let plan = plan(call.kind, call.algorithm, ranks, rank, buffer.len());
+        // A group's plan is made among its places, `0..ranks`.
+        let (kind, local) = match members {
+            None => (call.kind, rank),
+            Some(members) => (placed(call.kind, members), place(members, rank)),
+        };
+        let mut plan = plan(kind, call.algorithm, ranks, local, buffer.len());
+        if let Some(members) = members {
+            for transfer in &mut plan {
+                match transfer {
+                    Transfer::Send { to: peer, .. } | Transfer::Recv { from: peer, .. } => {
+                        *peer = members[*peer];
+                    }
+                }
+            }
+        }
         let chunks = plan
             .iter()
             .map(|t| t.range().len().div_ceil(chunk))
@@ -225,7 +276,7 @@ impl<B: Buffer> Exchange<B> {
             receives,
             early: HashMap::new(),
             outbox: VecDeque::new(),
-            vouches: vouches(call.kind, ranks, rank, buffer.len()),
+            vouches: vouches(kind, ranks, local, buffer.len()),
             buffer,
         };
         for index in 0..chunks {

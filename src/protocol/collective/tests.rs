@@ -81,12 +81,13 @@ fn input(kind: CollectiveKind, ranks: usize, rank: Rank, len: usize) -> Words {
     )
 }
 
-fn call(kind: CollectiveKind, algorithm: Algorithm, len: usize, chunk: u64) -> CollectiveCall {
+fn call(kind: CollectiveKind, algorithm: Algorithm, len: usize, chunk: u32) -> CollectiveCall {
     CollectiveCall {
         seq: 7,
         at: crate::ids::CallAt {
             iteration: 3,
             call: 2,
+            group: crate::ids::GroupId::ALL,
         },
         kind,
         len: len as u64,
@@ -401,7 +402,7 @@ proptest! {
     fn any_delivery_order_ends_with_the_answer(
         ranks in 1usize..12,
         len in 0usize..40,
-        chunk in 1u64..8,
+        chunk in 1u32..8,
         root in 0usize..12,
         algorithm in 0usize..4,
         kind in 0usize..5,
@@ -419,7 +420,7 @@ proptest! {
     #[test]
     fn the_chain_sums_floats_bit_for_bit_as_the_master_folds_them(
         values in prop::collection::vec(prop::collection::vec(-1e6f64..1e6, 9), 1..9),
-        chunk in 1u64..5,
+        chunk in 1u32..5,
         seed in any::<u64>(),
     ) {
         let expected: Vec<f64> = (0..9)

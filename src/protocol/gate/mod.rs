@@ -58,7 +58,9 @@ impl Tally {
     /// Counts rank `rank`'s report in.
     fn count<W>(&mut self, rank: Rank, report: &Report<W>) {
         self.halt_votes += report.halt_vote as usize;
-        self.mail.add(&report.mail);
+        if let Some(mail) = &report.mail {
+            self.mail.add(mail);
+        }
         if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
             self.slowest = Some((rank, report.elapsed));
         }
@@ -371,7 +373,7 @@ impl<W> Gate<W> {
                     rank: from,
                     iteration,
                     elapsed: report.elapsed,
-                    mail: report.mail,
+                    mail: report.mail.as_deref().copied().unwrap_or_default(),
                 };
                 let complete = match self.round.offer(from, attempt, iteration, report) {
                     super::Offer::Completed => true,

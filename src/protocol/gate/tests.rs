@@ -37,6 +37,7 @@ fn report(iteration: Iteration, result: u32) -> ToMaster<u32> {
         mail: Default::default(),
         saved: None,
         calls: 0,
+        group_calls: None,
         elapsed: Duration::ZERO,
     })
 }
@@ -120,6 +121,7 @@ fn text(iteration: Iteration, s: &str) -> ToMaster<String> {
         mail: Default::default(),
         saved: None,
         calls: 0,
+        group_calls: None,
         elapsed: Duration::from_millis(s.len() as u64),
     })
 }
@@ -552,6 +554,7 @@ fn share(iteration: Iteration, share: Share<String>, vote: bool) -> ToMaster<Str
         mail: Default::default(),
         saved: None,
         calls: 0,
+        group_calls: None,
         elapsed: Duration::ZERO,
     })
 }
@@ -619,6 +622,7 @@ fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() 
         mail: Default::default(),
         saved: None,
         calls: 0,
+        group_calls: None,
         elapsed: Duration::ZERO,
     });
     gate.on_message(t0, env(1, passed));

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use super::config::{NodeConfig, Save};
 use super::{
-    Combiner, Envelope, FailurePolicy, ForWorkers, Gate, GateOutput, Gathered, HaltedBy,
-    IterationReport, JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery, Replica,
-    Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
+    Combiner, Envelope, FailurePolicy, ForWorkers, Gate, GateOutput, Gathered, GroupEpochs,
+    HaltedBy, IterationReport, JobEvent, JobOutcome, JobReport, Next, Recover, Recovered, Recovery,
+    Replica, Schedule, SyncState, SyncStep, Tally, ToMaster, ToWorker, Unsent, Wait, WorkerReport,
     WorkerSave,
 };
 
 use crate::error::{Cause, Hook, JobError, Phase, Waiting};
-use crate::ids::{Attempt, FoldRoute, Iteration, Rank};
+use crate::ids::{Attempt, FoldRoute, GroupId, Iteration, Rank};
 
 /// At most how long a wait for workers goes on between two lines that say so (it says so
 /// every quarter of its timeout when that is shorter).
@@ -140,6 +140,8 @@ pub(crate) struct MasterNode<M, W> {
     settings: NodeSettings,
     gate: Gate<W>,
     sync: SyncState,
+    /// The epochs of the calls among groups of ranks.
+    groups: GroupEpochs,
     recovery: Recovery,
     schedule: Schedule,
     stage: Stage<M>,
@@ -217,6 +219,7 @@ impl<M, W> MasterNode<M, W> {
         let mut node = MasterNode {
             gate,
             sync: SyncState::new(workers, c.job.sync_timeout),
+            groups: GroupEpochs::new(workers, c.job.sync_timeout),
             recovery: Recovery::new(c.job.failure_policy, workers, c.quorum(), attempt)
                 .barrier_mode(c.job.barrier_mode),
             schedule: Schedule::new(c.job.iterations, workers, c.job.worker_halt),
@@ -299,6 +302,7 @@ impl<M, W> MasterNode<M, W> {
         [
             self.gate.poll_timeout(),
             self.sync.poll_timeout(),
+            self.groups.poll_timeout(),
             master,
             self.reconnecting.as_ref().map(|(at, _)| *at),
         ]
@@ -416,10 +420,18 @@ impl<M, W> MasterNode<M, W> {
                 kind,
                 message,
                 awaits,
+                group,
+                ranks,
             } => {
                 if attempt == self.attempt() {
-                    let step = self.sync.on_call(now, from, epoch, kind, message, awaits);
-                    self.apply(now, step, reach);
+                    if group == GroupId::ALL {
+                        let step = self.sync.on_call(now, from, epoch, kind, message, awaits);
+                        self.apply(now, step, reach);
+                    } else {
+                        let call = (epoch, group, &ranks[..]);
+                        let step = self.groups.on_call(now, from, call, kind, message, awaits);
+                        self.apply_among(now, group, step, reach);
+                    }
                 }
                 return;
             }
@@ -430,6 +442,10 @@ impl<M, W> MasterNode<M, W> {
                 // Its compute returned: it makes no more sync calls this iteration.
                 let step = self.sync.on_returned(from, report.iteration, report.calls);
                 self.apply(now, step, reach);
+                let counts = report.group_calls.as_deref().map_or(&[][..], |g| &g.0);
+                for (group, step) in self.groups.on_returned(from, report.iteration, counts) {
+                    self.apply_among(now, group, step, reach);
+                }
             }
             ToMaster::Done {
                 attempt,
@@ -527,6 +543,9 @@ impl<M, W> MasterNode<M, W> {
         }
         let step = self.sync.handle_timeout(now);
         self.apply(now, step, reach);
+        for (group, step) in self.groups.handle_timeout(now) {
+            self.apply_among(now, group, step, reach);
+        }
         let output = self.gate.handle_timeout(now);
         self.on_gate_checked(now, output, reach);
         self.say_waiting(now, reach);

@@ -75,6 +75,7 @@ impl<M, W> MasterNode<M, W> {
         self.stage = Stage::Gathering(iteration);
         // Open before broadcasting, so no result can arrive before its round.
         self.sync.new_iteration(iteration);
+        self.groups.new_iteration(iteration);
         let fold = self.config.fold_route(self.last_fold);
         self.route = fold;
         if !self.gate.open_folding(now, iteration, fold) {
@@ -299,8 +300,7 @@ impl<M, W> MasterNode<M, W> {
                 self.forget_awaited(now, reach);
                 self.actions.push_back(Action::EndJob(error.clone()));
                 // Release every rank waiting in a sync call at once, with the job's failure.
-                let step = self.sync.abort(&error);
-                self.apply(now, step, reach);
+                self.release(now, &error, reach);
                 self.actions.push_back(Action::Broadcast(ToWorker::Abort {
                     attempt: self.attempt(),
                     error,

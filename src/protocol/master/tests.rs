@@ -180,6 +180,7 @@ impl Harness {
             mail: Default::default(),
             saved: None,
             calls: 0,
+            group_calls: None,
             elapsed: Duration::ZERO,
         };
         self.from(rank, ToMaster::Result(report));

@@ -138,9 +138,12 @@ impl<M, W> MasterNode<M, W> {
             ..
         })) = &output
         {
-            if self.sync.is_gathering() {
+            if self.sync.is_gathering() || self.groups.is_gathering() {
                 let step = self.sync.expire(now);
                 self.apply(now, step, reach);
+                for (group, step) in self.groups.expire(now) {
+                    self.apply_among(now, group, step, reach);
+                }
                 return;
             }
         }
@@ -369,10 +372,10 @@ impl<M, W> MasterNode<M, W> {
                 let attempt = *attempt;
                 // Release the old attempt's ranks waiting in a sync call first, while their
                 // links still reach them.
-                let step = self.sync.abort(&error);
-                self.apply(now, step, reach);
+                self.release(now, &error, reach);
                 self.gate.restart(now, attempt);
                 self.sync.restart();
+                self.groups.restart();
                 self.last = None;
                 self.actions.push_back(Action::ReplaceAll {
                     attempt,
@@ -466,13 +469,37 @@ impl<M, W> MasterNode<M, W> {
         }
     }
 
-    /// Sends the answers of a sync step, and fails the job if the step says so.
+    /// Releases every rank waiting in a sync call or a collective, of every group, with
+    /// the job's failure `error`.
+    pub(super) fn release(&mut self, now: Instant, error: &JobError, reach: &dyn Reach) {
+        let step = self.sync.abort(error);
+        self.apply(now, step, reach);
+        for (group, step) in self.groups.abort(error) {
+            self.apply_among(now, group, step, reach);
+        }
+    }
+
+    /// Sends the answers of a sync step of the calls among every rank, and fails the job
+    /// if the step says so.
     pub(super) fn apply(&mut self, now: Instant, step: SyncStep, reach: &dyn Reach) {
+        self.apply_among(now, GroupId::ALL, step, reach);
+    }
+
+    /// Sends the answers of a sync step of the calls among `group`, and fails the job if
+    /// the step says so.
+    pub(super) fn apply_among(
+        &mut self,
+        now: Instant,
+        group: GroupId,
+        step: SyncStep,
+        reach: &dyn Reach,
+    ) {
         for (rank, epoch, result) in step.replies {
             let msg = ToWorker::SyncReply {
                 attempt: self.attempt(),
                 epoch,
-                result,
+                group,
+                result: result.map_err(Box::new),
             };
             self.send(rank, msg);
         }

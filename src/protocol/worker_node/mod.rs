@@ -25,7 +25,7 @@ use super::{
 };
 
 use crate::error::{JobError, Waiting};
-use crate::ids::{Attempt, Epoch, FoldRoute, Iteration, Rank};
+use crate::ids::{Attempt, Epoch, FoldRoute, GroupId, Iteration, Rank};
 
 /// One unit of a worker's code.
 pub(crate) enum Work<M> {
@@ -70,8 +70,9 @@ pub(crate) enum WorkerAction<M, W> {
     /// Send the worker's report, from its code's context (`WorkerTask::done`): its last
     /// message, unless it `awaits_word` on its own failure (`ToMaster::Done`).
     SendDone { awaits_word: bool },
-    /// Hand this answer to the compute waiting in a sync call.
-    Answer(Epoch, SyncResult),
+    /// Hand this answer to the compute waiting in a sync call: of this epoch, of this
+    /// group's calls.
+    Answer((Epoch, GroupId), SyncResult),
     /// The job's first failure is known: a sync call waiting, and every later one, fails
     /// with it, and code given up on ends with it.
     Verdict(JobError),
@@ -366,8 +367,15 @@ impl<M, W> WorkerNode<M, W> {
                 }
             }
             WorkerCommand::Answer => {
-                if let ToWorker::SyncReply { epoch, result, .. } = msg {
-                    self.actions.push_back(WorkerAction::Answer(epoch, result));
+                if let ToWorker::SyncReply {
+                    epoch,
+                    group,
+                    result,
+                    ..
+                } = msg
+                {
+                    self.actions
+                        .push_back(WorkerAction::Answer((epoch, group), result.map_err(|e| *e)));
                 }
             }
             WorkerCommand::Restore => {

@@ -32,7 +32,7 @@ fn actions(node: &mut Node) -> Vec<String> {
             WorkerAction::SendResult(r) => format!("result {}", r.iteration),
             WorkerAction::SendDone { awaits_word: false } => "done".into(),
             WorkerAction::SendDone { awaits_word: true } => "done, awaiting word".into(),
-            WorkerAction::Answer(epoch, _) => format!("answer {epoch}"),
+            WorkerAction::Answer((epoch, _), _) => format!("answer {epoch}"),
             WorkerAction::Verdict(e) => format!("verdict ({})", short(&e)),
             WorkerAction::EndSync(_) => "end sync".into(),
             WorkerAction::EndJob(_) => "end job".into(),
@@ -59,6 +59,7 @@ fn report(iteration: Iteration) -> Worked<u64> {
         mail: Default::default(),
         saved: None,
         calls: 0,
+        group_calls: None,
         elapsed: Duration::ZERO,
     }))
 }

@@ -39,6 +39,9 @@ impl<M: 'static, W: 'static> Message for HostedHome<M, W> {
 
 /// Where a hosted worker's unit of work done on the pool comes home: the node actor's
 /// mailbox, or back to the caller when the actor is gone.
+// The unit given back is the one handed in, moved, only when the actor is gone: boxing it
+// would cost every round an allocation.
+#[allow(clippy::result_large_err)]
 pub(super) fn homeward<M: Payload, W: Payload>(
     addr: actix::Addr<NodeActor<M, W>>,
     rank: Rank,

@@ -27,7 +27,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 21;
+pub const PROTOCOL_VERSION: u16 = 22;
 
 const HEADER: usize = 4 + 2;
 
@@ -589,6 +589,7 @@ mod tests {
             at: crate::ids::CallAt {
                 iteration: u64::MAX,
                 call: u64::MAX,
+                group: crate::ids::GroupId(u64::MAX),
             },
             kind: crate::ids::CollectiveKind::Reduce {
                 root: usize::MAX,
@@ -596,7 +597,7 @@ mod tests {
             },
             len: u64::MAX,
             algorithm: crate::ids::Algorithm::Doubling,
-            chunk: u64::MAX,
+            chunk: u32::MAX,
         };
         let max_frame = HANDSHAKE_MAX_FRAME;
         let many = CollectiveCall {

@@ -21,7 +21,9 @@ mod tests;
 
 use super::{Buffer, CallShape, Exchange, PeerBody, PeerMessage, Piece};
 use crate::error::SyncError;
-use crate::ids::{Attempt, CallAt, CollectiveCall, CollectiveKind, Epoch, Rank};
+use std::sync::Arc;
+
+use crate::ids::{Attempt, CallAt, CallKey, CollectiveCall, CollectiveKind, Epoch, GroupId, Rank};
 
 /// How long a rank that lost a peer in a call the master's node has not released yet
 /// waits for the node's word on it.
@@ -78,37 +80,42 @@ impl Early {
         }
     }
 
-    /// Keeps what a peer sent for call `epoch` or a later one (the pieces of an
+    /// Keeps what a peer sent for call `key` or a later one (the pieces of an
     /// `all_gather` that goes around the ring may come before the master's node's answer
-    /// that starts it), and word of a lost peer; drops pieces of earlier calls, and
-    /// pieces and losses of other attempts (a connection of the attempt this worker
-    /// replaced, found lost after the gang restart, is no loss of its).
-    pub(crate) fn keep(&mut self, event: PeerEvent, epoch: Epoch) {
+    /// that starts it), or for another group's calls, and word of a lost peer; drops
+    /// pieces of earlier calls of `key`'s group, and pieces and losses of other attempts
+    /// (a connection of the attempt this worker replaced, found lost after the gang
+    /// restart, is no loss of its).
+    pub(crate) fn keep(&mut self, event: PeerEvent, key: CallKey) {
         match &event {
-            PeerEvent::Message(m) if m.attempt != self.attempt || m.call.seq < epoch => {}
+            PeerEvent::Message(m) if m.attempt != self.attempt || m.call.key().before(key) => {}
             PeerEvent::Lost { attempt, .. } if *attempt != self.attempt => {}
             _ => self.events.push(event),
         }
     }
 
-    /// The pieces of call `epoch` that came early, taken out, in the order they came; and
-    /// the first peer lost, if any was (kept: every later call fails on it too). Pieces of
-    /// earlier calls (kept while this rank made another call of their epoch, which the
-    /// master's node failed) are dropped.
-    pub(crate) fn take(&mut self, epoch: Epoch) -> (Vec<PeerMessage>, Option<(Rank, String)>) {
+    /// The pieces of call `key` that came early, taken out, in the order they came; and
+    /// the first peer lost that `concerns` the call, if any was (kept: every later call
+    /// fails on it too). Pieces of earlier calls of its group (kept while this rank made
+    /// another call of their epoch, which the master's node failed) are dropped.
+    pub(crate) fn take(
+        &mut self,
+        key: CallKey,
+        concerns: impl Fn(Rank) -> bool,
+    ) -> (Vec<PeerMessage>, Option<(Rank, String)>) {
         let mut lost = None;
         let mut pieces = Vec::new();
         let mut kept = Vec::new();
         for event in self.events.drain(..) {
             match event {
-                PeerEvent::Message(m) if m.call.seq == epoch => pieces.push(m),
-                PeerEvent::Message(m) if m.call.seq < epoch => {}
+                PeerEvent::Message(m) if m.call.key() == key => pieces.push(m),
+                PeerEvent::Message(m) if m.call.key().before(key) => {}
                 PeerEvent::Lost {
                     rank,
                     attempt,
                     reason,
                 } => {
-                    if lost.is_none() {
+                    if lost.is_none() && concerns(rank) {
                         lost = Some((rank, reason.clone()));
                     }
                     kept.push(PeerEvent::Lost {
@@ -149,14 +156,17 @@ impl<B: Buffer> CallStart<B> {
 }
 
 /// Who makes a call and the limits it keeps.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct CallSetup {
     /// The rank, among `workers`.
     pub(crate) rank: Rank,
     pub(crate) workers: usize,
+    /// The group of ranks the call is among, and its ranks in order (`None`: every rank).
+    pub(crate) group: GroupId,
+    pub(crate) members: Option<Arc<[Rank]>>,
     /// The attempt its worker runs: pieces and losses of another are not this call's.
     pub(crate) attempt: Attempt,
-    /// The call's number among the rank's sync calls.
+    /// The call's number among the rank's sync calls of its group.
     pub(crate) epoch: Epoch,
     /// Where the call stands in the iteration.
     pub(crate) at: CallAt,
@@ -166,6 +176,23 @@ pub(crate) struct CallSetup {
     pub(crate) patience: Duration,
     /// Whether the peers take parts as values (in one process), rather than encoded.
     pub(crate) values: bool,
+}
+
+impl CallSetup {
+    /// Whether `peer` is one of the ranks the call is among.
+    pub(crate) fn concerns(&self, peer: Rank) -> bool {
+        self.members
+            .as_ref()
+            .is_none_or(|members| members.binary_search(&peer).is_ok())
+    }
+
+    /// The call's key: its group's, and its number among them.
+    pub(crate) fn key(&self) -> CallKey {
+        CallKey {
+            group: self.group,
+            epoch: self.epoch,
+        }
+    }
 }
 
 /// Why a piece could not be sent.
@@ -222,17 +249,19 @@ where
         early: &mut Early,
     ) -> Self {
         let every = (setup.patience / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+        let key = setup.key();
+        let deadline = now.checked_add(setup.patience);
         let mut call = RankCall {
             setup,
             start,
             released,
             started: now,
-            deadline: now.checked_add(setup.patience),
+            deadline,
             every,
             word: now + every,
             stage: Stage::Running,
         };
-        let (pieces, lost) = early.take(setup.epoch);
+        let (pieces, lost) = early.take(key, |peer| call.setup.concerns(peer));
         if let Some((peer, reason)) = lost {
             call.lose(now, peer, reason);
             return call;
@@ -263,7 +292,7 @@ where
             return None;
         };
         let (to, piece) = exchange.poll_send()?;
-        let CallSetup { rank, values, .. } = self.setup;
+        let (rank, values) = (self.setup.rank, self.setup.values);
         let body = if values {
             PeerBody::Value(Box::new(piece.part))
         } else {
@@ -321,12 +350,12 @@ where
     /// `early`, so that later calls fail on it too); the rest is kept in `early` for the
     /// calls it belongs to, or dropped there.
     pub(crate) fn handle_peer(&mut self, now: Instant, event: PeerEvent, early: &mut Early) {
-        let epoch = self.setup.epoch;
+        let key = self.setup.key();
         if !matches!(self.stage, Stage::Running) {
-            return early.keep(event, epoch);
+            return early.keep(event, key);
         }
         match event {
-            PeerEvent::Message(m) if m.attempt == self.setup.attempt && m.call.seq == epoch => {
+            PeerEvent::Message(m) if m.attempt == self.setup.attempt && m.call.key() == key => {
                 self.deadline = now.checked_add(self.setup.patience);
                 self.take_piece(m);
             }
@@ -342,17 +371,19 @@ where
                         attempt,
                         reason,
                     },
-                    epoch,
+                    key,
                 );
             }
-            other => early.keep(other, epoch),
+            other => early.keep(other, key),
         }
     }
 
     /// A peer of `attempt` was lost (kept by whoever took the event): a call of that
-    /// attempt under way fails on it.
+    /// attempt under way among the peer fails on it (a group's call, not on a rank outside
+    /// the group).
     pub(crate) fn handle_lost(&mut self, now: Instant, peer: Rank, attempt: Attempt, reason: &str) {
-        if matches!(self.stage, Stage::Running) && attempt == self.setup.attempt {
+        let concerned = attempt == self.setup.attempt && self.setup.concerns(peer);
+        if matches!(self.stage, Stage::Running) && concerned {
             self.lose(now, peer, reason.to_owned());
         }
     }
@@ -372,8 +403,8 @@ where
     /// `Ok` says every rank made it, the same to the length (its values may still be on
     /// their way), an error that the call broke — another call on some rank, a rank that
     /// returned without it, or one that did not make it in time.
-    pub(crate) fn handle_answer(&mut self, answered: Epoch, result: Result<(), SyncError>) {
-        if answered != self.setup.epoch {
+    pub(crate) fn handle_answer(&mut self, answered: CallKey, result: Result<(), SyncError>) {
+        if answered != self.setup.key() {
             return;
         }
         match std::mem::replace(&mut self.stage, Stage::Over) {
@@ -528,7 +559,7 @@ where
         if !matches!(self.stage, Stage::Running) {
             return;
         }
-        let CallSetup { rank, workers, .. } = self.setup;
+        let rank = self.setup.rank;
         if let CallStart::Awaited { kind, make } = &self.start {
             if *kind != m.call.kind {
                 // Another call of this epoch: the master's node says so to every rank.
@@ -536,7 +567,7 @@ where
             }
             match make(&m.call) {
                 Ok(buffer) => {
-                    let exchange = exchange(m.call, workers, rank, buffer, self.setup.values);
+                    let exchange = exchange(m.call, &self.setup, buffer);
                     self.start = CallStart::Known(Box::new(exchange));
                 }
                 Err(reason) => {
@@ -559,19 +590,20 @@ where
     }
 }
 
-/// Rank `rank`'s part in `call` on `buffer`, its parts made to travel encoded unless the
-/// peers take them as values (`values`: in one process).
+/// The part in `call` on `buffer` of the rank `setup` says, among its group's ranks, its
+/// parts made to travel encoded unless the peers take them as values (in one process).
 pub(crate) fn exchange<B: Carried>(
     call: CollectiveCall,
-    workers: usize,
-    rank: Rank,
+    setup: &CallSetup,
     mut buffer: B,
-    values: bool,
 ) -> Exchange<B> {
-    if !values {
+    if !setup.values {
         buffer.travel_encoded();
     }
-    Exchange::new(call, workers, rank, buffer)
+    match &setup.members {
+        None => Exchange::new(call, setup.workers, setup.rank, buffer),
+        Some(members) => Exchange::among(call, members, setup.rank, buffer),
+    }
 }
 
 /// Hands `m`'s piece to `exchange`, decoded where it came encoded — another call's piece

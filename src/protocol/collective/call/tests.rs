@@ -1,7 +1,7 @@
 use std::ops::Range;
 
 use super::*;
-use crate::ids::Algorithm;
+use crate::ids::{Algorithm, CallKey, GroupId};
 
 /// Floats summed; parts encode with the crate's encoding.
 struct Sums(Vec<f64>);
@@ -59,6 +59,7 @@ fn sum_call(len: usize) -> CollectiveCall {
         CallAt {
             iteration: 3,
             call: 1,
+            group: crate::ids::GroupId::ALL,
         },
         CollectiveKind::AllReduce(Some(crate::ids::ReduceOp::Sum)),
     )
@@ -68,11 +69,14 @@ fn setup(rank: Rank, workers: usize, values: bool) -> CallSetup {
     CallSetup {
         rank,
         workers,
+        group: GroupId::ALL,
+        members: None,
         attempt: ATTEMPT,
         epoch: EPOCH,
         at: CallAt {
             iteration: 3,
             call: 1,
+            group: crate::ids::GroupId::ALL,
         },
         patience: PATIENCE,
         values,
@@ -88,8 +92,9 @@ fn summing(
     early: &mut Early,
 ) -> RankCall<Sums> {
     let call = sum_call(values.len());
-    let start = CallStart::Known(Box::new(exchange(call, workers, rank, Sums(values), false)));
-    RankCall::new(setup(rank, workers, false), start, false, now, early)
+    let setup = setup(rank, workers, false);
+    let start = CallStart::Known(Box::new(exchange(call, &setup, Sums(values))));
+    RankCall::new(setup, start, false, now, early)
 }
 
 /// Everything `call` sends now.
@@ -151,7 +156,7 @@ fn two_ranks_sum_and_end_once_their_part_is_done_without_the_master_s_node_s_wor
         assert!(call.poll_outcome().is_none(), "an end is taken once");
         assert!(call.poll_timeout().is_none());
         // The node's word, if it comes late, changes nothing.
-        call.handle_answer(EPOCH, Err(SyncError::NoAnswer(PATIENCE)));
+        call.handle_answer(CallKey::all(EPOCH), Err(SyncError::NoAnswer(PATIENCE)));
         assert!(call.poll_outcome().is_none());
     }
 }
@@ -171,6 +176,7 @@ fn a_rank_whose_result_proves_nothing_of_the_others_ends_once_the_master_s_node_
         CallAt {
             iteration: 3,
             call: 1,
+            group: crate::ids::GroupId::ALL,
         },
         CollectiveKind::Reduce {
             root: 0,
@@ -178,8 +184,13 @@ fn a_rank_whose_result_proves_nothing_of_the_others_ends_once_the_master_s_node_
         },
     );
     let (mut early_a, mut early_b) = (Early::new(ATTEMPT), Early::new(ATTEMPT));
-    let start =
-        |rank, values| CallStart::Known(Box::new(exchange(reduce, 2, rank, Sums(values), false)));
+    let start = |rank, values| {
+        CallStart::Known(Box::new(exchange(
+            reduce,
+            &setup(rank, 2, false),
+            Sums(values),
+        )))
+    };
     let mut a = RankCall::new(
         setup(0, 2, false),
         start(0, vec![1.0, 2.0]),
@@ -208,12 +219,12 @@ fn a_rank_whose_result_proves_nothing_of_the_others_ends_once_the_master_s_node_
         b.poll_outcome().is_none(),
         "its part is done, the others unknown"
     );
-    b.handle_answer(EPOCH - 1, Ok(()));
+    b.handle_answer(CallKey::all(EPOCH - 1), Ok(()));
     assert!(
         b.poll_outcome().is_none(),
         "an earlier call's answer releases nothing"
     );
-    b.handle_answer(EPOCH, Ok(()));
+    b.handle_answer(CallKey::all(EPOCH), Ok(()));
     assert!(b.poll_outcome().expect("released").is_ok());
 }
 
@@ -275,13 +286,13 @@ fn a_peer_lost_before_the_release_waits_for_the_node_s_word_which_may_say_it_was
     assert!(a.poll_outcome().is_none(), "it waits for the node's word");
     assert_eq!(a.poll_timeout(), Some(now + LOSS_GRACE));
     // The node says another rank made another call: the loss was its consequence.
-    a.handle_answer(EPOCH, Err(SyncError::NothingToBroadcast(1)));
+    a.handle_answer(CallKey::all(EPOCH), Err(SyncError::NothingToBroadcast(1)));
     assert!(matches!(
         ended(a.poll_outcome()),
         SyncError::NothingToBroadcast(1)
     ));
     // The loss stays for later calls: the next fails on it at once.
-    let (pieces, kept) = early.take(EPOCH + 1);
+    let (pieces, kept) = early.take(CallKey::all(EPOCH + 1), |_| true);
     assert!(pieces.is_empty());
     assert_eq!(kept.map(|(rank, _)| rank), Some(1));
 }
@@ -292,7 +303,7 @@ fn a_peer_lost_fails_the_call_on_the_loss_when_no_word_says_otherwise() {
     let mut early = Early::new(ATTEMPT);
     // Released: at once.
     let mut a = summing(0, 2, vec![1.0], now, &mut early);
-    a.handle_answer(EPOCH, Ok(()));
+    a.handle_answer(CallKey::all(EPOCH), Ok(()));
     a.handle_peer(now, lost(1, ATTEMPT), &mut early);
     assert!(matches!(
         ended(a.poll_outcome()),
@@ -329,7 +340,7 @@ fn pieces_and_losses_of_another_attempt_never_reach_the_call() {
     let now = Instant::now();
     let mut early = Early::new(ATTEMPT);
     // Found lost after the gang restart: the connection of the attempt replaced.
-    early.keep(lost(1, ATTEMPT - 1), EPOCH);
+    early.keep(lost(1, ATTEMPT - 1), CallKey::all(EPOCH));
     let mut a = summing(0, 2, vec![1.0], now, &mut early);
     a.handle_peer(now, lost(1, ATTEMPT - 1), &mut early);
     let mut early_b = Early::new(ATTEMPT - 1);
@@ -344,7 +355,10 @@ fn pieces_and_losses_of_another_attempt_never_reach_the_call() {
         Some(now + PATIENCE / 4),
         "still running, at its word"
     );
-    assert!(early.take(EPOCH).1.is_none(), "no loss kept");
+    assert!(
+        early.take(CallKey::all(EPOCH), |_| true).1.is_none(),
+        "no loss kept"
+    );
 }
 
 #[test]
@@ -361,7 +375,7 @@ fn pieces_of_a_later_call_wait_for_it_and_those_of_an_earlier_one_are_dropped() 
     }
     assert!(a.poll_outcome().is_none(), "not this call's piece");
     // The later call finds its piece waiting for it.
-    let (pieces, _) = early.take(EPOCH + 1);
+    let (pieces, _) = early.take(CallKey::all(EPOCH + 1), |_| true);
     assert_eq!(pieces.len(), 1);
     // An earlier call's piece is dropped.
     let mut m = sent(&mut summing(1, 2, vec![2.0], now, &mut Early::new(ATTEMPT)))
@@ -369,8 +383,91 @@ fn pieces_of_a_later_call_wait_for_it_and_those_of_an_earlier_one_are_dropped() 
         .unwrap()
         .1;
     m.call.seq = EPOCH - 1;
-    early.keep(PeerEvent::Message(m), EPOCH);
-    assert!(early.take(EPOCH - 1).0.is_empty());
+    early.keep(PeerEvent::Message(m), CallKey::all(EPOCH));
+    assert!(early.take(CallKey::all(EPOCH - 1), |_| true).0.is_empty());
+}
+
+#[test]
+fn a_piece_finds_its_call_by_its_group_and_its_number_among_the_groups_calls() {
+    let now = Instant::now();
+    let group = GroupId(7);
+    let piece = |group| {
+        let mut m = sent(&mut summing(1, 2, vec![2.0], now, &mut Early::new(ATTEMPT)))
+            .pop()
+            .unwrap()
+            .1;
+        m.call.at.group = group;
+        PeerEvent::Message(m)
+    };
+    let mut early = Early::new(ATTEMPT);
+    // Kept while a later call of another group waits: not an earlier call of its own.
+    early.keep(
+        piece(GroupId::ALL),
+        CallKey {
+            group,
+            epoch: EPOCH + 5,
+        },
+    );
+    early.keep(piece(group), CallKey::all(EPOCH + 5));
+    let (pieces, _) = early.take(
+        CallKey {
+            group,
+            epoch: EPOCH,
+        },
+        |_| true,
+    );
+    assert_eq!(pieces.len(), 1);
+    assert_eq!(pieces[0].call.at.group, group);
+    // Rank 0's sum among ranks 0 and 1 of three.
+    let among = |early: &mut Early| {
+        let setup = CallSetup {
+            group,
+            members: Some(vec![0, 1].into()),
+            ..setup(0, 3, false)
+        };
+        let call = CallShape::call(
+            Some(CallShape {
+                len: 1,
+                algorithm: Algorithm::Doubling,
+                chunk: 1024,
+            }),
+            EPOCH,
+            sum_call(1).at.in_group(group),
+            CollectiveKind::AllReduce(Some(crate::ids::ReduceOp::Sum)),
+        );
+        let start = CallStart::Known(Box::new(exchange(call, &setup, Sums(vec![1.0]))));
+        RankCall::new(setup, start, false, now, early)
+    };
+    // The group's call of the same number does not take the job's piece, and ranks
+    // summing among every rank find theirs; a peer lost outside the group, before the
+    // call or during it, fails none of its calls.
+    let mut early_a = Early::new(ATTEMPT);
+    early_a.keep(piece(GroupId::ALL), CallKey::all(EPOCH));
+    early_a.keep(lost(2, ATTEMPT), CallKey::all(EPOCH));
+    let mut a = among(&mut early_a);
+    sent(&mut a);
+    a.handle_peer(now, lost(2, ATTEMPT), &mut early_a);
+    assert!(
+        a.poll_outcome().is_none(),
+        "the job's piece is not the group's"
+    );
+    a.handle_peer(now, piece(group), &mut early_a);
+    let sum = a
+        .poll_outcome()
+        .expect("the group's piece ends it")
+        .unwrap();
+    assert_eq!(sum.0, vec![3.0]);
+    assert_eq!(early_a.take(CallKey::all(EPOCH), |_| true).0.len(), 1);
+    // A peer of the group lost: its call fails on it.
+    let mut early_b = Early::new(ATTEMPT);
+    early_b.keep(lost(2, ATTEMPT), CallKey::all(EPOCH));
+    early_b.keep(lost(1, ATTEMPT), CallKey::all(EPOCH));
+    let mut b = among(&mut early_b);
+    b.handle_timeout(now + LOSS_GRACE);
+    assert!(matches!(
+        ended(b.poll_outcome()),
+        SyncError::PeerLost { peer: 1, .. }
+    ));
 }
 
 #[test]
@@ -449,10 +546,8 @@ fn a_broadcast_awaited_starts_from_its_first_piece_and_names_its_root_while_none
         setup(1, 2, true),
         CallStart::Known(Box::new(exchange(
             call,
-            2,
-            1,
+            &setup(1, 2, true),
             Sums(vec![7.0, 8.0, 9.0]),
-            true,
         ))),
         true,
         now,
@@ -460,7 +555,7 @@ fn a_broadcast_awaited_starts_from_its_first_piece_and_names_its_root_while_none
     );
     let mut early = Early::new(ATTEMPT);
     for (_, m) in sent(&mut root) {
-        early.keep(PeerEvent::Message(m), EPOCH);
+        early.keep(PeerEvent::Message(m), CallKey::all(EPOCH));
     }
     let mut b = RankCall::new(setup(0, 2, true), awaited(), true, now, &mut early);
     assert_eq!(b.call(), call);
@@ -514,7 +609,7 @@ fn the_job_s_failure_or_the_node_s_error_ends_a_running_call_with_it() {
     a.handle_job_failed(SyncError::NoAnswer(PATIENCE));
     assert!(matches!(ended(a.poll_outcome()), SyncError::NoAnswer(_)));
     let mut b = summing(0, 2, vec![1.0], now, &mut early);
-    b.handle_answer(EPOCH, Err(SyncError::NothingToBroadcast(0)));
+    b.handle_answer(CallKey::all(EPOCH), Err(SyncError::NothingToBroadcast(0)));
     assert!(matches!(
         ended(b.poll_outcome()),
         SyncError::NothingToBroadcast(0)
@@ -525,7 +620,7 @@ fn the_job_s_failure_or_the_node_s_error_ends_a_running_call_with_it() {
 fn a_peer_lost_before_the_call_fails_it() {
     let now = Instant::now();
     let mut early = Early::new(ATTEMPT);
-    early.keep(lost(1, ATTEMPT), EPOCH - 3);
+    early.keep(lost(1, ATTEMPT), CallKey::all(EPOCH - 3));
     let mut a = summing(0, 2, vec![1.0], now, &mut early);
     assert!(
         sent(&mut a).is_empty(),
@@ -548,7 +643,7 @@ fn of_two_early_pieces_that_do_not_fit_the_first_names_the_call_s_failure() {
     // decode.
     for (from, call) in [(1, other), (2, sum_call(2))] {
         let m = first_piece(from, call, PeerBody::Encoded(Bytes::from_static(&[0xc1])));
-        early.keep(PeerEvent::Message(m), EPOCH);
+        early.keep(PeerEvent::Message(m), CallKey::all(EPOCH));
     }
     let mut a = summing(0, 4, vec![1.0, 2.0], now, &mut early);
     match ended(a.poll_outcome()) {

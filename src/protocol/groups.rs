@@ -18,9 +18,10 @@ pub(crate) struct GroupEpochs {
     timeout: Duration,
     iteration: Iteration,
     groups: BTreeMap<GroupId, SyncState>,
-    /// Per rank whose compute of the iteration returned, its count of calls per group: a
-    /// group whose first call comes later hears of it.
-    returned: Vec<Option<Vec<(GroupId, Epoch)>>>,
+    /// Per rank, the iteration its compute last returned in and its count of calls per
+    /// group then: a group whose first call comes later in that iteration hears of it.
+    /// (Tagged rather than cleared: an iteration opens without a pass over the ranks.)
+    returned: Vec<(Iteration, Vec<(GroupId, Epoch)>)>,
 }
 
 impl GroupEpochs {
@@ -31,7 +32,8 @@ impl GroupEpochs {
             timeout,
             iteration: 0,
             groups: BTreeMap::new(),
-            returned: vec![None; workers],
+            // Iterations count from 1: no rank returned in iteration 0.
+            returned: vec![(0, Vec::new()); workers],
         }
     }
 
@@ -43,7 +45,6 @@ impl GroupEpochs {
     /// An iteration opened.
     pub(crate) fn new_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;
-        self.returned.iter_mut().for_each(|r| *r = None);
         for state in self.groups.values_mut() {
             state.new_iteration(iteration);
         }
@@ -91,8 +92,8 @@ impl GroupEpochs {
         if known.is_none() {
             let mut state = SyncState::among(ranks, self.timeout);
             state.new_iteration(self.iteration);
-            for (r, counts) in self.returned.iter().enumerate() {
-                if let Some(counts) = counts.as_ref().filter(|_| state.has(r)) {
+            for (r, (iteration, counts)) in self.returned.iter().enumerate() {
+                if *iteration == self.iteration && state.has(r) {
                     state.on_returned(r, self.iteration, count_of(counts, group));
                 }
             }
@@ -112,8 +113,13 @@ impl GroupEpochs {
     ) -> Vec<(GroupId, SyncStep)> {
         if iteration == self.iteration {
             if let Some(slot) = self.returned.get_mut(rank) {
-                *slot = Some(counts.to_vec());
+                slot.0 = iteration;
+                slot.1.clear();
+                slot.1.extend_from_slice(counts);
             }
+        }
+        if self.groups.is_empty() {
+            return Vec::new();
         }
         self.groups
             .iter_mut()

@@ -32,17 +32,23 @@ impl GroupId {
     /// Every rank of the job.
     pub const ALL: GroupId = GroupId(0);
 
-    /// The id of the group of `ranks` (in rank order, without duplicates): 64-bit FNV-1a
-    /// over each rank's eight bytes, never [`GroupId::ALL`].
+    /// The id of the group of `ranks` (in rank order, without duplicates): their
+    /// [`fingerprint`], never [`GroupId::ALL`].
     pub fn of(ranks: &[Rank]) -> GroupId {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for rank in ranks {
-            for byte in (*rank as u64).to_le_bytes() {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        GroupId(hash.max(1))
+        GroupId(fingerprint(ranks).max(1))
     }
+}
+
+/// A fingerprint of numbers, in order: 64-bit FNV-1a over each one's eight bytes, little
+/// end first — the same on every rank and every platform.
+pub(crate) fn fingerprint(numbers: &[usize]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for number in numbers {
+        for byte in (*number as u64).to_le_bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
 }
 
 impl fmt::Display for GroupId {

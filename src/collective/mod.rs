@@ -55,10 +55,10 @@ mod group;
 mod started;
 
 pub use crate::group::Group;
+use crate::ids::{fingerprint, Epoch, Rank, SyncKind};
 pub use crate::ids::{
     Aggregation, Algorithm, CollectiveCall, CollectiveKind, FoldRoute, GroupId, ReduceOp,
 };
-use crate::ids::{Epoch, Rank, SyncKind};
 use crate::payload::{Element, Floats};
 use crate::protocol::{
     all_vouch, exchange, placed, segment, vouches, CallSetup, CallShape, CallStart, Carried,
@@ -241,6 +241,8 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let kind = CollectiveKind::AllReduceMany {
             op,
             values: u32::try_from(values.len()).unwrap_or(u32::MAX),
+            // The same on every rank and platform: ranks that split their elements
+            // otherwise make calls that differ.
             lengths: fingerprint(&lengths),
         };
         let mut together = Vec::with_capacity(lengths.iter().sum());
@@ -887,19 +889,6 @@ fn by_size<T: Element>(len: usize) -> Algorithm {
     } else {
         Algorithm::Ring
     }
-}
-
-/// A fingerprint of values' lengths, in order (64-bit FNV-1a over each length's eight
-/// bytes): the same on every rank and every platform, so ranks that split their elements
-/// otherwise make calls that differ.
-fn fingerprint(lengths: &[usize]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for len in lengths {
-        for byte in (*len as u64).to_le_bytes() {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    hash
 }
 
 /// How many elements of `T` travel in one piece.

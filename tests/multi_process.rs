@@ -386,6 +386,11 @@ impl WorkerComputable for Faulty {
                 return Err(format!("rank {rank} ended the collective with {sum}").into());
             }
         }
+        if (self.fault, ctx.rank(), ctx.iteration()) == (Some("kill-master-in-flight"), 2, 4) {
+            // The kill (300 µs after rank 2's result of iteration 3 left) is certain to come
+            // before the job could end: on a quick machine the rest of the job takes less.
+            wait_for_death_of("master.killed");
+        }
         if ctx.iteration() == 3 {
             match (self.fault, ctx.rank()) {
                 // The process ends at once, sockets and all, as a kill -9 would leave it.

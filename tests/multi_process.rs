@@ -280,6 +280,36 @@ fn wait_for_checkpoint(iteration: u64) {
     }
 }
 
+/// Waits (at most 60 s) until the checkpoint directory holds the checkpoint of `iteration`
+/// or a later one, written whole (`checkpoint-<iteration>.ssck`, renamed in place once
+/// written): from any process of the job.
+fn wait_for_checkpoint_file(iteration: u64) {
+    let Some(dir) = std::env::var_os(CHECKPOINTS) else {
+        return;
+    };
+    let written = || {
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                name.strip_prefix("checkpoint-")
+                    .and_then(|rest| rest.strip_suffix(".ssck"))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .is_some_and(|n| n >= iteration)
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !written() {
+        assert!(
+            Instant::now() < deadline,
+            "the checkpoint of {iteration} was not written in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Where rank 2's first process writes its pid before its result of iteration 3 goes out
 /// (`kill-in-flight`).
 const IN_FLIGHT_PID: &str = "in-flight.pid";
@@ -408,7 +438,12 @@ impl WorkerComputable for Faulty {
                         std::thread::sleep(Duration::from_secs(1));
                     }
                 }
-                (Some("kill-compute"), 2) => kill_self(),
+                (Some("kill-compute"), 2) => {
+                    // After the checkpoint of 2, certainly: it is written off the
+                    // iteration's path, in the master's process.
+                    wait_for_checkpoint_file(2);
+                    kill_self()
+                }
                 (Some("kill-in-flight"), 2) => {
                     // Killed just after the result is handed over: it may be queued, on
                     // the wire, or delivered — but the job waits in iteration 3 until this

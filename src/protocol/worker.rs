@@ -89,8 +89,7 @@ impl WorkerState {
             ToWorker::Iterate {
                 attempt, iteration, ..
             } => {
-                if attempt == self.attempt && iteration > self.iteration {
-                    self.iteration = iteration;
+                if self.takes(attempt, iteration) {
                     WorkerCommand::Compute(iteration)
                 } else {
                     WorkerCommand::Drop
@@ -117,6 +116,19 @@ impl WorkerState {
             self.dropped += 1;
         }
         command
+    }
+
+    /// Whether the worker computes `iteration` of `attempt`, which the master sent it: of
+    /// its attempt, later than any it was sent, and the worker not stopping. If so, it is
+    /// the worker's iteration from now on. (An iteration it does not take is for
+    /// [`on_message`](Self::on_message) to drop and count.)
+    #[inline]
+    pub fn takes(&mut self, attempt: Attempt, iteration: Iteration) -> bool {
+        let takes = !self.stopping && attempt == self.attempt && iteration > self.iteration;
+        if takes {
+            self.iteration = iteration;
+        }
+        takes
     }
 
     /// Marks the worker as stopping on its own (its code failed).

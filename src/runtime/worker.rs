@@ -17,7 +17,7 @@ use crate::error::{Cause, JobError, Waiting};
 use crate::ids::Rank;
 use crate::payload::Payload;
 use crate::protocol::{
-    ToMaster, ToWorker, Unsent, Work, Worked, WorkerAction, WorkerConfig, WorkerNode,
+    Report, ToMaster, ToWorker, Unsent, Work, Worked, WorkerAction, WorkerConfig, WorkerNode,
 };
 use crate::transport::TransportError;
 
@@ -155,6 +155,24 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
 
     /// A message from the master's node.
     pub(crate) fn handle_message(&mut self, msg: ToWorker<M>, host: &mut impl Host<M, W>) {
+        // An iteration this worker computes at once, inline: run here, its report sent,
+        // without the node's action queue (the node's rule is the same:
+        // `WorkerNode::iterate_at_once`).
+        let msg = if self.task.is_some() && host.runs_inline() && self.placer.inline_iteration() {
+            match self.node.iterate_at_once(msg) {
+                Ok(step) => {
+                    if let Some(mut task) = self.task.take() {
+                        task.attempt = self.node.attempt();
+                        task.parent = host.span();
+                        self.inline(host, task, Work::Iterate(step));
+                    }
+                    return self.drive(host);
+                }
+                Err(msg) => msg,
+            }
+        } else {
+            msg
+        };
         let now = host.now();
         self.node.handle_message(now, msg);
         self.drive(host);
@@ -164,7 +182,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
     pub(crate) fn handle_done(&mut self, done: WorkerHome<M, W>, host: &mut impl Host<M, W>) {
         self.task = Some(done.task);
         let now = host.now();
-        self.worked(now, done.worked);
+        self.worked(host, now, done.worked);
         self.drive(host);
     }
 
@@ -211,6 +229,15 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         }
     }
 
+    /// Sends the iteration's `report`, and tells the node how that went.
+    fn send_result(&mut self, host: &mut impl Host<M, W>, report: Report<W>) {
+        let iteration = report.iteration;
+        let sent = Self::try_send(host, ToMaster::Result(report));
+        let now = host.now();
+        self.node
+            .handle_sent(now, iteration, sent.map_err(Unsent::from));
+    }
+
     /// Carries out every action the node queued, in order, feeding back what they did;
     /// then arms the host's timer for the node's next deadline, if it moved.
     fn drive(&mut self, host: &mut impl Host<M, W>) {
@@ -218,13 +245,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             match action {
                 WorkerAction::Run(work) => self.run(host, work),
                 WorkerAction::Send(msg) => self.send(host, msg),
-                WorkerAction::SendResult(report) => {
-                    let iteration = report.iteration;
-                    let sent = Self::try_send(host, ToMaster::Result(report));
-                    let now = host.now();
-                    self.node
-                        .handle_sent(now, iteration, sent.map_err(Unsent::from));
-                }
+                WorkerAction::SendResult(report) => self.send_result(host, report),
                 WorkerAction::SendDone { awaits_word } => {
                     let attempt = self.node.attempt();
                     let done = match self.task.as_mut() {
@@ -342,16 +363,25 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         }
         host.ran_until(ended);
         self.task = Some(task);
-        self.worked(ended, worked);
+        self.worked(host, ended, worked);
     }
 
-    /// The worker's code is home, at `now`, with what it did.
-    fn worked(&mut self, now: Instant, worked: Worked<W>) {
+    /// The worker's code is home, at `now`, with what it did: an iteration's report is
+    /// sent at once, the rest handed to the node.
+    fn worked(&mut self, host: &mut impl Host<M, W>, now: Instant, worked: Worked<W>) {
         let stale = self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
-        // (An iteration of a master left behind tells nothing about the next one's time.)
-        if let (Worked::Iterated(Ok(report)), false) = (&worked, stale) {
-            self.placer.observe(report.elapsed);
+        match worked {
+            Worked::Iterated(Ok(report)) => {
+                // (An iteration of a master left behind tells nothing about the next
+                // one's time.)
+                if !stale {
+                    self.placer.observe(report.elapsed);
+                }
+                if let Some(report) = self.node.handle_iterated(now, report) {
+                    self.send_result(host, report);
+                }
+            }
+            worked => self.node.handle_worked(now, worked),
         }
-        self.node.handle_worked(now, worked);
     }
 }

@@ -55,13 +55,18 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Counts rank `rank`'s report in.
+    /// Counts rank `rank`'s report in, as it is taken into the round (in any order of
+    /// ranks): of ranks equally slow, the lowest is the slowest, as in rank order.
     fn count<W>(&mut self, rank: Rank, report: &Report<W>) {
         self.halt_votes += report.halt_vote as usize;
         if let Some(mail) = &report.mail {
             self.mail.add(mail);
         }
-        if self.slowest.is_none_or(|(_, t)| report.elapsed > t) {
+        let slower = match self.slowest {
+            None => true,
+            Some((r, t)) => report.elapsed > t || (report.elapsed == t && rank < r),
+        };
+        if slower {
             self.slowest = Some((rank, report.elapsed));
         }
     }
@@ -232,7 +237,8 @@ pub struct Gate<W> {
     since: Instant,
     registered: Vec<bool>,
     registered_count: usize,
-    round: Round<Report<W>>,
+    /// The round's shares; what else each report says is tallied as it is taken in.
+    round: Round<Share<W>>,
     fold: Option<Fold<W>>,
     tally: Tally,
     /// Whether the current round's min-workers timeout has passed.
@@ -324,10 +330,7 @@ impl<W> Gate<W> {
         // however coarse (or stalled) the timer is.
         let due = match (&env.msg, self.stage) {
             (ToMaster::Registered { .. }, Stage::Registering) => true,
-            (ToMaster::Result(_), Stage::Gathering) => self
-                .since
-                .checked_add(self.config.iteration_timeout)
-                .is_some_and(|deadline| now >= deadline),
+            (ToMaster::Result(_), Stage::Gathering) => self.round_due(now),
             _ => false,
         };
         if due {
@@ -367,33 +370,16 @@ impl<W> Gate<W> {
                 self.all_registered()
             }
             ToMaster::Result(mut report) => {
-                let (attempt, iteration) = (report.attempt, report.iteration);
-                let saved = report.saved.take();
-                let accepted = Accepted {
+                if !self.offer(from, &mut report) {
+                    return None;
+                }
+                self.accepted = Some(Accepted {
                     rank: from,
-                    iteration,
+                    iteration: report.iteration,
                     elapsed: report.elapsed,
                     mail: report.mail.as_deref().copied().unwrap_or_default(),
-                };
-                let complete = match self.round.offer(from, attempt, iteration, report) {
-                    super::Offer::Completed => true,
-                    super::Offer::Accepted => false,
-                    _ => return None,
-                };
-                self.accepted = Some(accepted);
-                if let Some(saved) = saved {
-                    if self.saved.is_empty() {
-                        self.saved = vec![None; self.config.workers];
-                    }
-                    self.saved[from] = Some(*saved);
-                }
-                if let Err(failed) = self.take_ready() {
-                    return Some(GateOutput::Failed(failed));
-                }
-                if complete {
-                    return Some(self.complete(iteration));
-                }
-                self.complete_with_quorum(now)
+                });
+                self.after_offer(now)
             }
             ToMaster::Failed { attempt, error } => {
                 if attempt != self.config.attempt {
@@ -432,6 +418,95 @@ impl<W> Gate<W> {
                 self.drained_if_all_done(now)
             }
         }
+    }
+
+    /// Feeds the results of workers that arrived together at `now` (the workers this
+    /// process hosts, after a broadcast), as [`on_message`](Gate::on_message) would one
+    /// at a time: the results at the start of `arrivals`, in order, up to the first
+    /// other message or the first output, which is returned. Returns how many messages it
+    /// took: each result's share and what it saved are taken out of its message, in
+    /// place (the rest is the caller's to drop), and what follows — from the message
+    /// that was not a result, or after the one that brought the output — is left to be
+    /// fed after the driver acted on the output. What the gate took is not kept for
+    /// [`take_accepted`](Gate::take_accepted): a driver that makes an event of each result
+    /// feeds them one at a time.
+    pub fn on_results(
+        &mut self,
+        now: Instant,
+        arrivals: &mut [Envelope<ToMaster<W>>],
+    ) -> (usize, Option<GateOutput<W>>) {
+        // Every arrival has the same `now`, and nothing but an output moves the round's
+        // deadline: it is checked once, before the first result of a rank.
+        let mut checked = false;
+        for (taken, env) in arrivals.iter_mut().enumerate() {
+            let ToMaster::Result(report) = &mut env.msg else {
+                return (taken, None);
+            };
+            let from = env.from;
+            if from >= self.config.workers {
+                self.other_drops.unknown_rank += 1;
+                continue;
+            }
+            if !std::mem::replace(&mut checked, true)
+                && self.stage == Stage::Gathering
+                && self.round_due(now)
+            {
+                if let Some(timed_out) = self.handle_timeout(now) {
+                    // (The result that met the wait's end goes with it, as one at a time.)
+                    return (taken + 1, Some(timed_out));
+                }
+            }
+            if !self.offer(from, report) {
+                continue;
+            }
+            if let Some(output) = self.after_offer(now) {
+                return (taken + 1, Some(output));
+            }
+        }
+        (arrivals.len(), None)
+    }
+
+    /// Whether the round gathering has passed its iteration timeout at `now`.
+    fn round_due(&self, now: Instant) -> bool {
+        self.since
+            .checked_add(self.config.iteration_timeout)
+            .is_some_and(|deadline| now >= deadline)
+    }
+
+    /// Takes rank `from`'s `report` into the round, if it belongs there (not stale, not a
+    /// duplicate): its share taken out and kept, the rest tallied, what it saved taken
+    /// out and kept for the checkpoint. Returns whether it was taken.
+    #[inline]
+    fn offer(&mut self, from: Rank, report: &mut Report<W>) -> bool {
+        let (attempt, iteration) = (report.attempt, report.iteration);
+        if !self.round.fits(from, attempt, iteration) {
+            // (Counted as dropped, and why.)
+            self.round.offer(from, attempt, iteration, Share::Passed);
+            return false;
+        }
+        let share = std::mem::replace(&mut report.result, Share::Passed);
+        self.round.offer(from, attempt, iteration, share);
+        self.tally.count(from, report);
+        if let Some(saved) = report.saved.take() {
+            if self.saved.is_empty() {
+                self.saved = vec![None; self.config.workers];
+            }
+            self.saved[from] = Some(*saved);
+        }
+        true
+    }
+
+    /// After a result was taken in: folds what is ready, and completes the round if it is
+    /// (or has its quorum past the min-workers timeout).
+    #[inline]
+    fn after_offer(&mut self, now: Instant) -> Option<GateOutput<W>> {
+        if let Err(failed) = self.take_ready() {
+            return Some(GateOutput::Failed(failed));
+        }
+        if self.round.is_complete() {
+            return Some(self.complete(self.round.iteration()));
+        }
+        self.complete_with_quorum(now)
     }
 
     /// Tallies (and when combining, folds) the results that can be taken in rank order.
@@ -544,10 +619,9 @@ impl<W> Gate<W> {
         let Some(fold) = &mut self.fold else {
             return Ok(());
         };
-        while let Some((rank, report)) = self.round.take_next() {
-            self.tally.count(rank, &report);
-            let at = (rank, report.iteration);
-            let value = match share_fits(self.route, at, report.result) {
+        let iteration = self.round.iteration();
+        while let Some((rank, share)) = self.round.take_next() {
+            let value = match share_fits(self.route, (rank, iteration), share) {
                 Ok(Some(value)) => value,
                 Ok(None) => continue,
                 Err(error) => {
@@ -565,7 +639,7 @@ impl<W> Gate<W> {
                         self.stage = Stage::Idle;
                         self.round.close();
                         return Err(JobError::Master {
-                            iteration: report.iteration,
+                            iteration,
                             phase: Phase::Combine,
                             cause,
                         });
@@ -583,10 +657,8 @@ impl<W> Gate<W> {
         let left_out = self.round.left_out();
         let closed = self.round.close();
         let mut results = Vec::with_capacity(closed.len());
-        for (rank, report) in closed {
-            self.tally.count(rank, &report);
-            let at = (rank, iteration);
-            match share_fits(self.route, at, report.result) {
+        for (rank, share) in closed {
+            match share_fits(self.route, (rank, iteration), share) {
                 Ok(value) => results.extend(value),
                 Err(error) => {
                     self.stage = Stage::Idle;

@@ -633,3 +633,191 @@ fn a_share_that_does_not_fit_the_rounds_route_fails_the_round_naming_the_rank() 
         other => panic!("unexpected {other:?}"),
     }
 }
+
+/// One arrival of a generated batch: a result (of some rank, attempt and iteration, with a
+/// vote and a time), or a worker's `Done`.
+#[derive(Debug, Clone)]
+enum Arrival {
+    Result {
+        from: Rank,
+        attempt: Attempt,
+        iteration: Iteration,
+        result: u32,
+        halt: bool,
+        ms: u64,
+    },
+    Done(Rank),
+}
+
+impl Arrival {
+    fn env(&self) -> Envelope<ToMaster<u32>> {
+        match *self {
+            Arrival::Result {
+                from,
+                attempt,
+                iteration,
+                result,
+                halt,
+                ms,
+            } => env(
+                from,
+                ToMaster::Result(Report {
+                    attempt,
+                    iteration,
+                    result: Share::Own(result),
+                    halt_vote: halt,
+                    mail: None,
+                    saved: None,
+                    calls: 0,
+                    group_calls: None,
+                    elapsed: Duration::from_millis(ms),
+                }),
+            ),
+            Arrival::Done(from) => done(from),
+        }
+    }
+}
+
+fn arrival(workers: usize) -> impl proptest::strategy::Strategy<Value = Arrival> {
+    use proptest::prelude::*;
+    prop_oneof![
+        8 => (0..workers + 1, 0u32..2, 1u64..4, any::<u32>(), any::<bool>(), 0u64..4).prop_map(
+            |(from, attempt, iteration, result, halt, ms)| Arrival::Result {
+                // Mostly this attempt; now and then another, or a rank past the last.
+                from,
+                attempt: if attempt == 1 && result % 4 != 0 { 0 } else { attempt },
+                iteration,
+                result,
+                halt,
+                ms,
+            }
+        ),
+        1 => (0..workers).prop_map(Arrival::Done),
+    ]
+}
+
+/// A gate of `workers` ranks, registered, its first round open at `t0`: with a quorum
+/// below every rank after `quorum_after` if given, combining by wrapping sums if asked.
+fn gathering(
+    workers: usize,
+    quorum: Option<(usize, Duration)>,
+    combine: bool,
+    t0: Instant,
+) -> Gate<u32> {
+    let mut c = config(workers);
+    if let Some((quorum, after)) = quorum {
+        c = c.with_quorum(quorum, after);
+    }
+    let mut gate = Gate::new(c, t0);
+    if combine {
+        gate = gate.combining(Box::new(|acc: &mut u32, w| {
+            *acc = acc.wrapping_add(w);
+            Ok(())
+        }));
+    }
+    for rank in 0..workers {
+        gate.on_message(t0, env(rank, ToMaster::Registered { attempt: 0 }));
+    }
+    assert!(gate.open(t0, 1));
+    gate
+}
+
+/// What a driver does after an output: opens the next iteration after a round.
+fn after(gate: &mut Gate<u32>, now: Instant, output: &GateOutput<u32>) {
+    if let GateOutput::RoundComplete { iteration, .. } = output {
+        gate.open(now, iteration + 1);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// A batch of arrivals fed with `on_results` (the other messages one at a time, as the
+    /// master's node does) gives the same outputs, at the same arrivals, and leaves the
+    /// gate as feeding each with `on_message` does: drops, what it waits for, its next
+    /// timeout.
+    #[test]
+    fn results_fed_as_a_batch_do_what_they_do_one_at_a_time(
+        workers in 1usize..6,
+        batch in proptest::collection::vec(arrival(5), 0..24),
+        quorum in proptest::option::of((1usize..6, 0u64..3)),
+        combine in proptest::bool::ANY,
+        late_ms in 0u64..7_000,
+    ) {
+        let batch: Vec<Arrival> = batch
+            .into_iter()
+            .map(|a| match a {
+                Arrival::Result { from, attempt, iteration, result, halt, ms } => Arrival::Result {
+                    from: from.min(workers), attempt, iteration, result, halt, ms,
+                },
+                Arrival::Done(r) => Arrival::Done(r.min(workers - 1)),
+            })
+            .collect();
+        let quorum = quorum.map(|(q, s)| (q.min(workers), Duration::from_secs(s)));
+        let t0 = Instant::now();
+        // Past the iteration timeout (5 s) for some: the wait's end meets the batch.
+        let now = t0 + Duration::from_millis(late_ms);
+
+        let mut one = gathering(workers, quorum, combine, t0);
+        let mut one_outputs = Vec::new();
+        for (i, a) in batch.iter().enumerate() {
+            if let Some(output) = one.on_message(now, a.env()) {
+                after(&mut one, now, &output);
+                one_outputs.push((i, output));
+            }
+        }
+
+        let mut bulk = gathering(workers, quorum, combine, t0);
+        let mut bulk_outputs = Vec::new();
+        let mut arrivals: Vec<_> = batch.iter().map(Arrival::env).collect();
+        let mut at = 0;
+        while at < arrivals.len() {
+            if !matches!(arrivals[at].msg, ToMaster::Result(_)) {
+                if let Some(output) = bulk.on_message(now, arrivals[at].clone()) {
+                    after(&mut bulk, now, &output);
+                    bulk_outputs.push((at, output));
+                }
+                at += 1;
+                continue;
+            }
+            let (taken, output) = bulk.on_results(now, &mut arrivals[at..]);
+            proptest::prop_assert!(taken > 0 || output.is_none());
+            at += taken;
+            if let Some(output) = output {
+                after(&mut bulk, now, &output);
+                bulk_outputs.push((at - 1, output));
+            }
+        }
+
+        proptest::prop_assert_eq!(one_outputs, bulk_outputs);
+        proptest::prop_assert_eq!(one.drops(), bulk.drops());
+        proptest::prop_assert_eq!(one.waiting(), bulk.waiting());
+        proptest::prop_assert_eq!(one.poll_timeout(), bulk.poll_timeout());
+    }
+}
+
+#[test]
+fn the_slowest_rank_is_the_lowest_of_the_equally_slow_in_any_order_of_arrival() {
+    let t0 = Instant::now();
+    let mut gate = gathering(4, None, false, t0);
+    let at = |from, ms| {
+        Arrival::Result {
+            from,
+            attempt: 0,
+            iteration: 1,
+            result: 0,
+            halt: false,
+            ms,
+        }
+        .env()
+    };
+    for (from, ms) in [(3, 5), (2, 5), (0, 1)] {
+        assert_eq!(gate.on_message(t0, at(from, ms)), None);
+    }
+    match gate.on_message(t0, at(1, 2)) {
+        Some(GateOutput::RoundComplete { gathered, .. }) => {
+            assert_eq!(gathered.tally.slowest, Some((2, Duration::from_millis(5))))
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}

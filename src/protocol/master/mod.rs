@@ -511,6 +511,42 @@ impl<M, W> MasterNode<M, W> {
         }
     }
 
+    /// Messages from workers that arrived together at `now`, in the order they were sent
+    /// (the workers this process hosts, after a broadcast): as
+    /// [`handle_message`](Self::handle_message) of each in turn, with a run of results
+    /// offered to the gate as one batch ([`Gate::on_results`]) where nothing is asked of
+    /// each one on its own — no sync calls to close (barrier mode), no event for each
+    /// (`JobSettings::listening`). Takes every message out of `batch`.
+    pub(crate) fn handle_messages(
+        &mut self,
+        now: Instant,
+        batch: &mut Vec<Envelope<ToMaster<W>>>,
+        reach: &dyn Reach,
+    ) {
+        if self.config.job.barrier_mode || self.settings.listening {
+            for env in batch.drain(..) {
+                self.handle_message(now, env, reach);
+            }
+            return;
+        }
+        let mut at = 0;
+        while at < batch.len() {
+            if !matches!(batch[at].msg, ToMaster::Result(_)) {
+                // (Left in its place, taken: the batch is cleared at the end.)
+                let msg =
+                    std::mem::replace(&mut batch[at].msg, ToMaster::Registered { attempt: 0 });
+                let from = batch[at].from;
+                at += 1;
+                self.handle_message(now, Envelope { from, msg }, reach);
+                continue;
+            }
+            let (taken, output) = self.gate.on_results(now, &mut batch[at..]);
+            at += taken;
+            self.on_gate_checked(now, output, reach);
+        }
+        batch.clear();
+    }
+
     /// Time passed: fails waits that timed out, completes rounds with their quorum, gives
     /// up on ranks that did not reconnect, and says which ranks a long wait waits for.
     pub(crate) fn handle_timeout(&mut self, now: Instant, reach: &dyn Reach) {

@@ -580,3 +580,96 @@ fn point(iteration: Iteration, source: &str) -> crate::protocol::ResumedFrom {
         finished: false,
     }
 }
+
+/// What the hosted workers send after one broadcast, fed as one batch: the node's batch
+/// path (`handle_messages`) does what feeding each message in turn does — the same
+/// messages sent, rounds computed, failures said and outcome — with a round completing
+/// mid-batch, results of a round already complete, duplicates, a failure and the
+/// workers' `Done` after their last results.
+#[test]
+fn a_batch_of_messages_does_what_each_in_turn_does() {
+    let report = |iteration, result| {
+        ToMaster::Result(Report {
+            attempt: 0,
+            iteration,
+            result: Share::Own(result),
+            halt_vote: false,
+            mail: None,
+            saved: None,
+            calls: 0,
+            group_calls: None,
+            elapsed: Duration::from_millis(result as u64),
+        })
+    };
+    let done = || ToMaster::Done {
+        attempt: 0,
+        awaits_word: false,
+        rows: RowCounts::default(),
+        attachments: Vec::new(),
+    };
+    let registered = || ToMaster::Registered { attempt: 0 };
+    let batches: Vec<Vec<(Rank, ToMaster<u32>)>> = vec![
+        vec![(0, registered()), (1, registered()), (2, registered())],
+        // Rank 1's twice: the second dropped.
+        vec![
+            (2, report(1, 3)),
+            (1, report(1, 1)),
+            (1, report(1, 9)),
+            (0, report(1, 2)),
+        ],
+        // The round completes at rank 0's; rank 3 is no rank; rank 2's is then stale.
+        vec![
+            (1, report(2, 4)),
+            (3, report(2, 8)),
+            (0, report(2, 5)),
+            (2, report(2, 6)),
+            (2, report(2, 7)),
+        ],
+        vec![(0, report(3, 1)), (2, lost(2)), (1, report(3, 2))],
+        vec![
+            (0, report(4, 1)),
+            (1, report(4, 1)),
+            (0, done()),
+            (1, done()),
+        ],
+    ];
+    let run = |bulk: bool| {
+        let mut h = Harness::with(NodeConfig::of(JobConfig {
+            workers: 3,
+            iterations: 4,
+            failure_policy: FailurePolicy::ContinueWithout,
+            min_workers_ratio: 0.6,
+            ..JobConfig::for_tests()
+        }));
+        for batch in &batches {
+            let mut envs: Vec<_> = batch
+                .iter()
+                .map(|(from, msg)| Envelope {
+                    from: *from,
+                    msg: msg.clone(),
+                })
+                .collect();
+            if bulk {
+                h.node.handle_messages(h.t, &mut envs, &Connected);
+                assert!(envs.is_empty(), "every message is taken");
+            } else {
+                for env in envs {
+                    h.node.handle_message(h.t, env, &Connected);
+                }
+            }
+            h.drive();
+        }
+        (
+            format!("{:?}", h.sent),
+            h.rounds.clone(),
+            format!("{:?}", h.ended),
+            format!("{:?}", h.finished),
+            h.node.drops(),
+        )
+    };
+    let (one, bulk) = (run(false), run(true));
+    assert_eq!(one, bulk);
+    assert!(one.3.contains("Ok"), "the job completes: {}", one.3);
+    assert_eq!(one.4.duplicate, 1);
+    assert_eq!(one.4.unknown_rank, 1);
+}

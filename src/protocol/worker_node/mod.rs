@@ -13,6 +13,13 @@
 //! is harmless); after each, carry out every [`poll_action`](WorkerNode::poll_action) in
 //! order, then arm one timer for [`poll_timeout`](WorkerNode::poll_timeout). `now` never
 //! goes backwards.
+//!
+//! A driver that runs an iteration at once may take its common case without the action
+//! queue: [`iterate_at_once`](WorkerNode::iterate_at_once) in place of `handle_message`
+//! (it gives back a message that is not such an iteration), the work run, then
+//! [`handle_iterated`](WorkerNode::handle_iterated) with its report in place of
+//! `handle_worked`, the report sent and [`handle_sent`](WorkerNode::handle_sent) told;
+//! then the actions and the timer as after any input.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -305,6 +312,14 @@ impl<M, W> WorkerNode<M, W> {
 
     /// A message from the master's node (or the transport's word about it), at `now`.
     pub(crate) fn handle_message(&mut self, now: Instant, msg: ToWorker<M>) {
+        let msg = match self.iterate_at_once(msg) {
+            Ok(step) => {
+                return self
+                    .actions
+                    .push_back(WorkerAction::Run(Work::Iterate(step)))
+            }
+            Err(msg) => msg,
+        };
         match &msg {
             ToWorker::Abort { attempt, error } if *attempt == self.attempt() => {
                 let error = error.clone();
@@ -391,9 +406,70 @@ impl<M, W> WorkerNode<M, W> {
         }
     }
 
+    /// The common case of [`handle_message`](Self::handle_message), for a driver that
+    /// runs an iteration at once, without the action queue: `msg` is an iteration this
+    /// worker computes now — one it takes, its code at home. Returns the iteration's
+    /// work, which the driver runs as it would a [`WorkerAction::Run`] (its outcome
+    /// handed to [`handle_iterated`](Self::handle_iterated) or
+    /// [`handle_worked`](Self::handle_worked)); else gives `msg` back, untouched, for
+    /// `handle_message`. (`handle_message` takes this way itself: one rule.)
+    #[inline]
+    pub(crate) fn iterate_at_once(
+        &mut self,
+        msg: ToWorker<M>,
+    ) -> Result<Assignment<M>, ToWorker<M>> {
+        match msg {
+            ToWorker::Iterate {
+                attempt,
+                iteration,
+                last,
+                fold,
+                save,
+            } if self.code == Code::Home && self.state.takes(attempt, iteration) => {
+                self.code = Code::Iterating { stale: false };
+                Ok(Assignment {
+                    iteration,
+                    last,
+                    fold,
+                    save,
+                    restore: self.restore.take(),
+                })
+            }
+            msg => Err(msg),
+        }
+    }
+
+    /// The common case of [`handle_worked`](Self::handle_worked), without the action
+    /// queue: an iteration came home with its `report`. Returns the report for the
+    /// driver to send at once, then to say how that went with
+    /// [`handle_sent`](Self::handle_sent), as it would a [`WorkerAction::SendResult`];
+    /// `None` when the report is not to be sent (of a master this worker left behind).
+    #[inline]
+    pub(crate) fn handle_iterated(&mut self, now: Instant, report: Report<W>) -> Option<Report<W>> {
+        let was = std::mem::replace(&mut self.code, Code::Home);
+        if matches!(was, Code::Iterating { stale: true }) {
+            tracing::debug!(
+                rank = self.rank,
+                "dropped the outcome of an iteration of the master this worker left behind"
+            );
+            self.after_work(now);
+            return None;
+        }
+        Some(report)
+    }
+
     /// A unit of the worker's code came back with `worked`, at `now`.
     #[inline]
     pub(crate) fn handle_worked(&mut self, now: Instant, worked: Worked<W>) {
+        let worked = match worked {
+            Worked::Iterated(Ok(report)) => {
+                if let Some(report) = self.handle_iterated(now, report) {
+                    self.actions.push_back(WorkerAction::SendResult(report));
+                }
+                return;
+            }
+            worked => worked,
+        };
         let was = std::mem::replace(&mut self.code, Code::Home);
         if matches!(was, Code::Iterating { stale: true }) && matches!(worked, Worked::Iterated(_)) {
             tracing::debug!(
@@ -413,10 +489,8 @@ impl<M, W> WorkerNode<M, W> {
                     self.send(ToMaster::Registered { attempt });
                 }
             }
-            // Its outcome decides what follows: `handle_sent`.
-            Worked::Iterated(Ok(report)) => {
-                return self.actions.push_back(WorkerAction::SendResult(report))
-            }
+            // (Taken above.)
+            Worked::Iterated(Ok(_)) => {}
             Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(error),
             Worked::Skipped => {
                 tracing::debug!(

@@ -98,9 +98,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             let mut batch = std::mem::take(&mut self.inbox);
             let now = Instant::now();
             let reach = LinkReach(&self.link);
-            for env in batch.drain(..) {
-                self.node.handle_message(now, env, &reach);
-            }
+            self.node.handle_messages(now, &mut batch, &reach);
             self.inbox = batch;
         }
         self.drive(ctx);

@@ -108,15 +108,6 @@ impl<T> Round<T> {
         self.next = 0;
     }
 
-    /// Whether an arrival from `from`, tagged with `attempt` and `iteration`, would be
-    /// kept by [`offer`](Round::offer).
-    pub fn fits(&self, from: Rank, attempt: Attempt, iteration: Iteration) -> bool {
-        self.open
-            && attempt == self.attempt
-            && iteration == self.iteration
-            && matches!(self.slots.get(from), Some(Slot::Empty))
-    }
-
     /// Offers one arrival from `from`, tagged with the attempt and iteration it was
     /// computed for.
     pub fn offer(&mut self, from: Rank, attempt: Attempt, iteration: Iteration, item: T) -> Offer {

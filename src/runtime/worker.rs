@@ -155,27 +155,40 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
 
     /// A message from the master's node.
     pub(crate) fn handle_message(&mut self, msg: ToWorker<M>, host: &mut impl Host<M, W>) {
-        // An iteration this worker computes at once, inline: run here, its report sent,
-        // without the node's action queue (the node's rule is the same:
-        // `WorkerNode::iterate_at_once`).
-        let msg = if self.task.is_some() && host.runs_inline() && self.placer.inline_iteration() {
-            match self.node.iterate_at_once(msg) {
-                Ok(step) => {
-                    if let Some(mut task) = self.task.take() {
-                        task.attempt = self.node.attempt();
-                        task.parent = host.span();
-                        self.inline(host, task, Work::Iterate(step));
-                    }
-                    return self.drive(host);
-                }
-                Err(msg) => msg,
-            }
-        } else {
-            msg
-        };
-        let now = host.now();
-        self.node.handle_message(now, msg);
+        if !self.iterated_at_once(&msg, host) {
+            let now = host.now();
+            self.node.handle_message(now, msg);
+        }
         self.drive(host);
+    }
+
+    /// A message the master's node sent every worker, handed to this one: cloned only if
+    /// it is not an iteration this worker computes at once.
+    pub(crate) fn handle_broadcast(&mut self, msg: &ToWorker<M>, host: &mut impl Host<M, W>) {
+        if !self.iterated_at_once(msg, host) {
+            let now = host.now();
+            self.node.handle_message(now, msg.clone());
+        }
+        self.drive(host);
+    }
+
+    /// Runs `msg` here, inline, if it is an iteration this worker computes at once, its
+    /// report sent — without the node's action queue (the node's rule is the same:
+    /// `WorkerNode::iterate_at_once`). Returns whether it did.
+    #[inline]
+    fn iterated_at_once(&mut self, msg: &ToWorker<M>, host: &mut impl Host<M, W>) -> bool {
+        if self.task.is_none() || !host.runs_inline() || !self.placer.inline_iteration() {
+            return false;
+        }
+        let Some(step) = self.node.iterate_at_once(msg) else {
+            return false;
+        };
+        if let Some(mut task) = self.task.take() {
+            task.attempt = self.node.attempt();
+            task.parent = host.span();
+            self.inline(host, task, Work::Iterate(step));
+        }
+        true
     }
 
     /// A unit of work came back from the pool.

@@ -347,10 +347,17 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
 
     /// What the worker sends the master of its `result`: the result itself, or — when
     /// the iteration's results are folded among the workers — its part of the fold.
+    #[inline]
     fn share(&mut self, result: W, fold: FoldRoute) -> Result<Share<W>, JobError> {
         if fold == FoldRoute::Star {
             return Ok(Share::Own(result));
         }
+        self.share_among(result, fold)
+    }
+
+    /// [`share`](Self::share) where the workers fold their results among themselves.
+    #[inline(never)]
+    fn share_among(&mut self, result: W, fold: FoldRoute) -> Result<Share<W>, JobError> {
         let Some(among) = self.fold_among.clone() else {
             return Err(JobError::Runtime {
                 message: format!(

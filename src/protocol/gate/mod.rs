@@ -479,13 +479,12 @@ impl<W> Gate<W> {
     #[inline]
     fn offer(&mut self, from: Rank, report: &mut Report<W>) -> bool {
         let (attempt, iteration) = (report.attempt, report.iteration);
-        if !self.round.fits(from, attempt, iteration) {
-            // (Counted as dropped, and why.)
-            self.round.offer(from, attempt, iteration, Share::Passed);
-            return false;
-        }
+        // (A share the round drops goes with its report either way.)
         let share = std::mem::replace(&mut report.result, Share::Passed);
-        self.round.offer(from, attempt, iteration, share);
+        match self.round.offer(from, attempt, iteration, share) {
+            super::Offer::Accepted | super::Offer::Completed => {}
+            _ => return false,
+        }
         self.tally.count(from, report);
         if let Some(saved) = report.saved.take() {
             if self.saved.is_empty() {

@@ -312,14 +312,11 @@ impl<M, W> WorkerNode<M, W> {
 
     /// A message from the master's node (or the transport's word about it), at `now`.
     pub(crate) fn handle_message(&mut self, now: Instant, msg: ToWorker<M>) {
-        let msg = match self.iterate_at_once(msg) {
-            Ok(step) => {
-                return self
-                    .actions
-                    .push_back(WorkerAction::Run(Work::Iterate(step)))
-            }
-            Err(msg) => msg,
-        };
+        if let Some(step) = self.iterate_at_once(&msg) {
+            return self
+                .actions
+                .push_back(WorkerAction::Run(Work::Iterate(step)));
+        }
         match &msg {
             ToWorker::Abort { attempt, error } if *attempt == self.attempt() => {
                 let error = error.clone();
@@ -409,34 +406,34 @@ impl<M, W> WorkerNode<M, W> {
     /// The common case of [`handle_message`](Self::handle_message), for a driver that
     /// runs an iteration at once, without the action queue: `msg` is an iteration this
     /// worker computes now — one it takes, its code at home. Returns the iteration's
-    /// work, which the driver runs as it would a [`WorkerAction::Run`] (its outcome
-    /// handed to [`handle_iterated`](Self::handle_iterated) or
-    /// [`handle_worked`](Self::handle_worked)); else gives `msg` back, untouched, for
-    /// `handle_message`. (`handle_message` takes this way itself: one rule.)
+    /// work (the master result shared, not copied), which the driver runs as it would a
+    /// [`WorkerAction::Run`] (its outcome handed to
+    /// [`handle_iterated`](Self::handle_iterated) or [`handle_worked`](Self::handle_worked));
+    /// else `None`, the node untouched, for `handle_message` to take `msg`.
+    /// (`handle_message` takes this way itself: one rule.)
     #[inline]
-    pub(crate) fn iterate_at_once(
-        &mut self,
-        msg: ToWorker<M>,
-    ) -> Result<Assignment<M>, ToWorker<M>> {
-        match msg {
-            ToWorker::Iterate {
-                attempt,
-                iteration,
-                last,
-                fold,
-                save,
-            } if self.code == Code::Home && self.state.takes(attempt, iteration) => {
-                self.code = Code::Iterating { stale: false };
-                Ok(Assignment {
-                    iteration,
-                    last,
-                    fold,
-                    save,
-                    restore: self.restore.take(),
-                })
-            }
-            msg => Err(msg),
+    pub(crate) fn iterate_at_once(&mut self, msg: &ToWorker<M>) -> Option<Assignment<M>> {
+        let ToWorker::Iterate {
+            attempt,
+            iteration,
+            ref last,
+            fold,
+            save,
+        } = *msg
+        else {
+            return None;
+        };
+        if self.code != Code::Home || !self.state.takes(attempt, iteration) {
+            return None;
         }
+        self.code = Code::Iterating { stale: false };
+        Some(Assignment {
+            iteration,
+            last: last.clone(),
+            fold,
+            save,
+            restore: self.restore.take(),
+        })
     }
 
     /// The common case of [`handle_worked`](Self::handle_worked), without the action

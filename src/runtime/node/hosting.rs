@@ -262,7 +262,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 rescue.begin(&msg, self.node.iteration_span(), self.local.ranks());
                 while let Some(rank) = rescue.claim() {
                     self.step_current(ctx, rank, |driver, host| {
-                        driver.handle_message(msg.clone(), host)
+                        driver.handle_broadcast(&msg, host)
                     });
                 }
                 rescue.end();
@@ -270,7 +270,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             None => {
                 for rank in 0..self.local.ranks() {
                     self.step_current(ctx, rank, |driver, host| {
-                        driver.handle_message(msg.clone(), host)
+                        driver.handle_broadcast(&msg, host)
                     });
                 }
             }

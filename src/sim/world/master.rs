@@ -570,7 +570,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         };
         let before = master.node.drops().total();
         let current = (master.node.attempt(), master.node.gathering());
-        self.feed(|node, now, reach| node.handle_message(now, Envelope { from, msg }, reach));
+        // Through the batch the runtime's hosted workers' messages take (a batch of one
+        // here: each arrives as an event of its own), so that a result goes the way of
+        // the runtime's, offered to the gate by `Gate::on_results`.
+        self.feed(|node, now, reach| {
+            node.handle_messages(now, &mut vec![Envelope { from, msg }], reach)
+        });
         if let (Some((attempt, iteration)), Some(master)) = (checked, &self.master) {
             let kept = master.node.drops().total() == before;
             if kept && Some((attempt, iteration)) != current.1.map(|i| (current.0, i)) {

@@ -181,3 +181,69 @@ fn a_panicking_worker_factory_is_the_factory_s_failure_not_init_s() {
         "{err}"
     );
 }
+
+/// A worker result whose encoding panics: the wire check runs it where the result is
+/// sent, as the wire would.
+#[derive(Debug, Deserialize)]
+struct Unencodable(u64);
+
+impl Serialize for Unencodable {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == 12 {
+            panic!("cannot encode {}", self.0);
+        }
+        s.serialize_u64(self.0)
+    }
+}
+
+struct UnencodableSum;
+
+impl MasterComputable for UnencodableSum {
+    type MasterResult = u64;
+    type WorkerResult = Unencodable;
+
+    fn compute(
+        &mut self,
+        ctx: &mut MasterContext<u64, Unencodable>,
+    ) -> Result<Step<u64>, BoxError> {
+        Ok(Step::Continue(
+            ctx.worker_results().iter().map(|u| u.0).sum(),
+        ))
+    }
+}
+
+struct Counting(u64);
+
+impl WorkerComputable for Counting {
+    type MasterResult = u64;
+    type WorkerResult = Unencodable;
+
+    fn compute(
+        &mut self,
+        ctx: &mut WorkerContext<u64, Unencodable>,
+    ) -> Result<Unencodable, BoxError> {
+        Ok(Unencodable(10 * self.0 + ctx.iteration()))
+    }
+}
+
+/// The send of a result runs the user's encoding under the wire check: a panic there is
+/// the send's failure, naming the worker and the iteration — the job fails, nothing
+/// crashes or waits.
+#[test]
+fn a_worker_result_whose_encoding_panics_fails_the_send_naming_the_worker() {
+    for placement in [Placement::Inline, Placement::Pool, Placement::Auto] {
+        let err = Job::builder(UnencodableSum, |rank| Counting(rank as u64))
+            .workers(3)
+            .iterations(4)
+            .placement(placement)
+            .transport(MemoryTransport::new().wire_check(true))
+            .run()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("worker 1 could not send its result of iteration 2")
+                && text.contains("cannot encode 12"),
+            "{placement:?}: {text}"
+        );
+    }
+}

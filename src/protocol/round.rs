@@ -238,6 +238,32 @@ impl<T> Round<T> {
         }
     }
 
+    /// Closes the round, handing what arrived and was not taken yet to `take`, in rank
+    /// order; returns the ranks that delivered in the round (taken before or now) and
+    /// those left out, each in rank order: one pass over the ranks, as
+    /// [`reported`](Round::reported), [`left_out`](Round::left_out) and
+    /// [`close`](Round::close) would say.
+    pub fn close_each(&mut self, mut take: impl FnMut(Rank, T)) -> (Vec<Rank>, Vec<Rank>) {
+        let mut reported = Vec::with_capacity(self.filled);
+        let mut left_out = Vec::new();
+        self.open = false;
+        self.filled = 0;
+        self.out = 0;
+        self.held = 0;
+        for (rank, slot) in self.slots.iter_mut().enumerate() {
+            match std::mem::replace(slot, Slot::Empty) {
+                Slot::Held(item) => {
+                    reported.push(rank);
+                    take(rank, item);
+                }
+                Slot::Taken => reported.push(rank),
+                Slot::Out => left_out.push(rank),
+                Slot::Empty => {}
+            }
+        }
+        (reported, left_out)
+    }
+
     /// Closes the round and takes what arrived and was not taken yet, in rank order.
     pub fn close(&mut self) -> Vec<(Rank, T)> {
         let mut held = Vec::with_capacity(self.held);
@@ -353,5 +379,28 @@ mod tests {
             round.left_out().is_empty(),
             "a new round waits for everyone"
         );
+    }
+
+    #[test]
+    fn closing_in_one_pass_says_what_reported_left_out_and_close_say() {
+        let fill = |round: &mut Round<&'static str>| {
+            round.open(0, 1);
+            round.offer(3, 0, 1, "d");
+            round.offer(0, 0, 1, "a");
+            assert!(round.leave_out(2));
+            assert_eq!(round.take_next(), Some((0, "a")));
+            round.offer(4, 0, 1, "e");
+        };
+        let (mut one, mut other) = (Round::new(6), Round::new(6));
+        fill(&mut one);
+        fill(&mut other);
+        let mut taken = Vec::new();
+        let (reported, left_out) = one.close_each(|rank, item| taken.push((rank, item)));
+        assert_eq!(reported, other.reported());
+        assert_eq!(left_out, other.left_out());
+        assert_eq!(taken, other.close());
+        assert_eq!((reported, left_out), (vec![0, 3, 4], vec![2]));
+        assert!(!one.is_open());
+        assert_eq!(one.offer(1, 0, 1, "late"), Offer::Stale, "closed");
     }
 }

@@ -52,7 +52,9 @@ pub(crate) type Homeward<M, W> =
 /// Where a worker's driver lives: its own actor (a worker reached through a transport), or
 /// the master's node actor (a worker of the node's own process, stepped directly).
 pub(crate) trait Host<M, W> {
-    /// Sends `msg` to the master's node.
+    /// Sends `msg` to the master's node. Never panics: a host whose send runs code that
+    /// is not its own — a transport's, a user type's encoding — runs it under
+    /// [`guarded_send`], so that a panic there is an error of the send.
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError>;
     /// Where a unit of work run on the pool comes back to.
     fn homeward(&mut self) -> Homeward<M, W>;
@@ -87,6 +89,20 @@ pub(crate) trait Host<M, W> {
     /// is the current one (the job's span, on the job's thread).
     fn span(&self) -> tracing::Span {
         tracing::Span::current()
+    }
+}
+
+/// Runs `send` — a transport's code, or a user type's encoding — with a panic in it
+/// turned into the send's error.
+pub(crate) fn guarded_send<T>(
+    send: impl FnOnce() -> Result<T, TransportError>,
+) -> Result<T, TransportError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(send)) {
+        Ok(sent) => sent,
+        Err(payload) => Err(TransportError::io(
+            format!("the transport panicked: {}", Cause::from_panic(payload)),
+            None,
+        )),
     }
 }
 
@@ -209,18 +225,8 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         self.drive(host);
     }
 
-    fn try_send(host: &mut impl Host<M, W>, msg: ToMaster<W>) -> Result<(), TransportError> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.send(msg))) {
-            Ok(sent) => sent,
-            Err(payload) => Err(TransportError::io(
-                format!("the transport panicked: {}", Cause::from_panic(payload)),
-                None,
-            )),
-        }
-    }
-
     fn send(&self, host: &mut impl Host<M, W>, msg: ToMaster<W>) {
-        match Self::try_send(host, msg) {
+        match host.send(msg) {
             Ok(()) => {}
             // A replacement took this worker's rank: its link is closed on purpose.
             Err(TransportError::Replaced { .. }) => {
@@ -245,7 +251,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
     /// Sends the iteration's `report`, and tells the node how that went.
     fn send_result(&mut self, host: &mut impl Host<M, W>, report: Report<W>) {
         let iteration = report.iteration;
-        let sent = Self::try_send(host, ToMaster::Result(report));
+        let sent = host.send(ToMaster::Result(report));
         let now = host.now();
         self.node
             .handle_sent(now, iteration, sent.map_err(Unsent::from));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
-use super::worker::{Homeward, Host, WorkerDriver, WorkerHome};
+use super::worker::{guarded_send, Homeward, Host, WorkerDriver, WorkerHome};
 use crate::payload::Payload;
 use crate::protocol::{ToMaster, ToWorker};
 use crate::transport::{TransportError, WorkerLink};
@@ -33,7 +33,7 @@ struct ActorHost<'a, M: Payload, W: Payload> {
 
 impl<M: Payload, W: Payload> Host<M, W> for ActorHost<'_, M, W> {
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        self.link.send(msg)
+        guarded_send(|| self.link.send(msg))
     }
 
     // The unit given back is the one handed in, moved, only when the actor is gone: boxing

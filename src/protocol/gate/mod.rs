@@ -652,18 +652,19 @@ impl<W> Gate<W> {
     /// Closes the complete round and sums it up.
     fn complete(&mut self, iteration: Iteration) -> GateOutput<W> {
         self.stage = Stage::Idle;
-        let reported = self.round.reported();
-        let left_out = self.round.left_out();
-        let closed = self.round.close();
-        let mut results = Vec::with_capacity(closed.len());
-        for (rank, share) in closed {
-            match share_fits(self.route, (rank, iteration), share) {
-                Ok(value) => results.extend(value),
-                Err(error) => {
-                    self.stage = Stage::Idle;
-                    return GateOutput::Failed(error);
+        let route = self.route;
+        let mut results = Vec::with_capacity(self.round.held());
+        let mut failed = None;
+        let (reported, left_out) = self.round.close_each(|rank, share| {
+            if failed.is_none() {
+                match share_fits(route, (rank, iteration), share) {
+                    Ok(value) => results.extend(value),
+                    Err(error) => failed = Some(error),
                 }
             }
+        });
+        if let Some(error) = failed {
+            return GateOutput::Failed(error);
         }
         let gathered = Gathered {
             results,

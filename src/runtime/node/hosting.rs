@@ -6,6 +6,7 @@
 use super::rescue::{homeward, HostedArm, HostedHome, HostedStopped, Rescue};
 use super::*;
 use crate::runtime::local::lock_cell;
+use crate::runtime::worker::guarded_send;
 
 /// The hosted workers' messages wait in the inbox: the node takes them as one batch.
 pub(super) struct TakeInbox;
@@ -46,15 +47,15 @@ impl<M: Payload, W: Payload> Host<M, W> for NodeHost<'_, M, W> {
         if !self.current {
             return Err(TransportError::Replaced { rank });
         }
-        let encoded = self.wire_check.applies_to(&msg);
-        let msg = self
-            .wire_check
-            .apply(msg, || format!("worker {rank} → master"))?;
-        if encoded {
+        let msg = if self.wire_check.applies_to(&msg) {
             // The encoding took time no compute should be charged with: the next inline
             // unit reads the clock afresh.
             *self.clock = None;
-        }
+            let wire_check = self.wire_check;
+            guarded_send(|| wire_check.apply(msg, || format!("worker {rank} → master")))?
+        } else {
+            msg
+        };
         self.inbox.push(Envelope { from: rank, msg });
         Ok(())
     }

@@ -23,7 +23,7 @@ use crate::protocol::{Envelope, ToMaster, ToWorker};
 use crate::runtime::arrivals::Arrivals;
 use crate::runtime::local::{lock_cell, HostedCell};
 use crate::runtime::pool::ComputePool;
-use crate::runtime::worker::{Homeward, Host, WorkerHome};
+use crate::runtime::worker::{guarded_send, Homeward, Host, WorkerHome};
 use crate::transport::{TransportError, WireCheck};
 
 /// A hosted worker's unit of work came back from the pool.
@@ -295,9 +295,8 @@ struct PoolHost<M: Payload, W: Payload> {
 impl<M: Payload, W: Payload> Host<M, W> for PoolHost<M, W> {
     fn send(&mut self, msg: ToMaster<W>) -> Result<(), TransportError> {
         let rank = self.rank;
-        let msg = self
-            .wire_check
-            .apply(msg, || format!("worker {rank} → master"))?;
+        let wire_check = self.wire_check;
+        let msg = guarded_send(|| wire_check.apply(msg, || format!("worker {rank} → master")))?;
         let current = || self.generations[rank].load(Ordering::Acquire) == self.generation;
         if !self
             .arrivals

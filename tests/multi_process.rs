@@ -122,6 +122,14 @@ const GANG_KILL_COMPUTE_THEN_MASTER_WIPED: &str = "gang-kill-compute-then-master
 /// As `KILL_MASTER_WIPED`, with the job's default copies: none, every process being on the
 /// master's host.
 const KILL_MASTER_WIPED_ONE_HOST: &str = "kill-master-wiped-one-host";
+/// Under `RestartAll`: the master's process is killed (SIGKILL) by rank 1's once that
+/// rank's job ended with the result, while the master's is held in its `post_application`
+/// (every worker done); the write of the job's last checkpoint never ends once that hook
+/// is reached. Started again, the master finds the job's end in its store and ends at once
+/// with the result — its workers are gone.
+const KILL_MASTER_AT_END: &str = "gang-kill-master-at-end";
+/// Set in the master's process as its `post_application` runs (`KILL_MASTER_AT_END`).
+static AT_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Whether this process's worker failed already (`fail`).
 static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Every rank makes a collective in iteration 3 and checks its sum; with the killer, rank 2
@@ -244,10 +252,24 @@ impl MasterComputable for FaultyMaster {
 struct DyingStore {
     inner: FsCheckpointStore,
     torn: bool,
+    /// `KILL_MASTER_AT_END`, in the master's first life.
+    last_held: bool,
 }
 
 impl CheckpointStore for DyingStore {
     fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        if self.last_held && checkpoint.iteration == ITERATIONS {
+            // Written half a second on — unless the job's end is reached first (its workers
+            // were told before its last checkpoint was in the store): then never, the
+            // process being killed meanwhile.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < deadline {
+                if AT_END.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_secs(60));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         if self.torn && checkpoint.iteration == KILL_MASTER_AT {
             let dir = self.inner.dir().to_path_buf();
             std::fs::write(dir.join(".checkpoint-half"), b"half a checkp").unwrap();
@@ -607,11 +629,16 @@ fn child_process() {
             )
             .unwrap();
         }
+        let held = behaviour == KILL_MASTER_AT_END && env.restart_count == 0;
         let store = DyingStore {
             inner: FsCheckpointStore::new(&dir, 3).unwrap(),
             torn: fault == Some("kill-master-torn-checkpoint"),
+            last_held: held,
         };
         job = job.checkpoint(store, CHECKPOINT_EVERY);
+        if held {
+            job = job.master_interceptor(HeldAtEnd);
+        }
         if behaviour == KILL_MASTER_AFTER_COMMIT {
             job = job.coordinator(Committing);
         }
@@ -619,6 +646,26 @@ fn child_process() {
     let ran = job.run();
     if (behaviour.as_str(), env.rank, env.restart_count) == (KILL_MASTER_AFTER_COMMIT, 0, 0) {
         kill_self();
+    }
+    if (behaviour.as_str(), env.restart_count) == (KILL_MASTER_AT_END, 0) {
+        match env.rank {
+            // Ended with the job's result (or not): the master's process is killed.
+            1 => {
+                let dir = std::env::var_os(CHECKPOINTS).unwrap();
+                let pid = std::fs::read_to_string(std::path::Path::new(&dir).join("master.pid"));
+                let pid: i32 = pid.unwrap().trim().parse().unwrap();
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            // Held until then.
+            0 => {
+                std::thread::sleep(Duration::from_secs(60));
+                panic!("rank 1's process never killed the master's");
+            }
+            _ => {}
+        }
     }
     match ran {
         // A line of its own: the test harness prints the test's name before it.
@@ -632,6 +679,22 @@ fn child_process() {
             println!("\nFAILED {error}");
             std::process::exit(3);
         }
+    }
+}
+
+/// Holds the master's `post_application` (every worker is done) until its process is
+/// killed (`KILL_MASTER_AT_END`).
+struct HeldAtEnd;
+
+impl superstep::MasterInterceptor<lr::Model, lr::Gradient> for HeldAtEnd {
+    fn post_application(
+        &mut self,
+        _: &superstep::MasterContext<lr::Model, lr::Gradient>,
+        _: superstep::Ending<'_>,
+    ) -> Result<(), superstep::BoxError> {
+        AT_END.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        Err("rank 1's process never killed the master's".into())
     }
 }
 
@@ -922,6 +985,21 @@ fn a_master_process_killed_after_its_commit_is_started_again_and_ends_at_once_wi
     // Its newest checkpoint is the last one, committed: nothing ran again.
     let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
     assert!(resumed.ends_with("RESUMED Some(6)"), "{resumed}");
+}
+
+/// The job's end is told only once its last checkpoint is in the store: a master whose
+/// process is lost after its workers ended with the result and left finds the end there
+/// when started again, and ends with the result at once, waiting for none of them.
+#[test]
+fn a_master_process_killed_after_its_workers_ended_is_started_again_and_ends_with_the_result() {
+    let expected = bits(&job(&data(), 3, None).run().unwrap().result);
+    let (stdout, stderr) = launched_to(&expected, 3, KILL_MASTER_AT_END);
+    assert!(
+        stderr.contains("rank 0 exited with signal: 9") && stderr.contains("starting it again"),
+        "{stderr}"
+    );
+    let resumed = line_of(&stdout, "[0] ATTEMPT ").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(resumed.ends_with("RESUMED Some(6)"), "{resumed}\n{stderr}");
 }
 
 #[test]

@@ -378,6 +378,12 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         } else {
             (false, None)
         };
+        // The job's last checkpoint is written before its end is told anywhere: a worker
+        // that ended with the result is gone, and a master started again after its own
+        // process was lost must find the end in its store, not wait for them.
+        if checkpointed && (halted.is_some() || iteration >= self.ctx.iterations) {
+            self.flush_checkpoints();
+        }
         Ok(Computed {
             result,
             halt,

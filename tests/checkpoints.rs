@@ -490,3 +490,94 @@ fn a_state_that_cannot_be_saved_skips_the_checkpoint_and_one_that_cannot_be_rest
         .unwrap_err();
     assert_eq!(err.setting, "checkpoint");
 }
+
+/// A memory store whose write of iteration `slow_at` takes `delay`.
+#[derive(Clone)]
+struct SlowAt {
+    inner: MemoryCheckpointStore,
+    slow_at: Iteration,
+    delay: Duration,
+}
+
+impl CheckpointStore for SlowAt {
+    fn save(&mut self, c: &Checkpoint) -> Result<(), superstep::checkpoint::CheckpointError> {
+        if c.iteration == self.slow_at {
+            std::thread::sleep(self.delay);
+        }
+        self.inner.save(c)
+    }
+
+    fn latest(
+        &mut self,
+    ) -> Result<Option<superstep::checkpoint::Loaded>, superstep::checkpoint::CheckpointError> {
+        self.inner.latest()
+    }
+}
+
+/// Fails a worker's end unless its store already holds the job's last checkpoint.
+struct EndsAfter {
+    store: MemoryCheckpointStore,
+    last: Iteration,
+}
+
+impl superstep::WorkerInterceptor<(u64, u64), u64> for EndsAfter {
+    fn post_application(
+        &mut self,
+        _: &WorkerContext<(u64, u64), u64>,
+        _: superstep::Ending<'_>,
+    ) -> Result<(), BoxError> {
+        let held: Vec<Iteration> = self
+            .store
+            .checkpoints()
+            .iter()
+            .map(|c| c.iteration)
+            .collect();
+        if held.contains(&self.last) {
+            Ok(())
+        } else {
+            Err(format!("the job ended with checkpoints {held:?} in its store").into())
+        }
+    }
+}
+
+/// A worker hears of the job's end only once its last checkpoint is in the store (its
+/// write is off the master's path): a master lost after its workers ended finds the end
+/// there when started again, instead of waiting for workers long gone.
+#[test]
+fn a_worker_hears_of_the_end_only_once_the_last_checkpoint_is_in_the_store() {
+    let memory = MemoryCheckpointStore::new();
+    let store = SlowAt {
+        inner: memory.clone(),
+        slow_at: 12,
+        delay: Duration::from_millis(300),
+    };
+    let seen = memory.clone();
+    let outcome = job(master(None), store, 5)
+        .worker_interceptor(move |_| EndsAfter {
+            store: seen.clone(),
+            last: 12,
+        })
+        .run()
+        .unwrap();
+    assert_eq!(outcome.report.checkpoints, vec![5, 10, 12]);
+    assert_eq!(*outcome.result, fault_free());
+}
+
+/// The wait for the last checkpoint is not the master's compute: a write slower than the
+/// iteration timeout does not time the job out (it is waited for as the job ends).
+#[test]
+fn a_last_checkpoint_slower_than_the_iteration_timeout_does_not_time_the_job_out() {
+    let memory = MemoryCheckpointStore::new();
+    let store = SlowAt {
+        inner: memory.clone(),
+        slow_at: 12,
+        delay: Duration::from_millis(600),
+    };
+    let outcome = job(master(None), store, 5)
+        .iteration_timeout(Duration::from_millis(300))
+        .run()
+        .unwrap();
+    assert_eq!(*outcome.result, fault_free());
+    let held: Vec<Iteration> = memory.checkpoints().iter().map(|c| c.iteration).collect();
+    assert!(held.contains(&12), "{held:?}");
+}

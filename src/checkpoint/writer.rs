@@ -141,7 +141,9 @@ impl Writer {
         self.flush_within(self.bound)
     }
 
-    fn flush_within(&self, bound: Duration) -> bool {
+    /// [`flush`](Self::flush), waiting at most `bound` (and never past the writer's own).
+    pub(crate) fn flush_within(&self, bound: Duration) -> bool {
+        let bound = bound.min(self.bound);
         let shared = &*self.shared;
         let state = lock(shared);
         let (state, waited) = shared

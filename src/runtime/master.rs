@@ -250,12 +250,24 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 let started = Instant::now();
                 let (iteration, tally) = (round.iteration, round.gathered.tally);
                 let left_out = round.gathered.left_out.clone();
+                let (voted, timeout) = (round.halted.is_some(), round.timeout);
                 let result = self.iterate(round);
+                let elapsed = started.elapsed();
+                // The job's last checkpoint is written before its end is told anywhere: a
+                // worker that ended with the result is gone, and a master started again
+                // after its own process was lost must find the end in its store, not wait
+                // for them. Not the compute's time; within the node's wait for it.
+                let last = |c: &Computed<M>| {
+                    c.checkpointed && (voted || c.halt || iteration >= self.ctx.iterations)
+                };
+                if let (Some(store), true) = (&self.store, result.as_ref().is_ok_and(last)) {
+                    store.flush_within(timeout.saturating_sub(elapsed) / 2);
+                }
                 MasterDone::Iterated {
                     iteration,
                     tally,
                     left_out,
-                    elapsed: started.elapsed(),
+                    elapsed,
                     result,
                 }
             }
@@ -378,12 +390,6 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         } else {
             (false, None)
         };
-        // The job's last checkpoint is written before its end is told anywhere: a worker
-        // that ended with the result is gone, and a master started again after its own
-        // process was lost must find the end in its store, not wait for them.
-        if checkpointed && (halted.is_some() || iteration >= self.ctx.iterations) {
-            self.flush_checkpoints();
-        }
         Ok(Computed {
             result,
             halt,

@@ -209,6 +209,14 @@ impl SharedStore {
         }
     }
 
+    /// [`flush`](Self::flush), waiting at most `bound` (and never past the shutdown
+    /// timeout).
+    pub(crate) fn flush_within(&self, bound: std::time::Duration) {
+        if let Some(writer) = &self.writer {
+            writer.flush_within(bound);
+        }
+    }
+
     /// Records that job `job_id` committed its output after `iteration`, its last: its
     /// checkpoint of that iteration is saved again, marked committed. Without one (its
     /// write failed, or a later one is newer) nothing is marked, and a master started

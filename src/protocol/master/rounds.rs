@@ -146,6 +146,7 @@ impl<M, W> MasterNode<M, W> {
                 halted,
                 save,
                 replicate,
+                timeout: self.config.job.iteration_timeout,
             }),
         );
     }

@@ -88,6 +88,9 @@ pub(crate) struct MasterRound<W> {
     /// Whether a saved checkpoint is also handed back as bytes, for the workers that keep
     /// copies of it ([`Computed::replica`]).
     pub(crate) replicate: bool,
+    /// How long the node waits for this work (the iteration timeout): the wait for the
+    /// job's last checkpoint to be written takes at most half of what is left of it.
+    pub(crate) timeout: std::time::Duration,
 }
 
 /// The master's code to run: the driver runs it where placement says and hands back a

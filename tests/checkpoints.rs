@@ -514,6 +514,15 @@ impl CheckpointStore for SlowAt {
     }
 }
 
+/// A store over `memory` whose write of the job's last checkpoint (12) takes `delay`.
+fn slow_last(memory: &MemoryCheckpointStore, delay: Duration) -> SlowAt {
+    SlowAt {
+        inner: memory.clone(),
+        slow_at: 12,
+        delay,
+    }
+}
+
 /// Fails a worker's end unless its store already holds the job's last checkpoint.
 struct EndsAfter {
     store: MemoryCheckpointStore,
@@ -546,11 +555,7 @@ impl superstep::WorkerInterceptor<(u64, u64), u64> for EndsAfter {
 #[test]
 fn a_worker_hears_of_the_end_only_once_the_last_checkpoint_is_in_the_store() {
     let memory = MemoryCheckpointStore::new();
-    let store = SlowAt {
-        inner: memory.clone(),
-        slow_at: 12,
-        delay: Duration::from_millis(300),
-    };
+    let store = slow_last(&memory, Duration::from_millis(300));
     let seen = memory.clone();
     let outcome = job(master(None), store, 5)
         .worker_interceptor(move |_| EndsAfter {
@@ -568,11 +573,7 @@ fn a_worker_hears_of_the_end_only_once_the_last_checkpoint_is_in_the_store() {
 #[test]
 fn a_last_checkpoint_slower_than_the_iteration_timeout_does_not_time_the_job_out() {
     let memory = MemoryCheckpointStore::new();
-    let store = SlowAt {
-        inner: memory.clone(),
-        slow_at: 12,
-        delay: Duration::from_millis(600),
-    };
+    let store = slow_last(&memory, Duration::from_millis(600));
     let outcome = job(master(None), store, 5)
         .iteration_timeout(Duration::from_millis(300))
         .run()

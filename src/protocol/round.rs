@@ -168,30 +168,6 @@ impl<T> Round<T> {
         }
     }
 
-    /// The ranks that delivered a result in this round, in rank order.
-    pub fn reported(&self) -> Vec<Rank> {
-        // Sized once: no reallocation as it fills, whatever the worker count.
-        let mut reported = Vec::with_capacity(self.filled);
-        reported.extend(
-            self.slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| matches!(s, Slot::Held(_) | Slot::Taken))
-                .map(|(r, _)| r),
-        );
-        reported
-    }
-
-    /// The ranks left out of this round, in rank order.
-    pub fn left_out(&self) -> Vec<Rank> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::Out))
-            .map(|(r, _)| r)
-            .collect()
-    }
-
     /// How many ranks delivered.
     pub fn filled(&self) -> usize {
         self.filled
@@ -240,9 +216,7 @@ impl<T> Round<T> {
 
     /// Closes the round, handing what arrived and was not taken yet to `take`, in rank
     /// order; returns the ranks that delivered in the round (taken before or now) and
-    /// those left out, each in rank order: one pass over the ranks, as
-    /// [`reported`](Round::reported), [`left_out`](Round::left_out) and
-    /// [`close`](Round::close) would say.
+    /// those left out, each in rank order — one pass over the ranks.
     pub fn close_each(&mut self, mut take: impl FnMut(Rank, T)) -> (Vec<Rank>, Vec<Rank>) {
         let mut reported = Vec::with_capacity(self.filled);
         let mut left_out = Vec::new();
@@ -267,16 +241,7 @@ impl<T> Round<T> {
     /// Closes the round and takes what arrived and was not taken yet, in rank order.
     pub fn close(&mut self) -> Vec<(Rank, T)> {
         let mut held = Vec::with_capacity(self.held);
-        self.open = false;
-        self.filled = 0;
-        self.out = 0;
-        self.held = 0;
-        held.extend(self.slots.iter_mut().enumerate().filter_map(
-            |(r, s)| match std::mem::replace(s, Slot::Empty) {
-                Slot::Held(t) => Some((r, t)),
-                Slot::Empty | Slot::Taken | Slot::Out => None,
-            },
-        ));
+        self.close_each(|rank, item| held.push((rank, item)));
         held
     }
 
@@ -371,18 +336,20 @@ mod tests {
         assert_eq!(round.missing(), vec![3]);
         assert_eq!(round.offer(1, 0, 1, "late"), Offer::Stale);
         assert_eq!(round.offer(3, 0, 1, "d"), Offer::Completed);
-        assert_eq!(round.reported(), vec![0, 2, 3]);
-        assert_eq!(round.left_out(), vec![1]);
-        assert_eq!(round.close(), vec![(3, "d")]);
+        let mut taken = Vec::new();
+        let (reported, left_out) = round.close_each(|rank, item| taken.push((rank, item)));
+        assert_eq!((reported, left_out), (vec![0, 2, 3], vec![1]));
+        assert_eq!(taken, vec![(3, "d")]);
         round.open(0, 2);
-        assert!(
-            round.left_out().is_empty(),
+        assert_eq!(
+            round.missing(),
+            vec![0, 1, 2, 3],
             "a new round waits for everyone"
         );
     }
 
     #[test]
-    fn closing_in_one_pass_says_what_reported_left_out_and_close_say() {
+    fn closing_in_one_pass_says_who_reported_who_was_left_out_and_hands_over_the_rest() {
         let fill = |round: &mut Round<&'static str>| {
             round.open(0, 1);
             round.offer(3, 0, 1, "d");
@@ -396,9 +363,8 @@ mod tests {
         fill(&mut other);
         let mut taken = Vec::new();
         let (reported, left_out) = one.close_each(|rank, item| taken.push((rank, item)));
-        assert_eq!(reported, other.reported());
-        assert_eq!(left_out, other.left_out());
         assert_eq!(taken, other.close());
+        assert_eq!(taken, vec![(3, "d"), (4, "e")]);
         assert_eq!((reported, left_out), (vec![0, 3, 4], vec![2]));
         assert!(!one.is_open());
         assert_eq!(one.offer(1, 0, 1, "late"), Offer::Stale, "closed");

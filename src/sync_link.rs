@@ -451,6 +451,9 @@ impl<W> SyncLink<W> {
             if let Some(came) = self.look(deadline) {
                 return came;
             }
+            if let Some(came) = self.read_peers(deadline) {
+                return came;
+            }
             let incoming = match deadline.filter(|_| !self.link.wakes()) {
                 Some(deadline) => self
                     .answers
@@ -465,6 +468,34 @@ impl<W> SyncLink<W> {
             if let Some(came) = self.came(incoming?, deadline) {
                 return came;
             }
+        }
+    }
+
+    /// Where the peers' pieces come through sockets this thread can read: reads them
+    /// itself and looks again, yielding the core between looks, for as long as the
+    /// peers' link says ([`PeerLink::poll_for`]) before the wait parks the thread.
+    fn read_peers(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Incoming, mpsc::RecvTimeoutError>> {
+        let peers = self.peers.as_ref().ok()?;
+        let spin = peers.poll_for();
+        if spin.is_zero() {
+            return None;
+        }
+        let start = Instant::now();
+        loop {
+            peers.read_now();
+            if let Some(came) = self.look(deadline) {
+                return Some(came);
+            }
+            let now = Instant::now();
+            if now.duration_since(start) >= spin || deadline.is_some_and(|d| now >= d) {
+                // What comes from now on, the transport reads, and wakes this thread with.
+                peers.stop_reading();
+                return None;
+            }
+            std::thread::yield_now();
         }
     }
 

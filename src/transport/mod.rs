@@ -471,6 +471,26 @@ pub trait PeerLink: Send + Sync + 'static {
     fn max_piece(&self) -> Option<usize> {
         None
     }
+
+    /// How long a compute that waits for what comes next reads its peers' connections
+    /// itself ([`read_now`](Self::read_now)), yielding its core between looks, before it
+    /// sleeps until what comes wakes it. The default: not at all.
+    fn poll_for(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// Reads, on the calling thread, what the peers' connections hold that came, handing
+    /// it to the inbox as their I/O would; whether any bytes came. A compute waiting for
+    /// pieces calls it so that a piece is taken by the thread that waits for it, without
+    /// a hand-off from a thread that had to wake first. The default reads nothing.
+    fn read_now(&self) -> bool {
+        false
+    }
+
+    /// The compute that read the peers' connections ([`read_now`](Self::read_now)) stops
+    /// for now, and sleeps until what comes wakes it: whatever comes is read by the
+    /// transport again.
+    fn stop_reading(&self) {}
 }
 
 pub use crate::protocol::PeerEvent;

@@ -102,25 +102,20 @@ impl Frames {
                     crate::metrics::received(frame.len() + 4);
                     return Ok(Some(frame));
                 }
-                Ok(Some(Err(e))) => {
-                    if let Some(big) = FrameTooLarge::of(&e) {
-                        return Err(ReadError::TooLarge(big.clone()));
-                    }
-                    if e.kind() == std::io::ErrorKind::InvalidData {
-                        return Err(ReadError::Lost(format!("unreadable frame: {e}")));
-                    }
-                    return Err(ReadError::Lost(format!("its connection failed: {e}")));
-                }
+                Ok(Some(Err(e))) => return Err(ReadError::of(e)),
                 Ok(None) => return Ok(None),
                 // Bytes of a large frame may have arrived meanwhile: wait on from them.
                 Err(_) if self.silent_for() < timeout => continue,
-                Err(_) => {
-                    return Err(ReadError::Lost(format!(
-                        "silent for {timeout:?} (no message, no heartbeat)"
-                    )))
-                }
+                Err(_) => return Err(ReadError::silent(timeout)),
             }
         }
+    }
+
+    /// The read half, the bytes read past the last frame taken, and the decoder (with
+    /// its limit): for a reader that goes on from where this one stopped.
+    pub(super) fn into_parts(self) -> (OwnedReadHalf, bytes::BytesMut, FrameCodec) {
+        let parts = self.frames.into_parts();
+        (parts.io.inner, parts.read_buf, parts.codec)
     }
 
     /// The next handshake frame, decoded.
@@ -170,6 +165,24 @@ pub(super) enum ReadError {
     /// The peer was silent, closed or broke the connection, or sent an unreadable frame
     /// (what it did, said of the peer).
     Lost(String),
+}
+
+impl ReadError {
+    /// What a failed read or decode says of the connection.
+    pub(super) fn of(e: std::io::Error) -> Self {
+        if let Some(big) = FrameTooLarge::of(&e) {
+            return ReadError::TooLarge(big.clone());
+        }
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            return ReadError::Lost(format!("unreadable frame: {e}"));
+        }
+        ReadError::Lost(format!("its connection failed: {e}"))
+    }
+
+    /// No bytes at all for `timeout`.
+    pub(super) fn silent(timeout: Duration) -> Self {
+        ReadError::Lost(format!("silent for {timeout:?} (no message, no heartbeat)"))
+    }
 }
 
 impl std::fmt::Display for ReadError {

@@ -24,6 +24,7 @@ use crate::transport::TransportError;
 /// | how long a worker tries to reach the master at start-up, and the master waits for every rank to connect | `SUPERSTEP_CONNECT_TIMEOUT`; default 60 s |
 /// | how long a worker tries to reach a lost master again | `SUPERSTEP_RECONNECT_TIMEOUT`; default 0 (never) |
 /// | the port a worker listens on for its peers (barrier mode) | `SUPERSTEP_PEER_PORT`; default one the system picks |
+/// | how long a compute waiting in a collective polls its peers' connections itself before it sleeps | `SUPERSTEP_PEER_POLL`; default 200 µs (`0`: never) |
 /// | how often a side with nothing to send sends a heartbeat | `SUPERSTEP_HEARTBEAT_INTERVAL`; default 1 s |
 /// | how long a side may hear nothing before its peer is lost | `SUPERSTEP_HEARTBEAT_TIMEOUT`; default 30 s |
 /// | how long a new connection's handshake may take | `SUPERSTEP_HANDSHAKE_TIMEOUT`; default 5 s |
@@ -102,6 +103,9 @@ pub struct ClusterEnv {
     pub max_frame: Option<usize>,
     /// The port a worker listens on for its peers (`SUPERSTEP_PEER_PORT`), if set.
     pub peer_port: Option<u16>,
+    /// How long a compute waiting in a collective polls its peers' connections itself
+    /// (`SUPERSTEP_PEER_POLL`), if set.
+    pub peer_poll: Option<Duration>,
     /// The variables the master's address came from (`SUPERSTEP_MASTER_ADDR`, or
     /// `MASTER_ADDR and MASTER_PORT`, …): what an error reaching the master says to check.
     pub master_addr_from: &'static str,
@@ -163,7 +167,7 @@ const INTENT: [&str; 4] = [
 ];
 
 /// The variables of superstep's own that [`ClusterEnv::from_env`] reads.
-pub(crate) const CLUSTER_VARS: [&str; 17] = [
+pub(crate) const CLUSTER_VARS: [&str; 18] = [
     "SUPERSTEP_RANK",
     "SUPERSTEP_WORLD_SIZE",
     "SUPERSTEP_MASTER_ADDR",
@@ -181,6 +185,7 @@ pub(crate) const CLUSTER_VARS: [&str; 17] = [
     "SUPERSTEP_HANDSHAKE_TIMEOUT",
     "SUPERSTEP_MAX_FRAME",
     "SUPERSTEP_PEER_PORT",
+    "SUPERSTEP_PEER_POLL",
 ];
 
 /// Whether this process read the cluster's variables ([`ClusterEnv::from_env`]).
@@ -299,6 +304,7 @@ impl ClusterEnv {
             peer_port: get("SUPERSTEP_PEER_PORT")
                 .map(|v| port("SUPERSTEP_PEER_PORT", &v))
                 .transpose()?,
+            peer_poll: seconds_of("SUPERSTEP_PEER_POLL")?,
             launcher: launcher.map_or("superstep", |l| l.name),
         }))
     }
@@ -799,11 +805,19 @@ mod tests {
                     ("SUPERSTEP_HEARTBEAT_TIMEOUT", "1m 30s"),
                     ("SUPERSTEP_HANDSHAKE_TIMEOUT", "2s"),
                     ("SUPERSTEP_MAX_FRAME", "1048576"),
+                    ("SUPERSTEP_PEER_POLL", "1ms"),
                 ],
             ]
             .concat(),
         );
         let settings = crate::transport::TcpSettings::from_cluster(&restarted).unwrap();
+        assert_eq!(settings.peer_poll, Duration::from_millis(1));
+        let mut polling = settings.clone();
+        polling.peer_poll = Duration::from_secs(2);
+        let err = polling.validate().unwrap_err().to_string();
+        assert!(err.contains("peer_poll 2s is over 1s"), "{err}");
+        polling.peer_poll = Duration::ZERO;
+        polling.validate().unwrap();
         assert_eq!(settings.heartbeat_interval, Duration::from_millis(100));
         assert_eq!(settings.heartbeat_timeout, Duration::from_secs(90));
         assert_eq!(settings.handshake_timeout, Duration::from_secs(2));

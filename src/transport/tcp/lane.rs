@@ -46,6 +46,9 @@ struct Inner {
     queued: usize,
     /// Frames held back until the next frame goes ([`Lane::defer`]).
     deferred: Vec<Bytes>,
+    /// The writes made from the sending thread.
+    #[cfg(test)]
+    writes: usize,
 }
 
 impl Lane {
@@ -57,6 +60,8 @@ impl Lane {
                 writer: None,
                 queued: 0,
                 deferred: Vec::new(),
+                #[cfg(test)]
+                writes: 0,
             }),
             queue,
             held: Arc::new(Notify::new()),
@@ -80,7 +85,14 @@ impl Lane {
         #[cfg(feature = "metrics")]
         crate::metrics::sent(parts.iter().map(Bytes::len).sum());
         let mut inner = self.lock();
+        let small = parts.iter().map(Bytes::len).sum::<usize>() <= JOIN;
         if inner.deferred.is_empty() {
+            if N > 1 && small {
+                // One write, so one segment: a peer woken by the head would find no body.
+                let mut joined = bytes::BytesMut::new();
+                parts.iter().for_each(|part| joined.extend_from_slice(part));
+                return self.put(&mut inner, joined.freeze());
+            }
             for rest in parts {
                 self.put(&mut inner, rest)?;
             }
@@ -89,7 +101,6 @@ impl Lane {
         // What was held back goes first, in one write with the frame when that is small:
         // one by one they would cost the writes that holding them back saves.
         let held = std::mem::take(&mut inner.deferred);
-        let small = parts.iter().map(Bytes::len).sum::<usize>() <= JOIN;
         let mut joined = bytes::BytesMut::new();
         held.iter()
             .for_each(|frame| joined.extend_from_slice(frame));
@@ -134,6 +145,10 @@ impl Lane {
     fn put(&self, inner: &mut Inner, mut rest: Bytes) -> Result<(), Closed> {
         if inner.queued == 0 {
             if let Some(writer) = &inner.writer {
+                #[cfg(test)]
+                {
+                    inner.writes += 1;
+                }
                 match writer.try_write(&rest) {
                     Ok(n) if n == rest.len() => return Ok(()),
                     Ok(n) if n > 0 => rest = rest.slice(n..),
@@ -327,6 +342,27 @@ mod tests {
         let (closed, queue) = Lane::new();
         drop(queue);
         assert!(closed.defer(Bytes::from_static(b"lost;")).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_small_frame_in_parts_goes_in_one_write_and_a_large_one_in_a_write_a_part() {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.send(Bytes::from_static(b"first;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"first;");
+        let writes = || lane.lock().writes;
+        let before = writes();
+        // A piece's head and its body: one write, so the peer never wakes to half of it.
+        lane.send_parts([Bytes::from_static(b"head;"), Bytes::from_static(b"body;")])
+            .unwrap();
+        assert_eq!(read(&mut server, 10).await, b"head;body;");
+        assert_eq!(writes() - before, 1);
+        // A large body is not copied: it goes as it is, after its head.
+        let body = Bytes::from(vec![7u8; JOIN + 1]);
+        lane.send_parts([Bytes::from_static(b"head;"), body.clone()])
+            .unwrap();
+        let got = read(&mut server, 5 + body.len()).await;
+        assert_eq!((&got[..5], &got[5..]), (&b"head;"[..], &body[..]));
+        assert_eq!(writes() - before, 3);
     }
 
     #[tokio::test]

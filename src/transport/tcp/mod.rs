@@ -173,6 +173,14 @@ pub struct TcpSettings {
     /// master's node tells every worker where the others listen.
     #[serde(default)]
     pub peer_port: Option<u16>,
+    /// How long a worker's compute, waiting in a collective, reads its peers' connections
+    /// itself — yielding its core between looks, as an MPI rank polls — before it sleeps
+    /// until the transport's I/O thread wakes it with what came. A piece that comes
+    /// meanwhile is taken by the thread that waits for it, with no thread to wake
+    /// (`SUPERSTEP_PEER_POLL`). Zero never polls; longer suits ranks with cores of their
+    /// own; it never delays what comes. Default 200 µs; at most 1 s.
+    #[serde(with = "crate::protocol::duration", default = "defaults::peer_poll")]
+    pub peer_poll: Duration,
     /// The variables the master's address came from, in a cluster job: what an error
     /// reaching the master names to check.
     #[serde(skip)]
@@ -198,6 +206,8 @@ impl fmt::Debug for TcpSettings {
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_timeout", &self.reconnect_timeout)
             .field("restart_count", &self.restart_count)
+            .field("peer_port", &self.peer_port)
+            .field("peer_poll", &self.peer_poll)
             .finish()
     }
 }
@@ -220,6 +230,9 @@ mod defaults {
     }
     pub(super) fn heartbeat_interval() -> Duration {
         new().heartbeat_interval
+    }
+    pub(super) fn peer_poll() -> Duration {
+        new().peer_poll
     }
     pub(super) fn heartbeat_timeout() -> Duration {
         new().heartbeat_timeout
@@ -257,6 +270,7 @@ impl TcpSettings {
             launcher: None,
             master_addr_from: None,
             peer_port: None,
+            peer_poll: Duration::from_micros(200),
             secret: None,
             max_frame: 256 << 20,
             handshake_timeout: Duration::from_secs(5),
@@ -297,6 +311,9 @@ impl TcpSettings {
             settings.max_frame = max;
         }
         settings.peer_port = env.peer_port;
+        if let Some(poll) = env.peer_poll {
+            settings.peer_poll = poll;
+        }
         if let Some(bind) = &env.bind {
             settings.bind = Some(bind_addr(bind, &settings.master_addr)?);
         }
@@ -330,6 +347,12 @@ impl TcpSettings {
             return invalid(format!(
                 "heartbeat_interval {:?} must be above zero and below heartbeat_timeout {:?}",
                 self.heartbeat_interval, self.heartbeat_timeout
+            ));
+        }
+        if self.peer_poll > Duration::from_secs(1) {
+            return invalid(format!(
+                "peer_poll {:?} is over 1s: a compute waiting that long polls its peers' connections for nothing",
+                self.peer_poll
             ));
         }
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {

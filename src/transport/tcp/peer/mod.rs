@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,7 @@ use super::{lock, TcpSettings};
 use crate::ids::{Attempt, Rank};
 use crate::protocol::{PeerBody, PeerMessage};
 use crate::transport::{Fingerprint, PeerEvent, PeerInbox, PeerLink, TransportError};
+use reader::{End, Incoming};
 
 /// How the transport's I/O thread is reached from other threads.
 #[derive(Clone)]
@@ -76,6 +77,9 @@ pub(super) struct Mesh {
     /// The connections to this worker that stand, by the peer's rank: this end's lane,
     /// which carries heartbeats and the goodbye.
     incoming: Mutex<Vec<Option<Weak<Lane>>>>,
+    /// The readers of the connections to this worker that stand, by the peer's rank:
+    /// what a compute waiting for pieces reads itself (`read_now`).
+    readers: Mutex<Vec<Option<Arc<Incoming>>>>,
     inbox: RwLock<Option<Arc<PeerInbox>>>,
     unproven: Arc<Mutex<Unproven>>,
     refusals: Mutex<Refusals>,
@@ -119,6 +123,7 @@ impl Mesh {
             table,
             out: Mutex::new((0..world).map(|_| Out::Idle).collect()),
             incoming: Mutex::new(vec![None; world]),
+            readers: Mutex::new(vec![None; world]),
             inbox: RwLock::new(None),
             unproven: Arc::default(),
             refusals: Mutex::new(Refusals::new(world, Instant::now())),
@@ -314,6 +319,16 @@ impl Mesh {
         };
         let (rank, attempt, rejoins) = (claim.rank, claim.attempt, claim.rejoins);
         frames.allow(s.max_frame);
+        let (half, buf, codec) = frames.into_parts();
+        let socket = match second_handle(half.as_ref()) {
+            Ok(socket) => socket,
+            Err(e) => {
+                tracing::warn!(peer = rank, error = %e, "cannot open a second handle on a peer's connection");
+                return;
+            }
+        };
+        let reader = Arc::new(Incoming::new(rank, socket, buf, codec));
+        lock(&self.readers)[rank] = Some(Arc::clone(&reader));
         // This end sends only heartbeats, and its goodbye.
         let (lane, mut queue) = Lane::new();
         lock(&self.incoming)[rank] = Some(Arc::downgrade(&lane));
@@ -326,7 +341,17 @@ impl Mesh {
             }
             .in_current_span(),
         );
-        let lost = self.carry_in(rank, &mut frames).await;
+        let lost = self.carry_in(&reader, &half).await;
+        reader.close();
+        {
+            let mut readers = lock(&self.readers);
+            if readers[rank]
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(r, &reader))
+            {
+                readers[rank] = None;
+            }
+        }
         drop(lane);
         drop(claim);
         let current = self.rejoins.load(Ordering::Acquire) == rejoins;
@@ -450,45 +475,36 @@ impl Mesh {
     }
 
     /// Hands a peer's pieces to this worker's inbox until its goodbye (`None`), or says
-    /// how the connection was lost.
-    async fn carry_in(&self, rank: Rank, frames: &mut Frames) -> Option<String> {
+    /// how the connection was lost: what came is read here when the socket says it is
+    /// readable, unless the worker's compute, waiting for it, read it first.
+    async fn carry_in(&self, reader: &Incoming, half: &OwnedReadHalf) -> Option<String> {
         let mut stop = self.io.stop.clone();
+        let timeout = self.settings.heartbeat_timeout;
         loop {
-            let next = tokio::select! {
-                next = frames.next(self.settings.heartbeat_timeout) => next,
-                _ = stopped(&mut stop) => return None,
-            };
-            let frame = match next {
-                Ok(Some(frame)) => frame,
-                Ok(None) => return Some("closed before its goodbye".into()),
-                Err(error) => return Some(error.to_string()),
-            };
-            let frame = frame.freeze();
-            match wire::decode::<Handshake>(&frame) {
-                Ok(Wire::Heartbeat) => {}
-                Ok(Wire::PeerBye) => return None,
-                Ok(Wire::Peer {
-                    attempt,
-                    call,
-                    step,
-                    chunk,
-                    body,
-                }) => {
-                    // The piece's bytes stay in the frame they came in.
-                    let Some(body) = body.in_frame(&frame) else {
-                        return Some("sent a piece whose bytes are not in its frame".into());
-                    };
-                    self.deliver(PeerEvent::Message(PeerMessage {
-                        attempt,
-                        from: rank,
-                        call,
-                        step,
-                        chunk,
-                        body: PeerBody::Encoded(body),
-                    }))
+            match reader.end() {
+                Some(End::Bye) => return None,
+                Some(End::Lost(reason)) => return Some(reason),
+                None => {}
+            }
+            let wait = timeout.saturating_sub(reader.silent_for());
+            tokio::select! {
+                ready = half.readable() => {
+                    if let Err(e) = ready {
+                        return Some(ReadError::of(e).to_string());
+                    }
                 }
-                Ok(_) => return Some("sent a message that is no peer's".into()),
-                Err(e) => return Some(format!("sent an unreadable frame: {e}")),
+                _ = tokio::time::sleep(wait) => {
+                    // Bytes of a large frame may have come meanwhile: wait on from them.
+                    if reader.silent_for() >= timeout {
+                        return Some(ReadError::silent(timeout).to_string());
+                    }
+                    continue;
+                }
+                _ = reader.ended() => continue,
+                _ = stopped(&mut stop) => return None,
+            }
+            if !reader.read_ready(half, &|event| self.deliver(event)) {
+                reader.resumed().await;
             }
         }
     }
@@ -813,6 +829,38 @@ impl PeerLink for Mesh {
     fn max_piece(&self) -> Option<usize> {
         Some(wire::max_piece(self.settings.max_frame))
     }
+
+    fn poll_for(&self) -> Duration {
+        self.settings.peer_poll
+    }
+
+    fn read_now(&self) -> bool {
+        let Some(inbox) = self.inbox.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return false;
+        };
+        let deliver = |event| inbox(event);
+        let mut came = false;
+        for reader in lock(&self.readers).iter().flatten() {
+            came |= reader.read_now(&deliver);
+        }
+        came
+    }
+
+    fn stop_reading(&self) {
+        for reader in lock(&self.readers).iter().flatten() {
+            reader.resume();
+        }
+    }
+}
+
+/// A second handle on `stream`'s socket (the same connection), for reading it off the
+/// I/O driver.
+fn second_handle(stream: &TcpStream) -> std::io::Result<std::net::TcpStream> {
+    #[cfg(unix)]
+    let owned = std::os::fd::AsFd::as_fd(stream).try_clone_to_owned()?;
+    #[cfg(windows)]
+    let owned = std::os::windows::io::AsSocket::as_socket(stream).try_clone_to_owned()?;
+    Ok(std::net::TcpStream::from(owned))
 }
 
 /// Says a peer's connection was lost, at DEBUG: a loss that matters is said where it does —
@@ -824,5 +872,6 @@ fn say_lost(peer: Rank, reason: &str) {
     tracing::debug!(peer, %reason, "peer lost");
 }
 
+mod reader;
 #[cfg(test)]
 mod tests;

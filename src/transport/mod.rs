@@ -480,12 +480,10 @@ pub trait PeerLink: Send + Sync + 'static {
     }
 
     /// Reads, on the calling thread, what the peers' connections hold that came, handing
-    /// it to the inbox as their I/O would; whether any bytes came. A compute waiting for
-    /// pieces calls it so that a piece is taken by the thread that waits for it, without
-    /// a hand-off from a thread that had to wake first. The default reads nothing.
-    fn read_now(&self) -> bool {
-        false
-    }
+    /// it to the inbox as their I/O would. A compute waiting for pieces calls it so that
+    /// a piece is taken by the thread that waits for it, without a hand-off from a thread
+    /// that had to wake first. The default reads nothing.
+    fn read_now(&self) {}
 
     /// The compute that read the peers' connections ([`read_now`](Self::read_now)) stops
     /// for now, and sleeps until what comes wakes it: whatever comes is read by the

@@ -834,16 +834,14 @@ impl PeerLink for Mesh {
         self.settings.peer_poll
     }
 
-    fn read_now(&self) -> bool {
+    fn read_now(&self) {
         let Some(inbox) = self.inbox.read().unwrap_or_else(|e| e.into_inner()).clone() else {
-            return false;
+            return;
         };
         let deliver = |event| inbox(event);
-        let mut came = false;
         for reader in lock(&self.readers).iter().flatten() {
-            came |= reader.read_now(&deliver);
+            reader.read_now(&deliver);
         }
-        came
     }
 
     fn stop_reading(&self) {

@@ -124,6 +124,15 @@ impl Incoming {
         self.last.store(now, Ordering::Relaxed);
     }
 
+    /// The state, unless another thread is reading the connection.
+    fn try_state(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(state) => Some(state),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// On the I/O thread, once the read half said it is readable: reads what came
     /// through `half` (so that its readiness is cleared when nothing is left) and hands
     /// its frames to `deliver` — unless the compute is reading it (`false`): then the
@@ -132,23 +141,15 @@ impl Incoming {
     pub(super) fn read_ready(&self, half: &OwnedReadHalf, deliver: &dyn Fn(PeerEvent)) -> bool {
         // Said before the look, so that a compute that stops reading after it sees it.
         self.backed_off.store(true, Ordering::Release);
-        let mut state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return false,
+        let Some(mut state) = self.try_state() else {
+            return false;
         };
         self.backed_off.store(false, Ordering::Release);
         while state.end.is_none() {
             state.buf.reserve(CHUNK);
-            match half.try_read_buf(&mut state.buf) {
-                Ok(0) => state.end = Some(End::Lost("closed before its goodbye".into())),
-                Ok(_) => {
-                    self.heard();
-                    self.take(&mut state, deliver);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => state.end = Some(End::Lost(ReadError::of(e).to_string())),
+            let read = half.try_read_buf(&mut state.buf);
+            if !self.took(&mut state, read, deliver) {
+                break;
             }
         }
         if state.end.is_some() {
@@ -173,20 +174,19 @@ impl Incoming {
     }
 
     /// On the calling thread (a compute waiting for pieces): reads what came, if no other
-    /// thread is reading it, and hands its frames to `deliver`. Whether any bytes came.
-    /// An end it sees wakes the I/O thread's task ([`ended`](Self::ended)), which says
-    /// how the connection ended.
-    pub(super) fn read_now(&self, deliver: &dyn Fn(PeerEvent)) -> bool {
-        let mut state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            // The I/O thread reads it: what came is handed over as it is read.
-            Err(TryLockError::WouldBlock) => return false,
+    /// thread is reading it (the I/O thread hands over what it reads), and hands its
+    /// frames to `deliver`. An end it sees wakes the I/O thread's task
+    /// ([`ended`](Self::ended)), which says how the connection ended.
+    pub(super) fn read_now(&self, deliver: &dyn Fn(PeerEvent)) {
+        let Some(mut state) = self.try_state() else {
+            return;
         };
-        let mut came = false;
         while state.end.is_none() {
             let State {
-                socket, scratch, ..
+                socket,
+                scratch,
+                buf,
+                ..
             } = &mut *state;
             let Some(socket) = socket.as_mut() else {
                 break;
@@ -194,22 +194,14 @@ impl Incoming {
             if scratch.is_empty() {
                 scratch.resize(CHUNK, 0);
             }
-            match socket.read(scratch) {
-                Ok(0) => state.end = Some(End::Lost("closed before its goodbye".into())),
-                Ok(n) => {
-                    came = true;
-                    self.heard();
-                    let State { buf, scratch, .. } = &mut *state;
-                    buf.extend_from_slice(&scratch[..n]);
-                    self.take(&mut state, deliver);
-                    if n < CHUNK {
-                        // The socket held no more: spare the read that would say so.
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => state.end = Some(End::Lost(ReadError::of(e).to_string())),
+            let read = socket.read(scratch);
+            if let Ok(n) = read {
+                buf.extend_from_slice(&scratch[..n]);
+            }
+            // A short read: the socket held no more — spare the read that would say so.
+            let drained = read.as_ref().is_ok_and(|&n| n < CHUNK);
+            if !self.took(&mut state, read, deliver) || drained {
+                break;
             }
         }
         if state.end.is_some() && state.socket.take().is_some() {
@@ -217,7 +209,27 @@ impl Incoming {
             drop(state);
             self.ended.notify_one();
         }
-        came
+    }
+
+    /// What a read of the socket gave (its bytes already in `buf`): frames handed on,
+    /// the connection's end, or nothing more for now. Whether to read again.
+    fn took(
+        &self,
+        state: &mut State,
+        read: std::io::Result<usize>,
+        deliver: &dyn Fn(PeerEvent),
+    ) -> bool {
+        match read {
+            Ok(0) => state.end = Some(End::Lost("closed before its goodbye".into())),
+            Ok(_) => {
+                self.heard();
+                self.take(state, deliver);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => state.end = Some(End::Lost(ReadError::of(e).to_string())),
+        }
+        state.end.is_none()
     }
 
     /// Hands every whole frame read to `deliver`, until the connection's end.

@@ -21,6 +21,16 @@ pub(crate) fn write<T: Serialize + ?Sized>(
     rmp_serde::encode::write_named(out, value)
 }
 
+/// Encodes `value` in the positional form (a struct as an array of its fields), which
+/// the decoder accepts as well: only for the crate's own types whose fields carry no serde
+/// attributes (a piece's head on the wire, where the names would outweigh an 8-byte value).
+pub(crate) fn write_positional<T: Serialize + ?Sized>(
+    out: &mut impl std::io::Write,
+    value: &T,
+) -> Result<(), rmp_serde::encode::Error> {
+    rmp_serde::encode::write(out, value)
+}
+
 /// Encodes `value`.
 pub(crate) fn to_vec<T: Serialize + ?Sized>(
     value: &T,

@@ -335,7 +335,7 @@ pub(crate) fn encode_peer(
         body: PeerBytes::Held(Bytes::new()),
     };
     // Positional: the field names would be most of a small piece's frame (134 bytes of
-    // frame for an 8-byte value, against 52); the decoder reads either form.
+    // head before an 8-byte value, against 52); the decoder reads either form.
     let mut out = BytesMut::with_capacity(64).writer();
     out.get_mut().put_slice(&[0; HEADER]);
     crate::codec::write_positional(&mut out, &head)

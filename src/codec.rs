@@ -24,6 +24,7 @@ pub(crate) fn write<T: Serialize + ?Sized>(
 /// Encodes `value` in the positional form (a struct as an array of its fields), which
 /// the decoder accepts as well: only for the crate's own types whose fields carry no serde
 /// attributes (a piece's head on the wire, where the names would outweigh an 8-byte value).
+#[cfg(feature = "tcp")]
 pub(crate) fn write_positional<T: Serialize + ?Sized>(
     out: &mut impl std::io::Write,
     value: &T,

@@ -423,6 +423,11 @@ impl<W> SyncLink<W> {
         }
         let mut unsaid = Unsaid(&self.said_waiting, false);
         loop {
+            // This wait reads no peer's connection: the transport's I/O does, at once,
+            // even where a blocking wait just read them itself.
+            if let Ok(peers) = &self.peers {
+                peers.stop_reading();
+            }
             if let Some(came) = self.look(deadline) {
                 unsaid.1 = true;
                 return came;

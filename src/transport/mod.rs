@@ -482,12 +482,16 @@ pub trait PeerLink: Send + Sync + 'static {
     /// Reads, on the calling thread, what the peers' connections hold that came, handing
     /// it to the inbox as their I/O would. A compute waiting for pieces calls it so that
     /// a piece is taken by the thread that waits for it, without a hand-off from a thread
-    /// that had to wake first. The default reads nothing.
+    /// that had to wake first. Each call says the compute goes on reading for
+    /// [`poll_for`](Self::poll_for): until then, or until
+    /// [`stop_reading`](Self::stop_reading), the transport's own I/O leaves the
+    /// connections to it. The default reads nothing.
     fn read_now(&self) {}
 
     /// The compute that read the peers' connections ([`read_now`](Self::read_now)) stops
     /// for now, and sleeps until what comes wakes it: whatever comes is read by the
-    /// transport again.
+    /// transport again, at once. Cheap when the compute had not read since it last
+    /// stopped.
     fn stop_reading(&self) {}
 }
 

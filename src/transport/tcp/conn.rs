@@ -319,14 +319,14 @@ pub(super) async fn write_frame(writer: &mut OwnedWriteHalf, frame: &[u8]) -> st
 /// failed, if one did.
 pub(super) async fn write_loop(
     lane: Weak<Lane>,
-    writer: OwnedWriteHalf,
+    writer: impl Into<super::lane::Socket>,
     queue: &mut mpsc::UnboundedReceiver<Bytes>,
     mut stop: watch::Receiver<bool>,
     heartbeat: Bytes,
     interval: Duration,
 ) -> Result<(), String> {
     let failed = |e: std::io::Error| format!("could not write to it: {e}");
-    let writing = Writing::start(lane, writer);
+    let writing = Writing::start(lane, writer.into());
     let held = Arc::clone(&writing.held);
     // When what the lane holds back is to go, once it holds something.
     let mut flush_at: Option<tokio::time::Instant> = None;

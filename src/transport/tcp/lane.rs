@@ -15,6 +15,66 @@ use bytes::Bytes;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, Notify};
 
+/// What a lane writes to: a connection's write half, or (a peer's connection to this
+/// worker, which carries only this end's heartbeats and goodbye) a handle of the socket's
+/// own that the I/O driver does not watch — so that what comes in on the connection wakes
+/// only its reader, and that only while it reads (`ReadSide` in `peer`).
+pub(super) enum Socket {
+    Half(OwnedWriteHalf),
+    Own(OwnWrite),
+}
+
+impl From<OwnedWriteHalf> for Socket {
+    fn from(half: OwnedWriteHalf) -> Self {
+        Socket::Half(half)
+    }
+}
+
+impl Socket {
+    /// Writes what the socket takes of `buf` now, without waiting.
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Half(half) => half.try_write(buf),
+            Socket::Own(own) => std::io::Write::write(&mut &own.0, buf),
+        }
+    }
+
+    /// Writes some of `buf`, waiting for room as it must.
+    async fn write_some(&self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            if let Socket::Half(half) = self {
+                half.writable().await?;
+            }
+            match self.try_write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Socket::Own(_) = self {
+                        // Unwatched: looks again in a while. Only heartbeats and a goodbye
+                        // go this way, a few bytes each; the socket is full only when its
+                        // peer stopped reading, which its silence tells soon.
+                        tokio::time::sleep(OWN_RETRY).await;
+                    }
+                }
+                written => return written,
+            }
+        }
+    }
+}
+
+/// How long a write to an unwatched socket ([`Socket::Own`]) that would block waits
+/// before it tries again.
+const OWN_RETRY: Duration = Duration::from_millis(5);
+
+/// A socket's handle for writing only (non-blocking), not watched by the I/O driver (see
+/// [`Socket`]); its end of the connection is shut for writing when it goes, as a write
+/// half's is.
+pub(super) struct OwnWrite(pub(super) std::net::TcpStream);
+
+impl Drop for OwnWrite {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 /// The longest a frame is held back ([`Lane::defer`]) with nothing else sent: long enough
 /// for a run of small collectives to go in one write, and far below the sync timeouts
 /// under which a collective's call is held at all (100 ms and longer: `SOON_WITHIN` in
@@ -40,7 +100,7 @@ pub(super) struct Lane {
 struct Inner {
     /// The connection's write half, while its writer runs: frames may be written
     /// directly.
-    writer: Option<Arc<OwnedWriteHalf>>,
+    writer: Option<Arc<Socket>>,
     /// Frames, or parts of one, queued for the writer and not written yet: while there
     /// are any, a new frame queues behind them.
     queued: usize,
@@ -170,7 +230,7 @@ impl Lane {
     }
 
     /// The writer runs with `writer`, or (`None`) no longer does.
-    fn open(&self, writer: Option<Arc<OwnedWriteHalf>>) {
+    fn open(&self, writer: Option<Arc<Socket>>) {
         self.lock().writer = writer;
     }
 
@@ -193,7 +253,7 @@ impl Lane {
 /// once everyone that sends on the lane let go of it.
 pub(super) struct Writing {
     lane: Weak<Lane>,
-    writer: Arc<OwnedWriteHalf>,
+    writer: Arc<Socket>,
     /// Told when the lane holds a frame back ([`Lane::defer`]).
     pub(super) held: Arc<Notify>,
 }
@@ -201,7 +261,7 @@ pub(super) struct Writing {
 impl Writing {
     /// The writer of `lane` starts with `writer`: from now on frames may be written
     /// directly.
-    pub(super) fn start(lane: Weak<Lane>, writer: OwnedWriteHalf) -> Self {
+    pub(super) fn start(lane: Weak<Lane>, writer: Socket) -> Self {
         let writer = Arc::new(writer);
         let held = match lane.upgrade() {
             Some(lane) => {
@@ -251,16 +311,13 @@ impl Drop for Writing {
     }
 }
 
-/// Writes all of `buf` on a write half shared with the senders' direct writes (which wait
+/// Writes all of `buf` on a socket shared with the senders' direct writes (which wait
 /// for the lane's queue, so they never run meanwhile).
-async fn write_all(writer: &OwnedWriteHalf, mut buf: &[u8]) -> std::io::Result<()> {
+async fn write_all(writer: &Socket, mut buf: &[u8]) -> std::io::Result<()> {
     while !buf.is_empty() {
-        writer.writable().await?;
-        match writer.try_write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+        match writer.write_some(buf).await? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => buf = &buf[n..],
         }
     }
     Ok(())
@@ -307,6 +364,53 @@ mod tests {
             .expect("the bytes came in time")
             .unwrap();
         got
+    }
+
+    #[tokio::test]
+    async fn a_lane_on_an_unwatched_socket_writes_every_frame_in_order_once_its_peer_reads() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.set_nonblocking(true).unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let (lane, mut queue) = Lane::new();
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let weak = Arc::downgrade(&lane);
+        let socket = Socket::Own(OwnWrite(client));
+        tokio::spawn(async move {
+            let beat = Bytes::new();
+            let interval = Duration::from_secs(3600);
+            let _ =
+                super::super::conn::write_loop(weak, socket, &mut queue, stopped, beat, interval)
+                    .await;
+        });
+        // The writer runs once a first frame goes out.
+        lane.send(Bytes::from_static(b"first;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"first;");
+        // More than the socket's buffers hold while its peer does not read: what does not
+        // go at once is queued, and written by the writer as room comes.
+        let frames: Vec<Bytes> = (0..64u8)
+            .map(|i| Bytes::from(vec![i; 256 * 1024]))
+            .collect();
+        for frame in &frames {
+            lane.send(frame.clone()).unwrap();
+        }
+        assert!(
+            lane.lock().queued > 0,
+            "the socket took everything: no test"
+        );
+        let got = read(&mut server, frames.len() * 256 * 1024).await;
+        assert!(got
+            .chunks(256 * 1024)
+            .zip(&frames)
+            .all(|(got, sent)| got == &sent[..]));
+        // Its end shuts for writing when the writer goes.
+        drop(lane);
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), server.read_to_end(&mut rest))
+            .await
+            .expect("shut within 10 s")
+            .unwrap();
+        assert!(rest.is_empty());
     }
 
     #[tokio::test]

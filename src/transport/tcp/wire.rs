@@ -395,6 +395,7 @@ pub(crate) fn codec(max: usize) -> FrameCodec {
             .new_codec(),
         max,
         in_frame: false,
+        length: 0,
     }
 }
 
@@ -405,6 +406,8 @@ pub(crate) struct FrameCodec {
     max: usize,
     /// The inner codec read a frame's length prefix and waits for its body.
     in_frame: bool,
+    /// The length of the last prefix read.
+    length: usize,
 }
 
 impl FrameCodec {
@@ -412,6 +415,11 @@ impl FrameCodec {
     pub(crate) fn set_max_frame_length(&mut self, max: usize) {
         self.max = max;
         self.inner.set_max_frame_length(max);
+    }
+
+    /// How long the frame whose body it waits for is, if it waits for one.
+    pub(crate) fn waiting_for(&self) -> Option<usize> {
+        self.in_frame.then_some(self.length)
     }
 }
 
@@ -431,6 +439,7 @@ impl Decoder for FrameCodec {
                 };
                 return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, error));
             }
+            self.length = bytes;
         }
         let before = src.len();
         let frame = self.inner.decode(src)?;

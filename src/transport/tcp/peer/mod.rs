@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -28,13 +28,13 @@ use tracing::Instrument;
 
 use super::admission::{Refusals, Unproven};
 use super::conn::*;
-use super::lane::Lane;
+use super::lane::{Lane, OwnWrite, Socket};
 use super::wire::{self, Refusal, Wire};
 use super::{lock, TcpSettings};
 use crate::ids::{Attempt, Rank};
 use crate::protocol::{PeerBody, PeerMessage};
 use crate::transport::{Fingerprint, PeerEvent, PeerInbox, PeerLink, TransportError};
-use reader::{End, Incoming};
+use reader::{End, Incoming, ReadSide, Window};
 
 /// How the transport's I/O thread is reached from other threads.
 #[derive(Clone)]
@@ -80,6 +80,9 @@ pub(super) struct Mesh {
     /// The readers of the connections to this worker that stand, by the peer's rank:
     /// what a compute waiting for pieces reads itself (`read_now`).
     readers: Mutex<Vec<Option<Arc<Incoming>>>>,
+    /// When the worker's compute reads those connections itself: the I/O thread leaves
+    /// them to it meanwhile.
+    window: Arc<Window>,
     inbox: RwLock<Option<Arc<PeerInbox>>>,
     unproven: Arc<Mutex<Unproven>>,
     refusals: Mutex<Refusals>,
@@ -124,6 +127,7 @@ impl Mesh {
             out: Mutex::new((0..world).map(|_| Out::Idle).collect()),
             incoming: Mutex::new(vec![None; world]),
             readers: Mutex::new(vec![None; world]),
+            window: Window::new(),
             inbox: RwLock::new(None),
             unproven: Arc::default(),
             refusals: Mutex::new(Refusals::new(world, Instant::now())),
@@ -320,14 +324,30 @@ impl Mesh {
         let (rank, attempt, rejoins) = (claim.rank, claim.attempt, claim.rejoins);
         frames.allow(s.max_frame);
         let (half, buf, codec) = frames.into_parts();
-        let socket = match second_handle(half.as_ref()) {
-            Ok(socket) => socket,
+        // The socket leaves the I/O driver: its reader watches it for what comes only
+        // while the compute does not read it itself (`ReadSide`), and this end's lane
+        // writes through a handle of its own, which the driver does not watch.
+        let handles = half
+            .reunite(writer)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|stream| stream.into_std())
+            .and_then(|socket| Ok((socket.try_clone()?, socket.try_clone()?, socket)));
+        let (socket, writer, watched) = match handles {
+            Ok(handles) => handles,
             Err(e) => {
-                tracing::warn!(peer = rank, error = %e, "cannot open a second handle on a peer's connection");
+                tracing::warn!(peer = rank, error = %e, "cannot take a peer's connection off the I/O driver");
                 return;
             }
         };
-        let reader = Arc::new(Incoming::new(rank, socket, buf, codec));
+        let writer = Socket::Own(OwnWrite(writer));
+        let mut side = ReadSide::new(watched);
+        let reader = Arc::new(Incoming::new(
+            rank,
+            socket,
+            buf,
+            codec,
+            Arc::clone(&self.window),
+        ));
         lock(&self.readers)[rank] = Some(Arc::clone(&reader));
         // This end sends only heartbeats, and its goodbye.
         let (lane, mut queue) = Lane::new();
@@ -341,7 +361,7 @@ impl Mesh {
             }
             .in_current_span(),
         );
-        let lost = self.carry_in(&reader, &half).await;
+        let lost = self.carry_in(&reader, &mut side).await;
         reader.close();
         {
             let mut readers = lock(&self.readers);
@@ -477,7 +497,7 @@ impl Mesh {
     /// Hands a peer's pieces to this worker's inbox until its goodbye (`None`), or says
     /// how the connection was lost: what came is read here when the socket says it is
     /// readable, unless the worker's compute, waiting for it, read it first.
-    async fn carry_in(&self, reader: &Incoming, half: &OwnedReadHalf) -> Option<String> {
+    async fn carry_in(&self, reader: &Incoming, side: &mut ReadSide) -> Option<String> {
         let mut stop = self.io.stop.clone();
         let timeout = self.settings.heartbeat_timeout;
         loop {
@@ -488,7 +508,7 @@ impl Mesh {
             }
             let wait = timeout.saturating_sub(reader.silent_for());
             tokio::select! {
-                ready = half.readable() => {
+                ready = side.readable() => {
                     if let Err(e) = ready {
                         return Some(ReadError::of(e).to_string());
                     }
@@ -503,7 +523,8 @@ impl Mesh {
                 _ = reader.ended() => continue,
                 _ = stopped(&mut stop) => return None,
             }
-            if !reader.read_ready(half, &|event| self.deliver(event)) {
+            if !reader.read_ready(side, &|event| self.deliver(event)) {
+                side.unwatch();
                 reader.resumed().await;
             }
         }
@@ -838,27 +859,32 @@ impl PeerLink for Mesh {
         let Some(inbox) = self.inbox.read().unwrap_or_else(|e| e.into_inner()).clone() else {
             return;
         };
+        self.window.open(self.settings.peer_poll);
         let deliver = |event| inbox(event);
+        let mut streamed = false;
         for reader in lock(&self.readers).iter().flatten() {
-            reader.read_now(&deliver);
+            streamed |= reader.read_now(&deliver);
+        }
+        if streamed && self.window.streaming() {
+            self.resume_readers();
         }
     }
 
     fn stop_reading(&self) {
-        for reader in lock(&self.readers).iter().flatten() {
-            reader.resume();
+        // (A window never opened since the last close: no reader backed off for it.)
+        if self.window.close() {
+            self.resume_readers();
         }
     }
 }
 
-/// A second handle on `stream`'s socket (the same connection), for reading it off the
-/// I/O driver.
-fn second_handle(stream: &TcpStream) -> std::io::Result<std::net::TcpStream> {
-    #[cfg(unix)]
-    let owned = std::os::fd::AsFd::as_fd(stream).try_clone_to_owned()?;
-    #[cfg(windows)]
-    let owned = std::os::windows::io::AsSocket::as_socket(stream).try_clone_to_owned()?;
-    Ok(std::net::TcpStream::from(owned))
+impl Mesh {
+    /// Every reader's I/O thread that backed off for the compute reads again at once.
+    fn resume_readers(&self) {
+        for reader in lock(&self.readers).iter().flatten() {
+            reader.resume();
+        }
+    }
 }
 
 /// Says a peer's connection was lost, at DEBUG: a loss that matters is said where it does —

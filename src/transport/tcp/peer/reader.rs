@@ -4,14 +4,18 @@
 //! is taken by the thread that waits for it, not handed over by another that had to wake
 //! first. Both read under one lock, into one buffer, through one decoder: the frames are
 //! taken, and handed to the worker's inbox, in the order they came.
+//!
+//! While the compute polls ([`Window`]), the I/O thread leaves the connections to it: a
+//! piece the I/O thread read would be handed over through the compute's channel — a read,
+//! a decode and a hand-off on a second thread, on cores the compute and its peers need —
+//! for a compute that would have read it itself a moment later.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio_util::codec::Decoder;
 
 use super::super::conn::{Handshake, ReadError};
@@ -22,6 +26,115 @@ use crate::transport::PeerEvent;
 
 /// How much the compute thread reads at once.
 const CHUNK: usize = 64 * 1024;
+
+/// Until when the worker's compute reads its peers' connections itself: opened by each of
+/// its looks ([`Mesh::read_now`](super::Mesh)) for the time it polls, closed when it stops
+/// polling to sleep. Shared by the readers of one worker's connections.
+pub(super) struct Window {
+    origin: Instant,
+    /// The window's end, in microseconds after `origin`; 0: closed.
+    until: AtomicU64,
+    /// Until when no window opens, in microseconds after `origin`: the compute met a
+    /// stream of bytes (a large piece), which the I/O thread reads beside it.
+    streaming: AtomicU64,
+}
+
+/// How long a compute that met a stream of bytes leaves the reading to the I/O thread.
+const STREAMING: Duration = Duration::from_millis(2);
+
+impl Window {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Window {
+            origin: Instant::now(),
+            until: AtomicU64::new(0),
+            streaming: AtomicU64::new(0),
+        })
+    }
+
+    fn micros(&self) -> u64 {
+        // At least 1: 0 is a closed window.
+        (self.origin.elapsed().as_micros() as u64).max(1)
+    }
+
+    /// The compute looks, and will go on looking for `polls`.
+    pub(super) fn open(&self, polls: Duration) {
+        let now = self.micros();
+        if now < self.streaming.load(Ordering::Relaxed) {
+            return;
+        }
+        let until = now.saturating_add(polls.as_micros() as u64);
+        self.until.store(until, Ordering::SeqCst);
+    }
+
+    /// The compute met a stream of bytes: while it lasts, the I/O thread reads beside the
+    /// compute — a large piece is read on two threads, and the compute reduces what came
+    /// while more comes — and for [`STREAMING`] no window opens. Whether the window was
+    /// open (see [`close`](Self::close)).
+    pub(super) fn streaming(&self) -> bool {
+        let until = self.micros().saturating_add(STREAMING.as_micros() as u64);
+        self.streaming.store(until, Ordering::Relaxed);
+        self.close()
+    }
+
+    /// The compute stops looking; whether it had looked since it last stopped.
+    pub(super) fn close(&self) -> bool {
+        self.until.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Whether the compute is still looking.
+    fn polling(&self) -> bool {
+        let until = self.until.load(Ordering::SeqCst);
+        until != 0 && self.micros() < until
+    }
+}
+
+/// The I/O thread's watch on a peer's connection for what comes in: the connection
+/// registered with the I/O driver, or — while the compute reads it itself — not
+/// ([`unwatch`](Self::unwatch)): a registered socket wakes the I/O thread at every
+/// arrival, read by it or not.
+pub(super) struct ReadSide {
+    watched: Option<tokio::net::TcpStream>,
+    idle: Option<std::net::TcpStream>,
+}
+
+impl ReadSide {
+    /// A watch on `socket` (non-blocking), which starts at the first
+    /// [`readable`](Self::readable).
+    pub(super) fn new(socket: std::net::TcpStream) -> Self {
+        ReadSide {
+            watched: None,
+            idle: Some(socket),
+        }
+    }
+
+    /// Until the connection is readable (watched again first, if it was let go of).
+    pub(super) async fn readable(&mut self) -> std::io::Result<()> {
+        if let Some(socket) = self.idle.take() {
+            self.watched = Some(tokio::net::TcpStream::from_std(socket)?);
+        }
+        match &self.watched {
+            Some(watched) => watched.readable().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Lets go of the watch until the next [`readable`](Self::readable).
+    pub(super) fn unwatch(&mut self) {
+        if let Some(watched) = self.watched.take() {
+            // (A socket the driver cannot let go of is closed: its reader sees the end.)
+            self.idle = watched.into_std().ok();
+        }
+    }
+
+    /// Reads what came into `buf`, clearing the readiness the watch saw when nothing is
+    /// left.
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        match &self.watched {
+            Some(watched) => watched.try_read_buf(buf),
+            None => Err(std::io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
 
 /// How a peer's connection to this worker ended, as its reader saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +158,8 @@ pub(super) struct Incoming {
     done: AtomicBool,
     /// Woken when a reader other than the I/O thread's saw the connection end.
     ended: tokio::sync::Notify,
+    /// When the worker's compute reads the connection itself.
+    window: Arc<Window>,
     /// Whether the I/O thread found the compute reading, and waits before it looks again.
     backed_off: AtomicBool,
     /// Woken when the compute stops reading and the I/O thread waits.
@@ -66,12 +181,13 @@ struct State {
 impl Incoming {
     /// The reader of `rank`'s connection, going on from what its handshake's reader left
     /// (`buf`, `codec`); `socket` is a second handle on the same socket as the I/O
-    /// thread's read half.
+    /// thread's read half; `window` says when the worker's compute reads it.
     pub(super) fn new(
         rank: Rank,
         socket: std::net::TcpStream,
         buf: BytesMut,
         codec: FrameCodec,
+        window: Arc<Window>,
     ) -> Self {
         Incoming {
             rank,
@@ -86,6 +202,7 @@ impl Incoming {
             last: AtomicU64::new(0),
             done: AtomicBool::new(false),
             ended: tokio::sync::Notify::new(),
+            window,
             backed_off: AtomicBool::new(false),
             resume: tokio::sync::Notify::new(),
         }
@@ -133,21 +250,27 @@ impl Incoming {
         }
     }
 
-    /// On the I/O thread, once the read half said it is readable: reads what came
-    /// through `half` (so that its readiness is cleared when nothing is left) and hands
-    /// its frames to `deliver` — unless the compute is reading it (`false`): then the
-    /// I/O thread waits for [`resumed`](Self::resumed) before it looks again, so that a
-    /// compute taking a piece neither waits for the I/O thread nor has to wake it.
-    pub(super) fn read_ready(&self, half: &OwnedReadHalf, deliver: &dyn Fn(PeerEvent)) -> bool {
-        // Said before the look, so that a compute that stops reading after it sees it.
-        self.backed_off.store(true, Ordering::Release);
+    /// On the I/O thread, once `side` said the connection is readable: reads what came
+    /// (so that its readiness is cleared when nothing is left) and hands its frames to
+    /// `deliver` — unless the compute reads it (`false`: it is polling, or reading now):
+    /// then the I/O thread lets go of its watch on the connection
+    /// ([`ReadSide::unwatch`]) and waits for [`resumed`](Self::resumed) before it looks
+    /// again, so that a compute taking a piece neither waits for the I/O thread nor has
+    /// to wake it, nor gets it second-hand, and what comes meanwhile wakes no one else.
+    pub(super) fn read_ready(&self, side: &ReadSide, deliver: &dyn Fn(PeerEvent)) -> bool {
+        // Said before the looks, so that a compute that stops reading after them sees it
+        // (and one that stopped before them is seen: both sides' order is sequential).
+        self.backed_off.store(true, Ordering::SeqCst);
+        if self.window.polling() {
+            return false;
+        }
         let Some(mut state) = self.try_state() else {
             return false;
         };
-        self.backed_off.store(false, Ordering::Release);
+        self.backed_off.store(false, Ordering::SeqCst);
         while state.end.is_none() {
             state.buf.reserve(CHUNK);
-            let read = half.try_read_buf(&mut state.buf);
+            let read = side.try_read_buf(&mut state.buf);
             if !self.took(&mut state, read, deliver) {
                 break;
             }
@@ -168,7 +291,7 @@ impl Incoming {
     /// The compute stops reading for now: an I/O thread that backed off for it reads
     /// again at once.
     pub(super) fn resume(&self) {
-        if self.backed_off.swap(false, Ordering::AcqRel) {
+        if self.backed_off.swap(false, Ordering::SeqCst) {
             self.resume.notify_one();
         }
     }
@@ -176,11 +299,14 @@ impl Incoming {
     /// On the calling thread (a compute waiting for pieces): reads what came, if no other
     /// thread is reading it (the I/O thread hands over what it reads), and hands its
     /// frames to `deliver`. An end it sees wakes the I/O thread's task
-    /// ([`ended`](Self::ended)), which says how the connection ended.
-    pub(super) fn read_now(&self, deliver: &dyn Fn(PeerEvent)) {
+    /// ([`ended`](Self::ended)), which says how the connection ended. Returns whether it
+    /// met a stream of bytes, not a few pieces: a read filled all it read into, or a
+    /// frame larger than that is on its way.
+    pub(super) fn read_now(&self, deliver: &dyn Fn(PeerEvent)) -> bool {
         let Some(mut state) = self.try_state() else {
-            return;
+            return false;
         };
+        let mut streamed = false;
         while state.end.is_none() {
             let State {
                 socket,
@@ -200,15 +326,19 @@ impl Incoming {
             }
             // A short read: the socket held no more — spare the read that would say so.
             let drained = read.as_ref().is_ok_and(|&n| n < CHUNK);
+            streamed |= !drained && read.is_ok();
             if !self.took(&mut state, read, deliver) || drained {
                 break;
             }
         }
+        // A large piece on its way is a stream too, however fast its bytes come.
+        streamed |= state.codec.waiting_for().is_some_and(|len| len > CHUNK);
         if state.end.is_some() && state.socket.take().is_some() {
             self.done.store(true, Ordering::Release);
             drop(state);
             self.ended.notify_one();
         }
+        streamed
     }
 
     /// What a read of the socket gave (its bytes already in `buf`): frames handed on,
@@ -286,21 +416,26 @@ impl Incoming {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use super::*;
     use crate::ids::{Algorithm, CollectiveCall, CollectiveKind, ReduceOp};
 
-    /// The frames of `n` pieces, numbered by their step, one after the other.
-    fn pieces(n: u32) -> Vec<u8> {
-        let call = CollectiveCall {
-            seq: 1,
+    /// A ring's call of `kind` on one value, `seq` in the attempt, in pieces of `chunk`.
+    fn call(seq: u64, kind: CollectiveKind, chunk: u32) -> CollectiveCall {
+        CollectiveCall {
+            seq,
             at: Default::default(),
-            kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
+            kind,
             len: 1,
             algorithm: Algorithm::Ring,
-            chunk: 8,
-        };
+            chunk,
+        }
+    }
+
+    /// The frames of `n` pieces, numbered by their step, one after the other.
+    fn pieces(n: u32) -> Vec<u8> {
+        let call = call(1, CollectiveKind::AllReduce(Some(ReduceOp::Sum)), 8);
         let mut out = Vec::new();
         for step in 0..n {
             let body = bytes::Bytes::copy_from_slice(&step.to_le_bytes());
@@ -312,18 +447,35 @@ mod tests {
     }
 
     /// A peer's end of a connection, and this worker's reader of the other end with its
-    /// I/O thread's read half — registered with a runtime nobody drives unless a test does.
-    fn connection(rt: &tokio::runtime::Runtime) -> (std::net::TcpStream, Incoming, OwnedReadHalf) {
+    /// I/O thread's watch on it — registered with `rt` (driven only where a test drives
+    /// it) at its first look.
+    fn connection(rt: &tokio::runtime::Runtime) -> (std::net::TcpStream, Incoming, ReadSide) {
+        connection_in(rt, Window::new())
+    }
+
+    /// The same, the compute's window given.
+    fn connection_in(
+        rt: &tokio::runtime::Runtime,
+        window: Arc<Window>,
+    ) -> (std::net::TcpStream, Incoming, ReadSide) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (ours, _) = listener.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
         let _entered = rt.enter();
-        let ours = tokio::net::TcpStream::from_std(ours).unwrap();
-        let socket = super::super::second_handle(&ours).unwrap();
-        let (half, _write) = ours.into_split();
-        let reader = Incoming::new(0, socket, BytesMut::new(), wire::codec(1 << 20));
-        (peer, reader, half)
+        let socket = ours.try_clone().unwrap();
+        let reader = Incoming::new(0, socket, BytesMut::new(), wire::codec(1 << 20), window);
+        (peer, reader, ReadSide::new(ours))
+    }
+
+    /// Until `side` says its connection is readable, for 10 s at most.
+    fn readable(rt: &tokio::runtime::Runtime, side: &mut ReadSide) {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), side.readable())
+                .await
+                .expect("readable in 10 s")
+                .unwrap()
+        })
     }
 
     /// A runtime for the I/O thread's side, driven only where a test drives it.
@@ -355,7 +507,7 @@ mod tests {
     fn a_waiting_compute_reads_its_peers_pieces_itself_in_order_through_split_frames() {
         // The runtime is never driven: only this thread reads.
         let rt = runtime();
-        let (mut peer, reader, _half) = connection(&rt);
+        let (mut peer, reader, _side) = connection(&rt);
         let got = Mutex::new(Vec::new());
         let deliver = steps_of(&got);
         let bytes = pieces(3);
@@ -383,7 +535,7 @@ mod tests {
     #[test]
     fn a_connection_closed_before_its_goodbye_is_lost_to_a_compute_reading_it() {
         let rt = runtime();
-        let (mut peer, reader, _half) = connection(&rt);
+        let (mut peer, reader, _side) = connection(&rt);
         let got = Mutex::new(Vec::new());
         let deliver = steps_of(&got);
         let bytes = pieces(2);
@@ -399,9 +551,144 @@ mod tests {
     }
 
     #[test]
+    fn while_the_compute_polls_the_io_thread_leaves_the_connection_to_it() {
+        let rt = runtime();
+        let window = Window::new();
+        let (mut peer, reader, mut side) = connection_in(&rt, Arc::clone(&window));
+        let got = Mutex::new(Vec::new());
+        let deliver = steps_of(&got);
+        let bytes = pieces(3);
+        let (first, second) = (bytes.len() / 3, bytes.len() * 2 / 3);
+        // The compute looks, and goes on looking: the I/O thread, woken by the piece,
+        // leaves it in the socket, and lets go of its watch.
+        window.open(Duration::from_secs(60));
+        peer.write_all(&bytes[..first]).unwrap();
+        readable(&rt, &mut side);
+        assert!(!reader.read_ready(&side, &deliver));
+        side.unwatch();
+        assert!(got.lock().unwrap().is_empty());
+        // The compute takes it itself.
+        read_until(&reader, &deliver, || !got.lock().unwrap().is_empty());
+        assert_eq!(*got.lock().unwrap(), [0]);
+        // What comes while the watch is let go of is there when the watch is back.
+        peer.write_all(&bytes[first..second]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // It stops looking: the I/O thread is told at once, and reads.
+        assert!(window.close());
+        reader.resume();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), reader.resumed())
+                .await
+                .expect("the I/O thread is told at once")
+        });
+        readable(&rt, &mut side);
+        assert!(reader.read_ready(&side, &deliver));
+        assert_eq!(*got.lock().unwrap(), [0, 1]);
+        // And what comes next.
+        peer.write_all(&bytes[second..]).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while got.lock().unwrap().len() < 3 {
+            assert!(Instant::now() < until, "not read by the I/O thread in 10 s");
+            readable(&rt, &mut side);
+            assert!(reader.read_ready(&side, &deliver));
+        }
+        assert_eq!(*got.lock().unwrap(), [0, 1, 2]);
+        // A window that ran out is no window.
+        window.open(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!window.polling());
+        assert!(window.close());
+        assert!(!window.close());
+    }
+
+    #[test]
+    fn a_compute_that_meets_a_stream_of_bytes_leaves_the_io_thread_reading_beside_it() {
+        let rt = runtime();
+        let window = Window::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let peek = ours.try_clone().unwrap();
+        let reader = Incoming::new(
+            0,
+            ours.try_clone().unwrap(),
+            BytesMut::new(),
+            wire::codec(1 << 20),
+            Arc::clone(&window),
+        );
+        let mut side = ReadSide::new(ours);
+        let got = Mutex::new(Vec::new());
+        let deliver = steps_of(&got);
+        // One piece of 256 KiB: more than a read takes at once.
+        let call = call(1, CollectiveKind::AllGather, 1 << 18);
+        let body = bytes::Bytes::from(vec![7u8; 1 << 18]);
+        let writer = std::thread::spawn(move || {
+            for part in wire::encode_peer((0, call, 0, 0), body, 1 << 20).unwrap() {
+                peer.write_all(&part).unwrap();
+            }
+            peer
+        });
+        window.open(Duration::from_secs(60));
+        assert!(window.polling());
+        // More than a read takes has come, for certain, before the compute reads.
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut look = vec![0u8; CHUNK + 1];
+        while peek.peek(&mut look).unwrap_or(0) <= CHUNK {
+            assert!(Instant::now() < until, "not sent in 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(reader.read_now(&deliver));
+        assert!(got.lock().unwrap().is_empty());
+        // The window closes, and opens again only once the stream is past.
+        assert!(window.streaming());
+        window.open(Duration::from_secs(60));
+        assert!(!window.polling());
+        // The I/O thread reads the rest.
+        let _peer = writer.join().unwrap();
+        while got.lock().unwrap().is_empty() {
+            assert!(Instant::now() < until, "not read by the I/O thread in 10 s");
+            readable(&rt, &mut side);
+            assert!(reader.read_ready(&side, &deliver));
+        }
+        std::thread::sleep(STREAMING + Duration::from_millis(1));
+        window.open(Duration::from_secs(60));
+        assert!(window.polling());
+    }
+
+    #[test]
+    fn the_first_bytes_of_a_large_piece_are_a_stream_however_slowly_they_come() {
+        let rt = runtime();
+        let (mut peer, reader, _side) = connection(&rt);
+        let got = Mutex::new(Vec::new());
+        let deliver = steps_of(&got);
+        // A small piece whole, then the first bytes of a large one.
+        let small = pieces(1);
+        peer.write_all(&small).unwrap();
+        read_until(&reader, &deliver, || !got.lock().unwrap().is_empty());
+        let body = bytes::Bytes::from(vec![7u8; 4 * CHUNK]);
+        let call = call(2, CollectiveKind::AllGather, (4 * CHUNK) as _);
+        let mut large = Vec::new();
+        for part in wire::encode_peer((0, call, 1, 0), body, 1 << 20).unwrap() {
+            large.extend_from_slice(&part);
+        }
+        assert!(
+            !reader.read_now(&deliver),
+            "a few small pieces are no stream"
+        );
+        peer.write_all(&large[..1000]).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !reader.read_now(&deliver) {
+            assert!(Instant::now() < until, "not told in 10 s");
+            std::thread::yield_now();
+        }
+        assert_eq!(*got.lock().unwrap(), [0]);
+    }
+
+    #[test]
     fn the_io_thread_and_a_compute_reading_at_once_hand_over_each_piece_once_in_order() {
         let rt = Arc::new(runtime());
-        let (mut peer, reader, half) = connection(&rt);
+        let (mut peer, reader, mut side) = connection(&rt);
         let reader = Arc::new(reader);
         let got = Arc::new(Mutex::new(Vec::new()));
         const N: u32 = 2_000;
@@ -413,8 +700,11 @@ mod tests {
                     let deliver = steps_of(&got);
                     while got.lock().unwrap().len() < N as usize && reader.end().is_none() {
                         let _ =
-                            tokio::time::timeout(Duration::from_millis(10), half.readable()).await;
-                        reader.read_ready(&half, &deliver);
+                            tokio::time::timeout(Duration::from_millis(10), side.readable()).await;
+                        if !reader.read_ready(&side, &deliver) {
+                            side.unwatch();
+                            reader.resumed().await;
+                        }
                     }
                 })
             })

@@ -364,7 +364,7 @@ impl TcpSettings {
 
     /// The master address's port, checked: `host:port` with a port in 1–65535 (rank 0,
     /// which listens on it, may ask for 0: a port the system chooses).
-    fn master_port(&self) -> Result<u16, TransportError> {
+    pub(super) fn master_port(&self) -> Result<u16, TransportError> {
         let lowest = if self.rank == 0 { 0 } else { 1 };
         env::check_addr_port(&self.master_addr, lowest)
             .map_err(|e| TransportError::Env(format!("master address {:?} {e}", self.master_addr)))

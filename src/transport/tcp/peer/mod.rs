@@ -109,7 +109,10 @@ impl Mesh {
         let failed = |e: std::io::Error| {
             TransportError::io(format!("cannot listen for peers on {addr}: {e}"), Some(e))
         };
-        let listener = std::net::TcpListener::bind(addr).map_err(failed)?;
+        // (A master address that does not parse fails the transport elsewhere.)
+        let master_port = settings.master_port().ok();
+        let listener =
+            listen_avoiding(addr, master_port, std::net::TcpListener::bind).map_err(failed)?;
         listener.set_nonblocking(true).map_err(failed)?;
         let local = listener.local_addr().map_err(failed)?;
         let world = settings.world_size;
@@ -884,6 +887,33 @@ impl Mesh {
         for reader in lock(&self.readers).iter().flatten() {
             reader.resume();
         }
+    }
+}
+
+/// Binds `addr`; on a port of the system's (port 0), never on the master's port
+/// (`avoid`): a launcher that found the master a free port let go of it for rank 0 to
+/// take, and the system may hand it to a worker's listener first — whose own connection
+/// to "the master" would then reach its own listener, or rank 0 find its port taken. A
+/// port handed out that way is held until another is bound, so it is not handed out again.
+fn listen_avoiding(
+    addr: SocketAddr,
+    avoid: Option<u16>,
+    mut bind: impl FnMut(SocketAddr) -> std::io::Result<std::net::TcpListener>,
+) -> std::io::Result<std::net::TcpListener> {
+    let mut held = Vec::new();
+    loop {
+        let listener = bind(addr)?;
+        let port = listener.local_addr()?.port();
+        if addr.port() != 0 || Some(port) != avoid {
+            return Ok(listener);
+        }
+        if held.len() >= 3 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("the system gave the master's port ({port}) again and again"),
+            ));
+        }
+        held.push(listener);
     }
 }
 

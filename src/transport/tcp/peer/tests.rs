@@ -349,3 +349,32 @@ fn a_connection_to_this_worker_from_before_the_master_reached_it_again_is_lost_q
     drop(new);
     assert_eq!(rank_0_lost(&events), 0);
 }
+
+#[test]
+fn a_workers_listener_never_takes_the_masters_port_though_the_system_hands_it_out() {
+    // The port a launcher found free for the master, let go of, and handed by the system
+    // to this worker's first bind: stood for by a listener the test holds.
+    let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let master_port = first.local_addr().unwrap().port();
+    let mut first = Some(first);
+    let mut binds = 0;
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let listener = listen_avoiding(addr, Some(master_port), |addr| {
+        binds += 1;
+        match first.take() {
+            Some(listener) => Ok(listener),
+            None => std::net::TcpListener::bind(addr),
+        }
+    })
+    .unwrap();
+    assert_eq!(binds, 2, "bound again once");
+    assert_ne!(listener.local_addr().unwrap().port(), master_port);
+    // A port asked for is taken as it is, and another port of the system's at once.
+    let asked = listen_avoiding(addr, Some(1), std::net::TcpListener::bind).unwrap();
+    assert_ne!(asked.local_addr().unwrap().port(), 0);
+    let mut same = std::net::TcpListener::bind("127.0.0.1:0").ok();
+    let port = same.as_ref().unwrap().local_addr().unwrap().port();
+    let fixed: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let kept = listen_avoiding(fixed, Some(port), |_| Ok(same.take().unwrap())).unwrap();
+    assert_eq!(kept.local_addr().unwrap().port(), port);
+}

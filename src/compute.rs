@@ -711,15 +711,18 @@ impl<M, W> MasterContext<M, W> {
     }
 
     /// Enters `iteration` with what its round gathered, before the master's hooks and
-    /// compute see it.
-    pub(crate) fn enter(&mut self, iteration: Iteration, gathered: Gathered<W>) {
+    /// compute see it. Returns the ranks of the round before, emptied: a buffer for the
+    /// rounds to come.
+    pub(crate) fn enter(&mut self, iteration: Iteration, gathered: Gathered<W>) -> Vec<Rank> {
         self.iteration = iteration;
         self.results = gathered.results;
         self.combined = gathered.combined;
         self.halt_votes = gathered.tally.halt_votes;
-        self.reported = gathered.reported;
+        let mut before = std::mem::replace(&mut self.reported, gathered.reported);
+        before.clear();
         self.left_out = gathered.left_out;
         self.current = None;
+        before
     }
 
     /// The number of workers in the job.

@@ -298,7 +298,7 @@ pub mod dev {
     pub use crate::protocol::{
         Accepted, Buffer, Combiner, Envelope, Exchange, Gate, GateConfig, GateOutput, Gathered,
         GroupCalls, Next, Offer, PeerBody, PeerMessage, Piece, Recovery, Replica, Report, Round,
-        Schedule, Share, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
+        Schedule, Share, Spare, SyncResult, SyncState, SyncStep, Tally, ToMaster, ToWorker, Wait,
         WorkerCommand, WorkerState,
     };
     /// The frames of a TCP byte stream, each decoded as far as the wire format goes (for

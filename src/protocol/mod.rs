@@ -53,7 +53,7 @@ pub use collective::{Buffer, Exchange, PeerBody, PeerEvent, PeerMessage, Piece};
 pub(crate) use config::{Combining, Deployment, NodeConfig, Save, WorkerConfig, Workers};
 pub use event::JobEvent;
 pub(crate) use gate::ForWorkers;
-pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Tally, Wait};
+pub use gate::{Accepted, Combiner, Gate, GateConfig, GateOutput, Gathered, Spare, Tally, Wait};
 pub(crate) use groups::GroupEpochs;
 pub(crate) use master::{
     Action, Computed, MasterDone, MasterNode, MasterRound, MasterWork, NodeSettings, OwnedEnding,

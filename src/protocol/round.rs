@@ -217,8 +217,21 @@ impl<T> Round<T> {
     /// Closes the round, handing what arrived and was not taken yet to `take`, in rank
     /// order; returns the ranks that delivered in the round (taken before or now) and
     /// those left out, each in rank order — one pass over the ranks.
-    pub fn close_each(&mut self, mut take: impl FnMut(Rank, T)) -> (Vec<Rank>, Vec<Rank>) {
-        let mut reported = Vec::with_capacity(self.filled);
+    pub fn close_each(&mut self, take: impl FnMut(Rank, T)) -> (Vec<Rank>, Vec<Rank>) {
+        let mut reported = Vec::new();
+        let left_out = self.close_into(&mut reported, take);
+        (reported, left_out)
+    }
+
+    /// As [`close_each`](Self::close_each), the ranks that delivered put in `reported`
+    /// (emptied first): a buffer kept from round to round. Returns those left out.
+    pub fn close_into(
+        &mut self,
+        reported: &mut Vec<Rank>,
+        mut take: impl FnMut(Rank, T),
+    ) -> Vec<Rank> {
+        reported.clear();
+        reported.reserve(self.filled);
         let mut left_out = Vec::new();
         self.open = false;
         self.filled = 0;
@@ -235,7 +248,7 @@ impl<T> Round<T> {
                 Slot::Empty => {}
             }
         }
-        (reported, left_out)
+        left_out
     }
 
     /// Closes the round and takes what arrived and was not taken yet, in rank order.

@@ -16,7 +16,7 @@ use crate::interceptor::Ending;
 use crate::payload::Payload;
 use crate::protocol::{
     Computed, HaltedBy, MasterDone, MasterRound, MasterWork, OwnedEnding, Replica, Resumed,
-    ResumedFrom, Save, Tally, WorkerSave,
+    ResumedFrom, Save, Spare, Tally, WorkerSave,
 };
 
 /// The master's user code and context: moved to the pool and back as one value.
@@ -43,6 +43,8 @@ pub(crate) struct MasterTask<M, W> {
     keep_initial: bool,
     initial: Option<Vec<u8>>,
     attempt: Attempt,
+    /// The last round's buffers, emptied, on their way back to the gate.
+    spare: Spare<W>,
 }
 
 impl<M: Payload, W: Payload> MasterTask<M, W> {
@@ -74,6 +76,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             keep_initial: false,
             initial: None,
             attempt,
+            spare: Spare::default(),
         }
     }
 
@@ -210,7 +213,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
 
     /// Runs one unit of work; the outer guard catches what the per-call guards cannot (a
     /// user type's `Drop`, say).
-    pub(crate) fn run(&mut self, work: MasterWork<M, W>) -> MasterDone<M> {
+    pub(crate) fn run(&mut self, work: MasterWork<M, W>) -> MasterDone<M, W> {
         let (phase, iteration) = match &work {
             MasterWork::Start => (Phase::PreApplication, 0),
             MasterWork::Restart(_) | MasterWork::Adopt { .. } => {
@@ -234,6 +237,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                         left_out: Vec::new(),
                         elapsed: Duration::ZERO,
                         result: Err(error),
+                        spare: Spare::default(),
                     },
                     _ => MasterDone::Stopped(Err(error)),
                 }
@@ -241,7 +245,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
     }
 
-    fn run_unguarded(&mut self, work: MasterWork<M, W>) -> MasterDone<M> {
+    fn run_unguarded(&mut self, work: MasterWork<M, W>) -> MasterDone<M, W> {
         match work {
             MasterWork::Start => MasterDone::Started(self.start()),
             MasterWork::Restart(attempt) => MasterDone::Restarted(self.restart(attempt)),
@@ -269,6 +273,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                     left_out,
                     elapsed,
                     result,
+                    spare: std::mem::take(&mut self.spare),
                 }
             }
             MasterWork::Stop(ending) => MasterDone::Stopped(self.stop(&ending)),
@@ -340,7 +345,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         let (voted, save, replicate) = (round.halted, round.save, round.replicate);
         let mut gathered = round.gathered;
         let saved = std::mem::take(&mut gathered.saved);
-        self.ctx.enter(iteration, gathered);
+        self.spare.reported = self.ctx.enter(iteration, gathered);
         let ctx = &self.ctx;
         for hook in self.interceptors.iter_mut() {
             guarded(|| hook.pre_iteration(ctx))
@@ -359,10 +364,11 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
         }
         // The workers' results are no longer needed: free them before the next round —
         // each under a guard, as its `Drop` is its worker's code.
-        let results = std::mem::take(&mut self.ctx.results);
+        // (Emptied, the buffer goes back to the gate for the next rounds.)
+        let mut results = std::mem::take(&mut self.ctx.results);
         let ranks = std::mem::take(&mut self.ctx.reported);
         let mut dropped = Ok(());
-        for (i, result) in results.into_iter().enumerate() {
+        for (i, result) in results.drain(..).enumerate() {
             if let Err(cause) = drop_guarded(result) {
                 let rank = ranks.get(i).copied().unwrap_or(i);
                 dropped = dropped.and(Err(JobError::Worker {
@@ -374,6 +380,7 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
             }
         }
         self.ctx.reported = ranks;
+        self.spare.results = results;
         dropped?;
         drop_guarded(self.ctx.combined.take())
             .map_err(|c| Self::fail(iteration, Phase::Drop, c))?;

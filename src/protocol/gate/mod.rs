@@ -257,6 +257,28 @@ pub struct Gate<W> {
     accepted: Option<Accepted>,
     /// What the round's ranks saved for its checkpoint, by rank: empty until one did.
     saved: Vec<Option<WorkerSave>>,
+    /// The buffers of a round gone by, emptied ([`Gate::recycle`]): the next round's
+    /// results and ranks go in them.
+    spare: Spare<W>,
+}
+
+/// A round's buffers, emptied once the master computed with them and handed back to the
+/// gate ([`Gate::recycle`]), so that a round allocates none.
+#[derive(Debug)]
+pub struct Spare<W> {
+    /// [`Gathered::results`], empty.
+    pub results: Vec<W>,
+    /// [`Gathered::reported`] of the round before, empty.
+    pub reported: Vec<Rank>,
+}
+
+impl<W> Default for Spare<W> {
+    fn default() -> Self {
+        Spare {
+            results: Vec::new(),
+            reported: Vec::new(),
+        }
+    }
 }
 
 /// A worker's result the gate took into its round: who sent it, for which iteration, how
@@ -294,7 +316,19 @@ impl<W> Gate<W> {
             route: FoldRoute::Star,
             accepted: None,
             saved: Vec::new(),
+            spare: Spare::default(),
             config,
+        }
+    }
+
+    /// Takes back a round's buffers for the rounds to come: kept if empty (what they held
+    /// is the workers' and the master's, dropped where their code may run).
+    pub fn recycle(&mut self, spare: Spare<W>) {
+        if spare.results.is_empty() {
+            self.spare.results = spare.results;
+        }
+        if spare.reported.is_empty() {
+            self.spare.reported = spare.reported;
         }
     }
 
@@ -653,9 +687,11 @@ impl<W> Gate<W> {
     fn complete(&mut self, iteration: Iteration) -> GateOutput<W> {
         self.stage = Stage::Idle;
         let route = self.route;
-        let mut results = Vec::with_capacity(self.round.held());
+        let mut results = std::mem::take(&mut self.spare.results);
+        results.reserve(self.round.held());
+        let mut reported = std::mem::take(&mut self.spare.reported);
         let mut failed = None;
-        let (reported, left_out) = self.round.close_each(|rank, share| {
+        let left_out = self.round.close_into(&mut reported, |rank, share| {
             if failed.is_none() {
                 match share_fits(route, (rank, iteration), share) {
                     Ok(value) => results.extend(value),

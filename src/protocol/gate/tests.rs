@@ -97,6 +97,47 @@ fn registration_then_a_round_then_a_drain() {
     ));
 }
 
+#[test]
+fn a_rounds_buffers_handed_back_hold_the_next_rounds_results_and_one_not_emptied_is_not_kept() {
+    let t0 = Instant::now();
+    let mut gate = Gate::new(config(2), t0);
+    gate.on_message(t0, env(0, ToMaster::Registered { attempt: 0 }));
+    gate.on_message(t0, env(1, ToMaster::Registered { attempt: 0 }));
+    let round = |gate: &mut Gate<u32>, iteration, base: u32| {
+        assert!(gate.open(t0, iteration));
+        gate.on_message(t0, env(1, report(iteration, base + 1)));
+        match gate.on_message(t0, env(0, report(iteration, base))) {
+            Some(GateOutput::RoundComplete { gathered, .. }) => gathered,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let Gathered {
+        mut results,
+        mut reported,
+        ..
+    } = round(&mut gate, 1, 10);
+    assert_eq!((&results[..], &reported[..]), (&[10, 11][..], &[0, 1][..]));
+    let (at, ranks_at) = (results.as_ptr(), reported.as_ptr());
+    results.clear();
+    reported.clear();
+    gate.recycle(Spare { results, reported });
+    // The next round's go where the last round's were: no allocation.
+    let gathered = round(&mut gate, 2, 20);
+    assert_eq!(gathered.results, [20, 21]);
+    assert_eq!(gathered.reported, [0, 1]);
+    assert_eq!(gathered.results.as_ptr(), at);
+    assert_eq!(gathered.reported.as_ptr(), ranks_at);
+    // Buffers that still hold something are not kept (what they hold is dropped by the
+    // caller, where its code may run): the next round holds its own results alone.
+    gate.recycle(Spare {
+        results: gathered.results,
+        reported: gathered.reported,
+    });
+    let gathered = round(&mut gate, 3, 30);
+    assert_eq!(gathered.results, [30, 31]);
+    assert_eq!(gathered.reported, [0, 1]);
+}
+
 fn registered(workers: usize, t0: Instant) -> Gate<String> {
     let mut gate =
         Gate::new(config(workers), t0).combining(Box::new(|fold: &mut String, next: String| {

@@ -638,7 +638,7 @@ impl<M, W> MasterNode<M, W> {
     pub(crate) fn handle_master_done(
         &mut self,
         now: Instant,
-        done: MasterDone<M>,
+        done: MasterDone<M, W>,
         reach: &dyn Reach,
     ) {
         let discard = matches!(self.master, MasterAt::Away { discard: true, .. });
@@ -691,7 +691,9 @@ impl<M, W> MasterNode<M, W> {
                         checkpointed,
                         replica,
                     }),
+                spare,
             } => {
+                self.gate.recycle(spare);
                 if checkpointed {
                     self.report.checkpoints.push(iteration);
                 }

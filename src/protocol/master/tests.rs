@@ -147,6 +147,7 @@ impl Harness {
                                 tally: round.gathered.tally,
                                 left_out: Vec::new(),
                                 elapsed: Duration::ZERO,
+                                spare: Default::default(),
                                 result: Ok(Computed {
                                     result: Arc::new(round.gathered.results.iter().sum()),
                                     halt: false,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::{
-    Gathered, HaltedBy, JobEvent, JobOutcome, Replica, Tally, ToWorker, WorkerReport, WorkerSave,
+    Gathered, HaltedBy, JobEvent, JobOutcome, Replica, Spare, Tally, ToWorker, WorkerReport,
+    WorkerSave,
 };
 use super::Save;
 use crate::error::{JobError, Waiting};
@@ -136,7 +137,7 @@ pub(crate) struct Computed<M> {
 }
 
 /// What the master's code did, for [`MasterNode::handle_master_done`].
-pub(crate) enum MasterDone<M> {
+pub(crate) enum MasterDone<M, W> {
     /// With the master's first master result, if its `init` made one.
     Started(Result<Option<Arc<M>>, JobError>),
     Iterated {
@@ -145,6 +146,8 @@ pub(crate) enum MasterDone<M> {
         left_out: Vec<Rank>,
         elapsed: Duration,
         result: Result<Computed<M>, JobError>,
+        /// The round's buffers, emptied, for the gate's next rounds.
+        spare: Spare<W>,
     },
     Stopped(Result<(), JobError>),
     Restarted(Result<Resumed<M>, JobError>),

@@ -41,7 +41,7 @@ use hosting::TakeInbox;
 /// The master's code is back from the pool with what it did.
 struct MasterHome<M, W> {
     task: Box<MasterTask<M, W>>,
-    done: MasterDone<M>,
+    done: MasterDone<M, W>,
 }
 
 impl<M: 'static, W: 'static> Message for MasterHome<M, W> {
@@ -352,7 +352,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         }
     }
 
-    fn master_done(&mut self, done: MasterDone<M>) {
+    fn master_done(&mut self, done: MasterDone<M, W>) {
         if let MasterDone::Iterated {
             elapsed,
             result: Ok(_),

@@ -210,7 +210,7 @@ fn main() -> ExitCode {
         },
         _ => builder,
     };
-    let outcome = builder
+    let builder = builder
         .job_id("logistic-regression")
         .params(&Params {
             rows: args.rows,
@@ -229,14 +229,24 @@ fn main() -> ExitCode {
                 progress.set_message(format!("{:.1?}/iteration", report.elapsed));
             }
         })
-        .run();
+        // The environment has the last word: SUPERSTEP_ITERATIONS, SUPERSTEP_PREEMPT_SIGNAL, …
+        .settings_from_env();
+    let outcome = match builder {
+        Ok(builder) => builder.run(),
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
     bar.finish_and_clear();
 
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(error) => {
             eprintln!("job failed: {error}");
-            return ExitCode::FAILURE;
+            // 75 when it was preempted (SIGTERM, or the preempt signal): run again, it
+            // resumes from its checkpoint.
+            return ExitCode::from(error.exit_code());
         }
     };
     if !runs_master {
@@ -254,6 +264,7 @@ fn main() -> ExitCode {
         outcome.iterations, outcome.report.elapsed, per_iteration, outcome.result.loss
     );
     println!("weights: {:.4?}", outcome.result.weights);
+    println!("weights' bits: {}", outcome.result.bits());
 
     if args.no_check {
         return ExitCode::SUCCESS;

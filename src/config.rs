@@ -10,7 +10,7 @@ type SetFrom = fn(&mut JobConfig, &str) -> Result<(), String>;
 
 /// Every variable [`JobConfig::with_env`] reads, once: its name and how its value sets
 /// its setting (the type's docs list them for users).
-const JOB_VARS: [(&str, SetFrom); 15] = [
+const JOB_VARS: [(&str, SetFrom); 17] = [
     ("SUPERSTEP_WORKERS", |c, v| number(v).map(|x| c.workers = x)),
     ("SUPERSTEP_ITERATIONS", |c, v| {
         number(v).map(|x| c.iterations = x)
@@ -71,6 +71,16 @@ const JOB_VARS: [(&str, SetFrom); 15] = [
             ),
         };
         Ok(())
+    }),
+    ("SUPERSTEP_PREEMPT_SIGNAL", |c, v| {
+        c.preempt_signal = match v.trim() {
+            none if none.eq_ignore_ascii_case("none") => None,
+            signal => Some(signal.parse()?),
+        };
+        Ok(())
+    }),
+    ("SUPERSTEP_PREEMPT_GRACE", |c, v| {
+        parse_duration(v).map(|x| c.preempt_grace = x)
     }),
 ];
 

@@ -479,6 +479,30 @@ pub enum JobError {
     /// The job was cancelled ([`Cancel::cancel`](crate::Cancel::cancel)).
     #[error("the job was cancelled")]
     Cancelled,
+    /// The job stopped for a preemption: a process of the job got its preempt signal
+    /// ([`JobConfig::preempt_signal`](crate::JobConfig::preempt_signal)), or
+    /// [`Preempt::request`](crate::Preempt::request) was called. Every process of the job
+    /// ends with this error; its [`exit_code`](JobError::exit_code) is
+    /// [`EXIT_PREEMPTED`](crate::EXIT_PREEMPTED) (75), which `superstep-launch` passes on
+    /// and never restarts.
+    ///
+    /// Remedy: none needed — run the job again (requeue it) and it resumes from
+    /// `checkpoint`. Without a checkpoint store, it starts over.
+    #[error(
+        "the job was preempted ({by}) after iteration {iteration}: {}",
+        match checkpoint {
+            Some(c) => format!("run again, it resumes from the checkpoint of iteration {c}"),
+            None => "it has no checkpoint to resume from, and starts over when run again".into(),
+        }
+    )]
+    Preempted {
+        /// The last iteration the job completed.
+        iteration: Iteration,
+        /// The newest checkpoint saved, which a run again resumes from (`None`: none).
+        checkpoint: Option<Iteration>,
+        /// Who asked: the signal and the rank of the process that got it, or the handle.
+        by: String,
+    },
     /// A worker's process runs the job differently from the master's: another world size,
     /// other settings that every process must share, another input, other result types,
     /// or another version. It was refused at its handshake, and the job fails — or, under
@@ -1132,6 +1156,42 @@ impl fmt::Display for Hook {
             Hook::OnFinish => "on_finish",
             Hook::OnError => "on_error",
         })
+    }
+}
+
+/// The exit code of a process whose job was preempted ([`JobError::Preempted`]): 75,
+/// `EX_TEMPFAIL` ("try again later"). `superstep-launch` passes it on and never restarts a
+/// process that exits with it; a Slurm batch script or a Kubernetes `podFailurePolicy`
+/// can requeue on it (README, "Preemption").
+pub const EXIT_PREEMPTED: u8 = 75;
+
+impl JobError {
+    /// The exit code a process whose job ended with this error should exit with:
+    /// [`EXIT_PREEMPTED`] for [`Preempted`](JobError::Preempted), 1 for anything else.
+    ///
+    /// ```no_run
+    /// # use superstep::prelude::*;
+    /// # fn job() -> Result<JobOutcome<u64>, JobError> { unimplemented!() }
+    /// fn main() -> std::process::ExitCode {
+    ///     match job() {
+    ///         Ok(_) => std::process::ExitCode::SUCCESS,
+    ///         Err(error) => {
+    ///             eprintln!("{error}");
+    ///             std::process::ExitCode::from(error.exit_code())
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            JobError::Preempted { .. } => EXIT_PREEMPTED,
+            _ => 1,
+        }
+    }
+
+    /// Whether the job stopped for a preemption ([`JobError::Preempted`]).
+    pub fn is_preempted(&self) -> bool {
+        matches!(self, JobError::Preempted { .. })
     }
 }
 

@@ -37,6 +37,15 @@ pub enum Ending<'a> {
         /// Whether it halted before its iteration count.
         halted: bool,
     },
+    /// The job stopped for a preemption ([`JobError::Preempted`]): run again, it resumes
+    /// from `checkpoint`. Not a failure: nothing is wrong with the job, and its output
+    /// comes with the run that completes it.
+    Preempted {
+        /// The last iteration the job completed.
+        iteration: Iteration,
+        /// The newest checkpoint saved, which a run again resumes from (`None`: none).
+        checkpoint: Option<Iteration>,
+    },
     /// The job failed with this error (the job's first failure).
     Failed(&'a JobError),
 }
@@ -57,6 +66,14 @@ impl<'a, M> From<&'a OwnedEnding<M>> for Ending<'a> {
             } => Ending::Completed {
                 iterations: *iterations,
                 halted: *halted,
+            },
+            OwnedEnding::Failed(JobError::Preempted {
+                iteration,
+                checkpoint,
+                ..
+            }) => Ending::Preempted {
+                iteration: *iteration,
+                checkpoint: *checkpoint,
             },
             OwnedEnding::Failed(e) => Ending::Failed(e),
         }

@@ -240,7 +240,7 @@ pub use compute::{
 };
 pub use error::{
     BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, MessageError, Phase,
-    SyncError, Waiting,
+    SyncError, Waiting, EXIT_PREEMPTED,
 };
 pub use events::JobEvent;
 pub use ids::{Aggregation, Attempt, CallAt, Epoch, GroupId, Iteration, Rank, SyncKind};
@@ -252,9 +252,9 @@ pub use params::JobParams;
 pub use payload::{Element, Floats, Payload};
 pub use protocol::{
     Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobConfig,
-    JobOutcome, JobReport, MailCount, Placement, Recover, Recovered, ResumedFrom,
+    JobOutcome, JobReport, MailCount, Placement, PreemptSignal, Recover, Recovered, ResumedFrom,
 };
-pub use runtime::Cancel;
+pub use runtime::{Cancel, Preempt};
 
 /// The README's examples compile and pass as doctests.
 #[cfg(all(doctest, feature = "tcp", feature = "sim", feature = "pipeline"))]

@@ -224,6 +224,7 @@ impl Endings {
         let how = match ending {
             Ending::Completed { iterations, .. } => Ok(iterations),
             Ending::Failed(e) => Err(e.clone()),
+            Ending::Preempted { .. } => panic!("no job here is preempted"),
         };
         self.0.lock().unwrap().push((who, how));
     }

@@ -6,22 +6,11 @@
 //!
 //! The recipes' `SUPERSTEP_BIND=0.0.0.0` is left out: these tests listen on loopback only.
 
-use std::path::PathBuf;
+mod common;
+
+use common::example;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The main example, built beside this test by `cargo test` (target/<profile>/examples).
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let example = dir.join("examples").join("logistic_regression");
-    assert!(
-        example.exists(),
-        "{} is built by cargo test",
-        example.display()
-    );
-    example
-}
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

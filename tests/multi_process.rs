@@ -104,6 +104,9 @@ const KILL_MASTER_IN_MESSAGES: &str = "gang-kill-master-in-messages";
 const MESSAGES: &str = "messages";
 const SLOW_COLLECTIVES: &str = "slow-collectives";
 const SLOW: &str = "slow";
+/// Every compute takes `SLOW_BY`; each rank writes its pid once its job computes (its
+/// preempt signal taken), and the test sends one of them — or the launcher — SIGTERM.
+const PREEMPT: &str = "preempt";
 const SLOW_BY: Duration = Duration::from_millis(40);
 /// The master's process, with a coordinator, is killed (SIGKILL) once its job committed,
 /// before it could exit: the launcher starts it again, and it ends at once with the result
@@ -405,6 +408,15 @@ impl WorkerComputable for Faulty {
         if self.fault == Some(SLOW) {
             std::thread::sleep(SLOW_BY);
         }
+        if self.fault == Some(PREEMPT) {
+            // Its job runs, its signal taken: the test may send it now.
+            let dir = std::env::var_os(CHECKPOINTS).unwrap();
+            let path = std::path::Path::new(&dir).join(format!("rank{}.pid", ctx.rank()));
+            if !path.exists() {
+                std::fs::write(path, std::process::id().to_string()).unwrap();
+            }
+            std::thread::sleep(SLOW_BY);
+        }
         if self.fault == Some(MESSAGES) {
             let (rank, workers) = (ctx.rank(), ctx.workers());
             let got: u64 = ctx.messages::<u64>()?.iter().sum();
@@ -527,12 +539,7 @@ impl WorkerComputable for Faulty {
 }
 
 fn bits(model: &lr::Model) -> String {
-    model
-        .weights
-        .iter()
-        .map(|w| format!("{:016x}", w.to_bits()))
-        .collect::<Vec<_>>()
-        .join(",")
+    model.bits()
 }
 
 #[test]
@@ -567,6 +574,7 @@ fn child_process() {
         "kill-in-collective" if gang && env.restart_count == 0 => Some(COLLECTIVE_KILLER),
         "kill-in-collective" if gang => Some(COLLECTIVE),
         "random" => Some(SLOW),
+        PREEMPT => Some(PREEMPT),
         "random-collectives" => Some(SLOW_COLLECTIVES),
         // In every life: the master's pid is taken once (`kill_master_soon`).
         "kill-master-in-messages" => Some(MESSAGES),
@@ -677,7 +685,12 @@ fn child_process() {
         ),
         Err(error) => {
             println!("\nFAILED {error}");
-            std::process::exit(3);
+            // 75 when the job was preempted: the launcher passes it on.
+            std::process::exit(if error.is_preempted() {
+                i32::from(error.exit_code())
+            } else {
+                3
+            });
         }
     }
 }
@@ -729,13 +742,39 @@ fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) ->
         "0"
     };
     let checkpoints = tempfile::tempdir().unwrap();
+    let strike = kill.map(|(target, after)| Strike {
+        target,
+        after,
+        signal: nix::sys::signal::Signal::SIGKILL,
+    });
+    launch_striking(n, behaviour, restarts, checkpoints.path(), strike)
+}
+
+/// A signal sent once to the process of `target` (a rank; the world size: the launcher)
+/// `after` every rank's process wrote its pid.
+struct Strike {
+    target: usize,
+    after: Duration,
+    signal: nix::sys::signal::Signal,
+}
+
+/// Runs `superstep-launch --nproc n --restarts restarts` over this binary's child test in
+/// `behaviour`, its checkpoints and pids in `dir`, with a deadline (the launcher, and
+/// through it every child, is interrupted if it passes); `strike` as it says.
+fn launch_striking(
+    n: usize,
+    behaviour: &str,
+    restarts: &str,
+    dir: &std::path::Path,
+    mut strike: Option<Strike>,
+) -> Output {
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_superstep-launch"))
         .args(["--nproc", &n.to_string(), "--grace-secs", "3"])
         .args(["--restarts", restarts, "--"])
         .arg(std::env::current_exe().unwrap())
         .args(CHILD)
         .env(BEHAVIOUR, behaviour)
-        .env(CHECKPOINTS, checkpoints.path())
+        .env(CHECKPOINTS, dir)
         .env("SUPERSTEP_HEARTBEAT_INTERVAL", "100ms")
         .env("SUPERSTEP_HEARTBEAT_TIMEOUT", "1s")
         .stdout(Stdio::piped())
@@ -743,30 +782,32 @@ fn launch_killing(n: usize, behaviour: &str, kill: Option<(usize, Duration)>) ->
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut kill = kill;
+    let pid_of = |rank: usize| std::fs::read_to_string(dir.join(format!("rank{rank}.pid"))).ok();
     let mut started: Option<Instant> = None;
     while launcher.try_wait().unwrap().is_none() {
-        if let Some((victim, after)) = kill {
-            let pid_of = |rank: usize| {
-                std::fs::read_to_string(checkpoints.path().join(format!("rank{rank}.pid"))).ok()
-            };
+        if let Some(Strike {
+            target,
+            after,
+            signal,
+        }) = strike
+        {
             if started.is_none() && (0..n).all(|r| pid_of(r).is_some()) {
                 started = Some(Instant::now());
             }
             if started.is_some_and(|at| at.elapsed() >= after) {
-                let pid: i32 = pid_of(victim).unwrap().trim().parse().unwrap();
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                kill = None;
+                let pid = match target {
+                    launcher_ if launcher_ == n => launcher.id() as i32,
+                    rank => pid_of(rank).unwrap().trim().parse().unwrap(),
+                };
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+                strike = None;
             }
         }
         if Instant::now() > deadline {
             interrupt(&mut launcher);
             break;
         }
-        std::thread::sleep(Duration::from_millis(if kill.is_some() { 1 } else { 20 }));
+        std::thread::sleep(Duration::from_millis(if strike.is_some() { 1 } else { 20 }));
     }
     launcher.wait_with_output().unwrap()
 }
@@ -1187,6 +1228,106 @@ fn under_restart_all_a_master_killed_amid_a_message_exchange_is_recovered_from()
 }
 
 /// How many runs a kill test makes: `SUPERSTEP_TEST_KILLS`, or `default`.
+/// Launches 4 processes in `PREEMPT` on the checkpoints of `dir` and, `after` every rank's
+/// job computes, sends SIGTERM to the process of `target` (a rank; 4: the launcher, which
+/// forwards it to every process).
+fn launch_preempting(dir: &std::path::Path, target: usize, after: Duration) -> Output {
+    for rank in 0..4 {
+        let _ = std::fs::remove_file(dir.join(format!("rank{rank}.pid")));
+    }
+    let strike = Strike {
+        target,
+        after,
+        signal: nix::sys::signal::Signal::SIGTERM,
+    };
+    launch_striking(4, PREEMPT, "0", dir, Some(strike))
+}
+
+#[test]
+fn a_job_preempted_by_sigterm_at_random_points_resumes_to_the_fault_free_bits() {
+    let expected = bits(&job(&data(), 4, None).run().unwrap().result);
+    // A seed of its own each run, said on failure: the points differ from run to run.
+    let seed0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
+    let mut seed = seed0;
+    let mut next = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let (mut landed, mut jobs) = (0, 0);
+    while landed < kills(20) {
+        jobs += 1;
+        let dir = tempfile::tempdir().unwrap();
+        let mut resumes_from = None;
+        let mut launches = 0;
+        loop {
+            launches += 1;
+            assert!(launches < 30, "seed {seed0}: the job never completes");
+            let target = next(5) as usize;
+            let after = Duration::from_millis(next(200));
+            let point = format!(
+                "seed {seed0}, job {jobs}, launch {launches}: SIGTERM to {} {after:?} after every rank computed",
+                if target == 4 { "the launcher".to_string() } else { format!("rank {target}") }
+            );
+            let out = launch_preempting(dir.path(), target, after);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match out.status.code() {
+                Some(75) => {
+                    landed += 1;
+                    // Every process stopped, saying where the job resumes from.
+                    for rank in 0..4 {
+                        let said =
+                            line_of(&stdout, &format!("[{rank}] FAILED ")).unwrap_or_else(|| {
+                                panic!("{point}: rank {rank} said nothing: {stdout}\n{stderr}")
+                            });
+                        assert!(
+                            said.starts_with("the job was preempted (SIGTERM in rank "),
+                            "{point}: {said}"
+                        );
+                        if target < 4 {
+                            assert!(
+                                said.contains(&format!("(SIGTERM in rank {target}'s process)")),
+                                "{point}: {said}"
+                            );
+                        }
+                    }
+                    let said = line_of(&stdout, "[0] FAILED ").unwrap();
+                    let (_, from) = said
+                        .split_once("resumes from the checkpoint of iteration ")
+                        .unwrap_or_else(|| panic!("{point}: {said}"));
+                    let from: u64 = from.trim().parse().unwrap();
+                    assert!(
+                        resumes_from.is_none_or(|r| from > r),
+                        "{point}: {from} after {resumes_from:?}"
+                    );
+                    resumes_from = Some(from);
+                    eprintln!("preempted: {point}: resumes from {from}");
+                }
+                Some(0) => {
+                    assert_results(&stdout, 0..1, &expected, &point);
+                    let resumed = line_of(&stdout, "[0] ATTEMPT 0 RESUMED ")
+                        .unwrap_or_else(|| panic!("{point}: {stdout}"));
+                    // A job that ended before the signal was never preempted at the end.
+                    if !resumed.contains(&format!("{resumes_from:?}")) {
+                        assert_eq!(resumes_from, None, "{point}: {resumed}");
+                    }
+                    break;
+                }
+                // The signal came once the master's job had ended: it did its default.
+                // Launched again, the job ends at once from its last checkpoint.
+                Some(143) => eprintln!("after its end: {point}"),
+                other => panic!("{point}: the launcher exited with {other:?}: {stdout}\n{stderr}"),
+            }
+        }
+    }
+}
+
 fn kills(default: usize) -> usize {
     std::env::var("SUPERSTEP_TEST_KILLS")
         .ok()

@@ -607,6 +607,7 @@ impl WorkerInterceptor<u64, u64> for Watching {
         self.0.push(match ending {
             Ending::Completed { .. } => "worker completed",
             Ending::Failed(_) => "worker failed",
+            Ending::Preempted { .. } => "worker preempted",
         });
         Ok(())
     }
@@ -625,6 +626,7 @@ impl MasterInterceptor<u64, u64> for Watching {
         self.0.push(match ending {
             Ending::Completed { .. } => "master completed",
             Ending::Failed(_) => "master failed",
+            Ending::Preempted { .. } => "master preempted",
         });
         Ok(())
     }

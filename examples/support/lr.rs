@@ -106,6 +106,18 @@ pub struct Model {
     pub loss: f64,
 }
 
+impl Model {
+    /// The weights' bits, in hex: two runs agree on these only when they agree bit for
+    /// bit.
+    pub fn bits(&self) -> String {
+        self.weights
+            .iter()
+            .map(|w| format!("{:016x}", w.to_bits()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
 /// Adds the gradient and loss of rows `range` at `weights` into `acc`.
 fn accumulate(data: &Dataset, range: Range<usize>, weights: &[f64], acc: &mut Gradient) {
     for i in range {

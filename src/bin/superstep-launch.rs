@@ -11,11 +11,13 @@
 //! new process of a dead one fails at once instead, naming `--restarts`), and
 //! `SUPERSTEP_JOB_ID` only if `--job-id` is given (the program's own name for its job
 //! counts otherwise); rank 0 runs the master. Every line a process prints is prefixed with
-//! its rank. The processes run in a process group of their own: Ctrl-C (or SIGTERM, SIGHUP)
-//! at the launcher is forwarded to every process as SIGINT, once; a second one kills them.
-//! The launcher exits with the master's (rank 0's) exit code — 128 + the signal if it died
-//! of one — once every process has ended (those still running a grace period after the
-//! master are killed).
+//! its rank. The processes run in a process group of their own: a signal at the launcher
+//! (Ctrl-C's SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) is forwarded to every process as
+//! that signal, once — a job's preempt signal (SIGTERM by default) stops it at its next
+//! checkpoint —; a second one kills them. The launcher exits with the master's (rank 0's)
+//! exit code — 128 + the signal if it died of one; 75 when the job was preempted — once
+//! every process has ended (those still running a grace period after the master are
+//! killed).
 //!
 //! With `--restarts K`, a process that dies — killed, or exiting with a failure — is
 //! started again with the same rank and `SUPERSTEP_RESTART_COUNT` one higher, at most K
@@ -30,17 +32,25 @@
 //!   checkpoint as a new attempt; the workers, which lost it, reach it again within the
 //!   reconnect timeout and carry on. Only a master killed by a signal is started again:
 //!   one that exited on its own ended its job (its workers were told when it failed).
+//!
+//! A process that exits with 75 (`superstep::EXIT_PREEMPTED`: its job stopped for a
+//! preemption) is never started again: the job is to be run again as a whole, and resumes
+//! from the checkpoint it took on its way out.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+
+/// The exit code of a process whose job was preempted (`superstep::EXIT_PREEMPTED`).
+const PREEMPTED: i32 = superstep::EXIT_PREEMPTED as i32;
 
 /// Start N local processes of a superstep job binary as one cluster job.
 #[derive(Parser, Debug)]
@@ -192,25 +202,37 @@ fn main() -> ExitCode {
     }
 
     let interrupts = Arc::new(AtomicUsize::new(0));
+    // The first signal that came, as its number (0: none).
+    let first_signal = Arc::new(AtomicI32::new(0));
     let count = Arc::clone(&interrupts);
-    // Shared with the handler: a process started again replaces its rank's pid, and one
+    let first = Arc::clone(&first_signal);
+    // Shared with the forwarder: a process started again replaces its rank's pid, and one
     // that ended (reaped, so its pid may be reused) is not signalled.
     let pids: Arc<Mutex<Vec<Option<i32>>>> = Arc::new(Mutex::new(
         children.iter().map(|c| Some(c.id() as i32)).collect(),
     ));
     let signalled = Arc::clone(&pids);
-    let _ = ctrlc::set_handler(move || {
-        let pids = signalled.lock().unwrap_or_else(|e| e.into_inner());
-        // The first interrupt asks every process to stop; the next ones kill them.
-        let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {
-            Signal::SIGINT
-        } else {
-            Signal::SIGKILL
-        };
-        for pid in pids.iter().flatten() {
-            let _ = kill(Pid::from_raw(*pid), signal);
+    match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                for number in signals.forever() {
+                    let pids = signalled.lock().unwrap_or_else(|e| e.into_inner());
+                    // The first signal goes to every process as it came; the next ones
+                    // kill them.
+                    let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {
+                        first.store(number, Ordering::SeqCst);
+                        Signal::try_from(number).unwrap_or(Signal::SIGINT)
+                    } else {
+                        Signal::SIGKILL
+                    };
+                    for pid in pids.iter().flatten() {
+                        let _ = kill(Pid::from_raw(*pid), signal);
+                    }
+                }
+            });
         }
-    });
+        Err(e) => eprintln!("superstep-launch: cannot take signals, which are not forwarded: {e}"),
+    }
 
     // Wait for the master, starting dead processes again while restarts are left.
     let mut restarts_left = args.restarts;
@@ -238,6 +260,12 @@ fn main() -> ExitCode {
             // told): only one that died — killed by a signal — is started again.
             let master_exited = rank == 0 && status.signal().is_none();
             let interrupted = interrupts.load(Ordering::SeqCst) > 0;
+            // Stopped for a preemption: the job is run again as a whole, not this process.
+            let preempted = status.code() == Some(PREEMPTED);
+            if preempted && rank != 0 {
+                eprintln!("superstep-launch: rank {rank} stopped for a preemption");
+            }
+            let interrupted = interrupted || preempted;
             if !(status.success() || master_exited || interrupted) && restarts_left == 0 {
                 // The job hears it too (SUPERSTEP_RESTARTS_LEFT): it waits for no new process.
                 eprintln!(
@@ -308,7 +336,7 @@ fn main() -> ExitCode {
     for pipe in pipes {
         let _ = pipe.join();
     }
-    if interrupts.load(Ordering::SeqCst) > 0 && code == 0 {
+    if first_signal.load(Ordering::SeqCst) == SIGINT && code == 0 {
         return ExitCode::from(130);
     }
     ExitCode::from(u8::try_from(code).unwrap_or(1))

@@ -165,10 +165,12 @@ pub trait Coordinator: Send + 'static {
         Ok(())
     }
 
-    /// When the job failed, timed out or was cancelled — after every worker stopped, or
-    /// the shutdown timeout passed (a worker stuck in its code may still run then):
-    /// clean up, roll back. It may run without `on_start` having run (a failure before the
-    /// job started), so it must not assume what that created exists.
+    /// When the job failed, timed out, was cancelled or was preempted — after every worker
+    /// stopped, or the shutdown timeout passed (a worker stuck in its code may still run
+    /// then): clean up, roll back. It may run without `on_start` having run (a failure
+    /// before the job started), so it must not assume what that created exists. A
+    /// preempted job ([`JobError::Preempted`]) is run again and resumes from its
+    /// checkpoint: its partial output goes, and the run that completes it commits.
     fn on_error(&mut self, error: &JobError) -> Result<(), BoxError> {
         let _ = error;
         Ok(())

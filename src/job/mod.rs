@@ -18,8 +18,8 @@ use crate::payload::{Element, Floats, Payload};
 use crate::protocol::{Combining, JobOutcome};
 use crate::protocol::{JobConfig, Placement};
 use crate::runtime::{
-    self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, MasterHooks, Plan, WorkerFactory,
-    WorkerHookFactory,
+    self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, MasterHooks, Plan, Preempt,
+    WorkerFactory, WorkerHookFactory,
 };
 use crate::transport::{Fingerprint, MemoryTransport, Transport};
 use serde::de::DeserializeOwned;
@@ -61,6 +61,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             coordinator: None,
             input: None,
             cancel: None,
+            preempt: None,
             workers_set: false,
             rank: None,
             messages: None,
@@ -143,6 +144,7 @@ pub struct JobBuilder<M, W> {
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
     cancel: Option<Cancel>,
+    preempt: Option<Preempt>,
     /// Whether the worker count was set ([`workers`](Self::workers) or
     /// [`config`](Self::config)), rather than left to its default.
     workers_set: bool,
@@ -596,6 +598,17 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// A handle that asks the job to stop for a preemption from any thread, as its
+    /// preempt signal does ([`JobConfig::preempt_signal`]): the master checkpoints at the
+    /// next iteration boundary and every process of the job ends with
+    /// [`JobError::Preempted`], from which a run again resumes. For a program that handles
+    /// the signal itself, or a scheduler's notice that comes another way (a spot
+    /// instance's metadata, say).
+    pub fn preempt(mut self, preempt: Preempt) -> Self {
+        self.preempt = Some(preempt);
+        self
+    }
+
     /// The transport that connects master and workers. Default: [`MemoryTransport`].
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
@@ -705,6 +718,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 coordinator: self.coordinator,
                 input: self.input,
                 cancel: self.cancel,
+                preempt: self.preempt,
                 messages: self.messages,
                 params,
                 transport: self

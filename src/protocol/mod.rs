@@ -70,7 +70,7 @@ pub use schedule::{HaltedBy, Next, Schedule};
 #[cfg(feature = "tcp")]
 pub(crate) use settings::duration;
 pub(crate) use settings::parse_duration;
-pub use settings::{JobConfig, MalformedRows, Placement};
+pub use settings::{JobConfig, MalformedRows, Placement, PreemptSignal};
 pub use sync::{SyncResult, SyncState, SyncStep};
 pub use worker::{WorkerCommand, WorkerState};
 pub(crate) use worker_node::{Assignment, Work, Worked, WorkerAction, WorkerNode};
@@ -276,6 +276,12 @@ pub enum ToMaster<W> {
     /// The copy of a checkpoint this worker's process keeps, offered to a master's node
     /// its link reached (before the worker registers), for a master that lost its own.
     Replica(Replica),
+    /// The worker's process was asked to stop for a preemption (its preempt signal, or
+    /// `Preempt::request`): the job stops at its next checkpoint.
+    Preempt {
+        /// What asked, and where: `SIGTERM in rank 2's process`.
+        by: String,
+    },
 }
 
 /// Messages from the master's node to a worker.

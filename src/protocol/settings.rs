@@ -49,6 +49,74 @@ pub enum Placement {
     Pool,
 }
 
+/// The signal that asks a job to stop for a preemption
+/// ([`JobConfig::preempt_signal`]): the master checkpoints at the next iteration boundary
+/// and every process ends with [`JobError::Preempted`](crate::JobError::Preempted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptSignal {
+    /// `SIGTERM`: what Kubernetes sends a pod it stops, and Slurm a job it cancels or
+    /// preempts. The default.
+    #[serde(alias = "sigterm", alias = "SIGTERM")]
+    Term,
+    /// `SIGINT`.
+    #[serde(alias = "sigint", alias = "SIGINT")]
+    Int,
+    /// `SIGHUP`.
+    #[serde(alias = "sighup", alias = "SIGHUP")]
+    Hup,
+    /// `SIGUSR1`: what Slurm's `--signal=B:USR1@60` sends ahead of a job's end.
+    #[serde(alias = "sigusr1", alias = "SIGUSR1")]
+    Usr1,
+    /// `SIGUSR2`.
+    #[serde(alias = "sigusr2", alias = "SIGUSR2")]
+    Usr2,
+}
+
+impl PreemptSignal {
+    /// The signal's number on this system.
+    #[cfg(unix)]
+    pub fn number(self) -> i32 {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+        match self {
+            PreemptSignal::Term => SIGTERM,
+            PreemptSignal::Int => SIGINT,
+            PreemptSignal::Hup => SIGHUP,
+            PreemptSignal::Usr1 => SIGUSR1,
+            PreemptSignal::Usr2 => SIGUSR2,
+        }
+    }
+}
+
+impl std::fmt::Display for PreemptSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PreemptSignal::Term => "SIGTERM",
+            PreemptSignal::Int => "SIGINT",
+            PreemptSignal::Hup => "SIGHUP",
+            PreemptSignal::Usr1 => "SIGUSR1",
+            PreemptSignal::Usr2 => "SIGUSR2",
+        })
+    }
+}
+
+impl std::str::FromStr for PreemptSignal {
+    type Err = String;
+
+    /// `term`, `SIGTERM`, `TERM` (any case), and the same of `int`, `hup`, `usr1`, `usr2`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.trim().to_ascii_lowercase();
+        Ok(match name.strip_prefix("sig").unwrap_or(&name) {
+            "term" => PreemptSignal::Term,
+            "int" => PreemptSignal::Int,
+            "hup" => PreemptSignal::Hup,
+            "usr1" => PreemptSignal::Usr1,
+            "usr2" => PreemptSignal::Usr2,
+            _ => return Err("must be term, int, hup, usr1 or usr2 (or none)".into()),
+        })
+    }
+}
+
 /// What a malformed row does ([`JobBuilder::malformed_rows`](crate::JobBuilder::malformed_rows)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum MalformedRows {
@@ -104,6 +172,8 @@ pub enum MalformedRows {
 /// | `SUPERSTEP_CHECKPOINT_SLOW` | [`checkpoint_slow`](JobConfig::checkpoint_slow) |
 /// | `SUPERSTEP_RESHARD_ON_RESUME` | [`reshard_on_resume`](JobConfig::reshard_on_resume): `true` or `false` |
 /// | `SUPERSTEP_CHECKPOINT_REPLICAS` | [`checkpoint_replicas`](JobConfig::checkpoint_replicas): `auto` or a number |
+/// | `SUPERSTEP_PREEMPT_SIGNAL` | [`preempt_signal`](JobConfig::preempt_signal): `term`, `int`, `hup`, `usr1`, `usr2` or `none` |
+/// | `SUPERSTEP_PREEMPT_GRACE` | [`preempt_grace`](JobConfig::preempt_grace) |
 ///
 /// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -239,6 +309,24 @@ pub struct JobConfig {
     /// write that lasts this long means the newest checkpoint lags. Default 10 s.
     #[serde(with = "duration")]
     pub checkpoint_slow: Duration,
+    /// The signal that asks the job to stop for a preemption, in any of its processes
+    /// (`None`: none does). The master then checkpoints at the next iteration boundary —
+    /// or at the end of the one under way, when it is one the job checkpoints —, and every
+    /// process of the job ends with [`JobError::Preempted`](crate::JobError::Preempted),
+    /// whose [`exit_code`](crate::JobError::exit_code) says "requeue me"; run again, the
+    /// job resumes from that checkpoint. A second signal ends the process as the signal
+    /// does by default. The handler is installed while the job runs; outside a job the
+    /// signal does what it did before. Default `SIGTERM` (what Kubernetes and Slurm send);
+    /// `SIGUSR1` for Slurm's `--signal=B:USR1@60`. Unix only.
+    pub preempt_signal: Option<PreemptSignal>,
+    /// How long a preempted job may take to stop — to finish the iteration under way, the
+    /// next one if the checkpoint needs it, and the checkpoint's write — before it gives up
+    /// the checkpoint and ends at once, still with
+    /// [`JobError::Preempted`](crate::JobError::Preempted) (naming the checkpoint before).
+    /// Keep it below the scheduler's own grace (Kubernetes' `terminationGracePeriodSeconds`,
+    /// 30 s by default; the lead time of Slurm's `--signal`). Default 20 s.
+    #[serde(with = "duration")]
+    pub preempt_grace: Duration,
     /// The settings a document named, when this was read from one.
     #[serde(skip)]
     pub(crate) named: Named,
@@ -331,6 +419,8 @@ settings! {
     checkpoint_replicas: Option<usize>,
     progress_interval: Duration => "duration::some",
     checkpoint_slow: Duration => "duration::some",
+    preempt_signal: Option<PreemptSignal> => "named_or_null",
+    preempt_grace: Duration => "duration::some",
 }
 
 fn default_failure_grace() -> Duration {
@@ -363,6 +453,8 @@ impl Default for JobConfig {
             checkpoint_replicas: None,
             progress_interval: Duration::from_secs(1),
             checkpoint_slow: Duration::from_secs(10),
+            preempt_signal: Some(PreemptSignal::Term),
+            preempt_grace: Duration::from_secs(20),
             named: Named::default(),
         }
     }
@@ -399,6 +491,7 @@ impl JobConfig {
             ("shutdown_timeout", self.shutdown_timeout),
             ("sync_timeout", self.sync_timeout),
             ("min_workers_timeout", self.min_workers_timeout),
+            ("preempt_grace", self.preempt_grace),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(name, value, "must be longer than zero"));
@@ -500,6 +593,14 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Durations in settings documents: written as `"30s"`, read from such a string, a number
 /// of seconds, or the `{"secs": …, "nanos": …}` of serde's own form.
+/// A setting that may be `null` in a document, naming it: `null` is `None`, not "not named"
+/// (the signal's default is one).
+fn named_or_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
 pub(crate) mod duration {
     use std::fmt;
     use std::time::Duration;

@@ -17,6 +17,7 @@ use super::master::MasterTask;
 use super::node::{NodeActor, NodeParts, RestartLinked};
 use super::pool::{guarded, ComputePool, PoolExits};
 use super::route::OnRestart;
+use super::signals::PreemptWatch;
 use super::watch::Watch;
 use super::{
     fingerprint, Checkpointing, CombineFn, DynMaster, MasterHooks, OwnedEnding, Plan, SharedStore,
@@ -51,6 +52,9 @@ pub(super) struct Shared {
 
 pub(super) type AbortAll = Box<dyn Fn(&JobError) + Send + Sync>;
 
+/// How often a process without the master looks for a preemption asked of it.
+const PREEMPT_LOOK: std::time::Duration = std::time::Duration::from_millis(50);
+
 pub(super) async fn launch<M: Payload, W: Payload>(
     plan: Plan<M, W>,
     node_config: Arc<NodeConfig>,
@@ -72,6 +76,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         mut coordinator,
         input,
         cancel,
+        preempt,
         messages,
         params,
     } = plan;
@@ -138,6 +143,16 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         })
     };
     let arrivals = Arrivals::new(node_ctx.address().recipient());
+    // What asks this process's job to stop for a preemption, watched from here on.
+    let preempt = PreemptWatch::start(
+        preempt,
+        config.preempt_signal,
+        if in_process.is_some() {
+            "this process".to_string()
+        } else {
+            process_name(&local_ranks)
+        },
+    );
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).
     let (bound, attempt) = if topology.master {
@@ -232,6 +247,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             events,
             coordination: job.coordination.clone(),
             cancel,
+            preempt,
             outcome: outcome_tx,
             tick: node_config.check_interval(),
             end: job.end.clone(),
@@ -246,7 +262,15 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         });
     };
     drop(pool);
-    workers_outcome(local, local_ranks, restarts_rx, ended_rx, started).await
+    workers_outcome(local, local_ranks, restarts_rx, ended_rx, started, preempt).await
+}
+
+/// This process as a preemption's cause names it: by the ranks of its workers.
+fn process_name(ranks: &[Rank]) -> String {
+    match ranks {
+        [rank] => format!("rank {rank}'s process"),
+        ranks => format!("the process of ranks {ranks:?}"),
+    }
 }
 
 /// What the master's process is made of, once its checkpoint is read and its attempt
@@ -456,10 +480,25 @@ async fn workers_outcome<M: Payload, W: Payload>(
     mut restarts_rx: tokio::sync::mpsc::UnboundedReceiver<(Rank, Attempt, JobError)>,
     mut ended_rx: tokio::sync::mpsc::UnboundedReceiver<super::worker::Ended<M>>,
     started: Instant,
+    mut preempt: PreemptWatch,
 ) -> Result<JobOutcome<M>, JobError> {
     let mut outcome = None;
+    // A preemption asked here goes to the master's node, over the first link made.
+    let mut asked: Option<String> = None;
+    let mut look = tokio::time::interval(PREEMPT_LOOK);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !running.is_empty() {
         let (rank, ending) = tokio::select! {
+            _ = look.tick() => {
+                if let Some(by) = preempt.poll() {
+                    tracing::warn!(by, "asked to stop for a preemption: the master's node is told");
+                    asked = Some(by);
+                }
+                if asked.as_deref().is_some_and(|by| local.ask_preempt(by)) {
+                    asked = None;
+                }
+                continue;
+            }
             Some((rank, attempt, cause)) = restarts_rx.recv() => {
                 if let Err(error) = local.restart_linked(rank, attempt, &cause) {
                     running.retain(|&r| r != rank);

@@ -139,6 +139,12 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
+    /// Tells the master's node that this process was asked to stop for a preemption:
+    /// returns whether a link of its workers took it.
+    pub(crate) fn ask_preempt(&self, by: &str) -> bool {
+        self.routes.ask_preempt(by)
+    }
+
     pub(crate) fn new(parts: LocalParts<M, W>) -> Self {
         let n = parts.config.workers;
         LocalWorkers {

@@ -25,6 +25,7 @@ pub(crate) mod master;
 mod node;
 mod pool;
 mod route;
+pub(crate) mod signals;
 pub(crate) mod sync_calls;
 mod watch;
 pub(crate) mod worker;
@@ -50,7 +51,7 @@ use crate::protocol::JobOutcome;
 pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{Combining, Deployment, NodeConfig, Workers};
 use crate::transport::{Fingerprint, Transport};
-pub use cancel::Cancel;
+pub use cancel::{Cancel, Preempt};
 
 use coordination::CoordinatorSlot;
 use launch::{launch, Shared};
@@ -96,6 +97,7 @@ pub(crate) struct Plan<M, W> {
     pub(crate) coordinator: Option<Box<dyn Coordinator>>,
     pub(crate) input: Option<Input>,
     pub(crate) cancel: Option<Cancel>,
+    pub(crate) preempt: Option<Preempt>,
     /// The job's message type, when it has messages (`JobBuilder::messages`).
     pub(crate) messages: Option<&'static str>,
     /// The program's own parameters (`JobBuilder::params`).

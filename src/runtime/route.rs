@@ -80,6 +80,22 @@ impl<M: Payload, W: Payload> Routes<M, W> {
         lock(&self.inner).links[rank] = Some(link);
     }
 
+    /// Tells the master's node that this process was asked to stop for a preemption
+    /// (`by`), over the first of its workers' links that is made: returns whether one
+    /// took it.
+    pub(crate) fn ask_preempt(&self, by: &str) -> bool {
+        let inner = lock(&self.inner);
+        let links = inner.links.iter().flatten().filter_map(Weak::upgrade);
+        for link in links {
+            let msg = ToMaster::Preempt { by: by.to_string() };
+            match link.send(msg) {
+                Ok(()) => return true,
+                Err(error) => tracing::debug!(%error, "a link could not take the preemption"),
+            }
+        }
+        false
+    }
+
     /// What link `link` of `rank` brought: the transport's inbox.
     pub(crate) fn deliver(&self, rank: Rank, link: LinkId, msg: ToWorker<M>) {
         let mut inner = lock(&self.inner);

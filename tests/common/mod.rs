@@ -333,3 +333,16 @@ pub fn lines_with(parts: &[&str]) -> Vec<String> {
         .map(String::from)
         .collect()
 }
+
+/// The main example, built beside the test by `cargo test` (target/<profile>/examples).
+pub fn example() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let example = dir.join("examples").join("logistic_regression");
+    assert!(
+        example.exists(),
+        "{} is built by cargo test",
+        example.display()
+    );
+    example
+}

@@ -437,7 +437,7 @@ impl<W> Gate<W> {
             // Sync calls are the barrier's `SyncState`'s, not the gate's.
             ToMaster::Sync { .. } => None,
             // Copies of checkpoints are the master's node's, taken before the gate.
-            ToMaster::Replica(_) => None,
+            ToMaster::Replica(_) | ToMaster::Preempt { .. } => None,
             ToMaster::Done { attempt, .. } => {
                 if attempt != self.config.attempt {
                     self.other_drops.stale += 1;

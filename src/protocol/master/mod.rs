@@ -96,6 +96,13 @@ enum Awaiting {
     Replacement,
 }
 
+/// A preemption under way: who asked, and until when the job may take to stop.
+#[derive(Debug, Clone)]
+struct Preempting {
+    by: String,
+    until: Instant,
+}
+
 /// What the node is built from besides its settings: what its process is made of.
 pub(crate) struct NodeSettings {
     /// By rank: whether its worker runs in this process (the node replaces those itself).
@@ -179,6 +186,11 @@ pub(crate) struct MasterNode<M, W> {
     /// The INFO lines of completed iterations, at most one per `progress_interval`.
     progress: Progress,
     cancelled: bool,
+    /// The preemption asked for, if one was: the job stops at the next checkpoint.
+    preempt: Option<Preempting>,
+    /// Whether the broadcast of the iteration under way asked the workers to save what
+    /// they need to resume (a checkpoint of it can be taken).
+    saving: bool,
     /// Whether a halt vote in a job without `worker_halt` was warned of (it is, once).
     votes_ignored: bool,
     /// When the current wait for workers was last said to be going on.
@@ -247,6 +259,8 @@ impl<M, W> MasterNode<M, W> {
             span: None,
             progress: Progress::default(),
             cancelled: false,
+            preempt: None,
+            saving: false,
             votes_ignored: false,
             wait_said: None,
             measure_fold: None,
@@ -305,6 +319,10 @@ impl<M, W> MasterNode<M, W> {
             self.groups.poll_timeout(),
             master,
             self.reconnecting.as_ref().map(|(at, _)| *at),
+            self.preempt
+                .as_ref()
+                .filter(|_| !self.ending())
+                .map(|p| p.until),
         ]
         .into_iter()
         .flatten()
@@ -392,9 +410,11 @@ impl<M, W> MasterNode<M, W> {
         reach: &dyn Reach,
     ) {
         let from = env.from;
-        if let ToMaster::Replica(replica) = env.msg {
-            return self.offered(from, replica);
-        }
+        let env = match env.msg {
+            ToMaster::Replica(replica) => return self.offered(from, replica),
+            ToMaster::Preempt { by } => return self.preempt(now, by, reach),
+            msg => Envelope { from, msg },
+        };
         if let ToMaster::Failed {
             attempt,
             error: error @ JobError::Mismatch { rank, .. },
@@ -568,6 +588,17 @@ impl<M, W> MasterNode<M, W> {
                 self.maybe_stop(now);
             }
         }
+        if let Some(p) = self.preempt.as_ref().filter(|p| now >= p.until) {
+            if !self.ending() {
+                let by = p.by.clone();
+                tracing::warn!(
+                    grace = ?self.config.job.preempt_grace,
+                    "the preemption's grace ran out before a checkpoint: the job stops now"
+                );
+                let iteration = self.completed();
+                self.stop_preempted(now, iteration, by, reach);
+            }
+        }
         let grace_over = self.reconnecting.as_ref().is_some_and(|(at, _)| now >= *at);
         if let Some((_, ranks)) = self.reconnecting.take_if(|_| grace_over) {
             for rank in ranks {
@@ -594,6 +625,34 @@ impl<M, W> MasterNode<M, W> {
         }
         tracing::warn!("the job was cancelled");
         self.fail(now, JobError::Cancelled, reach);
+    }
+
+    /// A process of the job was asked to stop for a preemption (`by`: what asked, where):
+    /// the job checkpoints at the next iteration boundary — or at the end of the one under
+    /// way, when its workers save for a checkpoint — and ends with
+    /// [`JobError::Preempted`]; at once when it has not begun iterating. Once: a later
+    /// request is logged.
+    pub(crate) fn preempt(&mut self, now: Instant, by: String, reach: &dyn Reach) {
+        if self.ending() || self.preempt.is_some() {
+            tracing::debug!(by, "a further request to stop for a preemption");
+            return;
+        }
+        let until = now + self.config.job.preempt_grace;
+        self.preempt = Some(Preempting {
+            by: by.clone(),
+            until,
+        });
+        match self.stage {
+            Stage::Starting { .. } => {
+                tracing::warn!(
+                    by,
+                    "the job stops for a preemption before its first iteration"
+                );
+                let iteration = self.completed();
+                self.stop_preempted(now, iteration, by, reach);
+            }
+            _ => tracing::warn!(by, "the job stops for a preemption at its next checkpoint"),
+        }
     }
 
     /// Something the driver did for the node failed (a replacement, a message the wire
@@ -709,9 +768,8 @@ impl<M, W> MasterNode<M, W> {
                         reach,
                     );
                 } else if matches!(self.stage, Stage::Computing(i) if i == iteration) {
-                    self.iterated(
-                        now, iteration, tally, left_out, elapsed, result, halt, reach,
-                    );
+                    let done = (elapsed, result, halt, checkpointed);
+                    self.iterated(now, iteration, tally, left_out, done, reach);
                     // After the next iteration's broadcast: a copy crosses while the
                     // workers compute.
                     if let Some(replica) = replica.filter(|_| !self.ending()) {

@@ -84,12 +84,15 @@ impl<M, W> MasterNode<M, W> {
             };
             return self.on_failure(now, error, reach);
         }
+        // A preemption stops the job at a checkpoint: the workers save for this one.
+        self.saving = self.config.workers_save(iteration)
+            || (self.preempt.is_some() && self.config.checkpoint_every.is_some());
         self.actions.push_back(Action::Broadcast(ToWorker::Iterate {
             attempt: self.attempt(),
             iteration,
             last: self.last.clone(),
             fold,
-            save: self.config.workers_save(iteration),
+            save: self.saving,
         }));
     }
 
@@ -130,12 +133,18 @@ impl<M, W> MasterNode<M, W> {
             _ => None,
         };
         self.stage = Stage::Computing(iteration);
-        let save = self.config.checkpoint(iteration, halted);
+        // A preemption takes the first checkpoint it can: one whose workers saved.
+        let save = if self.preempt.is_some() && self.saving {
+            Save::Yes
+        } else {
+            self.config.checkpoint(iteration, halted)
+        };
         // Copies of a checkpoint the job goes on after (not of its last iteration: the
         // workers stop with it), where some rank keeps them.
         let replicate = save == Save::Yes
             && iteration < self.config.job.iterations
             && halted.is_none()
+            && self.preempt.is_none()
             && !self.replica_holders(reach).is_empty();
         self.run_master(
             now,
@@ -158,9 +167,7 @@ impl<M, W> MasterNode<M, W> {
         iteration: Iteration,
         tally: Tally,
         left_out: Vec<Rank>,
-        master_elapsed: Duration,
-        result: Arc<M>,
-        halt: bool,
+        (master_elapsed, result, halt, checkpointed): (Duration, Arc<M>, bool, bool),
         reach: &dyn Reach,
     ) {
         if !left_out.is_empty() {
@@ -210,6 +217,18 @@ impl<M, W> MasterNode<M, W> {
             );
         }
         match self.schedule.decide(iteration, halt, &tally) {
+            // A preemption stops at the first checkpoint taken (at once without a store).
+            Next::Iterate(_)
+                if self.preempt.is_some()
+                    && (checkpointed || self.config.checkpoint_every.is_none()) =>
+            {
+                let by = self
+                    .preempt
+                    .as_ref()
+                    .map(|p| p.by.clone())
+                    .unwrap_or_default();
+                self.stop_preempted(now, iteration, by, reach)
+            }
             Next::Iterate(next) => self.begin(now, next, reach),
             Next::Finish { iterations, halted } => {
                 self.finish(now, iterations, halted, result, reach)
@@ -271,6 +290,39 @@ impl<M, W> MasterNode<M, W> {
         self.forget_unconnected(now, reach);
     }
 
+    /// The last iteration the job completed (the checkpoint's it resumed from before
+    /// its first).
+    pub(super) fn completed(&self) -> Iteration {
+        let resumed = self.resumed.map_or(0, |(i, _)| i);
+        match self.stage {
+            Stage::Gathering(i) | Stage::Computing(i) => i.saturating_sub(1).max(resumed),
+            _ => resumed,
+        }
+    }
+
+    /// The job stops for the preemption `by` asked for after `iteration`: it ends as a
+    /// failure does, with [`JobError::Preempted`] naming its newest checkpoint.
+    pub(super) fn stop_preempted(
+        &mut self,
+        now: Instant,
+        iteration: Iteration,
+        by: String,
+        reach: &dyn Reach,
+    ) {
+        let checkpoint = self
+            .report
+            .checkpoints
+            .last()
+            .copied()
+            .or(self.resumed.map(|(i, _)| i));
+        let error = JobError::Preempted {
+            iteration,
+            checkpoint,
+            by,
+        };
+        self.fail(now, error, reach);
+    }
+
     /// Fails the job: the first failure is kept and sent to every worker at once; later
     /// ones are logged. A failure while a completed job shuts down fails it.
     pub(super) fn fail(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
@@ -289,7 +341,11 @@ impl<M, W> MasterNode<M, W> {
                 tracing::debug!(%error, "a further failure after the job failed");
             }
             Stage::Starting { .. } | Stage::Gathering(_) | Stage::Computing(_) => {
-                tracing::error!(%error, "job failed");
+                if error.is_preempted() {
+                    tracing::warn!(%error, "job stopped");
+                } else {
+                    tracing::error!(%error, "job failed");
+                }
                 self.span = None;
                 self.event(|| JobEvent::Failed {
                     error: error.clone(),

@@ -674,3 +674,172 @@ fn a_batch_of_messages_does_what_each_in_turn_does() {
     assert_eq!(one.4.duplicate, 1);
     assert_eq!(one.4.unknown_rank, 1);
 }
+
+/// A node of `workers` ranks and `iterations`, with a checkpoint every 3 iterations.
+fn preemptible(workers: usize, iterations: Iteration) -> Harness {
+    Harness::with(NodeConfig {
+        checkpoint_every: Some(3),
+        ..NodeConfig::of(JobConfig {
+            workers,
+            iterations,
+            preempt_grace: Duration::from_secs(20),
+            ..JobConfig::for_tests()
+        })
+    })
+}
+
+/// Every iteration broadcast so far, with whether its workers save for a checkpoint.
+fn broadcast(h: &Harness) -> Vec<(Iteration, bool)> {
+    h.sent
+        .iter()
+        .filter_map(|m| match m {
+            ToWorker::Iterate {
+                iteration, save, ..
+            } => Some((*iteration, *save)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn preempted(h: &Harness) -> Option<&JobError> {
+    h.sent.iter().find_map(|m| match m {
+        ToWorker::Abort { error, .. } if error.is_preempted() => Some(error),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_preemption_in_an_iteration_without_a_checkpoint_stops_after_the_next_whose_workers_save() {
+    let mut h = preemptible(2, 10);
+    registered(&mut h);
+    h.result(0, 1, 1);
+    h.result(1, 1, 1);
+    // Asked by a worker's process while iteration 2 is gathered (its workers save nothing).
+    h.from(
+        1,
+        ToMaster::Preempt {
+            by: "SIGTERM in rank 1's process".into(),
+        },
+    );
+    assert!(
+        preempted(&h).is_none(),
+        "no checkpoint yet: the job goes on"
+    );
+    h.result(0, 2, 1);
+    h.result(1, 2, 1);
+    assert_eq!(
+        broadcast(&h),
+        [(1, false), (2, false), (3, true)],
+        "the next iteration's workers save"
+    );
+    assert!(preempted(&h).is_none());
+    h.result(0, 3, 1);
+    h.result(1, 3, 1);
+    assert_eq!(h.rounds.last(), Some(&(3, Save::Yes)));
+    assert_eq!(
+        preempted(&h),
+        Some(&JobError::Preempted {
+            iteration: 3,
+            checkpoint: Some(3),
+            by: "SIGTERM in rank 1's process".into(),
+        })
+    );
+    assert_eq!(broadcast(&h).len(), 3, "no iteration after the checkpoint");
+    h.done(0);
+    h.done(1);
+    assert!(matches!(
+        h.finished.take(),
+        Some(Err(JobError::Preempted { iteration: 3, .. }))
+    ));
+}
+
+#[test]
+fn a_preemption_stops_at_the_jobs_own_checkpoint_when_that_comes_first_and_is_said_once() {
+    let mut h = preemptible(1, 10);
+    registered(&mut h);
+    h.result(0, 1, 1);
+    // Asked while iteration 2 is gathered: 3 is the job's own checkpoint, taken as due.
+    h.node
+        .preempt(h.t, "Preempt::request in this process".into(), &Connected);
+    h.drive();
+    h.result(0, 2, 1);
+    h.result(0, 3, 1);
+    assert!(matches!(
+        preempted(&h),
+        Some(JobError::Preempted {
+            iteration: 3,
+            checkpoint: Some(3),
+            ..
+        })
+    ));
+    // Asked again, or by another rank, it is said once.
+    h.node.preempt(h.t, "SIGTERM".into(), &Connected);
+    h.drive();
+    assert_eq!(
+        h.sent
+            .iter()
+            .filter(|m| matches!(m, ToWorker::Abort { .. }))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_preemption_whose_grace_runs_out_stops_the_job_naming_the_checkpoint_before() {
+    let mut h = preemptible(2, 10);
+    registered(&mut h);
+    for i in 1..=4 {
+        h.result(0, i, 1);
+        h.result(1, i, 1);
+    }
+    h.node
+        .preempt(h.t, "SIGUSR1 in rank 0's process".into(), &Connected);
+    h.drive();
+    // Rank 1 never reports iteration 5; the grace (20 s) passes.
+    h.result(0, 5, 1);
+    let until = h.node.poll_timeout().expect("the grace is a deadline");
+    assert!(until <= h.t + Duration::from_secs(20));
+    h.t += Duration::from_secs(21);
+    h.node.handle_timeout(h.t, &Connected);
+    h.drive();
+    assert_eq!(
+        preempted(&h),
+        Some(&JobError::Preempted {
+            iteration: 4,
+            checkpoint: Some(3),
+            by: "SIGUSR1 in rank 0's process".into(),
+        })
+    );
+}
+
+#[test]
+fn a_preemption_before_the_first_iteration_stops_at_once_and_without_a_store_at_the_next_boundary()
+{
+    let mut h = preemptible(2, 10);
+    h.node.preempt(h.t, "SIGTERM".into(), &Connected);
+    h.drive();
+    assert!(broadcast(&h).is_empty());
+    assert!(matches!(
+        preempted(&h),
+        Some(JobError::Preempted {
+            iteration: 0,
+            checkpoint: None,
+            ..
+        })
+    ));
+
+    let mut h = Harness::new(1, 10, FailurePolicy::Fail);
+    registered(&mut h);
+    h.node.preempt(h.t, "SIGTERM".into(), &Connected);
+    h.drive();
+    h.result(0, 1, 1);
+    assert_eq!(broadcast(&h), [(1, false)]);
+    assert!(matches!(
+        preempted(&h),
+        Some(JobError::Preempted {
+            iteration: 1,
+            checkpoint: None,
+            ..
+        })
+    ));
+}

@@ -17,6 +17,7 @@ use super::coordination::CoordinatorSlot;
 use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
+use super::signals::PreemptWatch;
 use super::watch::{Watch, Who};
 use super::worker::{Homeward, Host, WorkerDriver, WorkerHome};
 use super::worker_task::stop_given_up;
@@ -91,6 +92,8 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) events: Events,
     pub(crate) coordination: CoordinatorSlot,
     pub(crate) cancel: Option<Cancel>,
+    /// What asks the job to stop for a preemption in this process.
+    pub(crate) preempt: PreemptWatch,
     pub(crate) outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
     pub(crate) tick: Duration,
     /// The job's failure as this process hears of it.
@@ -124,6 +127,7 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     events: Events,
     coordination: CoordinatorSlot,
     cancel: Option<Cancel>,
+    preempt: PreemptWatch,
     outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
     tick: Duration,
     end: JobEnd,
@@ -167,6 +171,7 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             events: parts.events,
             coordination: parts.coordination,
             cancel: parts.cancel,
+            preempt: parts.preempt,
             outcome: Some(parts.outcome),
             tick: parts.tick,
             end: parts.end,
@@ -371,6 +376,9 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             self.node.cancel(now, &reach);
         }
+        if let Some(by) = self.preempt.poll() {
+            self.node.preempt(now, by, &reach);
+        }
         self.node.handle_timeout(now, &reach);
         self.drive(ctx);
     }
@@ -384,6 +392,11 @@ impl<M: Payload, W: Payload> Actor for NodeActor<M, W> {
         // cancelling a timer each round would cost more than the round itself.
         ctx.run_interval(self.tick, |act, ctx| act.on_tick(ctx));
         self.start_fresh(ctx);
+        // Asked before the job started: it stops before its first iteration.
+        if let Some(by) = self.preempt.poll() {
+            self.node
+                .preempt(Instant::now(), by, &LinkReach(&self.link));
+        }
         self.drive(ctx);
     }
 }

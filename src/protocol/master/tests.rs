@@ -843,3 +843,90 @@ fn a_preemption_before_the_first_iteration_stops_at_once_and_without_a_store_at_
         })
     ));
 }
+
+proptest::proptest! {
+    /// Wherever a preemption comes — before which result of which iteration, in whatever
+    /// order the ranks report, at whatever checkpoint interval, asked by a rank or by the
+    /// master's process — the job stops at the first checkpoint whose workers saved: the
+    /// iteration under way when its broadcast asked them to, else the next one, whose
+    /// broadcast does; nothing is broadcast after it; and a job whose last iteration that
+    /// is completes instead.
+    #[test]
+    fn a_preemption_anywhere_stops_at_the_first_checkpoint_whose_workers_saved(
+        workers in 1usize..4,
+        iterations in 2u64..10,
+        every in 1u64..5,
+        asked_after in 0usize..40,
+        by_rank in proptest::option::of(0usize..4),
+        order in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 40),
+    ) {
+        let mut h = Harness::with(NodeConfig {
+            checkpoint_every: Some(every),
+            ..NodeConfig::of(JobConfig {
+                workers,
+                iterations,
+                ..JobConfig::for_tests()
+            })
+        });
+        registered(&mut h);
+        let mut sent = 0;
+        let mut asked_in = None;
+        'job: for i in 1..=iterations {
+            let mut ranks: Vec<Rank> = (0..workers).collect();
+            for (at, pick) in order.iter().take(workers).enumerate() {
+                let j = at + pick.index(workers - at);
+                ranks.swap(at, j);
+            }
+            for rank in ranks {
+                if sent == asked_after && asked_in.is_none() {
+                    asked_in = Some(i);
+                    match by_rank {
+                        Some(r) => {
+                            let msg = ToMaster::Preempt { by: "a rank".into() };
+                            h.from(r % workers, msg)
+                        }
+                        None => {
+                            h.node.preempt(h.t, "the master's process".into(), &Connected);
+                            h.drive();
+                        }
+                    }
+                }
+                if preempted(&h).is_some() {
+                    break 'job;
+                }
+                h.result(rank, i, 1);
+                sent += 1;
+            }
+        }
+        for rank in 0..workers {
+            h.done(rank);
+        }
+        let finished = h.finished.take().expect("the job ended");
+        let Some(asked) = asked_in else {
+            proptest::prop_assert!(finished.is_ok(), "never asked: {finished:?}");
+            return Ok(());
+        };
+        let saved_for = |i: Iteration| i % every == 0 || i >= iterations;
+        let stop = if saved_for(asked) { asked } else { asked + 1 };
+        let sent_iterations = broadcast(&h);
+        proptest::prop_assert_eq!(sent_iterations.last().map(|&(i, _)| i), Some(stop));
+        proptest::prop_assert!(
+            sent_iterations.iter().all(|&(i, save)| save == (saved_for(i) || i > asked)),
+            "the broadcasts after the request ask the workers to save: {:?}",
+            sent_iterations
+        );
+        proptest::prop_assert_eq!(h.rounds.last(), Some(&(stop, Save::Yes)));
+        match finished {
+            Ok(outcome) => {
+                // Only a stop at the job's last iteration completes it.
+                proptest::prop_assert_eq!(outcome.iterations, iterations);
+                proptest::prop_assert_eq!(stop, iterations);
+            }
+            Err(JobError::Preempted { iteration, checkpoint, .. }) => {
+                proptest::prop_assert!(stop < iterations);
+                proptest::prop_assert_eq!((iteration, checkpoint), (stop, Some(stop)));
+            }
+            Err(other) => proptest::prop_assert!(false, "{other}"),
+        }
+    }
+}

@@ -243,9 +243,14 @@ fn main() -> ExitCode {
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(error) => {
-            eprintln!("job failed: {error}");
             // 75 when it was preempted (SIGTERM, or the preempt signal): run again, it
             // resumes from its checkpoint.
+            let how = if error.is_preempted() {
+                "stopped"
+            } else {
+                "failed"
+            };
+            eprintln!("job {how}: {error}");
             return ExitCode::from(error.exit_code());
         }
     };

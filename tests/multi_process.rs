@@ -1227,7 +1227,6 @@ fn under_restart_all_a_master_killed_amid_a_message_exchange_is_recovered_from()
     }
 }
 
-/// How many runs a kill test makes: `SUPERSTEP_TEST_KILLS`, or `default`.
 /// Launches 4 processes in `PREEMPT` on the checkpoints of `dir` and, `after` every rank's
 /// job computes, sends SIGTERM to the process of `target` (a rank; 4: the launcher, which
 /// forwards it to every process).
@@ -1321,13 +1320,17 @@ fn a_job_preempted_by_sigterm_at_random_points_resumes_to_the_fault_free_bits() 
                 }
                 // The signal came once the master's job had ended: it did its default.
                 // Launched again, the job ends at once from its last checkpoint.
-                Some(143) => eprintln!("after its end: {point}"),
+                Some(143) => {
+                    eprintln!("after its end: {point}");
+                    resumes_from = Some(ITERATIONS);
+                }
                 other => panic!("{point}: the launcher exited with {other:?}: {stdout}\n{stderr}"),
             }
         }
     }
 }
 
+/// How many runs a kill test makes: `SUPERSTEP_TEST_KILLS`, or `default`.
 fn kills(default: usize) -> usize {
     std::env::var("SUPERSTEP_TEST_KILLS")
         .ok()

@@ -33,6 +33,9 @@ impl WorkerComputable for Running {
         let (rank, i, n) = (ctx.rank(), ctx.iteration(), ctx.workers());
         if self.at == Some((rank, i)) {
             self.preempt.request();
+            // The node's tick (every 20 ms) sees it before this iteration can end, however
+            // busy the machine.
+            std::thread::sleep(Duration::from_millis(300));
         }
         std::thread::sleep(Duration::from_millis(3));
         let told: u64 = ctx.messages::<u64>()?.iter().sum();

@@ -314,10 +314,13 @@ pub struct JobConfig {
     /// or at the end of the one under way, when it is one the job checkpoints —, and every
     /// process of the job ends with [`JobError::Preempted`](crate::JobError::Preempted),
     /// whose [`exit_code`](crate::JobError::exit_code) says "requeue me"; run again, the
-    /// job resumes from that checkpoint. A second signal ends the process as the signal
-    /// does by default. The handler is installed while the job runs; outside a job the
-    /// signal does what it did before. Default `SIGTERM` (what Kubernetes and Slurm send);
-    /// `SIGUSR1` for Slurm's `--signal=B:USR1@60`. Unix only.
+    /// job resumes from that checkpoint. Copies of the signal within a second are the same
+    /// notice; a later one ends the process as the signal does by default. The signal's
+    /// handler is installed when the first such job starts and kept: outside a job the
+    /// signal does its default (a program that ignores or handles the signal itself sets
+    /// this to `None`, and may call [`Preempt::request`](crate::Preempt::request) from its
+    /// handler). Default `SIGTERM` (what Kubernetes and Slurm send); `SIGUSR1` for Slurm's
+    /// `--signal=USR1@120`. Unix only.
     pub preempt_signal: Option<PreemptSignal>,
     /// How long a preempted job may take to stop — to finish the iteration under way, the
     /// next one if the checkpoint needs it, and the checkpoint's write — before it gives up
@@ -591,8 +594,6 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Durations in settings documents: written as `"30s"`, read from such a string, a number
-/// of seconds, or the `{"secs": …, "nanos": …}` of serde's own form.
 /// A setting that may be `null` in a document, naming it: `null` is `None`, not "not named"
 /// (the signal's default is one).
 fn named_or_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
@@ -601,6 +602,8 @@ fn named_or_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// Durations in settings documents: written as `"30s"`, read from such a string, a number
+/// of seconds, or the `{"secs": …, "nanos": …}` of serde's own form.
 pub(crate) mod duration {
     use std::fmt;
     use std::time::Duration;

@@ -32,7 +32,8 @@ impl Cancel {
 /// the master checkpoints at the next iteration boundary and the job ends with
 /// [`JobError::Preempted`](crate::JobError::Preempted), from which a run again resumes.
 /// Clones share the same job; a request before the job starts stops it as soon as it
-/// starts. In a process without the master, the request is sent to the master's.
+/// starts, so a run after a preemption takes a new handle. In a process without the
+/// master, the request is sent to the master's.
 #[derive(Debug, Clone, Default)]
 pub struct Preempt {
     flag: Arc<AtomicBool>,

@@ -255,17 +255,23 @@ impl<M: Payload, W: Payload> MasterTask<M, W> {
                 let (iteration, tally) = (round.iteration, round.gathered.tally);
                 let left_out = round.gathered.left_out.clone();
                 let (voted, timeout) = (round.halted.is_some(), round.timeout);
-                let result = self.iterate(round);
+                let ends = round.ends;
+                let mut result = self.iterate(round);
                 let elapsed = started.elapsed();
                 // The job's last checkpoint is written before its end is told anywhere: a
                 // worker that ended with the result is gone, and a master started again
                 // after its own process was lost must find the end in its store, not wait
                 // for them. Not the compute's time; within the node's wait for it.
+                // So is a preemption's, which a job run again resumes from: one not written
+                // in time is not counted saved.
                 let last = |c: &Computed<M>| {
-                    c.checkpointed && (voted || c.halt || iteration >= self.ctx.iterations)
+                    c.checkpointed && (ends || voted || c.halt || iteration >= self.ctx.iterations)
                 };
-                if let (Some(store), true) = (&self.store, result.as_ref().is_ok_and(last)) {
-                    store.flush_within(timeout.saturating_sub(elapsed) / 2);
+                if let (Some(store), Ok(computed)) = (&self.store, result.as_mut()) {
+                    if last(computed) {
+                        let written = store.flush_within(timeout.saturating_sub(elapsed) / 2);
+                        computed.checkpointed &= written || !ends;
+                    }
                 }
                 MasterDone::Iterated {
                     iteration,

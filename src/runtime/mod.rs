@@ -213,10 +213,12 @@ impl SharedStore {
 
     /// [`flush`](Self::flush), waiting at most `bound` (and never past the shutdown
     /// timeout).
-    pub(crate) fn flush_within(&self, bound: std::time::Duration) {
-        if let Some(writer) = &self.writer {
-            writer.flush_within(bound);
-        }
+    /// Waits at most `bound` for the checkpoints handed over to be written: whether they
+    /// were (or there is no writer: each is written where it is saved).
+    pub(crate) fn flush_within(&self, bound: std::time::Duration) -> bool {
+        self.writer
+            .as_ref()
+            .is_none_or(|writer| writer.flush_within(bound))
     }
 
     /// Records that job `job_id` committed its output after `iteration`, its last: its

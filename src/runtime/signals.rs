@@ -1,13 +1,16 @@
 //! A job's preempt signal ([`JobConfig::preempt_signal`](crate::JobConfig::preempt_signal)),
 //! for the whole process: its actions are registered the first time a job asks for the
 //! signal, and kept. While a job that stops on it runs, the first signal asks it to stop
-//! (each such job sees it on its next tick) and a second one does what the signal does by
-//! default; with no such job running, the default. (A program that handles the signal
-//! itself sets `preempt_signal` to `None`, and may ask the job to stop from its handler
-//! with [`Preempt::request`](crate::Preempt::request).)
+//! (each such job sees it on its next tick), copies of it within [`REPEATS`] after are
+//! taken as the same notice (a scheduler, a launcher and a process group often deliver one
+//! notice twice), and a later one does what the signal does by default; with no such job
+//! running, the default — whatever the signal did before the first job took it. (A program
+//! that ignores or handles the signal itself sets `preempt_signal` to `None`, and may ask
+//! the job to stop from its handler with [`Preempt::request`](crate::Preempt::request).)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::Preempt;
 use crate::protocol::PreemptSignal;
@@ -41,10 +44,11 @@ impl PreemptWatch {
     /// What asked the job to stop and where (`SIGTERM in rank 2's process`), the first
     /// time it is seen.
     pub(crate) fn poll(&mut self) -> Option<String> {
+        let fired = self.signal.as_mut().and_then(|s| s.look(Instant::now()));
         if self.said {
             return None;
         }
-        let what = match self.signal.as_ref().and_then(SignalWatch::fired) {
+        let what = match fired {
             Some(signal) => signal.to_string(),
             None if self.handle.as_ref().is_some_and(Preempt::is_requested) => {
                 "Preempt::request".to_string()
@@ -56,14 +60,18 @@ impl PreemptWatch {
     }
 }
 
+/// How long after a signal a copy of it is taken as the same notice: a later one does the
+/// signal's default.
+pub(crate) const REPEATS: Duration = Duration::from_secs(1);
+
 /// One signal's state, for the process.
 struct Slot {
     /// Whether its actions are registered.
     installed: OnceLock<bool>,
     /// How many running jobs stop on the signal (changed under its lock, with `armed`).
     active: Mutex<usize>,
-    /// Set: the signal does its default. So while no job runs, and once it asked the jobs
-    /// that run to stop (its first action reads it, its second sets it).
+    /// Set: the signal does its default (its first action reads it). So while no job runs,
+    /// and from [`REPEATS`] after it asked the jobs that run to stop.
     armed: Arc<AtomicBool>,
     /// Set when the signal came while jobs ran: every running job stops.
     hit: Arc<AtomicBool>,
@@ -96,6 +104,8 @@ fn slot(signal: PreemptSignal) -> &'static Slot {
 pub(crate) struct SignalWatch {
     slot: &'static Slot,
     signal: PreemptSignal,
+    /// When this watch first saw the signal.
+    seen: Option<Instant>,
 }
 
 impl SignalWatch {
@@ -112,12 +122,24 @@ impl SignalWatch {
             slot.armed.store(false, Ordering::SeqCst);
         }
         *active += 1;
-        Some(SignalWatch { slot, signal })
+        Some(SignalWatch {
+            slot,
+            signal,
+            seen: None,
+        })
     }
 
-    /// The signal, if it came while the job ran.
-    pub(crate) fn fired(&self) -> Option<PreemptSignal> {
-        self.slot.hit.load(Ordering::SeqCst).then_some(self.signal)
+    /// The signal, if it came while the job ran (looked at `now`): from [`REPEATS`] after
+    /// it was first seen, the next one does the signal's default.
+    pub(crate) fn look(&mut self, now: Instant) -> Option<PreemptSignal> {
+        if !self.slot.hit.load(Ordering::SeqCst) {
+            return None;
+        }
+        let seen = *self.seen.get_or_insert(now);
+        if now.saturating_duration_since(seen) >= REPEATS {
+            self.slot.armed.store(true, Ordering::SeqCst);
+        }
+        Some(self.signal)
     }
 }
 
@@ -132,15 +154,14 @@ impl Drop for SignalWatch {
     }
 }
 
-/// Registers the signal's two actions, in order: the default where `armed`, then `armed`
-/// and `hit` set. Returns whether they were.
+/// Registers the signal's two actions, in order: the default where `armed`, then `hit`
+/// set. Returns whether they were.
 #[cfg(unix)]
 fn install(signal: PreemptSignal, slot: &Slot) -> bool {
     use signal_hook::flag;
     let number = signal.number();
     let registered = flag::register_conditional_default(number, Arc::clone(&slot.armed))
-        .and_then(|_| flag::register(number, Arc::clone(&slot.hit)))
-        .and_then(|_| flag::register(number, Arc::clone(&slot.armed)));
+        .and_then(|_| flag::register(number, Arc::clone(&slot.hit)));
     match registered {
         Ok(_) => true,
         Err(error) => {
@@ -160,27 +181,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_watch_sees_its_signal_only_while_a_job_runs_and_the_second_one_does_the_default() {
+    fn a_watch_sees_its_signal_only_while_a_job_runs_and_a_later_one_does_the_default() {
         // SIGUSR2: no other test of this binary takes it.
         let slot = slot(PreemptSignal::Usr2);
-        let watch = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
-        assert_eq!(watch.fired(), None);
+        let mut watch = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
+        let t = Instant::now();
+        assert_eq!(watch.look(t), None);
         assert!(
             !slot.armed.load(Ordering::SeqCst),
             "a job runs: the default is off"
         );
         signal_hook::low_level::raise(signal_hook::consts::SIGUSR2).unwrap();
-        assert_eq!(watch.fired(), Some(PreemptSignal::Usr2));
+        assert_eq!(watch.look(t), Some(PreemptSignal::Usr2));
+        // A copy of the notice (a launcher's, a process group's) is the same notice.
+        signal_hook::low_level::raise(signal_hook::consts::SIGUSR2).unwrap();
+        assert_eq!(watch.look(t + REPEATS / 2), Some(PreemptSignal::Usr2));
+        assert!(
+            !slot.armed.load(Ordering::SeqCst),
+            "a copy does not end the process"
+        );
+        watch.look(t + REPEATS);
         assert!(
             slot.armed.load(Ordering::SeqCst),
-            "a second signal would do the default"
+            "a later signal does the default"
         );
         drop(watch);
         assert!(
             slot.armed.load(Ordering::SeqCst),
             "no job runs: the default"
         );
-        let again = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
-        assert_eq!(again.fired(), None, "a new job does not see an old signal");
+        let mut again = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
+        assert_eq!(again.look(t), None, "a new job does not see an old signal");
     }
 }

@@ -155,6 +155,7 @@ impl<M, W> MasterNode<M, W> {
                 halted,
                 save,
                 replicate,
+                ends: self.preempt.is_some(),
                 timeout: self.config.job.iteration_timeout,
             }),
         );

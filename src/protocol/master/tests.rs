@@ -930,3 +930,36 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_replacement_in_the_round_a_preemption_checkpoints_saves_as_the_others_were_told() {
+    let mut h = Harness::with(NodeConfig {
+        checkpoint_every: Some(10),
+        ..NodeConfig::of(JobConfig {
+            workers: 2,
+            iterations: 20,
+            failure_policy: FailurePolicy::RestartWorker { max_restarts: 1 },
+            ..JobConfig::for_tests()
+        })
+    });
+    registered(&mut h);
+    h.result(0, 1, 1);
+    h.node.preempt(h.t, "SIGTERM".into(), &Connected);
+    h.drive();
+    h.result(1, 1, 1);
+    assert_eq!(broadcast(&h).last(), Some(&(2, true)));
+    // Rank 1 is lost in iteration 2; its replacement joins the round, saving too.
+    h.result(0, 2, 1);
+    h.from(1, lost(1));
+    h.from(1, ToMaster::Registered { attempt: 0 });
+    assert_eq!(broadcast(&h).last(), Some(&(2, true)), "{:?}", h.sent);
+    h.result(1, 2, 1);
+    assert!(matches!(
+        preempted(&h),
+        Some(JobError::Preempted {
+            iteration: 2,
+            checkpoint: Some(2),
+            ..
+        })
+    ));
+}

@@ -89,6 +89,9 @@ pub(crate) struct MasterRound<W> {
     /// Whether a saved checkpoint is also handed back as bytes, for the workers that keep
     /// copies of it ([`Computed::replica`]).
     pub(crate) replicate: bool,
+    /// Whether a checkpoint saved of this round ends the job (a preemption): it is then
+    /// written before the node hears it was saved, and is not counted saved if it was not.
+    pub(crate) ends: bool,
     /// How long the node waits for this work (the iteration timeout): the wait for the
     /// job's last checkpoint to be written takes at most half of what is left of it.
     pub(crate) timeout: std::time::Duration,

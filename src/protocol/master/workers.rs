@@ -190,12 +190,19 @@ impl<M, W> MasterNode<M, W> {
                 self.awaiting[rank] = Awaiting::None;
                 tracing::info!(rank, ?iteration, "a replacement worker joined");
                 if let Some(iteration) = iteration {
+                    // It saves as the round's other workers were told to (a preemption's
+                    // checkpoint needs every worker's part).
+                    let under_way = matches!(self.stage, Stage::Gathering(i) if i == iteration);
                     let msg = ToWorker::Iterate {
                         attempt: self.attempt(),
                         iteration,
                         last: self.last.clone(),
                         fold: self.route,
-                        save: self.config.workers_save(iteration),
+                        save: if under_way {
+                            self.saving
+                        } else {
+                            self.config.workers_save(iteration)
+                        },
                     };
                     self.send(rank, msg);
                 }

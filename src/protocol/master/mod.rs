@@ -588,16 +588,12 @@ impl<M, W> MasterNode<M, W> {
                 self.maybe_stop(now);
             }
         }
-        if let Some(p) = self.preempt.as_ref().filter(|p| now >= p.until) {
-            if !self.ending() {
-                let by = p.by.clone();
-                tracing::warn!(
-                    grace = ?self.config.job.preempt_grace,
-                    "the preemption's grace ran out before a checkpoint: the job stops now"
-                );
-                let iteration = self.completed();
-                self.stop_preempted(now, iteration, by, reach);
-            }
+        if self.preempt.as_ref().is_some_and(|p| now >= p.until) && !self.ending() {
+            tracing::warn!(
+                grace = ?self.config.job.preempt_grace,
+                "the preemption's grace ran out before a checkpoint: the job stops now"
+            );
+            self.stop_preempted(now, self.completed(), reach);
         }
         let grace_over = self.reconnecting.as_ref().is_some_and(|(at, _)| now >= *at);
         if let Some((_, ranks)) = self.reconnecting.take_if(|_| grace_over) {
@@ -637,21 +633,18 @@ impl<M, W> MasterNode<M, W> {
             tracing::debug!(by, "a further request to stop for a preemption");
             return;
         }
+        if matches!(self.stage, Stage::Starting { .. }) {
+            tracing::warn!(
+                by,
+                "the job stops for a preemption before its first iteration"
+            );
+        } else {
+            tracing::warn!(by, "the job stops for a preemption at its next checkpoint");
+        }
         let until = now + self.config.job.preempt_grace;
-        self.preempt = Some(Preempting {
-            by: by.clone(),
-            until,
-        });
-        match self.stage {
-            Stage::Starting { .. } => {
-                tracing::warn!(
-                    by,
-                    "the job stops for a preemption before its first iteration"
-                );
-                let iteration = self.completed();
-                self.stop_preempted(now, iteration, by, reach);
-            }
-            _ => tracing::warn!(by, "the job stops for a preemption at its next checkpoint"),
+        self.preempt = Some(Preempting { by, until });
+        if matches!(self.stage, Stage::Starting { .. }) {
+            self.stop_preempted(now, self.completed(), reach);
         }
     }
 

@@ -223,12 +223,7 @@ impl<M, W> MasterNode<M, W> {
                 if self.preempt.is_some()
                     && (checkpointed || self.config.checkpoint_every.is_none()) =>
             {
-                let by = self
-                    .preempt
-                    .as_ref()
-                    .map(|p| p.by.clone())
-                    .unwrap_or_default();
-                self.stop_preempted(now, iteration, by, reach)
+                self.stop_preempted(now, iteration, reach)
             }
             Next::Iterate(next) => self.begin(now, next, reach),
             Next::Finish { iterations, halted } => {
@@ -301,15 +296,14 @@ impl<M, W> MasterNode<M, W> {
         }
     }
 
-    /// The job stops for the preemption `by` asked for after `iteration`: it ends as a
-    /// failure does, with [`JobError::Preempted`] naming its newest checkpoint.
-    pub(super) fn stop_preempted(
-        &mut self,
-        now: Instant,
-        iteration: Iteration,
-        by: String,
-        reach: &dyn Reach,
-    ) {
+    /// The job stops for the preemption asked for, after `iteration`: it ends as a failure
+    /// does, with [`JobError::Preempted`] naming its newest checkpoint and who asked.
+    pub(super) fn stop_preempted(&mut self, now: Instant, iteration: Iteration, reach: &dyn Reach) {
+        let by = self
+            .preempt
+            .as_ref()
+            .map(|p| p.by.clone())
+            .unwrap_or_default();
         let checkpoint = self
             .report
             .checkpoints

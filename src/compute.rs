@@ -591,6 +591,15 @@ impl<M, W: 'static> WorkerContext<M, W> {
     pub(crate) fn enter_iteration(&mut self, iteration: Iteration) {
         self.iteration = iteration;
         self.iteration_epoch = self.epoch;
+        self.record(|| crate::flight::What::Compute { iteration });
+    }
+
+    /// Records what `what` makes in the rank's flight recorder, where it keeps one (in
+    /// barrier mode).
+    pub(crate) fn record(&self, what: impl FnOnce() -> crate::flight::What) {
+        if let Some(sync) = &self.sync {
+            sync.recorder.record(what());
+        }
     }
 
     /// Makes sync call `kind` with `message` and waits for the master's node's answer.
@@ -635,9 +644,17 @@ impl<M, W: 'static> WorkerContext<M, W> {
         }
         let epoch = self.epoch;
         self.epoch += 1;
-        sync.call((epoch, GroupId::ALL, &[]), kind, message, Notice::Awaited)?;
+        let len = None;
+        sync.call(
+            (epoch, GroupId::ALL, &[]),
+            (kind, len),
+            message,
+            Notice::Awaited,
+        )?;
         let span = tracing::debug_span!("sync", rank, epoch, %kind);
-        in_span(span, sync.answer(epoch, wait)).await
+        let result = in_span(span, sync.answer(epoch, wait)).await;
+        sync.ended((epoch, GroupId::ALL), &result);
+        result
     }
 }
 

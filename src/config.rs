@@ -3,14 +3,14 @@
 //! the protocol (`protocol/settings.rs`), the one place the nodes read them from.
 
 use crate::error::ConfigError;
-use crate::protocol::{parse_duration, JobConfig, Placement};
+use crate::protocol::{parse_duration, JobConfig, Placement, PreemptSignal};
 
 /// How a variable's value sets its setting, or why it does not.
 type SetFrom = fn(&mut JobConfig, &str) -> Result<(), String>;
 
 /// Every variable [`JobConfig::with_env`] reads, once: its name and how its value sets
 /// its setting (the type's docs list them for users).
-const JOB_VARS: [(&str, SetFrom); 17] = [
+const JOB_VARS: [(&str, SetFrom); 20] = [
     ("SUPERSTEP_WORKERS", |c, v| number(v).map(|x| c.workers = x)),
     ("SUPERSTEP_ITERATIONS", |c, v| {
         number(v).map(|x| c.iterations = x)
@@ -73,14 +73,21 @@ const JOB_VARS: [(&str, SetFrom); 17] = [
         Ok(())
     }),
     ("SUPERSTEP_PREEMPT_SIGNAL", |c, v| {
-        c.preempt_signal = match v.trim() {
-            none if none.eq_ignore_ascii_case("none") => None,
-            signal => Some(signal.parse()?),
-        };
-        Ok(())
+        PreemptSignal::from_setting(v).map(|x| c.preempt_signal = x)
     }),
     ("SUPERSTEP_PREEMPT_GRACE", |c, v| {
         parse_duration(v).map(|x| c.preempt_grace = x)
+    }),
+    ("SUPERSTEP_FLIGHT_EVENTS", |c, v| {
+        number(v).map(|x| c.flight_events = x)
+    }),
+    ("SUPERSTEP_FLIGHT_DIR", |c, v| {
+        // Empty: the default (not the current directory).
+        c.flight_dir = Some(std::path::PathBuf::from(v)).filter(|_| !v.trim().is_empty());
+        Ok(())
+    }),
+    ("SUPERSTEP_DUMP_SIGNAL", |c, v| {
+        PreemptSignal::from_setting(v).map(|x| c.dump_signal = x)
     }),
 ];
 
@@ -187,6 +194,46 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn the_flight_recorders_settings_come_from_the_environment() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                pairs
+                    .iter()
+                    .find(|(name, _)| *name == var)
+                    .map(|(_, value)| value.to_string())
+            }
+        };
+        let config = JobConfig::default()
+            .with_vars(vars(&[
+                ("SUPERSTEP_FLIGHT_EVENTS", "64"),
+                ("SUPERSTEP_FLIGHT_DIR", "/var/tmp/dumps"),
+                ("SUPERSTEP_DUMP_SIGNAL", "SIGUSR1"),
+            ]))
+            .unwrap();
+        assert_eq!(config.flight_events, 64);
+        assert_eq!(config.flight_dir, Some("/var/tmp/dumps".into()));
+        assert_eq!(config.dump_signal, Some(PreemptSignal::Usr1));
+        let config = JobConfig::default()
+            .with_vars(vars(&[
+                ("SUPERSTEP_FLIGHT_DIR", " "),
+                ("SUPERSTEP_DUMP_SIGNAL", "none"),
+            ]))
+            .unwrap();
+        assert_eq!(config.flight_dir, None, "empty: the default");
+        assert_eq!(config.dump_signal, None);
+        let err = JobConfig::default()
+            .with_vars(vars(&[("SUPERSTEP_DUMP_SIGNAL", "kill")]))
+            .unwrap_err();
+        assert_eq!(err.setting, "SUPERSTEP_DUMP_SIGNAL");
+        // The same signal as the preemption's: valid, the preemption's alone.
+        let same = JobConfig {
+            dump_signal: Some(PreemptSignal::Term),
+            ..JobConfig::default()
+        };
+        assert!(same.validate().is_ok());
     }
 
     #[test]

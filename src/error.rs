@@ -21,6 +21,10 @@ use crate::ids::{
     CallAt, CollectiveCall, CollectiveKind, Epoch, GroupId, Iteration, Rank, SyncKind,
 };
 
+mod heard;
+use heard::heard_note;
+pub use heard::{Heard, LastHeard};
+
 /// The error type user code returns from computables and interceptors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -378,8 +382,9 @@ pub enum JobError {
     /// legitimately slow; otherwise find out why the named ranks stall — over TCP, the
     /// peers the master refused meanwhile, and why, are listed.
     #[error(
-        "timed out after {waited:?} in {during} waiting for worker(s) {missing:?}{}",
-        refused_note(refused)
+        "timed out after {waited:?} in {during} waiting for worker(s) {missing:?}{}{}",
+        refused_note(refused),
+        heard_note(heard)
     )]
     WorkersTimedOut {
         /// What was being waited for.
@@ -392,6 +397,10 @@ pub enum JobError {
         /// (`rank 2 from 10.0.0.5:41722: wrong secret (3 times)`).
         #[serde(default)]
         refused: Vec<String>,
+        /// What the master's node last heard from each missing rank (the first 16), and
+        /// when.
+        #[serde(default)]
+        heard: Vec<LastHeard>,
     },
     /// The master did not finish its part within the timeout of that wait.
     ///
@@ -580,7 +589,7 @@ pub enum SyncError {
     /// Not every rank made the call of this epoch within the sync timeout, counted from the
     /// epoch's first arrival. (A rank that returned from compute without the call is not
     /// waited for: that is [`SyncError::Unmatched`], at once.)
-    #[error("{kind} ({at}) timed out after {waited:?} from its first arrival: rank(s) {missing:?} did not make it")]
+    #[error("{kind} ({at}) timed out after {waited:?} from its first arrival: rank(s) {missing:?} did not make it{}", heard_note(heard))]
     TimedOut {
         /// Where the call stands.
         at: CallAt,
@@ -590,6 +599,10 @@ pub enum SyncError {
         missing: Vec<Rank>,
         /// How long the epoch waited.
         waited: Duration,
+        /// What the master's node last heard from each missing rank (the first 16), and
+        /// when.
+        #[serde(default)]
+        heard: Vec<LastHeard>,
     },
     /// Ranks returned from their compute without making the call that others made in this
     /// epoch: the others would wait for them forever, so the epoch fails at once.
@@ -651,16 +664,20 @@ pub enum SyncError {
     },
     /// A collective's peers did not send what it waits for within the sync timeout,
     /// counted from the call.
-    #[error("{call} timed out on rank {rank} after {waited:?}: rank(s) {waiting_on:?} sent nothing it waits for")]
+    #[error("{call} timed out on rank {rank} after {waited:?}: rank(s) {waiting_on:?} sent nothing it waits for{}", heard_note(heard))]
     CollectiveTimedOut {
         /// The rank that waited.
         rank: Rank,
         /// Its call.
-        call: CollectiveCall,
+        call: Box<CollectiveCall>,
         /// The peers it waited for.
         waiting_on: Vec<Rank>,
         /// How long it waited.
         waited: Duration,
+        /// What the master's node last heard from each rank waited on (the first 16), and
+        /// when: filled in by the node, in the error of the job and of every waiting rank.
+        #[serde(default)]
+        heard: Vec<LastHeard>,
     },
     /// The connection to a peer was lost, so collectives cannot go on: the peer's process
     /// ended, or the network between them failed.

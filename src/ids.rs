@@ -33,7 +33,7 @@ impl GroupId {
     pub const ALL: GroupId = GroupId(0);
 
     /// The id of the group of `ranks` (in rank order, without duplicates): their
-    /// [`fingerprint`], never [`GroupId::ALL`].
+    /// `fingerprint`, never [`GroupId::ALL`].
     pub fn of(ranks: &[Rank]) -> GroupId {
         GroupId(fingerprint(ranks).max(1))
     }

@@ -186,7 +186,10 @@
 //! own process, of that process's `job`), as is the master's `master_compute`;
 //! `init`, `post_application` and `sync` waits have theirs (DEBUG). Filter with
 //! `RUST_LOG=superstep=info` for the job's shape, `superstep=debug` for every rank's
-//! work; `examples/trace.rs` records a run as a Chrome / Perfetto trace.
+//! work; `examples/trace.rs` records a run as a Chrome / Perfetto trace. A timeout names
+//! what the master's node last heard from each rank it waited on ([`LastHeard`]), and each
+//! rank keeps a [`flight`] recorder of its last calls, dumped to a file on request
+//! ([`FlightRecorder`], or the job's dump signal, `SIGUSR2` by default).
 //!
 //! ## Errors from user code
 //!
@@ -217,6 +220,7 @@ mod config;
 pub mod coordinator;
 mod error;
 pub mod events;
+pub mod flight;
 pub mod graph;
 mod group;
 mod ids;
@@ -239,8 +243,8 @@ pub use compute::{
     Cancelled, MasterComputable, MasterContext, Step, WorkerComputable, WorkerContext,
 };
 pub use error::{
-    BoxError, Cause, CauseKind, ConfigError, ErrorSource, Hook, JobError, MessageError, Phase,
-    SyncError, Waiting, EXIT_PREEMPTED,
+    BoxError, Cause, CauseKind, ConfigError, ErrorSource, Heard, Hook, JobError, LastHeard,
+    MessageError, Phase, SyncError, Waiting, EXIT_PREEMPTED,
 };
 pub use events::JobEvent;
 pub use ids::{Aggregation, Attempt, CallAt, Epoch, GroupId, Iteration, Rank, SyncKind};
@@ -254,7 +258,7 @@ pub use protocol::{
     Drops, DurationTotals, FailurePolicy, HaltedBy, IterationReport, IterationTotals, JobConfig,
     JobOutcome, JobReport, MailCount, Placement, PreemptSignal, Recover, Recovered, ResumedFrom,
 };
-pub use runtime::{Cancel, Preempt};
+pub use runtime::{Cancel, DumpError, FlightRecorder, Preempt};
 
 /// The README's examples compile and pass as doctests.
 #[cfg(all(doctest, feature = "tcp", feature = "sim", feature = "pipeline"))]

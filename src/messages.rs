@@ -653,6 +653,11 @@ where
                 *slot = batch;
             }
         }
+        ctx.record(|| crate::flight::What::Messages {
+            iteration: ctx.iteration,
+            sent: count.sent,
+            received: count.received,
+        });
         Ok(count)
     }
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::error::{JobError, SyncError};
+use crate::flight::What;
 use crate::ids::{Attempt, CallKey, Epoch, GroupId, Rank, SyncKind};
 use crate::protocol::{
     Early, Flight, Flights, PeerMessage, SendFailure, SyncResult, ToMaster, WorkerConfig,
@@ -76,6 +77,8 @@ pub(crate) struct SyncLink<W> {
     pub(crate) said_waiting: std::sync::atomic::AtomicBool,
     /// Woken after each send on the channel of `answers`: what an `_async` call awaits.
     pub(crate) arrived: Arc<tokio::sync::Notify>,
+    /// The rank's flight recorder: its calls, their ends, what its compute did.
+    pub(crate) recorder: Arc<crate::flight::Recorder>,
 }
 
 /// How the master's node hears of a call.
@@ -361,10 +364,16 @@ impl<W> SyncLink<W> {
     pub(crate) fn call(
         &self,
         (epoch, group, ranks): (Epoch, GroupId, &[Rank]),
-        kind: SyncKind,
+        (kind, len): (SyncKind, Option<u64>),
         message: Vec<u8>,
         notice: Notice,
     ) -> Result<(), SyncError> {
+        self.recorder.record(What::Call {
+            group,
+            epoch,
+            kind,
+            len,
+        });
         let awaits = notice == Notice::Awaited;
         let call = ToMaster::Sync {
             attempt: self.attempt,
@@ -384,6 +393,16 @@ impl<W> SyncLink<W> {
             self.failure()
                 .unwrap_or_else(|| SyncError::JobFailed(Box::new(e)))
         })
+    }
+
+    /// Records the end of call `epoch` of `group`, as `result` says.
+    pub(crate) fn ended<T>(&self, (epoch, group): (Epoch, GroupId), result: &Result<T, SyncError>) {
+        let error = result.as_ref().err().map(ToString::to_string);
+        self.recorder.record(What::Ended {
+            group,
+            epoch,
+            error,
+        });
     }
 
     /// The job's failure, once this worker heard of it, as every rank waiting in a call
@@ -597,6 +616,7 @@ mod tests {
             1,
             config,
             Err("none"),
+            Arc::new(crate::flight::Recorder::new(0)),
         );
         let deadline = start + Duration::from_secs(5);
         let waiting = std::thread::spawn(move || sync.receive(Some(deadline)).map(drop));
@@ -659,6 +679,7 @@ mod tests {
                 1,
                 config,
                 Err("none"),
+                Arc::new(crate::flight::Recorder::new(0)),
             );
             // As it reaches a worker of another process.
             let job_error = crate::codec::round_trip(&failed(cause)).unwrap();

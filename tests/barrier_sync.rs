@@ -197,6 +197,7 @@ fn a_timeout_from_the_first_arrival_names_the_ranks_that_did_not_arrive_and_the_
             kind,
             missing,
             waited,
+            ..
         }) => {
             assert_eq!(
                 (*at, *kind),

@@ -486,8 +486,12 @@ fn a_rank_that_never_calls_is_named_by_every_waiting_rank() {
             text.starts_with("all_reduce(sum) (call 1 of iteration 1) timed out after"),
             "rank {rank}: {text}"
         );
+        // And what rank 3 last did, as the master's node heard it: it registered, and
+        // said nothing since.
         assert!(
-            text.ends_with("rank(s) [3] did not make it"),
+            text.contains(
+                "rank(s) [3] did not make it; last heard by the master's node: rank 3: registered "
+            ),
             "rank {rank}: {text}"
         );
     }
@@ -511,8 +515,12 @@ fn a_rank_that_never_calls_is_named_by_every_waiting_rank_across_processes() {
     let results = results.lock().unwrap();
     for (rank, result) in results.iter().filter(|(r, _)| *r != 3) {
         let text = result.as_ref().unwrap_err().to_string();
+        // And what rank 3 last did, as the master's node heard it: it registered, and
+        // said nothing since.
         assert!(
-            text.ends_with("rank(s) [3] did not make it"),
+            text.contains(
+                "rank(s) [3] did not make it; last heard by the master's node: rank 3: registered "
+            ),
             "rank {rank}: {text}"
         );
     }

@@ -14,7 +14,9 @@
 //! its rank. The processes run in a process group of their own: a signal at the launcher
 //! (Ctrl-C's SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) is forwarded to every process as
 //! that signal, once — a job's preempt signal (SIGTERM by default) stops it at its next
-//! checkpoint —; a second one kills them. The launcher exits with the master's (rank 0's)
+//! checkpoint —; a second one kills them. The job's dump signal (`SUPERSTEP_DUMP_SIGNAL`,
+//! SIGUSR2 by default) is forwarded every time and ends nothing: each asks for a dump of
+//! the flight recorders. The launcher exits with the master's (rank 0's)
 //! exit code — 128 + the signal if it died of one; 75 when the job was preempted — once
 //! every process has ended (those still running a grace period after the master are
 //! killed).
@@ -48,6 +50,7 @@ use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+use superstep::PreemptSignal;
 
 /// The exit code of a process whose job was preempted (`superstep::EXIT_PREEMPTED`).
 const PREEMPTED: i32 = superstep::EXIT_PREEMPTED as i32;
@@ -212,11 +215,27 @@ fn main() -> ExitCode {
         children.iter().map(|c| Some(c.id() as i32)).collect(),
     ));
     let signalled = Arc::clone(&pids);
+    // The job's dump signal asks for a dump and nothing more: forwarded every time it
+    // comes, never the interrupt that ends the run (unless it is the preempt signal too).
+    let setting = |var: &str, default| match std::env::var(var) {
+        Ok(value) => PreemptSignal::from_setting(&value).unwrap_or(default),
+        Err(_) => default,
+    };
+    let dump = setting("SUPERSTEP_DUMP_SIGNAL", Some(PreemptSignal::Usr2))
+        .filter(|&s| Some(s) != setting("SUPERSTEP_PREEMPT_SIGNAL", Some(PreemptSignal::Term)))
+        .map(PreemptSignal::number);
     match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
         Ok(mut signals) => {
             std::thread::spawn(move || {
                 for number in signals.forever() {
                     let pids = signalled.lock().unwrap_or_else(|e| e.into_inner());
+                    if Some(number) == dump {
+                        let signal = Signal::try_from(number).unwrap_or(Signal::SIGUSR2);
+                        for pid in pids.iter().flatten() {
+                            let _ = kill(Pid::from_raw(*pid), signal);
+                        }
+                        continue;
+                    }
                     // The first signal goes to every process as it came; the next ones
                     // kill them.
                     let signal = if count.fetch_add(1, Ordering::SeqCst) == 0 {

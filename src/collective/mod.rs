@@ -747,7 +747,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
             _ => &[],
         };
         let sync = self.sync.as_ref().expect("looked at above");
-        sync.call((epoch, self.scope_id(), ranks), called, shape, notice)?;
+        let len = len.map(|len| len as u64);
+        let call = (epoch, self.scope_id(), ranks);
+        sync.call(call, (called, len), shape, notice)?;
         Ok(epoch)
     }
 
@@ -771,12 +773,15 @@ impl<M, W: 'static> WorkerContext<M, W> {
         in_span(span, async move {
             let call = self.rank_call(epoch, start, released)?;
             let mut flying = Flying::new(call);
+            let group = self.scope_id();
             let sync = self
                 .sync
                 .as_mut()
                 .expect("a rank call is made with a sync link");
             sync.drive(&mut flying, wait).await;
-            flying.end().expect("a driven call ends settled")
+            let result = flying.end().expect("a driven call ends settled");
+            sync.ended((epoch, group), &result);
+            result
         })
         .await
     }

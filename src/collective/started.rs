@@ -217,7 +217,9 @@ impl<M, W: 'static> WorkerContext<M, W> {
         let Some(flight) = sync.flying.take(key) else {
             return Err(not_started);
         };
-        end(flight.into_end(), rank, call.kind).unwrap_or(Err(not_started))
+        let result = end(flight.into_end(), rank, call.kind).unwrap_or(Err(not_started));
+        sync.ended((key.epoch, key.group), &result);
+        result
     }
 
     /// Makes call `kind` on `buffer` and keeps it in flight, its first pieces sent.

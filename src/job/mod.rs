@@ -18,8 +18,8 @@ use crate::payload::{Element, Floats, Payload};
 use crate::protocol::{Combining, JobOutcome};
 use crate::protocol::{JobConfig, Placement};
 use crate::runtime::{
-    self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, MasterHooks, Plan, Preempt,
-    WorkerFactory, WorkerHookFactory,
+    self, Cancel, Checkpointing, Combine, DynMaster, DynWorker, FlightRecorder, MasterHooks, Plan,
+    Preempt, WorkerFactory, WorkerHookFactory,
 };
 use crate::transport::{Fingerprint, MemoryTransport, Transport};
 use serde::de::DeserializeOwned;
@@ -62,6 +62,7 @@ impl<M: Payload, W: Payload> Job<M, W> {
             input: None,
             cancel: None,
             preempt: None,
+            flight: None,
             workers_set: false,
             rank: None,
             messages: None,
@@ -145,6 +146,7 @@ pub struct JobBuilder<M, W> {
     pub(crate) input: Option<Input>,
     cancel: Option<Cancel>,
     preempt: Option<Preempt>,
+    flight: Option<FlightRecorder>,
     /// Whether the worker count was set ([`workers`](Self::workers) or
     /// [`config`](Self::config)), rather than left to its default.
     workers_set: bool,
@@ -609,6 +611,14 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
         self
     }
 
+    /// A handle that asks the running job for a dump of every rank's flight recorder
+    /// ([`superstep::flight`](crate::flight)) from any thread, as its dump signal does
+    /// ([`JobConfig::dump_signal`]).
+    pub fn flight_recorder(mut self, recorder: FlightRecorder) -> Self {
+        self.flight = Some(recorder);
+        self
+    }
+
     /// The transport that connects master and workers. Default: [`MemoryTransport`].
     pub fn transport(mut self, transport: impl Transport<M, W>) -> Self {
         self.transport = Some(Box::new(transport));
@@ -719,6 +729,7 @@ impl<M: Payload, W: Payload> JobBuilder<M, W> {
                 input: self.input,
                 cancel: self.cancel,
                 preempt: self.preempt,
+                flight: self.flight,
                 messages: self.messages,
                 params,
                 transport: self

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::sync::{SyncState, SyncStep};
 use crate::error::{JobError, SyncError};
-use crate::ids::{Epoch, GroupId, Iteration, Rank, SyncKind};
+use crate::ids::{CallAt, Epoch, GroupId, Iteration, Rank, SyncKind};
 
 /// The epochs of the groups of ranks the workers make calls among
 /// (`collective::Group`), each a [`SyncState`] of its own, made when its first call comes
@@ -34,6 +34,16 @@ impl GroupEpochs {
             groups: BTreeMap::new(),
             // Iterations count from 1: no rank returned in iteration 0.
             returned: vec![(0, Vec::new()); workers],
+        }
+    }
+
+    /// Where a rank's call `epoch` among `group` in the iteration under way stands: its
+    /// group's count, from the group's first call of the iteration (the group not made
+    /// yet: the call is its first).
+    pub(crate) fn call_at(&self, group: GroupId, epoch: Epoch) -> CallAt {
+        match self.groups.get(&group) {
+            Some(state) => state.call_at(epoch),
+            None => CallAt::of(self.iteration, epoch, epoch).in_group(group),
         }
     }
 

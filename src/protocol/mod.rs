@@ -282,6 +282,19 @@ pub enum ToMaster<W> {
         /// What asked, and where: `SIGTERM in rank 2's process`.
         by: String,
     },
+    /// What the rank's flight recorder holds, encoded (`flight::RankLog`), for a dump
+    /// ([`ToWorker::Record`]). Its driver takes it before the master's node.
+    Recorded {
+        /// The encoded log.
+        log: Vec<u8>,
+    },
+    /// The worker's process was asked for a dump of every rank's flight recorder (its
+    /// dump signal): the master's process writes it. Its driver takes it before the
+    /// master's node.
+    Dump {
+        /// What asked, and where: `SIGUSR2 in rank 2's process`.
+        by: String,
+    },
 }
 
 /// Messages from the master's node to a worker.
@@ -373,6 +386,10 @@ pub enum ToWorker<M> {
     /// A copy of the newest checkpoint, for this worker's process to keep (in place of
     /// the one it kept) and offer to a master's node started again.
     Replica(Replica),
+    /// Asks the worker's process for the rank's flight recorder (a dump is being
+    /// written): it answers with [`ToMaster::Recorded`], its worker never hears of it.
+    /// Not a word of the master's node: its driver sends it.
+    Record,
 }
 
 impl<W> ToMaster<W> {
@@ -499,6 +516,7 @@ impl<M> Clone for ToWorker<M> {
                 cause: cause.clone(),
             },
             ToWorker::Replica(replica) => ToWorker::Replica(replica.clone()),
+            ToWorker::Record => ToWorker::Record,
         }
     }
 }
@@ -526,6 +544,7 @@ impl<M> fmt::Display for ToWorker<M> {
             ToWorker::Restart { attempt, cause } => {
                 write!(f, "restart in attempt {attempt} after: {cause}")
             }
+            ToWorker::Record => f.write_str("send the flight recorder"),
             ToWorker::Replica(replica) => write!(
                 f,
                 "keep a copy of the checkpoint of iteration {} ({} bytes)",

@@ -100,6 +100,18 @@ impl std::fmt::Display for PreemptSignal {
     }
 }
 
+impl PreemptSignal {
+    /// A signal setting as the environment writes it (`SUPERSTEP_PREEMPT_SIGNAL`,
+    /// `SUPERSTEP_DUMP_SIGNAL`): `none`, or a signal's name as [`FromStr`](std::str::FromStr)
+    /// reads it.
+    pub fn from_setting(value: &str) -> Result<Option<Self>, String> {
+        match value.trim() {
+            none if none.eq_ignore_ascii_case("none") => Ok(None),
+            signal => signal.parse().map(Some),
+        }
+    }
+}
+
 impl std::str::FromStr for PreemptSignal {
     type Err = String;
 
@@ -174,6 +186,9 @@ pub enum MalformedRows {
 /// | `SUPERSTEP_CHECKPOINT_REPLICAS` | [`checkpoint_replicas`](JobConfig::checkpoint_replicas): `auto` or a number |
 /// | `SUPERSTEP_PREEMPT_SIGNAL` | [`preempt_signal`](JobConfig::preempt_signal): `term`, `int`, `hup`, `usr1`, `usr2` or `none` |
 /// | `SUPERSTEP_PREEMPT_GRACE` | [`preempt_grace`](JobConfig::preempt_grace) |
+/// | `SUPERSTEP_FLIGHT_EVENTS` | [`flight_events`](JobConfig::flight_events) |
+/// | `SUPERSTEP_FLIGHT_DIR` | [`flight_dir`](JobConfig::flight_dir) |
+/// | `SUPERSTEP_DUMP_SIGNAL` | [`dump_signal`](JobConfig::dump_signal): `term`, `int`, `hup`, `usr1`, `usr2` or `none` |
 ///
 /// Durations as in a file (`30s`, or a number of seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -330,6 +345,23 @@ pub struct JobConfig {
     /// 30 s by default; the lead time of Slurm's `--signal`). Default 20 s.
     #[serde(with = "duration")]
     pub preempt_grace: Duration,
+    /// How many of its last events each rank's flight recorder keeps (its calls, their
+    /// ends, its messages, its saves, its peers lost: see [`superstep::flight`](crate::flight));
+    /// 0 keeps none. Default 256.
+    pub flight_events: usize,
+    /// Where a dump of the flight recorders is written (`None`: the system's temporary
+    /// directory, `std::env::temp_dir()`), on the master's host.
+    pub flight_dir: Option<std::path::PathBuf>,
+    /// The signal that asks for a dump of every rank's flight recorder, to any process of
+    /// the job (`None`: none does; [`FlightRecorder::dump`](crate::FlightRecorder::dump)
+    /// still does). The master's process writes the dump and logs where at WARN; the job
+    /// goes on; every signal is a request (copies within a second, such as a launcher's
+    /// to every process, are one). The same signal as the
+    /// [`preempt_signal`](Self::preempt_signal) is the preemption's alone (said at WARN).
+    /// Before the job starts the signal does its default (`SIGUSR2` ends the process);
+    /// once a job took it, it no longer does, in or after the job. Default `SIGUSR2`. Unix
+    /// only.
+    pub dump_signal: Option<PreemptSignal>,
     /// The settings a document named, when this was read from one.
     #[serde(skip)]
     pub(crate) named: Named,
@@ -424,6 +456,9 @@ settings! {
     checkpoint_slow: Duration => "duration::some",
     preempt_signal: Option<PreemptSignal> => "named_or_null",
     preempt_grace: Duration => "duration::some",
+    flight_events: usize,
+    flight_dir: Option<std::path::PathBuf>,
+    dump_signal: Option<PreemptSignal> => "named_or_null",
 }
 
 fn default_failure_grace() -> Duration {
@@ -458,6 +493,9 @@ impl Default for JobConfig {
             checkpoint_slow: Duration::from_secs(10),
             preempt_signal: Some(PreemptSignal::Term),
             preempt_grace: Duration::from_secs(20),
+            flight_events: 256,
+            flight_dir: None,
+            dump_signal: Some(PreemptSignal::Usr2),
             named: Named::default(),
         }
     }

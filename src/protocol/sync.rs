@@ -348,6 +348,7 @@ impl SyncState {
             kind: self.kind.unwrap_or(SyncKind::Barrier),
             missing,
             waited,
+            heard: Vec::new(),
         })
     }
 
@@ -371,9 +372,14 @@ impl SyncState {
         })
     }
 
+    /// Where a rank's call `epoch` of the iteration under way stands.
+    pub(crate) fn call_at(&self, epoch: Epoch) -> CallAt {
+        CallAt::of(self.iteration, self.iteration_epoch, epoch).in_group(self.group)
+    }
+
     /// Where the call gathering stands in its iteration.
     fn at(&self) -> CallAt {
-        CallAt::of(self.iteration, self.iteration_epoch, self.epoch).in_group(self.group)
+        self.call_at(self.epoch)
     }
 
     /// Whether `rank`'s call, just arrived, differs from those that came before: another

@@ -71,8 +71,9 @@ impl WorkerState {
             // replaced: it drops the restart, and its messages stay stale.
             ToWorker::Restart { attempt, .. } if attempt <= self.attempt => WorkerCommand::Proceed,
             ToWorker::Restart { .. } => WorkerCommand::Drop,
-            // Its process keeps the copy of a checkpoint, not the worker.
-            ToWorker::Replica(_) => WorkerCommand::Proceed,
+            // Its process keeps the copy of a checkpoint, not the worker; its process
+            // answers for its flight recorder.
+            ToWorker::Replica(_) | ToWorker::Record => WorkerCommand::Proceed,
             // The transport's word, for the node: it changes nothing here.
             ToWorker::Reconnecting { .. } => WorkerCommand::Proceed,
             _ if self.stopping => WorkerCommand::Drop,

@@ -47,6 +47,9 @@ pub(crate) enum ProcessAction<M> {
     /// Send this copy of a checkpoint to the master's node the rank's link just reached
     /// (before the rank's worker hears of the connection, and registers).
     Offer { rank: Rank, replica: Replica },
+    /// Answer the master's node's driver with the rank's flight recorder, over the rank's
+    /// link.
+    Record { rank: Rank },
     /// The job failed with this, as far as this process is concerned: no compute of it
     /// starts from now on (heard on the transport's thread, even while user code holds the
     /// job's).
@@ -153,6 +156,10 @@ impl<M> WorkerProcess<M> {
         // The link reached a master's node again after it reached one before.
         let mut again = false;
         match &msg {
+            ToWorker::Record => {
+                self.actions.push_back(ProcessAction::Record { rank });
+                return;
+            }
             ToWorker::Replica(replica) => {
                 tracing::debug!(
                     rank,

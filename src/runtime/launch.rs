@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::arrivals::Arrivals;
 use super::coordination::{self, Coordination, CoordinatorSlot};
+use super::dump::{DumpWatch, Dumps};
 use super::local::{HostedMasterLink, LocalParts, LocalWorkers};
 use super::master::MasterTask;
 use super::node::{NodeActor, NodeParts, RestartLinked};
@@ -26,6 +27,7 @@ use crate::checkpoint::{resume, JobShape, Resume, Resuming};
 use crate::compute::{JobEnd, MasterContext};
 use crate::coordinator::{Coordinator, JobInfo};
 use crate::error::JobError;
+use crate::flight::Recorders;
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::JobConfig;
@@ -77,6 +79,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         input,
         cancel,
         preempt,
+        flight,
         messages,
         params,
     } = plan;
@@ -144,15 +147,16 @@ pub(super) async fn launch<M: Payload, W: Payload>(
     };
     let arrivals = Arrivals::new(node_ctx.address().recipient());
     // What asks this process's job to stop for a preemption, watched from here on.
-    let preempt = PreemptWatch::start(
-        preempt,
-        config.preempt_signal,
-        if in_process.is_some() {
-            "this process".to_string()
-        } else {
-            process_name(&local_ranks)
-        },
-    );
+    let process = if in_process.is_some() {
+        "this process".to_string()
+    } else {
+        process_name(&local_ranks)
+    };
+    let preempt = PreemptWatch::start(preempt, config.preempt_signal, process.clone());
+    // What asks for a dump of the flight recorders here, and this process's ranks' ones.
+    let signals = (config.dump_signal, config.preempt_signal);
+    let dump_watch = DumpWatch::start(flight, signals, process);
+    let recorders = Arc::new(Recorders::new(config.flight_events));
     // A process without the master learns the attempt from the master's node when its
     // workers connect (`ToWorker::Connected`).
     let (bound, attempt) = if topology.master {
@@ -192,6 +196,7 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         end: job.end.clone(),
         host: in_process.map(|_| Arc::clone(&arrivals)),
         fold_among: combine.as_ref().map(|c| Arc::clone(&c.among)),
+        recorders: Arc::clone(&recorders),
     });
     for &rank in &local_ranks {
         if let Err(error) = local.start(rank, attempt) {
@@ -248,6 +253,10 @@ pub(super) async fn launch<M: Payload, W: Payload>(
             coordination: job.coordination.clone(),
             cancel,
             preempt,
+            dumps: (
+                dump_watch,
+                Dumps::new(recorders, &config.job_id, config.flight_dir.clone()),
+            ),
             outcome: outcome_tx,
             tick: node_config.check_interval(),
             end: job.end.clone(),
@@ -262,7 +271,8 @@ pub(super) async fn launch<M: Payload, W: Payload>(
         });
     };
     drop(pool);
-    workers_outcome(local, local_ranks, restarts_rx, ended_rx, started, preempt).await
+    let watches = (preempt, dump_watch);
+    workers_outcome(local, local_ranks, restarts_rx, ended_rx, started, watches).await
 }
 
 /// This process as a preemption's cause names it: by the ranks of its workers.
@@ -480,11 +490,13 @@ async fn workers_outcome<M: Payload, W: Payload>(
     mut restarts_rx: tokio::sync::mpsc::UnboundedReceiver<(Rank, Attempt, JobError)>,
     mut ended_rx: tokio::sync::mpsc::UnboundedReceiver<super::worker::Ended<M>>,
     started: Instant,
-    mut preempt: PreemptWatch,
+    (mut preempt, mut dump): (PreemptWatch, DumpWatch),
 ) -> Result<JobOutcome<M>, JobError> {
     let mut outcome = None;
     // A preemption asked here goes to the master's node, over the first link made.
     let mut asked: Option<String> = None;
+    // And a dump.
+    let mut dump_asked: Option<String> = None;
     let mut look = tokio::time::interval(PREEMPT_LOOK);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !running.is_empty() {
@@ -496,6 +508,17 @@ async fn workers_outcome<M: Payload, W: Payload>(
                 }
                 if asked.as_deref().is_some_and(|by| local.ask_preempt(by)) {
                     asked = None;
+                }
+                if let Some((by, replies)) = dump.poll() {
+                    tracing::warn!(by, "a dump of the flight recorders asked: the master's process writes it");
+                    dump_asked = Some(by);
+                    for reply in replies {
+                        let _ = reply.send(Err(super::DumpError::Elsewhere));
+                    }
+                }
+                // Until a link to the master's node takes it.
+                if dump_asked.as_deref().is_some_and(|by| local.ask_dump(by)) {
+                    dump_asked = None;
                 }
                 continue;
             }

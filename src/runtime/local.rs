@@ -136,6 +136,8 @@ pub(crate) struct LocalParts<M: Payload, W: Payload> {
     pub(crate) host: Option<Arc<Arrivals<W>>>,
     /// The workers' part in folding results among themselves, when the job combines them.
     pub(crate) fold_among: Option<crate::collective::FoldAmong<M, W>>,
+    /// The flight recorders of this process's ranks.
+    pub(crate) recorders: Arc<crate::flight::Recorders>,
 }
 
 impl<M: Payload, W: Payload> LocalWorkers<M, W> {
@@ -143,6 +145,13 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
     /// returns whether a link of its workers took it.
     pub(crate) fn ask_preempt(&self, by: &str) -> bool {
         self.routes.ask_preempt(by)
+    }
+
+    /// Asks the master's process for a dump of every rank's flight recorder (`by`: what
+    /// asked here): returns whether a link of its workers took it.
+    pub(crate) fn ask_dump(&self, by: &str) -> bool {
+        self.routes
+            .to_master(|| ToMaster::Dump { by: by.to_owned() })
     }
 
     pub(crate) fn new(parts: LocalParts<M, W>) -> Self {
@@ -158,6 +167,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 Arc::clone(&parts.worker_config),
                 Arc::clone(&parts.on_restart),
                 parts.end.clone(),
+                Arc::clone(&parts.recorders),
             )),
             mesh: parts
                 .transport
@@ -486,6 +496,7 @@ impl<M: Payload, W: Payload> LocalWorkers<M, W> {
                 peers
                     .clone()
                     .ok_or("the job's transport does not connect workers to each other"),
+                parts.recorders.of(rank),
             );
             if let Some(peers) = peers {
                 peers.join(rank, answers.peer_inbox());

@@ -19,6 +19,7 @@
 mod arrivals;
 mod cancel;
 pub(crate) mod coordination;
+mod dump;
 mod launch;
 mod local;
 pub(crate) mod master;
@@ -52,6 +53,7 @@ pub(crate) use crate::protocol::OwnedEnding;
 use crate::protocol::{Combining, Deployment, NodeConfig, Workers};
 use crate::transport::{Fingerprint, Transport};
 pub use cancel::{Cancel, Preempt};
+pub use dump::{DumpError, FlightRecorder};
 
 use coordination::CoordinatorSlot;
 use launch::{launch, Shared};
@@ -98,6 +100,7 @@ pub(crate) struct Plan<M, W> {
     pub(crate) input: Option<Input>,
     pub(crate) cancel: Option<Cancel>,
     pub(crate) preempt: Option<Preempt>,
+    pub(crate) flight: Option<FlightRecorder>,
     /// The job's message type, when it has messages (`JobBuilder::messages`).
     pub(crate) messages: Option<&'static str>,
     /// The program's own parameters (`JobBuilder::params`).

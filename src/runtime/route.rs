@@ -13,6 +13,7 @@ use super::lock;
 use super::worker_actor::WorkerActor;
 use crate::compute::JobEnd;
 use crate::error::JobError;
+use crate::flight::{Recorders, What};
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
 use crate::protocol::{LinkId, ProcessAction, ToMaster, ToWorker, WorkerConfig, WorkerProcess};
@@ -31,6 +32,8 @@ pub(crate) struct Routes<M: Payload, W: Payload> {
     on_restart: OnRestart,
     /// The job's failure as this process hears of it.
     end: JobEnd,
+    /// The flight recorders of this process's ranks, read for a dump.
+    recorders: Arc<Recorders>,
 }
 
 struct Inner<M: Payload, W: Payload> {
@@ -47,6 +50,7 @@ impl<M: Payload, W: Payload> Routes<M, W> {
         config: Arc<WorkerConfig>,
         on_restart: OnRestart,
         end: JobEnd,
+        recorders: Arc<Recorders>,
     ) -> Self {
         Routes {
             inner: Mutex::new(Inner {
@@ -56,6 +60,7 @@ impl<M: Payload, W: Payload> Routes<M, W> {
             }),
             on_restart,
             end,
+            recorders,
         }
     }
 
@@ -84,13 +89,20 @@ impl<M: Payload, W: Payload> Routes<M, W> {
     /// (`by`), over the first of its workers' links that is made: returns whether one
     /// took it.
     pub(crate) fn ask_preempt(&self, by: &str) -> bool {
+        self.to_master(|| ToMaster::Preempt { by: by.to_string() })
+    }
+
+    /// Sends what `make` makes to the master's node over the first of its workers' links
+    /// that takes it: returns whether one did.
+    pub(crate) fn to_master(&self, make: impl Fn() -> ToMaster<W>) -> bool {
         let inner = lock(&self.inner);
         let links = inner.links.iter().flatten().filter_map(Weak::upgrade);
         for link in links {
-            let msg = ToMaster::Preempt { by: by.to_string() };
-            match link.send(msg) {
+            match link.send(make()) {
                 Ok(()) => return true,
-                Err(error) => tracing::debug!(%error, "a link could not take the preemption"),
+                Err(error) => {
+                    tracing::debug!(%error, "a link could not take a word for the master")
+                }
             }
         }
         false
@@ -98,6 +110,17 @@ impl<M: Payload, W: Payload> Routes<M, W> {
 
     /// What link `link` of `rank` brought: the transport's inbox.
     pub(crate) fn deliver(&self, rank: Rank, link: LinkId, msg: ToWorker<M>) {
+        match &msg {
+            ToWorker::Connected { attempt } => {
+                let attempt = *attempt;
+                self.recorders.of(rank).record(What::Connected { attempt });
+            }
+            ToWorker::Reconnecting { reason } => {
+                let reason = reason.clone();
+                self.recorders.of(rank).record(What::MasterLost { reason });
+            }
+            _ => {}
+        }
         let mut inner = lock(&self.inner);
         inner.process.handle_message(rank, link, msg);
         self.carry(&mut inner);
@@ -151,6 +174,24 @@ impl<M: Payload, W: Payload> Routes<M, W> {
                         if let Err(error) = link.send(ToMaster::Replica(replica)) {
                             tracing::warn!(rank, iteration, %error, "could not offer the master the copy of its checkpoint");
                         }
+                    }
+                }
+                ProcessAction::Record { rank } => {
+                    let link = inner.links[rank].as_ref().and_then(Weak::upgrade);
+                    let log = self.recorders.log(rank).unwrap_or(crate::flight::RankLog {
+                        rank,
+                        dropped: 0,
+                        events: Vec::new(),
+                    });
+                    let sent = crate::codec::to_vec(&log)
+                        .map_err(|e| e.to_string())
+                        .and_then(|log| {
+                            let link = link.ok_or("its link is gone")?;
+                            link.send(ToMaster::Recorded { log })
+                                .map_err(|e| e.to_string())
+                        });
+                    if let Err(error) = sent {
+                        tracing::debug!(rank, %error, "could not send the rank's flight recorder");
                     }
                 }
                 ProcessAction::EndJob(error) => self.end.end(&error),

@@ -182,20 +182,20 @@ mod tests {
 
     #[test]
     fn a_watch_sees_its_signal_only_while_a_job_runs_and_a_later_one_does_the_default() {
-        // SIGUSR2: no other test of this binary takes it.
-        let slot = slot(PreemptSignal::Usr2);
-        let mut watch = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
+        // SIGHUP: no other test of this binary takes it (every job takes SIGTERM and SIGUSR2).
+        let slot = slot(PreemptSignal::Hup);
+        let mut watch = SignalWatch::start(PreemptSignal::Hup).expect("registered");
         let t = Instant::now();
         assert_eq!(watch.look(t), None);
         assert!(
             !slot.armed.load(Ordering::SeqCst),
             "a job runs: the default is off"
         );
-        signal_hook::low_level::raise(signal_hook::consts::SIGUSR2).unwrap();
-        assert_eq!(watch.look(t), Some(PreemptSignal::Usr2));
+        signal_hook::low_level::raise(signal_hook::consts::SIGHUP).unwrap();
+        assert_eq!(watch.look(t), Some(PreemptSignal::Hup));
         // A copy of the notice (a launcher's, a process group's) is the same notice.
-        signal_hook::low_level::raise(signal_hook::consts::SIGUSR2).unwrap();
-        assert_eq!(watch.look(t + REPEATS / 2), Some(PreemptSignal::Usr2));
+        signal_hook::low_level::raise(signal_hook::consts::SIGHUP).unwrap();
+        assert_eq!(watch.look(t + REPEATS / 2), Some(PreemptSignal::Hup));
         assert!(
             !slot.armed.load(Ordering::SeqCst),
             "a copy does not end the process"
@@ -210,7 +210,7 @@ mod tests {
             slot.armed.load(Ordering::SeqCst),
             "no job runs: the default"
         );
-        let mut again = SignalWatch::start(PreemptSignal::Usr2).expect("registered");
+        let mut again = SignalWatch::start(PreemptSignal::Hup).expect("registered");
         assert_eq!(again.look(t), None, "a new job does not see an old signal");
     }
 }

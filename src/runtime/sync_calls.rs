@@ -5,6 +5,7 @@
 use std::sync::{mpsc, Arc};
 
 use crate::error::JobError;
+use crate::flight::{Recorder, What};
 use crate::ids::{Attempt, CallKey, Epoch, GroupId};
 use crate::payload::Payload;
 use crate::protocol::{Early, Flights, SyncResult, ToMaster, WorkerConfig};
@@ -17,6 +18,8 @@ use crate::transport::{PeerInbox, PeerLink, WorkerLink};
 pub(crate) struct SyncAnswers {
     to: Handing,
     ended: Arc<std::sync::OnceLock<JobError>>,
+    /// The rank's flight recorder: a peer lost is recorded as the word comes.
+    recorder: Arc<Recorder>,
 }
 
 /// The way to the compute: a send, then a wake-up for an `_async` call awaiting it.
@@ -70,7 +73,16 @@ impl SyncAnswers {
     /// collectives.
     pub(crate) fn peer_inbox(&self) -> PeerInbox {
         let to = self.to.clone();
-        Box::new(move |event| to.send(Incoming::Peer(event)))
+        let recorder = Arc::clone(&self.recorder);
+        Box::new(move |event| {
+            if let crate::transport::PeerEvent::Lost { rank, reason, .. } = &event {
+                recorder.record(What::PeerLost {
+                    peer: *rank,
+                    reason: reason.clone(),
+                });
+            }
+            to.send(Incoming::Peer(event))
+        })
     }
 }
 
@@ -98,6 +110,7 @@ pub(crate) fn sync_link<W: Payload>(
     attempt: Attempt,
     config: Arc<WorkerConfig>,
     peers: Result<Arc<dyn PeerLink>, &'static str>,
+    recorder: Arc<Recorder>,
 ) -> (SyncLink<W>, SyncAnswers) {
     let (to, answers) = mpsc::channel();
     let arrived = Arc::new(tokio::sync::Notify::new());
@@ -117,6 +130,14 @@ pub(crate) fn sync_link<W: Payload>(
         attempt,
         config,
         ended: Arc::clone(&ended),
+        recorder: Arc::clone(&recorder),
     };
-    (sync, SyncAnswers { to, ended })
+    (
+        sync,
+        SyncAnswers {
+            to,
+            ended,
+            recorder,
+        },
+    )
 }

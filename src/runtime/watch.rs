@@ -134,6 +134,7 @@ impl Watch {
                 missing: vec![who as Rank],
                 waited,
                 refused: Vec::new(),
+                heard: Vec::new(),
             }
         })
     }

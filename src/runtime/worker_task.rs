@@ -314,6 +314,8 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
                 .map_err(|e| self.fail(Phase::Checkpoint, Cause::from_error(e.into())))?,
             None => Vec::new(),
         };
+        let iteration = self.ctx.iteration;
+        self.ctx.record(|| crate::flight::What::Saved { iteration });
         Ok(WorkerSave { state, messages })
     }
 

@@ -437,7 +437,10 @@ impl<W> Gate<W> {
             // Sync calls are the barrier's `SyncState`'s, not the gate's.
             ToMaster::Sync { .. } => None,
             // Copies of checkpoints are the master's node's, taken before the gate.
-            ToMaster::Replica(_) | ToMaster::Preempt { .. } => None,
+            ToMaster::Replica(_)
+            | ToMaster::Preempt { .. }
+            | ToMaster::Recorded { .. }
+            | ToMaster::Dump { .. } => None,
             ToMaster::Done { attempt, .. } => {
                 if attempt != self.config.attempt {
                     self.other_drops.stale += 1;
@@ -911,6 +914,7 @@ impl<W> Gate<W> {
                     missing: missing(&self.registered),
                     waited,
                     refused: Vec::new(),
+                    heard: Vec::new(),
                 }))
             }
             Stage::Gathering => {
@@ -923,6 +927,7 @@ impl<W> Gate<W> {
                     missing,
                     waited,
                     refused: Vec::new(),
+                    heard: Vec::new(),
                 }))
             }
             Stage::Draining => {

@@ -20,13 +20,14 @@ use super::{
     WorkerSave,
 };
 
-use crate::error::{Cause, Hook, JobError, Phase, Waiting};
+use crate::error::{Cause, Heard, Hook, JobError, Phase, Waiting};
 use crate::ids::{Attempt, FoldRoute, GroupId, Iteration, Rank};
 
 /// At most how long a wait for workers goes on between two lines that say so (it says so
 /// every quarter of its timeout when that is shorter).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+mod heard;
 mod held;
 mod progress;
 mod replicas;
@@ -36,6 +37,7 @@ mod tests;
 mod work;
 mod workers;
 
+use heard::Hearing;
 use held::HeldSpan;
 use progress::Progress;
 
@@ -149,6 +151,8 @@ pub(crate) struct MasterNode<M, W> {
     sync: SyncState,
     /// The epochs of the calls among groups of ranks.
     groups: GroupEpochs,
+    /// What each rank last said: named by a wait for it that fails.
+    heard: Hearing,
     recovery: Recovery,
     schedule: Schedule,
     stage: Stage<M>,
@@ -232,6 +236,7 @@ impl<M, W> MasterNode<M, W> {
             gate,
             sync: SyncState::new(workers, c.job.sync_timeout),
             groups: GroupEpochs::new(workers, c.job.sync_timeout),
+            heard: Hearing::new(workers),
             recovery: Recovery::new(c.job.failure_policy, workers, c.quorum(), attempt)
                 .barrier_mode(c.job.barrier_mode),
             schedule: Schedule::new(c.job.iterations, workers, c.job.worker_halt),
@@ -413,8 +418,11 @@ impl<M, W> MasterNode<M, W> {
         let env = match env.msg {
             ToMaster::Replica(replica) => return self.offered(from, replica),
             ToMaster::Preempt { by } => return self.preempt(now, by, reach),
+            // The driver's: a dump of the flight recorders.
+            ToMaster::Recorded { .. } | ToMaster::Dump { .. } => return,
             msg => Envelope { from, msg },
         };
+        self.hear(now, from, &env.msg);
         if let ToMaster::Failed {
             attempt,
             error: error @ JobError::Mismatch { rank, .. },
@@ -560,11 +568,57 @@ impl<M, W> MasterNode<M, W> {
                 self.handle_message(now, Envelope { from, msg }, reach);
                 continue;
             }
+            for env in batch[at..].iter() {
+                let ToMaster::Result(report) = &env.msg else {
+                    break;
+                };
+                self.heard.result(env.from, report.iteration, now);
+            }
             let (taken, output) = self.gate.on_results(now, &mut batch[at..]);
             at += taken;
             self.on_gate_checked(now, output, reach);
         }
         batch.clear();
+    }
+
+    /// Keeps what `from` said with `msg`, for a wait for it that fails to name.
+    /// (Of the attempt under way: an older one's words are its process's past. Failures
+    /// the transport says for the rank — its loss, a wait for its connection, a process
+    /// refused in its name — are what happened to it, not what it said.)
+    fn hear(&mut self, now: Instant, from: Rank, msg: &ToMaster<W>) {
+        let current = self.attempt();
+        let heard = match msg {
+            ToMaster::Registered { attempt } if *attempt == current => Heard::Registered,
+            ToMaster::Result(report) if report.attempt == current => Heard::Result {
+                iteration: report.iteration,
+            },
+            ToMaster::Sync {
+                attempt,
+                epoch,
+                kind,
+                group,
+                ..
+            } if *attempt == current => Heard::Call {
+                at: match *group {
+                    GroupId::ALL => self.sync.call_at(*epoch),
+                    group => self.groups.call_at(group, *epoch),
+                },
+                kind: *kind,
+                epoch: *epoch,
+            },
+            ToMaster::Done { attempt, .. } if *attempt == current => Heard::Done,
+            ToMaster::Failed {
+                error: JobError::WorkerLost { .. },
+                ..
+            } => Heard::Lost,
+            ToMaster::Failed {
+                error: JobError::WorkersTimedOut { .. } | JobError::Mismatch { .. },
+                ..
+            } => return,
+            ToMaster::Failed { attempt, .. } if *attempt == current => Heard::Failed,
+            _ => return,
+        };
+        self.heard.hear(from, heard, now);
     }
 
     /// Time passed: fails waits that timed out, completes rounds with their quorum, gives

@@ -321,6 +321,7 @@ impl<M, W> MasterNode<M, W> {
     /// Fails the job: the first failure is kept and sent to every worker at once; later
     /// ones are logged. A failure while a completed job shuts down fails it.
     pub(super) fn fail(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
+        let error = self.heard.name(now, error);
         match &mut self.stage {
             Stage::Ending {
                 ending: ending @ OwnedEnding::Completed { .. },

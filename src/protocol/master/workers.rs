@@ -229,6 +229,7 @@ impl<M, W> MasterNode<M, W> {
                         missing,
                         waited,
                         refused: Vec::new(),
+                        heard: Vec::new(),
                     };
                     let completed = matches!(
                         self.stage,
@@ -285,6 +286,7 @@ impl<M, W> MasterNode<M, W> {
 
     /// A failure: the job's end, or one the failure policy recovers from.
     pub(super) fn on_failure(&mut self, now: Instant, error: JobError, reach: &dyn Reach) {
+        let error = self.heard.name(now, error);
         if self.ending() {
             // A worker that fails while the job ends is not waited for. Under a policy
             // that can do without a worker (a straggler of the last round, say) the job
@@ -383,6 +385,8 @@ impl<M, W> MasterNode<M, W> {
                 self.gate.restart(now, attempt);
                 self.sync.restart();
                 self.groups.restart();
+                // What the ranks said in the attempt before is its past.
+                self.heard = Hearing::new(self.config.job.workers);
                 self.last = None;
                 self.actions.push_back(Action::ReplaceAll {
                     attempt,
@@ -501,16 +505,25 @@ impl<M, W> MasterNode<M, W> {
         step: SyncStep,
         reach: &dyn Reach,
     ) {
+        // A timeout names what was last heard from the ranks it waited on, in the error
+        // every waiting rank gets as in the job's.
+        let failed = step
+            .failed
+            .map(|e| (self.heard.name_sync(now, e.clone()), e));
         for (rank, epoch, result) in step.replies {
+            let result = result.map_err(|e| match &failed {
+                Some((named, plain)) if *plain == e => Box::new(named.clone()),
+                _ => Box::new(e),
+            });
             let msg = ToWorker::SyncReply {
                 attempt: self.attempt(),
                 epoch,
                 group,
-                result: result.map_err(Box::new),
+                result,
             };
             self.send(rank, msg);
         }
-        if let Some(error) = step.failed {
+        if let Some((error, _)) = failed {
             self.on_gate(now, Some(GateOutput::Failed(JobError::Sync(error))), reach);
         }
     }

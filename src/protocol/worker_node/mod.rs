@@ -590,6 +590,7 @@ impl<M, W> WorkerNode<M, W> {
                 missing: vec![self.rank],
                 waited: self.config.job.shutdown_timeout,
                 refused: Vec::new(),
+                heard: Vec::new(),
             }),
         };
         self.end(Some(ending));

@@ -28,6 +28,7 @@ fn actions(p: &mut Process) -> Vec<String> {
                 format!("offer {rank} iteration {}", replica.iteration)
             }
             ProcessAction::EndJob(_) => "end job".into(),
+            ProcessAction::Record { rank } => format!("record {rank}"),
         })
         .collect()
 }
@@ -92,6 +93,29 @@ fn a_first_connection_is_the_start_and_a_second_restarts_a_gang() {
         "what was held goes to the new worker, in its order"
     );
     assert_eq!(p.pending(1), None);
+}
+
+#[test]
+fn a_request_for_the_flight_recorder_is_answered_by_the_process_even_while_its_worker_is_replaced()
+{
+    let mut p = gang();
+    let link = p.linked(1, 0);
+    p.handle_message(1, link, connected(0));
+    p.handle_message(1, link, ToWorker::Record);
+    assert_eq!(actions(&mut p), ["deliver 1 connected 0", "record 1"]);
+    p.handle_message(1, link, restart(1));
+    p.handle_message(1, link, ToWorker::Record);
+    assert_eq!(
+        actions(&mut p),
+        ["replace 1 in 1", "record 1"],
+        "not held for the new worker: the process answers"
+    );
+    // An older link's request is the old master's: none.
+    let newer = p.linked(1, 1);
+    p.handle_message(1, link, ToWorker::Record);
+    assert_eq!(actions(&mut p), Vec::<String>::new());
+    p.handle_message(1, newer, ToWorker::Record);
+    assert_eq!(actions(&mut p), ["record 1"]);
 }
 
 #[test]

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::arrivals::{Arrivals, Arrived, Drain};
 use super::coordination::CoordinatorSlot;
+use super::dump::{DumpWatch, Dumps};
 use super::local::{Hosted, LocalWorkers};
 use super::master::MasterTask;
 use super::pool::{ComputePool, Placer};
@@ -94,6 +95,8 @@ pub(crate) struct NodeParts<M: Payload, W: Payload> {
     pub(crate) cancel: Option<Cancel>,
     /// What asks the job to stop for a preemption in this process.
     pub(crate) preempt: PreemptWatch,
+    /// What asks for a dump of the flight recorders in this process, and the dumps.
+    pub(crate) dumps: (DumpWatch, Dumps),
     pub(crate) outcome: oneshot::Sender<Result<JobOutcome<M>, JobError>>,
     pub(crate) tick: Duration,
     /// The job's failure as this process hears of it.
@@ -128,6 +131,10 @@ pub(crate) struct NodeActor<M: Payload, W: Payload> {
     coordination: CoordinatorSlot,
     cancel: Option<Cancel>,
     preempt: PreemptWatch,
+    dump_watch: DumpWatch,
+    dumps: Dumps,
+    /// The job's ranks.
+    workers: usize,
     outcome: Option<oneshot::Sender<Result<JobOutcome<M>, JobError>>>,
     tick: Duration,
     end: JobEnd,
@@ -172,6 +179,9 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
             coordination: parts.coordination,
             cancel: parts.cancel,
             preempt: parts.preempt,
+            dump_watch: parts.dumps.0,
+            dumps: parts.dumps.1,
+            workers: parts.config.workers,
             outcome: Some(parts.outcome),
             tick: parts.tick,
             end: parts.end,
@@ -280,6 +290,8 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
                 if let Some(task) = &self.task {
                     task.flush_checkpoints();
                 }
+                // A dump under way is written with what came: the ranks' processes end.
+                self.dumps.settle_now();
                 // The receiver is gone only if the caller stopped waiting; nothing to tell
                 // then.
                 if let Some(outcome) = self.outcome.take() {
@@ -381,6 +393,25 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         }
         self.node.handle_timeout(now, &reach);
         self.drive(ctx);
+        if let Some(asked) = self.dump_watch.poll() {
+            self.dump(now, asked);
+        }
+        self.dumps.settle(now);
+    }
+
+    /// A dump of the flight recorders asked for: this process's ranks read now, the
+    /// others' processes asked (an unsent request is no failure of the rank's: the dump
+    /// names it missing).
+    fn dump(&mut self, now: Instant, asked: (String, Vec<super::dump::Reply>)) {
+        let workers = self.workers;
+        let local = &self.local;
+        let ask = self.dumps.begin(now, asked, workers, |r| local.is_local(r));
+        let link = lock(&self.link);
+        for rank in ask {
+            if let Err(error) = link.send(rank, ToWorker::Record) {
+                tracing::debug!(rank, %error, "could not ask a rank for its flight recorder");
+            }
+        }
     }
 }
 
@@ -409,9 +440,25 @@ impl<M: Payload, W: Payload> Handler<Drain> for NodeActor<M, W> {
         let spare = std::mem::take(&mut self.spare);
         let mut batch = self.arrivals.take(spare);
         let reach = LinkReach(&self.link);
+        let mut dumps = Vec::new();
         for arrived in batch.drain(..) {
-            self.node.handle_message(arrived.at, arrived.env, &reach);
+            match arrived.env.msg {
+                ToMaster::Recorded { log } => self.dumps.recorded(arrived.env.from, &log),
+                ToMaster::Dump { by } => dumps.push((arrived.at, by)),
+                msg => {
+                    let env = Envelope {
+                        from: arrived.env.from,
+                        msg,
+                    };
+                    self.node.handle_message(arrived.at, env, &reach);
+                }
+            }
         }
+        for (at, by) in dumps {
+            tracing::warn!(by, "a dump of the flight recorders asked");
+            self.dump(at, (by, Vec::new()));
+        }
+        self.dumps.settle(Instant::now());
         self.spare = batch;
         self.drive(ctx);
     }

@@ -188,7 +188,10 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             | ToMaster::Done { attempt, .. }
             | ToMaster::Sync { attempt, .. } => *attempt,
             // Offered by the worker's process, which runs in its worker's attempt.
-            ToMaster::Replica(_) | ToMaster::Preempt { .. } => self.nodes[from].worker.attempt(),
+            ToMaster::Replica(_)
+            | ToMaster::Preempt { .. }
+            | ToMaster::Recorded { .. }
+            | ToMaster::Dump { .. } => self.nodes[from].worker.attempt(),
         };
         let msg = wire_copy(msg, || format!("worker {from} → master"))
             .unwrap_or_else(|error| ToMaster::Failed { attempt, error });

@@ -229,6 +229,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 attempt,
                 config,
                 Ok(link as Arc<dyn PeerLink>),
+                Arc::new(crate::flight::Recorder::new(self.job.flight_events)),
             );
             ctx.sync = Some(link);
             SimSync {
@@ -314,6 +315,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 ProcessAction::Offer { rank, replica } => {
                     self.send_to_master(rank, ToMaster::Replica(replica));
                 }
+                // The simulator asks for no dump.
+                ProcessAction::Record { .. } => {}
                 ProcessAction::Replace { rank, attempt, .. } => {
                     self.restart_in_process(rank, attempt)
                 }

@@ -159,6 +159,7 @@ impl<M: Payload, W: Payload> Server<M, W> {
                     missing: missing.clone(),
                     waited,
                     refused,
+                    heard: Vec::new(),
                 };
                 (self.inbox)(Envelope {
                     from: missing[0],

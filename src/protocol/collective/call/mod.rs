@@ -454,9 +454,10 @@ where
                         }
                         waiting_on => SyncError::CollectiveTimedOut {
                             rank: self.setup.rank,
-                            call: self.call(),
+                            call: Box::new(self.call()),
                             waiting_on,
                             waited: now.saturating_duration_since(self.started),
+                            heard: Vec::new(),
                         },
                     };
                     self.stage = Stage::Ended(Err(error));

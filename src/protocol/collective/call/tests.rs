@@ -262,6 +262,7 @@ fn a_silent_peer_fails_the_call_after_the_patience_naming_it_and_every_piece_pus
             waiting_on,
             waited,
             call,
+            ..
         } => {
             assert_eq!(rank, 0);
             assert_eq!(
@@ -270,7 +271,7 @@ fn a_silent_peer_fails_the_call_after_the_patience_naming_it_and_every_piece_pus
                 "rank 1 sent its piece; rank 2 is the next"
             );
             assert_eq!(waited, PATIENCE / 2 + PATIENCE);
-            assert_eq!(call, sum_call(4));
+            assert_eq!(*call, sum_call(4));
         }
         other => panic!("not a timeout naming the peer: {other}"),
     }

@@ -594,6 +594,16 @@ impl<M, W: 'static> WorkerContext<M, W> {
         self.record(|| crate::flight::What::Compute { iteration });
     }
 
+    /// Records this superstep's message counts in the rank's flight recorder.
+    pub(crate) fn record_mail(&self, count: &crate::protocol::MailCount) {
+        let iteration = self.iteration;
+        self.record(|| crate::flight::What::Messages {
+            iteration,
+            sent: count.sent,
+            received: count.received,
+        });
+    }
+
     /// Records what `what` makes in the rank's flight recorder, where it keeps one (in
     /// barrier mode).
     pub(crate) fn record(&self, what: impl FnOnce() -> crate::flight::What) {

@@ -653,11 +653,7 @@ where
                 *slot = batch;
             }
         }
-        ctx.record(|| crate::flight::What::Messages {
-            iteration: ctx.iteration,
-            sent: count.sent,
-            received: count.received,
-        });
+        ctx.record_mail(&count);
         Ok(count)
     }
 }

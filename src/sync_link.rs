@@ -388,11 +388,16 @@ impl<W> SyncLink<W> {
             Notice::Soon => self.link.send_call_soon(call),
             Notice::Awaited | Notice::Now => self.link.send_call(call),
         };
-        // A link closed by the job's end: the call fails as every waiting rank's does.
-        sent.map_err(|e| {
+        // A link closed by the job's end: the call fails as every waiting rank's does,
+        // and ends there.
+        let sent = sent.map_err(|e| {
             self.failure()
                 .unwrap_or_else(|| SyncError::JobFailed(Box::new(e)))
-        })
+        });
+        if sent.is_err() {
+            self.ended((epoch, group), &sent);
+        }
+        sent
     }
 
     /// Records the end of call `epoch` of `group`, as `result` says.

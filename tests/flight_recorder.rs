@@ -150,12 +150,7 @@ fn a_dump_asked_of_a_running_job_holds_every_ranks_calls_as_json_lines_and_a_tra
     let (text, lines) = read(&written.jsonl);
     assert_eq!(lines[0]["why"], "FlightRecorder::dump in this process");
     for rank in 0..4 {
-        let of = |event: &str| {
-            lines[1..]
-                .iter()
-                .filter(|l| l["rank"] == rank && l["event"] == event)
-                .count()
-        };
+        let of = |event| events(&lines, rank, event);
         assert!(of("compute") >= 2, "rank {rank}: {text}");
         assert!(of("call") >= 2 && of("ended") >= 1, "rank {rank}: {text}");
         let reduce = lines[1..]
@@ -300,6 +295,14 @@ fn a_sync_timeout_across_four_processes_prints_the_missing_ranks_last_calls_in_e
     }
 }
 
+/// How many of `rank`'s events in a dump's `lines` are `event`s.
+fn events(lines: &[serde_json::Value], rank: usize, event: &str) -> usize {
+    lines[1..]
+        .iter()
+        .filter(|l| l["rank"] == rank && l["event"] == event)
+        .count()
+}
+
 /// A dump's JSON lines — its text, and each line read —, its header checked: every one
 /// of the 4 ranks' recorders came.
 fn read(jsonl: &std::path::Path) -> (String, Vec<serde_json::Value>) {
@@ -326,12 +329,7 @@ fn dumps_in(dir: &std::path::Path) -> Vec<Vec<serde_json::Value>> {
     for dump in dumps {
         let (text, lines) = read(&dump);
         for rank in 0..4 {
-            let of = |event: &str| {
-                lines[1..]
-                    .iter()
-                    .filter(|l| l["rank"] == rank && l["event"] == event)
-                    .count()
-            };
+            let of = |event| events(&lines, rank, event);
             assert!(
                 of("call") >= 2,
                 "rank {rank}'s calls, from its own process: {text}"

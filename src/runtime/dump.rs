@@ -266,8 +266,9 @@ impl Dumps {
         ask
     }
 
-    /// Rank `from`'s process answered with its recorder, encoded.
-    pub(crate) fn recorded(&mut self, from: Rank, log: &[u8]) {
+    /// Rank `from`'s process answered at `now` with its recorder, encoded: the dump is
+    /// written once it was the last awaited.
+    pub(crate) fn recorded(&mut self, now: Instant, from: Rank, log: &[u8]) {
         let Some(pending) = &mut self.pending else {
             return;
         };
@@ -287,6 +288,7 @@ impl Dumps {
                 tracing::warn!(from, %error, "a rank's flight recorder could not be read; left out")
             }
         }
+        self.settle(now);
     }
 
     /// Writes the dump under way once every rank answered or its wait ended.
@@ -377,9 +379,9 @@ mod tests {
             };
             crate::codec::to_vec(&log).unwrap()
         };
-        dumps.recorded(1, &log(1));
-        dumps.recorded(2, &[0xc1, 0xff]);
-        dumps.recorded(3, &log(1));
+        dumps.recorded(t, 1, &log(1));
+        dumps.recorded(t, 2, &[0xc1, 0xff]);
+        dumps.recorded(t, 3, &log(1));
         dumps.settle(t + DUMP_WAIT / 2);
         assert_eq!(files(dir.path()), 0, "still waiting for ranks 2 and 3");
         dumps.settle(t + DUMP_WAIT);

@@ -443,7 +443,9 @@ impl<M: Payload, W: Payload> Handler<Drain> for NodeActor<M, W> {
         let mut dumps = Vec::new();
         for arrived in batch.drain(..) {
             match arrived.env.msg {
-                ToMaster::Recorded { log } => self.dumps.recorded(arrived.env.from, &log),
+                ToMaster::Recorded { log } => {
+                    self.dumps.recorded(arrived.at, arrived.env.from, &log)
+                }
                 ToMaster::Dump { by } => dumps.push((arrived.at, by)),
                 msg => {
                     let env = Envelope {
@@ -458,7 +460,6 @@ impl<M: Payload, W: Payload> Handler<Drain> for NodeActor<M, W> {
             tracing::warn!(by, "a dump of the flight recorders asked");
             self.dump(at, (by, Vec::new()));
         }
-        self.dumps.settle(Instant::now());
         self.spare = batch;
         self.drive(ctx);
     }

@@ -8,7 +8,9 @@ BUILD names the build the counts are of (`default`: the default features; `all`:
 feature), each with its own baseline.
 
 `profile_iteration W N auto` runs a job of W workers whose compute does nothing for N
-iterations, the whole job on its coordination thread. The instructions of a worker round
+iterations, the whole job on its coordination thread; `... auto traced` runs it under a
+`tracing` subscriber that records INFO and above (counted as "W traced"), so that what
+the spans nobody records cost a round is checked too. The instructions of a worker round
 are the difference between two runs of N1 and N2 iterations over (N2 - N1) x W: start-up
 and shutdown cancel out. Two runs of the same build agree within 0.2%; timings on a shared
 machine do not come near that, so this is the check that the round did not grow.
@@ -25,12 +27,12 @@ import subprocess
 import sys
 
 BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instructions.json")
-# (workers, fewer iterations, more iterations)
-RUNS = [(16, 1000, 3000), (256, 100, 300)]
+# (workers, fewer iterations, more iterations, under a subscriber)
+RUNS = [(16, 1000, 3000, False), (256, 100, 300, False), (256, 100, 300, True)]
 TOLERANCE = 1.05
 
 
-def collected(binary, workers, iterations):
+def collected(binary, workers, iterations, traced):
     """The instructions callgrind counts in one run of the job."""
     out = subprocess.run(
         [
@@ -41,7 +43,8 @@ def collected(binary, workers, iterations):
             str(workers),
             str(iterations),
             "auto",
-        ],
+        ]
+        + (["traced"] if traced else []),
         capture_output=True,
         text=True,
     )
@@ -56,8 +59,10 @@ def collected(binary, workers, iterations):
     return int(found.group(1))
 
 
-def per_worker_round(binary, workers, fewer, more):
-    return (collected(binary, workers, more) - collected(binary, workers, fewer)) / (
+def per_worker_round(binary, workers, fewer, more, traced):
+    return (
+        collected(binary, workers, more, traced) - collected(binary, workers, fewer, traced)
+    ) / (
         (more - fewer) * workers
     )
 
@@ -71,8 +76,10 @@ def main():
         ["rustc", "--version"], capture_output=True, text=True, check=True
     ).stdout.strip()
     counts = {
-        str(workers): round(per_worker_round(binary, workers, fewer, more), 1)
-        for workers, fewer, more in RUNS
+        f"{workers} traced" if traced else str(workers): round(
+            per_worker_round(binary, workers, fewer, more, traced), 1
+        )
+        for workers, fewer, more, traced in RUNS
     }
     try:
         with open(BASELINE) as f:

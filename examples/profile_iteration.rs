@@ -9,7 +9,9 @@
 //! Arguments: workers (default 16), iterations (default 20,000), and `auto` to run under
 //! the default placement (else `Placement::Inline`). Either way the whole job runs on its
 //! coordination thread, as trivial compute does; under `auto` the inline threshold is
-//! raised to a second, so that valgrind's slowdown does not move work to the pool.
+//! raised to a second, so that valgrind's slowdown does not move work to the pool. A
+//! fourth argument, `traced`, runs the job under a `tracing` subscriber that records INFO
+//! and above (what a service usually runs with), its output thrown away.
 
 use superstep::prelude::*;
 use superstep::Placement;
@@ -37,6 +39,12 @@ fn main() -> Result<(), JobError> {
     let workers = args.next().and_then(Result::ok).unwrap_or(16) as usize;
     let iterations = args.next().and_then(Result::ok).unwrap_or(20_000);
     let auto = std::env::args().nth(3).as_deref() == Some("auto");
+    if std::env::args().nth(4).as_deref() == Some("traced") {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::sink)
+            .init();
+    }
     let job = Job::builder(Fold, |rank| Echo(rank as u64))
         .workers(workers)
         .iterations(iterations);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::pool::{Executor, Placer};
 use super::sync_calls::SyncAnswers;
 use super::watch::{Watch, Who};
-use super::worker_task::{stop_given_up, WorkerTask};
+use super::worker_task::{spans_recorded, stop_given_up, WorkerTask};
 use super::OwnedEnding;
 use crate::compute::JobEnd;
 use crate::error::{Cause, JobError, Waiting};
@@ -89,6 +89,18 @@ pub(crate) trait Host<M, W> {
     /// is the current one (the job's span, on the job's thread).
     fn span(&self) -> tracing::Span {
         tracing::Span::current()
+    }
+}
+
+/// The parent of the spans of a unit of a worker's code about to run on `host`: the
+/// host's span, when those spans are recorded ([`spans_recorded`]); else none, and no
+/// clone of a span per worker per round.
+#[inline]
+fn parent_span<M, W>(host: &impl Host<M, W>) -> tracing::Span {
+    if spans_recorded() {
+        host.span()
+    } else {
+        tracing::Span::none()
     }
 }
 
@@ -201,7 +213,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
         };
         if let Some(mut task) = self.task.take() {
             task.attempt = self.node.attempt();
-            task.parent = host.span();
+            task.parent = parent_span(host);
             self.inline(host, task, Work::Iterate(step));
         }
         true
@@ -326,7 +338,7 @@ impl<M: Payload, W: Payload> WorkerDriver<M, W> {
             return;
         };
         task.attempt = self.node.attempt();
-        task.parent = host.span();
+        task.parent = parent_span(host);
         let inline = host.runs_inline()
             && match work {
                 Work::Iterate(..) => self.placer.inline_iteration(),

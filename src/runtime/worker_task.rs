@@ -45,6 +45,16 @@ pub(crate) struct WorkerTask<M, W> {
     fold_among: Option<FoldAmong<M, W>>,
 }
 
+/// Whether the spans a unit of a worker's code opens (`init`, `compute`,
+/// `post_application`, all at DEBUG, in this module) are recorded: only then does it need
+/// a parent (`WorkerTask::parent`). A clone of a span that a subscriber records is a
+/// round trip through its registry (and its drop another), which every worker would pay
+/// every round for spans nobody records.
+#[inline]
+pub(crate) fn spans_recorded() -> bool {
+    tracing::span_enabled!(tracing::Level::DEBUG)
+}
+
 /// The context of the worker of `rank` in a job: the job's settings, the rank's shard of
 /// the input (if the job has one), the job's end as its process hears of it.
 pub(crate) fn worker_context<M, W>(
@@ -185,7 +195,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_unguarded(work))) {
             Ok(worked) => worked,
             Err(payload) => {
-                let error = self.fail(phase, Cause::from_panic(payload));
+                let error = Box::new(self.fail(phase, Cause::from_panic(payload)));
                 match phase {
                     Phase::Init => Worked::Started(Err(error)),
                     Phase::Compute => Worked::Iterated(Err(error)),
@@ -197,11 +207,11 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
 
     fn run_unguarded(&mut self, work: Work<M>) -> Worked<W> {
         match work {
-            Work::Start => Worked::Started(self.start()),
+            Work::Start => Worked::Started(self.start().map_err(Box::new)),
             // Once the job failed, no compute starts: its result would not be used.
             Work::Iterate(..) if self.ctx.end.is_ended() => Worked::Skipped,
             Work::Iterate(step) => Worked::Iterated(self.iterate(step)),
-            Work::Stop(ending) => Worked::Stopped(self.stop(&ending)),
+            Work::Stop(ending) => Worked::Stopped(self.stop(&ending).map_err(Box::new)),
         }
     }
 
@@ -222,7 +232,7 @@ impl<M: Payload, W: Payload> WorkerTask<M, W> {
         guarded(|| computable.init(ctx)).map_err(|c| self.fail(Phase::Init, c))
     }
 
-    fn iterate(&mut self, step: Assignment<M>) -> Result<Report<W>, JobError> {
+    fn iterate(&mut self, step: Assignment<M>) -> Result<Report<W>, Box<JobError>> {
         let Assignment {
             iteration,
             last,
@@ -419,5 +429,5 @@ pub(crate) fn stop_given_up<M: Payload, W: Payload>(
     let error = heard
         .or_else(|| end.first().map(|(e, _)| e.clone()))
         .unwrap_or(JobError::Cancelled);
-    let _ = task.run(Work::Stop(OwnedEnding::Failed(error)));
+    let _ = task.run(Work::Stop(Box::new(OwnedEnding::Failed(error))));
 }

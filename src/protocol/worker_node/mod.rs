@@ -39,7 +39,9 @@ pub(crate) enum Work<M> {
     Start,
     /// An iteration.
     Iterate(Assignment<M>),
-    Stop(OwnedEnding<M>),
+    /// Its end, boxed: a unit of work moves on its way to the code every round, and this
+    /// one comes once.
+    Stop(Box<OwnedEnding<M>>),
 }
 
 /// One iteration for a worker's code to compute, as the master's `Iterate` says it.
@@ -56,13 +58,14 @@ pub(crate) struct Assignment<M> {
     pub(crate) restore: Option<Arc<WorkerSave>>,
 }
 
-/// What a unit of a worker's code ended with.
+/// What a unit of a worker's code ended with. Its errors are boxed: an iteration's
+/// outcome moves a few times on its way home every round, and one that failed is rare.
 pub(crate) enum Worked<W> {
-    Started(Result<(), JobError>),
-    Iterated(Result<Report<W>, JobError>),
+    Started(Result<(), Box<JobError>>),
+    Iterated(Result<Report<W>, Box<JobError>>),
     /// The iteration was not computed: the job had failed by the time it would start.
     Skipped,
-    Stopped(Result<(), JobError>),
+    Stopped(Result<(), Box<JobError>>),
 }
 
 /// What a worker's node asks its driver to do, in the order it must be done.
@@ -488,14 +491,14 @@ impl<M, W> WorkerNode<M, W> {
             }
             // (Taken above.)
             Worked::Iterated(Ok(_)) => {}
-            Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(error),
+            Worked::Started(Err(error)) | Worked::Iterated(Err(error)) => self.fail(*error),
             Worked::Skipped => {
                 tracing::debug!(
                     rank = self.rank,
                     "the job failed: the iteration is not computed"
                 );
             }
-            Worked::Stopped(result) => return self.stopped(now, result),
+            Worked::Stopped(result) => return self.stopped(now, result.map_err(|e| *e)),
         }
         self.after_work(now);
     }
@@ -731,7 +734,7 @@ impl<M, W> WorkerNode<M, W> {
                 self.timers
                     .arm(Timer::StopDeadline, now, self.config.job.shutdown_timeout);
                 self.stage = Stage::Stopping(ending.clone());
-                self.dispatch(Work::Stop(ending));
+                self.dispatch(Work::Stop(Box::new(ending)));
             }
             Some(Queued::Iterate(step)) => self.iterate(step),
             None => {}
@@ -777,7 +780,7 @@ impl<M, W> WorkerNode<M, W> {
             .arm(Timer::StopDeadline, now, self.config.job.shutdown_timeout);
         if matches!(self.code, Code::Home) {
             self.stage = Stage::Stopping(ending.clone());
-            self.dispatch(Work::Stop(ending));
+            self.dispatch(Work::Stop(Box::new(ending)));
         } else {
             self.queued = Some(Queued::Stop(ending));
         }

@@ -16,12 +16,10 @@ fn actions(node: &mut Node) -> Vec<String> {
         .map(|a| match a {
             WorkerAction::Run(Work::Start) => "run start".to_string(),
             WorkerAction::Run(Work::Iterate(step)) => format!("run {}", step.iteration),
-            WorkerAction::Run(Work::Stop(OwnedEnding::Completed { .. })) => {
-                "run stop (completed)".into()
-            }
-            WorkerAction::Run(Work::Stop(OwnedEnding::Failed(e))) => {
-                format!("run stop ({})", short(&e))
-            }
+            WorkerAction::Run(Work::Stop(ending)) => match *ending {
+                OwnedEnding::Completed { .. } => "run stop (completed)".into(),
+                OwnedEnding::Failed(e) => format!("run stop ({})", short(&e)),
+            },
             WorkerAction::Send(ToMaster::Registered { attempt }) => {
                 format!("registered {attempt}")
             }
@@ -48,6 +46,11 @@ fn error(what: &str) -> JobError {
     JobError::Runtime {
         message: what.into(),
     }
+}
+
+/// The same error, as a unit of work ends with it.
+fn failed(what: &str) -> Box<JobError> {
+    Box::new(error(what))
 }
 
 fn report(iteration: Iteration) -> Worked<u64> {
@@ -136,7 +139,7 @@ fn a_worker_that_failed_first_reports_the_jobs_first_failure_once_the_master_say
     let mut node = started(2, true, false, t);
     node.handle_message(t, iterate(1));
     assert_eq!(actions(&mut node), ["run 1"]);
-    node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
+    node.handle_worked(t, Worked::Iterated(Err(failed("mine"))));
     assert_eq!(
         actions(&mut node),
         ["end job", "failed (mine)", "run stop (mine)"]
@@ -167,7 +170,7 @@ fn without_the_masters_word_a_worker_ends_with_its_own_failure_when_its_wait_pas
     let t = Instant::now();
     let mut node = started(0, false, false, t);
     node.handle_message(t, iterate(1));
-    node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
+    node.handle_worked(t, Worked::Iterated(Err(failed("mine"))));
     node.handle_worked(t, Worked::Stopped(Ok(())));
     let _ = actions(&mut node);
     node.handle_timeout(t + secs(1));
@@ -192,7 +195,7 @@ fn failed_in_a_gang(t: Instant) -> Node {
     node.handle_worked(t, Worked::Started(Ok(())));
     node.handle_message(t, iterate(1));
     let _ = actions(&mut node);
-    node.handle_worked(t, Worked::Iterated(Err(error("peer lost"))));
+    node.handle_worked(t, Worked::Iterated(Err(failed("peer lost"))));
     assert_eq!(
         actions(&mut node),
         ["failed (peer lost)", "run stop (peer lost)"]
@@ -232,7 +235,7 @@ fn in_a_gang_a_worker_that_fails_after_its_master_was_lost_keeps_its_failure_too
     // The master's loss is heard while the compute runs; the compute then fails (a peer
     // in the master's process lost).
     node.handle_message(t, reconnecting());
-    node.handle_worked(t, Worked::Iterated(Err(error("peer lost"))));
+    node.handle_worked(t, Worked::Iterated(Err(failed("peer lost"))));
     node.handle_worked(t, Worked::Stopped(Ok(())));
     let _ = actions(&mut node);
     assert_eq!(node.poll_timeout(), None);
@@ -270,7 +273,7 @@ fn outside_a_gang_a_failed_workers_done_is_its_last_word_and_a_lost_master_chang
     let mut node = started(0, false, false, t);
     node.handle_message(t, iterate(1));
     let _ = actions(&mut node);
-    node.handle_worked(t, Worked::Iterated(Err(error("mine"))));
+    node.handle_worked(t, Worked::Iterated(Err(failed("mine"))));
     node.handle_worked(t, Worked::Stopped(Ok(())));
     assert_eq!(
         actions(&mut node),

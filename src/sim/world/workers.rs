@@ -666,9 +666,9 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                     self.violations.push(format!(
                     "worker {rank}'s compute neither called, waited nor returned within {COMPUTE_PATIENCE:?}"
                 ));
-                    let worked = Worked::Iterated(Err(JobError::Runtime {
+                    let worked = Worked::Iterated(Err(Box::new(JobError::Runtime {
                         message: format!("worker {rank}'s compute hung"),
-                    }));
+                    })));
                     return self.computed(rank, computing, worked);
                 }
             }
@@ -739,9 +739,9 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                         }
                     }
                     Err(e) => {
-                        let worked = Worked::Iterated(Err(JobError::Runtime {
+                        let worked = Worked::Iterated(Err(Box::new(JobError::Runtime {
                             message: format!("could not start worker {rank}'s compute thread: {e}"),
-                        }));
+                        })));
                         return self.computed(rank, computing, worked);
                     }
                 }

@@ -50,12 +50,14 @@ def collected(binary, workers, iterations, traced):
     )
     if out.returncode != 0:
         sys.exit(
-            f"{binary} {workers} {iterations} auto failed under callgrind "
+            f"{binary} {workers} {iterations} auto{' traced' if traced else ''} failed under callgrind "
             f"(exit {out.returncode}):\n{out.stdout}\n{out.stderr}"
         )
     found = re.search(r"Collected : (\d+)", out.stderr)
     if not found:
-        sys.exit(f"callgrind gave no count for {workers} workers:\n{out.stderr}")
+        sys.exit(
+            f"callgrind gave no count for {workers} workers{' traced' if traced else ''}:\n{out.stderr}"
+        )
     return int(found.group(1))
 
 

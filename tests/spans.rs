@@ -1,6 +1,7 @@
 //! The spans of a job nest as its work does, across threads: the job's span holds every
 //! iteration's, and each worker's `compute` is a child of its iteration's span, wherever
-//! it ran (inline on the job's thread, or on a compute thread).
+//! it ran (inline on the job's thread, or on a compute thread) — also when a filter
+//! records `compute` by its name alone.
 
 mod common;
 
@@ -13,7 +14,7 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use tracing_subscriber::{reload, EnvFilter, Layer};
 
 /// A span as it was made: its name, its fields, and its parent's name and fields.
 #[derive(Debug, Clone)]
@@ -53,26 +54,32 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     }
 }
 
+/// The spans a job of 3 workers and 2 iterations makes, as `made` records them.
+fn spans_of_a_job(made: &Mutex<Vec<Made>>, job_id: &str, placement: Placement) -> Vec<Made> {
+    made.lock().unwrap().clear();
+    Job::builder(summing_master(), |_| FnWorker {
+        f: |_: &mut WorkerContext<u64, u64>| Ok(1),
+    })
+    .job_id(job_id)
+    .workers(3)
+    .iterations(2)
+    .placement(placement)
+    .run()
+    .unwrap();
+    made.lock().unwrap().clone()
+}
+
 #[test]
 fn every_compute_span_is_a_child_of_its_iteration_s_and_every_iteration_of_the_job_s() {
     let made = Arc::new(Mutex::new(Vec::new()));
+    let (filter, reload) = reload::Layer::new(EnvFilter::new("superstep=debug"));
     let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("superstep=debug"))
+        .with(filter)
         .with(Recorder(Arc::clone(&made)));
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     for placement in [Placement::Inline, Placement::Pool] {
-        made.lock().unwrap().clear();
-        Job::builder(summing_master(), |_| FnWorker {
-            f: |_: &mut WorkerContext<u64, u64>| Ok(1),
-        })
-        .job_id("spans")
-        .workers(3)
-        .iterations(2)
-        .placement(placement)
-        .run()
-        .unwrap();
-        let made = made.lock().unwrap().clone();
+        let made = spans_of_a_job(&made, "spans", placement);
         let named = |name: &str| made.iter().filter(|m| m.name == name).collect::<Vec<_>>();
 
         let computes = named("compute");
@@ -104,5 +111,20 @@ fn every_compute_span_is_a_child_of_its_iteration_s_and_every_iteration_of_the_j
         assert!(folds
             .iter()
             .all(|f| f.parent.as_ref().map(|p| p.0) == Some("iteration")));
+    }
+
+    // A filter that records `compute` by its name, and nothing else at DEBUG: each
+    // `compute` is still its iteration's child, not a root of its own.
+    reload
+        .reload(EnvFilter::new("info,[compute]=debug"))
+        .unwrap();
+    for placement in [Placement::Inline, Placement::Auto, Placement::Pool] {
+        let made = spans_of_a_job(&made, "spans by name", placement);
+        let computes: Vec<_> = made.iter().filter(|m| m.name == "compute").collect();
+        assert_eq!(computes.len(), 3 * 2, "{placement:?}: {made:#?}");
+        for c in computes {
+            let parent = c.parent.as_ref().map(|p| p.0);
+            assert_eq!(parent, Some("iteration"), "{placement:?}: {c:?}");
+        }
     }
 }

@@ -46,13 +46,17 @@ pub(crate) struct WorkerTask<M, W> {
 }
 
 /// Whether the spans a unit of a worker's code opens (`init`, `compute`,
-/// `post_application`, all at DEBUG, in this module) are recorded: only then does it need
-/// a parent (`WorkerTask::parent`). A clone of a span that a subscriber records is a
-/// round trip through its registry (and its drop another), which every worker would pay
-/// every round for spans nobody records.
+/// `post_application`, all at DEBUG) may be recorded: only then does it need a parent
+/// (`WorkerTask::parent`). A clone of a span that a subscriber records is a round trip
+/// through its registry (and its drop another), which every worker would pay every round
+/// for spans nobody records.
+///
+/// Asked of the subscribers' most verbose level, not of one callsite: a filter may enable
+/// a span by its name or its fields (`[compute]=debug`), which a callsite of another name
+/// does not match, and a span given no parent is a root, out of its iteration's trace.
 #[inline]
 pub(crate) fn spans_recorded() -> bool {
-    tracing::span_enabled!(tracing::Level::DEBUG)
+    tracing::level_enabled!(tracing::Level::DEBUG)
 }
 
 /// The context of the worker of `rank` in a job: the job's settings, the rank's shard of

@@ -7,6 +7,7 @@ use super::rescue::{homeward, HostedArm, HostedHome, HostedStopped, Rescue};
 use super::*;
 use crate::runtime::local::lock_cell;
 use crate::runtime::worker::guarded_send;
+use crate::runtime::worker_task::spans_recorded;
 
 /// The hosted workers' messages wait in the inbox: the node takes them as one batch.
 pub(super) struct TakeInbox;
@@ -260,7 +261,10 @@ impl<M: Payload, W: Payload> NodeActor<M, W> {
         };
         match rescue {
             Some(rescue) => {
-                rescue.begin(&msg, self.node.iteration_span(), self.local.ranks());
+                // (The span is the parent of rescued ranks' spans: cloned only if they
+                // may be recorded.)
+                let span = self.node.iteration_span().filter(|_| spans_recorded());
+                rescue.begin(&msg, span, self.local.ranks());
                 while let Some(rank) = rescue.claim() {
                     self.step_current(ctx, rank, |driver, host| {
                         driver.handle_broadcast(&msg, host)

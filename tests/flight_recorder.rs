@@ -7,6 +7,8 @@
 //! The processes are this test binary itself, running its ignored `child_process` test,
 //! started by `superstep-launch`.
 
+mod common;
+
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,21 +63,16 @@ impl WorkerComputable for Ranks {
     }
 }
 
-struct Sum;
-
-impl MasterComputable for Sum {
-    type MasterResult = u64;
-    type WorkerResult = u64;
-
-    fn compute(&mut self, ctx: &mut MasterContext<u64, u64>) -> Result<Step<u64>, BoxError> {
-        Ok(Step::Continue(ctx.worker_results().iter().sum()))
-    }
-}
-
 fn job(behaviour: &str, workers: usize, iterations: u64) -> superstep::JobBuilder<u64, u64> {
     let behaviour = behaviour.to_owned();
     let pids = std::env::var_os(PIDS).map(std::path::PathBuf::from);
-    Job::builder(Sum, move |_| Ranks {
+    // Each round's result: the sum of the workers'.
+    let sum = common::FnMaster {
+        f: |ctx: &mut MasterContext<u64, u64>| {
+            Ok(Step::Continue(ctx.worker_results().iter().sum()))
+        },
+    };
+    Job::builder(sum, move |_| Ranks {
         behaviour: behaviour.clone(),
         pids: pids.clone(),
     })
@@ -186,11 +183,7 @@ fn child_process() {
     let Some(env) = ClusterEnv::from_env().unwrap() else {
         return;
     };
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter("warn")
-        .with_ansi(false)
-        .try_init();
+    common::child_logs();
     let behaviour = std::env::var(BEHAVIOUR).unwrap_or_default();
     let iterations = if behaviour == SLOW { 30 } else { 5 };
     let ran = job(&behaviour, env.world_size, iterations)

@@ -23,6 +23,7 @@
 //! The processes are this test binary itself, running its ignored `child_process` test
 //! (and the example, under mpirun).
 
+mod common;
 #[path = "../examples/support/lr.rs"]
 mod lr;
 
@@ -548,13 +549,7 @@ fn child_process() {
     let Some(env) = ClusterEnv::from_env().unwrap() else {
         return;
     };
-    // Warnings (a lost master, a corrupt checkpoint) on stderr, which the launcher
-    // prefixes with the rank.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter("warn")
-        .with_ansi(false)
-        .try_init();
+    common::child_logs();
     let behaviour = std::env::var(BEHAVIOUR).unwrap_or_default();
     if let (Some(dir), RANDOM_KILL | RANDOM_KILL_IN_COLLECTIVES) =
         (std::env::var_os(CHECKPOINTS), behaviour.as_str())

@@ -297,6 +297,16 @@ pub fn tcp_link(
     (t, link, rx)
 }
 
+/// For a process of a multi-process test: warnings (a lost master, a corrupt checkpoint,
+/// a dump written) on stderr, which the launcher prefixes with the rank.
+pub fn child_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter("warn")
+        .with_ansi(false)
+        .try_init();
+}
+
 /// Every line logged in this test binary, at INFO and above (a subscriber of the test
 /// binary, installed by the first call).
 pub fn logs() -> &'static Mutex<Vec<u8>> {

@@ -378,6 +378,7 @@ impl<W> SyncLink<W> {
         let call = ToMaster::Sync {
             attempt: self.attempt,
             epoch,
+            calls: 1,
             kind,
             message,
             awaits,

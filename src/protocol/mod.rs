@@ -18,6 +18,7 @@
 //!   one place that decides what a round, a failure, a recovery and the end of a job mean.
 //!   The runtime's node actor and the simulator both drive it.
 
+mod call_run;
 mod collective;
 mod config;
 mod event;
@@ -44,6 +45,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ErrorSource, JobError, SyncError};
 use crate::ids::{Attempt, Epoch, FoldRoute, GroupId, Iteration, Rank, SyncKind};
 
+pub(crate) use call_run::MAX_CALLS;
+#[cfg(any(feature = "tcp", feature = "sim"))]
+pub(crate) use call_run::{CallRun, HOLD};
 pub(crate) use collective::CallShape;
 pub(crate) use collective::{all_vouch, placed, segment, vouches};
 pub(crate) use collective::{
@@ -252,12 +256,17 @@ pub enum ToMaster<W> {
         /// What it attached to its report, in order.
         attachments: Vec<Attachment>,
     },
-    /// The worker's compute called `barrier()` or `all_gather()`, and waits for the answer.
+    /// The worker's compute called `barrier()`, `all_gather()` or a collective (or, as
+    /// `calls` says, several in a row).
     Sync {
         /// The attempt the worker runs in.
         attempt: Attempt,
-        /// The worker's count of its calls, from 0.
+        /// The worker's count of its calls, from 0: of the first this word says.
         epoch: Epoch,
+        /// How many calls one after the other the word says, from `epoch`: the same kind
+        /// and message each, none awaited (1 for a call awaited). A rank's calls that no
+        /// rank awaits the word on may be held back a little and said together.
+        calls: u32,
         /// Which call.
         kind: SyncKind,
         /// The encoded message (empty for `barrier()`).

@@ -21,7 +21,7 @@ use super::{
 };
 
 use crate::error::{Cause, Heard, Hook, JobError, Phase, Waiting};
-use crate::ids::{Attempt, FoldRoute, GroupId, Iteration, Rank};
+use crate::ids::{Attempt, Epoch, FoldRoute, GroupId, Iteration, Rank, SyncKind};
 
 /// At most how long a wait for workers goes on between two lines that say so (it says so
 /// every quarter of its timeout when that is shorter).
@@ -445,6 +445,7 @@ impl<M, W> MasterNode<M, W> {
             ToMaster::Sync {
                 attempt,
                 epoch,
+                calls,
                 kind,
                 message,
                 awaits,
@@ -452,14 +453,8 @@ impl<M, W> MasterNode<M, W> {
                 ranks,
             } => {
                 if attempt == self.attempt() {
-                    if group == GroupId::ALL {
-                        let step = self.sync.on_call(now, from, epoch, kind, message, awaits);
-                        self.apply(now, step, reach);
-                    } else {
-                        let call = (epoch, group, &ranks[..]);
-                        let step = self.groups.on_call(now, from, call, kind, message, awaits);
-                        self.apply_among(now, group, step, reach);
-                    }
+                    let call = (epoch, group, &ranks[..]);
+                    self.on_calls(now, from, (call, calls), (kind, message, awaits), reach);
                 }
                 return;
             }
@@ -595,17 +590,22 @@ impl<M, W> MasterNode<M, W> {
             ToMaster::Sync {
                 attempt,
                 epoch,
+                calls,
                 kind,
                 group,
                 ..
-            } if *attempt == current => Heard::Call {
-                at: match *group {
-                    GroupId::ALL => self.sync.call_at(*epoch),
-                    group => self.groups.call_at(group, *epoch),
-                },
-                kind: *kind,
-                epoch: *epoch,
-            },
+            } if *attempt == current => {
+                // Of a word of several calls, the last.
+                let epoch = epoch.saturating_add(u64::from(*calls).saturating_sub(1));
+                Heard::Call {
+                    at: match *group {
+                        GroupId::ALL => self.sync.call_at(epoch),
+                        group => self.groups.call_at(group, epoch),
+                    },
+                    kind: *kind,
+                    epoch,
+                }
+            }
             ToMaster::Done { attempt, .. } if *attempt == current => Heard::Done,
             ToMaster::Failed {
                 error: JobError::WorkerLost { .. },

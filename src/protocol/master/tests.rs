@@ -963,3 +963,104 @@ fn a_replacement_in_the_round_a_preemption_checkpoints_saves_as_the_others_were_
         })
     ));
 }
+
+/// A job of `workers` ranks in barrier mode, every rank registered.
+fn calling(workers: usize) -> Harness {
+    let mut h = Harness::with(NodeConfig::of(JobConfig {
+        workers,
+        iterations: 2,
+        barrier_mode: true,
+        ..JobConfig::for_tests()
+    }));
+    registered(&mut h);
+    h
+}
+
+/// Rank `rank`'s word of `calls` 8-byte `all_reduce`s from `epoch`, none awaited.
+fn all_reduces(epoch: Epoch, calls: u32) -> ToMaster<u32> {
+    ToMaster::Sync {
+        attempt: 0,
+        epoch,
+        calls,
+        kind: SyncKind::Collective(crate::ids::CollectiveKind::AllReduce(Some(
+            crate::ids::ReduceOp::Sum,
+        ))),
+        message: Vec::new(),
+        awaits: false,
+        group: GroupId::ALL,
+        ranks: Vec::new(),
+    }
+}
+
+/// Rank `rank`'s result of iteration 1, its compute having made `calls` calls.
+fn returned(h: &mut Harness, rank: Rank, calls: Epoch) {
+    let report = Report {
+        attempt: 0,
+        iteration: 1,
+        result: Share::Own(1),
+        halt_vote: false,
+        mail: Default::default(),
+        saved: None,
+        calls,
+        group_calls: None,
+        elapsed: Duration::ZERO,
+    };
+    h.from(rank, ToMaster::Result(report));
+}
+
+#[test]
+fn a_word_of_several_calls_counts_as_each_of_them() {
+    let mut h = calling(2);
+    h.from(0, all_reduces(0, 3));
+    h.from(1, all_reduces(0, 1));
+    h.from(1, all_reduces(1, 2));
+    returned(&mut h, 0, 3);
+    returned(&mut h, 1, 3);
+    assert!(h.ended.is_empty(), "{:?}", h.ended);
+    assert!(
+        matches!(h.sent.last(), Some(ToWorker::Iterate { iteration: 2, .. })),
+        "{:?}",
+        h.sent
+    );
+}
+
+#[test]
+fn a_call_inside_a_word_of_several_meets_the_other_ranks_call_of_its_own_epoch() {
+    let mut h = calling(2);
+    h.from(0, all_reduces(0, 3));
+    h.from(1, all_reduces(0, 1));
+    let barrier = ToMaster::Sync {
+        attempt: 0,
+        epoch: 1,
+        calls: 1,
+        kind: SyncKind::Barrier,
+        message: Vec::new(),
+        awaits: true,
+        group: GroupId::ALL,
+        ranks: Vec::new(),
+    };
+    h.from(1, barrier);
+    let (error, _) = h.ended.first().expect("the job failed");
+    let JobError::Sync(crate::SyncError::Mismatch { at, calls }) = error else {
+        panic!("a mismatch: {error:?}");
+    };
+    assert_eq!(at.call, 2, "{error}");
+    assert_eq!(calls[1], (1, SyncKind::Barrier), "{error}");
+}
+
+#[test]
+fn a_word_of_no_calls_or_of_more_than_a_worker_says_fails_the_job_naming_the_rank() {
+    for calls in [0, crate::protocol::MAX_CALLS + 1] {
+        let mut h = calling(2);
+        h.from(1, all_reduces(0, calls));
+        let (error, _) = h.ended.first().expect("the job failed");
+        assert!(
+            matches!(error, JobError::Decode { peer, .. } if peer == "rank 1"),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains(&format!("{calls} calls")),
+            "{error}"
+        );
+    }
+}

@@ -490,6 +490,55 @@ impl<M, W> MasterNode<M, W> {
         }
     }
 
+    /// Rank `from`'s `calls` calls from `epoch` among `group` (`ranks`: its ranks, said
+    /// with the rank's first call among it), each of `kind` with `message`, awaited or not:
+    /// taken one by one, as each would be alone, until one fails. A word of no calls, or of
+    /// more than a worker says in one ([`MAX_CALLS`](crate::protocol::MAX_CALLS)), is not
+    /// a worker's: it fails the job, naming the rank.
+    pub(super) fn on_calls(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        ((epoch, group, ranks), calls): ((Epoch, GroupId, &[Rank]), u32),
+        (kind, message, awaits): (SyncKind, Vec<u8>, bool),
+        reach: &dyn Reach,
+    ) {
+        if calls == 0 || calls > crate::protocol::MAX_CALLS {
+            let error = JobError::Decode {
+                direction: format!("worker {from} → master"),
+                type_name: "ToMaster::Sync".to_string(),
+                peer: format!("rank {from}"),
+                message: format!(
+                    "a word of {calls} calls, where a worker says 1 to {} in one",
+                    crate::protocol::MAX_CALLS
+                ),
+            };
+            self.fail(now, error, reach);
+            return;
+        }
+        let mut message = Some(message);
+        for i in 0..calls {
+            let message = match i + 1 == calls {
+                true => message.take().unwrap_or_default(),
+                false => message.clone().unwrap_or_default(),
+            };
+            let epoch = epoch.saturating_add(u64::from(i));
+            let ranks = if i == 0 { ranks } else { &[] };
+            let step = if group == GroupId::ALL {
+                self.sync.on_call(now, from, epoch, kind, message, awaits)
+            } else {
+                let call = (epoch, group, ranks);
+                self.groups.on_call(now, from, call, kind, message, awaits)
+            };
+            // After a failure every later call is answered with it: once is enough.
+            let failed = step.failed.is_some() || step.replies.iter().any(|(_, _, r)| r.is_err());
+            self.apply_among(now, group, step, reach);
+            if failed {
+                return;
+            }
+        }
+    }
+
     /// Sends the answers of a sync step of the calls among every rank, and fails the job
     /// if the step says so.
     pub(super) fn apply(&mut self, now: Instant, step: SyncStep, reach: &dyn Reach) {

@@ -120,6 +120,12 @@ enum Event<M, W> {
         rank: Rank,
         generation: Generation,
     },
+    /// The calls held back on the link of `rank`'s process `generation` have been held
+    /// long enough: they go.
+    CallsHeld {
+        rank: Rank,
+        generation: Generation,
+    },
     /// A piece of a collective, or word of a peer lost, reaches the worker of `to` (of
     /// process `generation`).
     Peer {
@@ -357,6 +363,12 @@ impl<'s, M: Payload, W: Payload> World<'s, M, W> {
                 generation,
                 wait,
             } => self.wake(rank, generation, wait),
+            Event::CallsHeld { rank, generation } => {
+                let node = &self.nodes[rank];
+                if node.alive && node.pid == generation {
+                    self.send_held(rank);
+                }
+            }
             Event::Peer {
                 to,
                 generation,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::RngExt;
 
 use super::*;
-use crate::protocol::{Envelope, PeerMessage, Reach};
+use crate::protocol::{CallRun, Envelope, PeerMessage, Reach, HOLD};
 use crate::transport::PeerEvent;
 
 pub(super) const LATENCY_US: Range<u64> = 50..500;
@@ -178,7 +178,62 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.unpark(to);
     }
 
+    /// A call of `from`'s whose word may go soon: held back on its process's link, as
+    /// over TCP (`Lane::defer`), joining the calls held before it if it follows them; a
+    /// worker in the master's process (its link in memory) sends it now.
+    pub(super) fn send_soon(&mut self, from: Rank, msg: ToMaster<W>) {
+        let calls = match CallRun::of(msg) {
+            Ok(calls) if !self.hosted(from) => calls,
+            Ok(calls) => return self.send_to_master(from, calls.word()),
+            Err(msg) => return self.send_to_master(from, msg),
+        };
+        let node = &mut self.nodes[from];
+        let unjoined = match &mut node.held {
+            Some(held) => held.join(calls).err(),
+            None => Some(calls),
+        };
+        let Some(calls) = unjoined else {
+            return;
+        };
+        match node.held.replace(calls) {
+            // Not the held calls' next: they go, and the held wait on their timer.
+            Some(before) => self.send_calls(from, before),
+            None => {
+                let generation = node.pid;
+                self.clock.at(
+                    HOLD,
+                    Event::CallsHeld {
+                        rank: from,
+                        generation,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Sends the calls held back on `from`'s link, if any.
+    pub(super) fn send_held(&mut self, from: Rank) {
+        if let Some(held) = self.nodes.get_mut(from).and_then(|n| n.held.take()) {
+            self.send_calls(from, held);
+        }
+    }
+
+    /// Sends the word of `from`'s calls `held`.
+    fn send_calls(&mut self, from: Rank, held: CallRun) {
+        if held.calls() > 1 {
+            self.log(|| format!("worker {from}'s {} calls go as one word", held.calls()));
+        }
+        self.carry_word(from, held.word());
+    }
+
     pub(super) fn send_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
+        // What was held back goes ahead of it.
+        self.send_held(from);
+        self.carry_word(from, msg);
+    }
+
+    /// Sends `msg` from `from` to the master's node, nothing held going first.
+    fn carry_word(&mut self, from: Rank, msg: ToMaster<W>) {
         // Every message crosses the wire encoding, as it would between processes: what
         // arrives is the decoded copy, or the job fails as it would over TCP.
         let attempt = match &msg {

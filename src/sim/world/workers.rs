@@ -12,7 +12,7 @@ use rand::RngExt;
 use super::clock::VirtualNow;
 use super::*;
 use crate::compute::JobEnd;
-use crate::protocol::PeerMessage;
+use crate::protocol::{CallRun, PeerMessage};
 use crate::protocol::{FailurePolicy, Report, Unsent, Work, WorkerAction, WorkerNode};
 use crate::protocol::{LinkId, ProcessAction, WorkerProcess};
 use crate::runtime::sync_calls::SyncAnswers;
@@ -70,6 +70,10 @@ pub(super) struct Node<M, W> {
     pub(super) crash_after_send: bool,
     /// The deadline of its node its timer is set for.
     pub(super) timer: Option<Instant>,
+    /// Calls no rank awaits the word on, held back on its process's link to the master's
+    /// node as over TCP (`Lane::defer`): they go ahead of its next message, or once held
+    /// [`HOLD`](crate::protocol::HOLD); those that follow one another as one word.
+    pub(super) held: Option<CallRun>,
 }
 
 /// A compute of barrier mode, on a thread of its own, says what it did: it made a sync
@@ -77,6 +81,8 @@ pub(super) struct Node<M, W> {
 /// come), or returned.
 pub(super) enum FromCompute<W> {
     Call(ToMaster<W>),
+    /// A call whose word may go soon (`SyncSender::send_call_soon`).
+    Soon(ToMaster<W>),
     Peer(Rank, PeerMessage),
     /// It waits, until the instant given at the latest.
     Waiting(Option<Instant>),
@@ -91,6 +97,12 @@ impl<W: Payload> SyncSender<W> for CallLink<W> {
     fn send_call(&self, call: ToMaster<W>) -> Result<(), JobError> {
         self.0
             .send(FromCompute::Call(call))
+            .map_err(|_| TransportError::Closed.into())
+    }
+
+    fn send_call_soon(&self, call: ToMaster<W>) -> Result<(), JobError> {
+        self.0
+            .send(FromCompute::Soon(call))
             .map_err(|_| TransportError::Closed.into())
     }
 
@@ -275,6 +287,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             stopped: false,
             crash_after_send: false,
             timer: None,
+            held: None,
         }
     }
 
@@ -548,9 +561,12 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         loop {
             match sync.next() {
                 Some(FromCompute::Returned(_)) => break,
-                Some(FromCompute::Call(_) | FromCompute::Peer(..) | FromCompute::Waiting(_)) => {
-                    continue
-                }
+                Some(
+                    FromCompute::Call(_)
+                    | FromCompute::Soon(_)
+                    | FromCompute::Peer(..)
+                    | FromCompute::Waiting(_),
+                ) => continue,
                 None => {
                     self.violations.push(format!(
                         "worker {rank}'s compute did not return within {COMPUTE_PATIENCE:?} once its sync call failed"
@@ -626,6 +642,7 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
             }
             match next {
                 Some(FromCompute::Call(msg)) => self.send_to_master(rank, msg),
+                Some(FromCompute::Soon(msg)) => self.send_soon(rank, msg),
                 Some(FromCompute::Peer(to, msg)) => {
                     computing.in_collective = true;
                     self.send_to_peer(rank, to, msg);
@@ -792,6 +809,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         self.settle(rank, &JobError::Cancelled);
         let node = &mut self.nodes[rank];
         node.alive = false;
+        // What its link held back dies with it.
+        node.held = None;
         let generation = node.pid;
         self.stats.worker_crashes += 1;
         self.log(|| format!("worker {rank} crashes {when}"));

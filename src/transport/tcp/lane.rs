@@ -4,9 +4,10 @@
 //! of it, when something is queued) is queued for the I/O thread's writer, which writes in
 //! order. The writer's own heartbeats go the same way, so no two writes ever interleave.
 //! A frame may be sent as parts (a piece's head and its body); what is queued is then a
-//! part, written in order with the rest. A frame no one waits on may be held back
-//! ([`Lane::defer`]) until the next frame goes, or for [`HOLD`] at most (the writer then
-//! sends it), and goes ahead of the next frame — with it in one write, when that is small.
+//! part, written in order with the rest. A collective's call no one waits on may be held
+//! back ([`Lane::defer`]) until the next frame goes, or for [`HOLD`] at most (the writer
+//! then sends it), and goes ahead of the next frame — with it in one write, when that is
+//! small; the calls held that follow one another are said in one word ([`CallRun`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -14,6 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, Notify};
+
+use super::wire::{self, Wire};
+use crate::protocol::CallRun;
 
 /// What a lane writes to: a connection's write half, or (a peer's connection to this
 /// worker, which carries only this end's heartbeats and goodbye) a handle of the socket's
@@ -75,11 +79,8 @@ impl Drop for OwnWrite {
     }
 }
 
-/// The longest a frame is held back ([`Lane::defer`]) with nothing else sent: long enough
-/// for a run of small collectives to go in one write, and far below the sync timeouts
-/// under which a collective's call is held at all (100 ms and longer: `SOON_WITHIN` in
-/// `collective`), so that the master's node hears of a call in time.
-pub(super) const HOLD: Duration = Duration::from_millis(2);
+/// The longest calls are held back ([`Lane::defer`]) with nothing else sent.
+pub(super) use crate::protocol::HOLD;
 
 /// The most bytes of the next frame copied into one write with what was held back ahead
 /// of it; a larger one goes as a write of its own.
@@ -104,8 +105,11 @@ struct Inner {
     /// Frames, or parts of one, queued for the writer and not written yet: while there
     /// are any, a new frame queues behind them.
     queued: usize,
-    /// Frames held back until the next frame goes ([`Lane::defer`]).
-    deferred: Vec<Bytes>,
+    /// Calls held back until the next frame goes ([`Lane::defer`]), each run of them
+    /// one word.
+    deferred: Vec<CallRun>,
+    /// The largest frame the connection carries, as the held calls' sender said.
+    max_held: usize,
     /// The writes made from the sending thread.
     #[cfg(test)]
     writes: usize,
@@ -120,6 +124,7 @@ impl Lane {
                 writer: None,
                 queued: 0,
                 deferred: Vec::new(),
+                max_held: usize::MAX,
                 #[cfg(test)]
                 writes: 0,
             }),
@@ -162,8 +167,21 @@ impl Lane {
         // one by one they would cost the writes that holding them back saves.
         let held = std::mem::take(&mut inner.deferred);
         let mut joined = bytes::BytesMut::new();
-        held.iter()
-            .for_each(|frame| joined.extend_from_slice(frame));
+        for run in held {
+            let calls = run.calls();
+            match wire::encode(&Wire::<(), ()>::ToMaster(run.word()), inner.max_held) {
+                Ok(frame) => {
+                    #[cfg(feature = "metrics")]
+                    crate::metrics::sent(frame.len());
+                    joined.extend_from_slice(&frame);
+                }
+                // Not met by a call's word, a few dozen bytes; if it were, the master's
+                // node, not hearing of the calls, fails the job naming the rank.
+                Err(error) => {
+                    tracing::error!(calls, %error, "the word of a run of calls was not sent")
+                }
+            }
+        }
         if small {
             parts.iter().for_each(|part| joined.extend_from_slice(part));
             return self.put(&mut inner, joined.freeze());
@@ -175,19 +193,28 @@ impl Lane {
         Ok(())
     }
 
-    /// Holds `frame` back until the next frame is sent, or [`HOLD`] passed (the writer
-    /// then sends it), and sends it ahead of that: for word no one waits on, which so
-    /// costs no write of its own.
-    pub(super) fn defer(&self, frame: Bytes) -> Result<(), Closed> {
+    /// Holds `calls` back until the next frame is sent, or [`HOLD`] passed (the writer
+    /// then sends it), and sends their word ahead of that — in frames of at most `max`
+    /// bytes: for calls no one waits on the word of, which so cost no write of their own;
+    /// and the calls that follow the last held join it, one word for them all.
+    pub(super) fn defer(&self, calls: CallRun, max: usize) -> Result<(), Closed> {
         if self.queue.is_closed() {
             return Err(Closed);
         }
-        #[cfg(feature = "metrics")]
-        crate::metrics::sent(frame.len());
         let first = {
             let mut inner = self.lock();
-            inner.deferred.push(frame);
-            inner.deferred.len() == 1
+            inner.max_held = max;
+            let unjoined = match inner.deferred.last_mut() {
+                Some(last) => last.join(calls).err(),
+                None => Some(calls),
+            };
+            match unjoined {
+                Some(calls) => {
+                    inner.deferred.push(calls);
+                    inner.deferred.len() == 1
+                }
+                None => false,
+            }
         };
         if first {
             self.held.notify_one();
@@ -413,39 +440,79 @@ mod tests {
         assert!(rest.is_empty());
     }
 
-    #[tokio::test]
-    async fn a_frame_held_back_goes_ahead_of_the_next_frame() {
-        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
-        lane.send(Bytes::from_static(b"first;")).unwrap();
-        assert_eq!(read(&mut server, 6).await, b"first;");
-        lane.defer(Bytes::from_static(b"held-1;")).unwrap();
-        lane.defer(Bytes::from_static(b"held-2;")).unwrap();
-        lane.send(Bytes::from_static(b"next;")).unwrap();
-        assert_eq!(read(&mut server, 19).await, b"held-1;held-2;next;");
+    /// Call `epoch` of rank 0's, an 8-byte `all_reduce` no rank awaits the word on.
+    fn call(epoch: crate::ids::Epoch) -> CallRun {
+        use crate::ids::{CollectiveKind, GroupId, ReduceOp, SyncKind};
+        CallRun::of(crate::protocol::ToMaster::<()>::Sync {
+            attempt: 0,
+            epoch,
+            calls: 1,
+            kind: SyncKind::Collective(CollectiveKind::AllReduce(Some(ReduceOp::Sum))),
+            message: b"shape".to_vec(),
+            awaits: false,
+            group: GroupId::ALL,
+            ranks: Vec::new(),
+        })
+        .expect("no rank awaits it")
+    }
+
+    /// The frame of the word that says `calls` calls from `epoch`.
+    fn word(epoch: crate::ids::Epoch, calls: u32) -> Bytes {
+        let mut run = call(epoch);
+        for e in epoch + 1..epoch + u64::from(calls) {
+            run.join(call(e)).expect("the run's next");
+        }
+        wire::encode(&Wire::<(), ()>::ToMaster(run.word()), usize::MAX).unwrap()
     }
 
     #[tokio::test]
-    async fn a_frame_held_back_goes_on_its_own_once_held_long_enough() {
-        // No heartbeat for an hour: what sends it is the writer, after `HOLD`.
+    async fn calls_held_back_go_ahead_of_the_next_frame_one_word_for_those_that_follow_one_another()
+    {
+        let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
+        lane.send(Bytes::from_static(b"first;")).unwrap();
+        assert_eq!(read(&mut server, 6).await, b"first;");
+        for epoch in 0..50 {
+            lane.defer(call(epoch), usize::MAX).unwrap();
+        }
+        // One that skips an epoch is another run, another word.
+        lane.defer(call(60), usize::MAX).unwrap();
+        lane.send(Bytes::from_static(b"next;")).unwrap();
+        let (fifty, one) = (word(0, 50), word(60, 1));
+        let got = read(&mut server, fifty.len() + one.len() + 5).await;
+        assert_eq!(got, [&fifty[..], &one[..], b"next;"].concat());
+        // The master's node reads the word as fifty calls, whatever its payload type.
+        let decoded: Wire<(), u64> = wire::decode(&fifty[4..]).unwrap();
+        let Wire::ToMaster(crate::protocol::ToMaster::Sync { epoch, calls, .. }) = decoded else {
+            panic!("a call's word: {decoded:?}");
+        };
+        assert_eq!((epoch, calls), (0, 50));
+    }
+
+    #[tokio::test]
+    async fn calls_held_back_go_on_their_own_once_held_long_enough() {
+        // No heartbeat for an hour: what sends them is the writer, after `HOLD`.
         let (lane, mut server, _stop) = connected(b"<beat>", Duration::from_secs(3600)).await;
         let held = tokio::time::Instant::now();
-        lane.defer(Bytes::from_static(b"held;")).unwrap();
-        assert_eq!(read(&mut server, 5).await, b"held;");
+        lane.defer(call(0), usize::MAX).unwrap();
+        lane.defer(call(1), usize::MAX).unwrap();
+        let two = word(0, 2);
+        assert_eq!(read(&mut server, two.len()).await, two);
         assert!(
             held.elapsed() >= HOLD,
-            "it went before it was held {HOLD:?}"
+            "they went before they were held {HOLD:?}"
         );
     }
 
     #[tokio::test]
     async fn a_stopping_writer_sends_what_is_held_back_and_a_closed_lane_holds_nothing() {
         let (lane, mut server, stop) = connected(b"", Duration::from_secs(3600)).await;
-        lane.defer(Bytes::from_static(b"held;")).unwrap();
+        lane.defer(call(0), usize::MAX).unwrap();
         stop.send(true).unwrap();
-        assert_eq!(read(&mut server, 5).await, b"held;");
+        let one = word(0, 1);
+        assert_eq!(read(&mut server, one.len()).await, one);
         let (closed, queue) = Lane::new();
         drop(queue);
-        assert!(closed.defer(Bytes::from_static(b"lost;")).is_err());
+        assert!(closed.defer(call(0), usize::MAX).is_err());
     }
 
     #[tokio::test]
@@ -472,7 +539,8 @@ mod tests {
     #[tokio::test]
     async fn clearing_a_lane_drops_what_it_held_back() {
         let (lane, mut server, _stop) = connected(b"", Duration::from_secs(3600)).await;
-        lane.defer(Bytes::from_static(b"held;")).unwrap();
+        lane.defer(call(0), usize::MAX).unwrap();
+        lane.defer(call(1), usize::MAX).unwrap();
         let (_tx, mut rx) = mpsc::unbounded_channel();
         assert_eq!(lane.clear(&mut rx), 1);
         lane.send(Bytes::from_static(b"after;")).unwrap();

@@ -48,7 +48,7 @@ use super::{
 };
 use crate::ids::{Attempt, Rank};
 use crate::payload::Payload;
-use crate::protocol::{Envelope, ToMaster, ToWorker};
+use crate::protocol::{CallRun, Envelope, ToMaster, ToWorker};
 
 pub use env::ClusterEnv;
 use io::IoThread;
@@ -888,12 +888,17 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
         self.lane.send(frame).map_err(|_| TransportError::Closed)
     }
 
-    /// Held back on the lane until the next frame goes, two milliseconds at most: one
-    /// write for a run of collectives' calls, and none of its own on a call's way.
+    /// A call no rank awaits the word on is held back on the lane until the next frame
+    /// goes, two milliseconds at most: one write for a run of collectives' calls, none of
+    /// its own on a call's way, and one word for the calls that follow one another.
     fn send_soon(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
-        let frame = wire::encode(&Wire::<(), W>::ToMaster(msg), self.max_frame)
-            .map_err(|e| TransportError::Encode(e.to_string()))?;
-        self.lane.defer(frame).map_err(|_| TransportError::Closed)
+        match CallRun::of(msg) {
+            Ok(calls) => self
+                .lane
+                .defer(calls, self.max_frame)
+                .map_err(|_| TransportError::Closed),
+            Err(msg) => self.send(msg),
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use crate::transport::Fingerprint;
 
 /// The version of the wire protocol this build speaks. Peers of another version are
 /// refused, with both versions named.
-pub const PROTOCOL_VERSION: u16 = 24;
+pub const PROTOCOL_VERSION: u16 = 25;
 
 const HEADER: usize = 4 + 2;
 

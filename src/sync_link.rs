@@ -90,8 +90,9 @@ pub(crate) enum Notice {
     /// waits for the word (a reduce's other ranks), which needs this call.
     Now,
     /// With the rank's next frame to the master's node, or a few milliseconds later at
-    /// most (over TCP: `lane::HOLD`), no rank awaiting a word: one write for many calls,
-    /// none on a call's way.
+    /// most (`protocol::HOLD`, over TCP and in the simulator), no rank awaiting a word: one
+    /// write for many calls, none on a call's way, and one word for those that follow one
+    /// another (`protocol::CallRun`).
     Soon,
 }
 

@@ -95,6 +95,13 @@ impl CallRun {
         self.calls
     }
 
+    /// At most how many bytes its word's frame takes, whatever the encoding of its fixed
+    /// fields (a few dozen bytes): a link that holds the calls checks it against its
+    /// largest frame first, so that a word too large fails its call, not its flush.
+    pub(crate) fn most_bytes(&self) -> usize {
+        320 + self.message.len() + 9 * self.ranks.len()
+    }
+
     /// The word that says the run's calls.
     pub(crate) fn word<W>(self) -> ToMaster<W> {
         ToMaster::Sync {

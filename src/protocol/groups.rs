@@ -37,13 +37,13 @@ impl GroupEpochs {
         }
     }
 
-    /// Where a rank's call `epoch` among `group` in the iteration under way stands: its
-    /// group's count, from the group's first call of the iteration (the group not made
-    /// yet: the call is its first).
-    pub(crate) fn call_at(&self, group: GroupId, epoch: Epoch) -> CallAt {
+    /// Where a rank's call `epoch` among `group` in the iteration under way stands, of a
+    /// word of its calls from `first`: its group's count, from the group's first call of
+    /// the iteration (the group not made yet: the word's first call is its first).
+    pub(crate) fn call_at(&self, group: GroupId, (first, epoch): (Epoch, Epoch)) -> CallAt {
         match self.groups.get(&group) {
             Some(state) => state.call_at(epoch),
-            None => CallAt::of(self.iteration, epoch, epoch).in_group(group),
+            None => CallAt::of(self.iteration, first, epoch).in_group(group),
         }
     }
 
@@ -203,6 +203,16 @@ mod tests {
             chunk: 1,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_last_call_of_a_groups_first_word_of_several_is_named_by_its_count_in_the_word() {
+        let group = GroupId::of(&[1, 3]);
+        let mut groups = GroupEpochs::new(5, T);
+        groups.new_iteration(2);
+        let at = groups.call_at(group, (0, 4));
+        assert_eq!((at.iteration, at.call, at.group), (2, 5, group));
+        assert_eq!(groups.call_at(group, (0, 0)).call, 1);
     }
 
     #[test]

@@ -589,18 +589,18 @@ impl<M, W> MasterNode<M, W> {
             },
             ToMaster::Sync {
                 attempt,
-                epoch,
+                epoch: first,
                 calls,
                 kind,
                 group,
                 ..
             } if *attempt == current => {
                 // Of a word of several calls, the last.
-                let epoch = epoch.saturating_add(u64::from(*calls).saturating_sub(1));
+                let epoch = first.saturating_add(u64::from(*calls).saturating_sub(1));
                 Heard::Call {
                     at: match *group {
                         GroupId::ALL => self.sync.call_at(epoch),
-                        group => self.groups.call_at(group, epoch),
+                        group => self.groups.call_at(group, (*first, epoch)),
                     },
                     kind: *kind,
                     epoch,

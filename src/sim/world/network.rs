@@ -195,10 +195,14 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
         let Some(calls) = unjoined else {
             return;
         };
-        match node.held.replace(calls) {
-            // Not the held calls' next: they go, and the held wait on their timer.
-            Some(before) => self.send_calls(from, before),
+        match node.held.take() {
+            // Not the held calls' next: they go, and these wait on their timer.
+            Some(before) => {
+                self.send_calls(from, before);
+                self.nodes[from].held = Some(calls);
+            }
             None => {
+                node.held = Some(calls);
                 let generation = node.pid;
                 self.clock.at(
                     HOLD,
@@ -256,6 +260,13 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
     /// Carries a message that crossed the wire encoding from `from` to the master, over
     /// the simulated network and its faults.
     pub(super) fn carry_to_master(&mut self, from: Rank, msg: ToMaster<W>) {
+        if self.nodes.get(from).is_some_and(|n| n.held.is_some()) {
+            // Over TCP what is held goes ahead of every frame: a result behind its calls
+            // is what the master's node counts them by.
+            self.violations.push(format!(
+                "a message of worker {from}'s went ahead of the calls its link held back"
+            ));
+        }
         let generation = self
             .nodes
             .get(from)

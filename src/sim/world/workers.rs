@@ -71,7 +71,8 @@ pub(super) struct Node<M, W> {
     /// The deadline of its node its timer is set for.
     pub(super) timer: Option<Instant>,
     /// Calls no rank awaits the word on, held back on its process's link to the master's
-    /// node as over TCP (`Lane::defer`): they go ahead of its next message, or once held
+    /// node as over TCP (`Lane::defer`): they go ahead of its next message (a carried
+    /// message behind them is a broken invariant), or once held
     /// [`HOLD`](crate::protocol::HOLD); those that follow one another as one word.
     pub(super) held: Option<CallRun>,
 }
@@ -417,6 +418,8 @@ impl<M: Payload, W: Payload> World<'_, M, W> {
                 WorkerAction::SendResult(report) => {
                     let iteration = report.iteration;
                     self.sent[rank].push((report.attempt, iteration));
+                    // The calls its link held back go first, as over TCP.
+                    self.send_held(rank);
                     // A result that does not survive the wire encoding is the worker's
                     // failure, as its transport reports it.
                     let direction = || format!("worker {rank} → master");

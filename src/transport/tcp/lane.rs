@@ -261,8 +261,8 @@ impl Lane {
         self.lock().writer = writer;
     }
 
-    /// Drops every frame queued (for a master this connection lost: the next one hears
-    /// nothing of them); returns how many.
+    /// Drops every frame queued and every word of calls held back (for a master this
+    /// connection lost: the next one hears nothing of them); returns how many.
     pub(super) fn clear(&self, queue: &mut mpsc::UnboundedReceiver<Bytes>) -> usize {
         let mut inner = self.lock();
         let mut dropped = 0;
@@ -486,6 +486,40 @@ mod tests {
             panic!("a call's word: {decoded:?}");
         };
         assert_eq!((epoch, calls), (0, 50));
+    }
+
+    #[test]
+    fn a_held_words_frame_is_never_larger_than_its_bound() {
+        use crate::ids::{CollectiveKind, GroupId, ReduceOp, SyncKind};
+        let ranks: Vec<crate::ids::Rank> = (0..1_000).map(|r| r * 1_000_003).collect();
+        let word = crate::protocol::ToMaster::<()>::Sync {
+            attempt: u32::MAX,
+            epoch: u64::MAX - u64::from(crate::protocol::MAX_CALLS),
+            calls: crate::protocol::MAX_CALLS,
+            kind: SyncKind::Collective(CollectiveKind::AllReduce(Some(ReduceOp::Max))),
+            message: vec![7; 300],
+            awaits: false,
+            group: GroupId::of(&ranks),
+            ranks,
+        };
+        let run = CallRun::of(word).unwrap();
+        let frame = wire::encode(&Wire::<(), ()>::ToMaster(run.clone().word()), usize::MAX);
+        assert!(frame.unwrap().len() <= run.most_bytes());
+        for kind in [SyncKind::Barrier, SyncKind::AllGather] {
+            let word = crate::protocol::ToMaster::<()>::Sync {
+                attempt: u32::MAX,
+                epoch: u64::MAX,
+                calls: 1,
+                kind,
+                message: Vec::new(),
+                awaits: false,
+                group: GroupId::ALL,
+                ranks: Vec::new(),
+            };
+            let run = CallRun::of(word).unwrap();
+            let frame = wire::encode(&Wire::<(), ()>::ToMaster(run.clone().word()), usize::MAX);
+            assert!(frame.unwrap().len() <= run.most_bytes());
+        }
     }
 
     #[tokio::test]

@@ -893,10 +893,18 @@ impl<W: Payload> WorkerLink<W> for TcpWorkerLink<W> {
     /// its own on a call's way, and one word for the calls that follow one another.
     fn send_soon(&self, msg: ToMaster<W>) -> Result<(), TransportError> {
         match CallRun::of(msg) {
-            Ok(calls) => self
-                .lane
-                .defer(calls, self.max_frame)
-                .map_err(|_| TransportError::Closed),
+            Ok(calls) => {
+                if calls.most_bytes() > self.max_frame {
+                    // (Not met by a call's word of a few dozen bytes; by a small largest
+                    // frame and a group of many ranks, say.) Refused now, as it would go.
+                    let word = Wire::<(), W>::ToMaster(calls.clone().word());
+                    wire::encode(&word, self.max_frame)
+                        .map_err(|e| TransportError::Encode(e.to_string()))?;
+                }
+                self.lane
+                    .defer(calls, self.max_frame)
+                    .map_err(|_| TransportError::Closed)
+            }
             Err(msg) => self.send(msg),
         }
     }

@@ -500,7 +500,7 @@ impl<M, W> MasterNode<M, W> {
         now: Instant,
         from: Rank,
         ((epoch, group, ranks), calls): ((Epoch, GroupId, &[Rank]), u32),
-        (kind, message, awaits): (SyncKind, Vec<u8>, bool),
+        (kind, mut message, awaits): (SyncKind, Vec<u8>, bool),
         reach: &dyn Reach,
     ) {
         if calls == 0 || calls > crate::protocol::MAX_CALLS {
@@ -516,11 +516,10 @@ impl<M, W> MasterNode<M, W> {
             self.fail(now, error, reach);
             return;
         }
-        let mut message = Some(message);
         for i in 0..calls {
             let message = match i + 1 == calls {
-                true => message.take().unwrap_or_default(),
-                false => message.clone().unwrap_or_default(),
+                true => std::mem::take(&mut message),
+                false => message.clone(),
             };
             let epoch = epoch.saturating_add(u64::from(i));
             let ranks = if i == 0 { ranks } else { &[] };

@@ -492,9 +492,10 @@ impl<M, W> MasterNode<M, W> {
 
     /// Rank `from`'s `calls` calls from `epoch` among `group` (`ranks`: its ranks, said
     /// with the rank's first call among it), each of `kind` with `message`, awaited or not:
-    /// taken one by one, as each would be alone, until one fails. A word of no calls, or of
-    /// more than a worker says in one ([`MAX_CALLS`](crate::protocol::MAX_CALLS)), is not
-    /// a worker's: it fails the job, naming the rank.
+    /// taken one by one, as each would be alone, until one fails. A word of no calls, of
+    /// more than a worker says in one ([`MAX_CALLS`](crate::protocol::MAX_CALLS)), or of
+    /// several that await the node's word, is not a worker's: it fails the job, naming the
+    /// rank.
     pub(super) fn on_calls(
         &mut self,
         now: Instant,
@@ -503,15 +504,26 @@ impl<M, W> MasterNode<M, W> {
         (kind, mut message, awaits): (SyncKind, Vec<u8>, bool),
         reach: &dyn Reach,
     ) {
-        if calls == 0 || calls > crate::protocol::MAX_CALLS {
+        let wrong = if calls == 0 || calls > crate::protocol::MAX_CALLS {
+            Some(format!(
+                "a word of {calls} calls, where a worker says 1 to {} in one",
+                crate::protocol::MAX_CALLS
+            ))
+        } else if calls > 1 && awaits {
+            // Only calls no rank awaits the node's word on go several in one
+            // (`CallRun`): which of them would the word answer?
+            Some(format!(
+                "a word of {calls} calls that awaits the master's word, where only calls that do not await it go several in one"
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = wrong {
             let error = JobError::Decode {
                 direction: format!("worker {from} → master"),
                 type_name: "ToMaster::Sync".to_string(),
                 peer: format!("rank {from}"),
-                message: format!(
-                    "a word of {calls} calls, where a worker says 1 to {} in one",
-                    crate::protocol::MAX_CALLS
-                ),
+                message,
             };
             self.fail(now, error, reach);
             return;

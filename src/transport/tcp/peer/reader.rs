@@ -283,9 +283,18 @@ impl Incoming {
     }
 
     /// Until the compute stopped reading (it is about to sleep, [`resume`](Self::resume)),
-    /// or a millisecond passed: the I/O thread then reads what came meanwhile.
+    /// or it has not looked for its window (a millisecond is checked at a time): the I/O
+    /// thread then reads what came meanwhile. A compute making one call after another
+    /// looks again within its window, and the I/O thread stays off its connections —
+    /// taking its watch again only to let go of it at the next arrival would cost two
+    /// changes of the driver's registration and a wake-up on every one of them.
     pub(super) async fn resumed(&self) {
-        let _ = tokio::time::timeout(Duration::from_millis(1), self.resume.notified()).await;
+        loop {
+            let told = tokio::time::timeout(Duration::from_millis(1), self.resume.notified());
+            if told.await.is_ok() || !self.window.polling() {
+                return;
+            }
+        }
     }
 
     /// The compute stops reading for now: an I/O thread that backed off for it reads
@@ -548,6 +557,39 @@ mod tests {
             reader.end(),
             Some(End::Lost("closed before its goodbye".into()))
         );
+    }
+
+    #[test]
+    fn the_io_thread_stays_off_while_the_compute_goes_on_looking_and_comes_back_when_it_stops() {
+        let rt = runtime();
+        let window = Window::new();
+        let (mut peer, reader, mut side) = connection_in(&rt, Arc::clone(&window));
+        let got = Mutex::new(Vec::new());
+        let deliver = steps_of(&got);
+        window.open(Duration::from_secs(60));
+        peer.write_all(&pieces(1)).unwrap();
+        readable(&rt, &mut side);
+        assert!(!reader.read_ready(&side, &deliver));
+        side.unwatch();
+        // The compute is still looking many milliseconds on (a call after another): the
+        // I/O thread does not take its watch back.
+        let early = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(20), reader.resumed()).await
+        });
+        assert!(
+            early.is_err(),
+            "the I/O thread came back while the compute looked"
+        );
+        read_until(&reader, &deliver, || !got.lock().unwrap().is_empty());
+        // Its window passes with no look, and nobody says so: the I/O thread comes back
+        // by itself.
+        window.open(Duration::ZERO);
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), reader.resumed())
+                .await
+                .expect("the I/O thread came back once the window passed")
+        });
+        assert_eq!(*got.lock().unwrap(), [0]);
     }
 
     #[test]

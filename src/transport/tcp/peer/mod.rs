@@ -528,7 +528,15 @@ impl Mesh {
             }
             if !reader.read_ready(side, &|event| self.deliver(event)) {
                 side.unwatch();
-                reader.resumed().await;
+                // An end the compute read, the transport's stop and a silent peer are
+                // heard while it waits (the loop then says the end, or the silence).
+                let wait = timeout.saturating_sub(reader.silent_for());
+                tokio::select! {
+                    _ = reader.resumed() => {}
+                    _ = reader.ended() => {}
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stopped(&mut stop) => return None,
+                }
             }
         }
     }

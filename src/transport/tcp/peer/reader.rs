@@ -291,7 +291,13 @@ impl Incoming {
     pub(super) async fn resumed(&self) {
         loop {
             let told = tokio::time::timeout(Duration::from_millis(1), self.resume.notified());
-            if told.await.is_ok() || !self.window.polling() {
+            if told.await.is_ok() {
+                return;
+            }
+            if !self.window.polling() {
+                // Not told: no wake-up is left behind for the next back-off (the next
+                // `read_ready` says again that the I/O thread waits).
+                self.backed_off.store(false, Ordering::SeqCst);
                 return;
             }
         }

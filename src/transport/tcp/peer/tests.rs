@@ -15,7 +15,19 @@ fn rank_1() -> (
     Arc<Mesh>,
     std_mpsc::Receiver<PeerEvent>,
 ) {
+    rank_1_polling(TcpSettings::new(1, 2, "127.0.0.1:1").peer_poll)
+}
+
+/// [`rank_1`], its compute looking for `peer_poll` after each look.
+fn rank_1_polling(
+    peer_poll: Duration,
+) -> (
+    super::super::TcpTransport<u64, u64>,
+    Arc<Mesh>,
+    std_mpsc::Receiver<PeerEvent>,
+) {
     let mut s = TcpSettings::new(1, 2, "127.0.0.1:1");
+    s.peer_poll = peer_poll;
     s.job_id = "j".into();
     s.secret = Some(SECRET.to_vec());
     s.heartbeat_interval = Duration::from_millis(50);
@@ -179,6 +191,57 @@ fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_name
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_peer_lost_while_this_workers_compute_goes_on_looking_is_named_at_once() {
+    // Each look keeps the window open for a second: this thread is a compute making one
+    // call after another, which never stops looking, however long it is off its core.
+    let (_t, mesh, events) = rank_1_polling(Duration::from_secs(1));
+    let (mut stream, answer) = greet(&mesh, "j", 0, SECRET);
+    assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
+    // The I/O thread watches the connection once this end's first heartbeat comes (its
+    // lane starts as the reader does). The compute looks before the piece comes, so that
+    // the piece, waking the I/O thread, finds it looking: the I/O thread leaves the
+    // connection to it.
+    assert!(matches!(read(&mut stream), Wire::Heartbeat));
+    mesh.read_now();
+    let look_for = |what: &str, want: &dyn Fn(&PeerEvent) -> bool| {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < until, "no {what} in 10 s");
+            mesh.read_now();
+            if let Ok(event) = events.try_recv() {
+                assert!(want(&event), "{what}: {event:?}");
+                return;
+            }
+            std::thread::yield_now();
+        }
+    };
+    let call = CollectiveCall {
+        seq: 1,
+        at: Default::default(),
+        kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
+        len: 1,
+        algorithm: Algorithm::Ring,
+        chunk: 8,
+    };
+    let piece = Wire::Peer {
+        attempt: 0,
+        call,
+        step: 0,
+        chunk: 0,
+        body: PeerBytes::Held(bytes::Bytes::from_static(&[7])),
+    };
+    write(&mut stream, &piece);
+    look_for("piece", &|e| matches!(e, PeerEvent::Message(_)));
+    // The peer is gone while the compute still looks: its loss is told now, not once
+    // the compute stops.
+    drop(stream);
+    look_for(
+        "loss",
+        &|e| matches!(e, PeerEvent::Lost { rank: 0, reason, .. } if reason.contains("closed before its goodbye")),
+    );
 }
 
 #[test]

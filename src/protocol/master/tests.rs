@@ -1067,12 +1067,15 @@ fn a_word_of_no_calls_or_of_more_than_a_worker_says_fails_the_job_naming_the_ran
 
 #[test]
 fn a_word_of_several_calls_that_awaits_the_masters_word_fails_the_job_naming_the_rank() {
+    let awaited = |calls| {
+        let mut word = all_reduces(0, calls);
+        if let ToMaster::Sync { awaits, .. } = &mut word {
+            *awaits = true;
+        }
+        word
+    };
     let mut h = calling(2);
-    let mut word = all_reduces(0, 2);
-    if let ToMaster::Sync { awaits, .. } = &mut word {
-        *awaits = true;
-    }
-    h.from(1, word);
+    h.from(1, awaited(2));
     let (error, _) = h.ended.first().expect("the job failed");
     assert!(
         matches!(error, JobError::Decode { peer, .. } if peer == "rank 1"),
@@ -1081,10 +1084,6 @@ fn a_word_of_several_calls_that_awaits_the_masters_word_fails_the_job_naming_the
     assert!(error.to_string().contains("2 calls that awaits"), "{error}");
     // One call that awaits the word is any blocking call's.
     let mut h = calling(2);
-    let mut word = all_reduces(0, 1);
-    if let ToMaster::Sync { awaits, .. } = &mut word {
-        *awaits = true;
-    }
-    h.from(1, word);
+    h.from(1, awaited(1));
     assert!(h.ended.is_empty(), "{:?}", h.ended);
 }

@@ -503,6 +503,10 @@ impl Mesh {
     async fn carry_in(&self, reader: &Incoming, side: &mut ReadSide) -> Option<String> {
         let mut stop = self.io.stop.clone();
         let timeout = self.settings.heartbeat_timeout;
+        // Whether this thread let go of its watch for the compute, which reads the
+        // connection: it waits for the compute to stop, not for the socket. An end the
+        // compute read, the transport's stop and a silent peer are heard either way.
+        let mut off = false;
         loop {
             match reader.end() {
                 Some(End::Bye) => return None,
@@ -511,10 +515,14 @@ impl Mesh {
             }
             let wait = timeout.saturating_sub(reader.silent_for());
             tokio::select! {
-                ready = side.readable() => {
+                ready = side.readable(), if !off => {
                     if let Err(e) = ready {
                         return Some(ReadError::of(e).to_string());
                     }
+                }
+                _ = reader.resumed(), if off => {
+                    off = false;
+                    continue;
                 }
                 _ = tokio::time::sleep(wait) => {
                     // Bytes of a large frame may have come meanwhile: wait on from them.
@@ -528,15 +536,7 @@ impl Mesh {
             }
             if !reader.read_ready(side, &|event| self.deliver(event)) {
                 side.unwatch();
-                // An end the compute read, the transport's stop and a silent peer are
-                // heard while it waits (the loop then says the end, or the silence).
-                let wait = timeout.saturating_sub(reader.silent_for());
-                tokio::select! {
-                    _ = reader.resumed() => {}
-                    _ = reader.ended() => {}
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = stopped(&mut stop) => return None,
-                }
+                off = true;
             }
         }
     }

@@ -103,6 +103,29 @@ fn greet_rank(
     (stream, answer)
 }
 
+/// Call `seq` of the job: a summing `all_reduce` of `len` elements, on the ring.
+fn sum_call(seq: u64, len: u64) -> CollectiveCall {
+    CollectiveCall {
+        seq,
+        at: Default::default(),
+        kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
+        len,
+        algorithm: Algorithm::Ring,
+        chunk: 8,
+    }
+}
+
+/// A piece of `call`'s step `step` in attempt 0, its bytes `body`, as a peer writes it.
+fn wire_piece(call: CollectiveCall, step: u32, body: &'static [u8]) -> Wire<(), ()> {
+    Wire::Peer {
+        attempt: 0,
+        call,
+        step,
+        chunk: 0,
+        body: PeerBytes::Held(bytes::Bytes::from_static(body)),
+    }
+}
+
 fn refusal(answer: Handshake) -> Refusal {
     match answer {
         Wire::Refused { refusal } => refusal,
@@ -154,22 +177,8 @@ fn a_proven_peer_pieces_reach_the_worker_and_its_loss_before_its_goodbye_is_name
     let (_t, mesh, events) = rank_1();
     let (mut stream, answer) = greet(&mesh, "j", 0, SECRET);
     assert!(matches!(answer, Wire::Welcome { attempt: 0 }), "{answer:?}");
-    let call = CollectiveCall {
-        seq: 4,
-        at: Default::default(),
-        kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
-        len: 3,
-        algorithm: Algorithm::Ring,
-        chunk: 8,
-    };
-    let piece = Wire::Peer {
-        attempt: 0,
-        call,
-        step: 1,
-        chunk: 0,
-        body: PeerBytes::Held(bytes::Bytes::from_static(&[1, 2, 3])),
-    };
-    write(&mut stream, &piece);
+    let call = sum_call(4, 3);
+    write(&mut stream, &wire_piece(call, 1, &[1, 2, 3]));
     let Ok(PeerEvent::Message(m)) = events.recv_timeout(Duration::from_secs(10)) else {
         panic!("no piece");
     };
@@ -218,22 +227,7 @@ fn a_peer_lost_while_this_workers_compute_goes_on_looking_is_named_at_once() {
             std::thread::yield_now();
         }
     };
-    let call = CollectiveCall {
-        seq: 1,
-        at: Default::default(),
-        kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
-        len: 1,
-        algorithm: Algorithm::Ring,
-        chunk: 8,
-    };
-    let piece = Wire::Peer {
-        attempt: 0,
-        call,
-        step: 0,
-        chunk: 0,
-        body: PeerBytes::Held(bytes::Bytes::from_static(&[7])),
-    };
-    write(&mut stream, &piece);
+    write(&mut stream, &wire_piece(sum_call(1, 1), 0, &[7]));
     look_for("piece", &|e| matches!(e, PeerEvent::Message(_)));
     // The peer is gone while the compute still looks: its loss is told now, not once
     // the compute stops.
@@ -275,14 +269,7 @@ fn piece(attempt: Attempt, seq: u64) -> PeerMessage {
     PeerMessage {
         attempt,
         from: 1,
-        call: CollectiveCall {
-            seq,
-            at: Default::default(),
-            kind: CollectiveKind::AllReduce(Some(ReduceOp::Sum)),
-            len: 1,
-            algorithm: Algorithm::Ring,
-            chunk: 8,
-        },
+        call: sum_call(seq, 1),
         step: 0,
         chunk: 0,
         body: PeerBody::Encoded(bytes::Bytes::from_static(&[7])),
